@@ -1,0 +1,133 @@
+#!/usr/bin/python3
+"""CPU training-throughput comparison: ./train_llama vs PyTorch eager float32.
+
+Driven by dev/bench_cpu.sh; three subcommands:
+
+  prepare --dir D     write D/model (HF dir: 4 layers, C 256, I 688, 4 heads / 2 kv heads,
+                      vocab 256), D/train.bin (random uint16 tokens) and D/cfg.yaml
+  torch --dir D --threads N [--steps 10 --warmup 2]
+                      time PyTorch float32 eager training steps (same model, data, optimizer,
+                      clipping) with torch.set_num_threads(N); writes D/torch_N.json
+  table --dir D --threads "1 2" [--warmup 2]
+                      read D/ours_N/metrics.jsonl and D/torch_N.json, print a markdown table
+"""
+import argparse
+import json
+import os
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "test"))
+import llama_ref as R  # noqa: E402
+
+B, T, ACCUM = 4, 256, 1
+
+
+def bench_cfg():
+    return R.make_config(vocab_size=256, hidden_size=256, intermediate_size=688,
+                         num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+                         max_position_embeddings=1024, tie_word_embeddings=False)
+
+
+def bench_tc(d, steps):
+    return R.train_config(base_model=os.path.join(d, "model"),
+                          train_data=os.path.join(d, "train.bin"),
+                          sequence_len=T, micro_batch_size=B, gradient_accumulation_steps=ACCUM,
+                          max_steps=steps, learning_rate=3e-4, lr_scheduler="cosine",
+                          warmup_steps=2, weight_decay=0.1, max_grad_norm=1.0,
+                          output_dir=os.path.join(d, "ours"))
+
+
+def cmd_prepare(a):
+    os.makedirs(a.dir, exist_ok=True)
+    cfg = bench_cfg()
+    R.save_hf_dir(os.path.join(a.dir, "model"), cfg, R.init_weights(cfg, seed=1, std=0.02,
+                                                                     embed_std=0.02))
+    n = B * T * ACCUM * (a.steps + a.warmup + 2) + 1
+    R.write_shard(os.path.join(a.dir, "train.bin"), R.random_tokens(n, cfg["vocab_size"]), 1)
+    R.write_yaml(os.path.join(a.dir, "cfg.yaml"), bench_tc(a.dir, a.steps + a.warmup))
+
+
+def cmd_torch(a):
+    import torch
+    torch.set_num_threads(a.threads)
+    torch.manual_seed(0)
+    cfg = json.load(open(os.path.join(a.dir, "model", "config.json")))
+    w = R.read_safetensors(os.path.join(a.dir, "model", "model.safetensors"))
+    toks = R.read_shard(os.path.join(a.dir, "train.bin"))
+    tr = R.RefTrainer(cfg, w, toks, bench_tc(a.dir, a.steps + a.warmup), dtype=torch.float32,
+                      use_sdpa=True)
+    times, losses = [], []
+    for i in range(a.warmup + a.steps):
+        t0 = time.perf_counter()
+        loss, _, _ = tr.step()
+        dt = time.perf_counter() - t0
+        losses.append(loss)
+        if i >= a.warmup:
+            times.append(dt)
+    ms = 1000.0 * float(np.mean(times))
+    res = {"threads": a.threads, "ms": ms, "tokens_per_sec": B * T * ACCUM / (ms / 1000.0),
+           "losses": losses, "sdpa": tr.model.use_sdpa, "torch": torch.__version__}
+    with open(os.path.join(a.dir, f"torch_{a.threads}.json"), "w") as f:
+        json.dump(res, f)
+    print(f"torch threads={a.threads}: {ms:.1f} ms/step, {res['tokens_per_sec']:.0f} tok/s, "
+          f"loss {losses[0]:.4f} -> {losses[-1]:.4f}")
+
+
+def ours_stats(d, threads, warmup):
+    path = os.path.join(d, f"ours_{threads}", "metrics.jsonl")
+    if not os.path.exists(path):
+        return None
+    rows = [r for r in R.read_metrics(path) if int(r["step"]) > warmup and "ms" in r]
+    if not rows:
+        return None
+    ms = float(np.mean([float(r["ms"]) for r in rows]))
+    tps_rep = float(np.mean([float(r.get("tokens_per_sec", 0.0)) for r in rows]))
+    return {"ms": ms, "tokens_per_sec": B * T * ACCUM / (ms / 1000.0), "reported": tps_rep}
+
+
+def cmd_table(a):
+    print(f"\nmodel: 4 layers, C 256, I 688, 4 heads / 2 kv heads, V 256; B {B}, T {T}; "
+          f"float32; mean of the steps after {a.warmup} warmup steps\n")
+    print("| threads | ours ms/step | ours tok/s | torch ms/step | torch tok/s | ours/torch |")
+    print("|---:|---:|---:|---:|---:|---:|")
+    for n in a.threads.split():
+        o = ours_stats(a.dir, n, a.warmup)
+        tp = os.path.join(a.dir, f"torch_{n}.json")
+        t = json.load(open(tp)) if os.path.exists(tp) else None
+        os_ = f"{o['ms']:.1f} | {o['tokens_per_sec']:.0f}" if o else "n/a | n/a"
+        ts_ = f"{t['ms']:.1f} | {t['tokens_per_sec']:.0f}" if t else "n/a | n/a"
+        ratio = f"{o['tokens_per_sec'] / t['tokens_per_sec']:.2f}x" if (o and t) else "n/a"
+        print(f"| {n} | {os_} | {ts_} | {ratio} |")
+    t = None
+    for n in a.threads.split():
+        tp = os.path.join(a.dir, f"torch_{n}.json")
+        if os.path.exists(tp):
+            t = json.load(open(tp))
+    if t:
+        print(f"\ntorch {t['torch']}, attention: "
+              f"{'F.scaled_dot_product_attention' if t['sdpa'] else 'matmul + masked softmax'}")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("cmd", choices=["prepare", "torch", "table"])
+    ap.add_argument("--dir", required=True)
+    ap.add_argument("--threads", default="1")
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--warmup", type=int, default=2)
+    a = ap.parse_args()
+    if a.cmd == "prepare":
+        cmd_prepare(a)
+    elif a.cmd == "torch":
+        a.threads = int(a.threads)
+        cmd_torch(a)
+    else:
+        cmd_table(a)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,145 @@
+// backend.h: the one interface between the training logic and the hardware.
+//
+// Everything above this file (model.c, the training loop, optimizer, checkpoints) is written
+// once against this table and never asks whether it runs on a CPU or a GPU. A backend fills
+// the table: the CPU backend (llmc/cpu/) holds the reference semantics, the CUDA backend is
+// checked against it kernel by kernel.
+//
+// Three groups of entries:
+//   memory    device allocation against a budget, pinned host allocation, copies
+//   ordering  queues and events; ops run on the compute queue in issue order
+//   compute   the kernels of a Llama block, forward and backward
+//
+// Tensors are plain device pointers. "act" tensors (weights in compute precision, activations
+// and their gradients) hold elements of bk->act_bytes bytes each (4 on the CPU, 2 for bf16 on a
+// GPU). Tensors named *_f32 are always float: master weights, AdamW moments, RMSNorm's saved
+// reciprocal std, attention's log-sum-exp, per-token losses, RoPE tables. Token ids are int32.
+// Matrices are row-major; a linear layer's weight is [out, in] as Hugging Face stores it.
+#pragma once
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct Backend Backend;
+typedef struct Queue Queue;  // an in-order stream of work (a CUDA stream; immediate on the CPU)
+typedef struct Event Event;  // a point in a queue that other queues or the host can wait for
+
+typedef struct {
+    size_t in_use, peak, limit;  // device bytes; limit 0 means no budget
+    size_t host_in_use, host_peak;
+    size_t disk_in_use, disk_peak;
+} MemStats;
+
+struct Backend {
+    const char *name;
+    int act_bytes;
+    int threads;
+    MemStats mem;
+    void *impl;
+
+    // ---- memory --------------------------------------------------------------------------
+    // Device allocations are counted against mem.limit; past it dev_alloc fails with a message
+    // that names `what`. Memory is not zeroed.
+    void *(*dev_alloc)(Backend *, size_t bytes, const char *what);
+    void (*dev_free)(Backend *, void *p);
+    void *(*host_alloc)(Backend *, size_t bytes, const char *what);  // pinned where it matters
+    void (*host_free)(Backend *, void *p);
+    void (*memzero)(Backend *, void *dst, size_t bytes, Queue *q);
+    // Copies are raw bytes; q NULL means the compute queue. Host memory given to an async copy
+    // must come from host_alloc.
+    void (*copy_h2d)(Backend *, void *dst, const void *src, size_t bytes, Queue *q);
+    void (*copy_d2h)(Backend *, void *dst, const void *src, size_t bytes, Queue *q);
+    void (*copy_d2d)(Backend *, void *dst, const void *src, size_t bytes, Queue *q);
+    // Convert between host float32 and a device act tensor (synchronous).
+    void (*upload_act)(Backend *, void *dst, const float *src, size_t n);
+    void (*download_act)(Backend *, float *dst, const void *src, size_t n);
+
+    // ---- ordering ------------------------------------------------------------------------
+    Queue *(*queue_create)(Backend *);
+    void (*queue_destroy)(Backend *, Queue *);
+    Event *(*event_create)(Backend *);
+    void (*event_destroy)(Backend *, Event *);
+    void (*event_record)(Backend *, Event *, Queue *q);  // q NULL: compute queue
+    void (*queue_wait)(Backend *, Queue *q, Event *);    // q waits for the event
+    void (*event_sync)(Backend *, Event *);              // host waits for the event
+    void (*sync)(Backend *);                             // host waits for everything
+
+    // ---- compute (on the compute queue) ----------------------------------------------------
+    // C[M,N] = alpha * op(A) @ op(B) + beta * C, op(A) [M,K], op(B) [K,N]; trans flags mean the
+    // stored matrix is the transpose (A stored [K,M], B stored [N,K]).
+    void (*matmul)(Backend *, void *C, const void *A, const void *B, int M, int N, int K,
+                   int transA, int transB, float alpha, float beta);
+    void (*add_bias)(Backend *, void *y, const void *bias, int N, int D);     // y[n,:] += bias
+    void (*bias_grad)(Backend *, void *dbias, const void *dy, int N, int D);  // dbias += sum_n dy
+    void (*add)(Backend *, void *y, const void *a, const void *b, size_t n);  // y = a + b
+    void (*accumulate)(Backend *, void *y, const void *x, size_t n);          // y += x
+
+    void (*embedding_fwd)(Backend *, void *out, const int32_t *tokens, const void *table, int N,
+                          int C);
+    // dtable[tok] += dout rows; deterministic (no races on repeated tokens).
+    void (*embedding_bwd)(Backend *, void *dtable, const void *dout, const int32_t *tokens, int N,
+                          int C, int V);
+
+    // out = x * rsqrt(mean(x^2) + eps) * w; saves rstd_f32[N].
+    void (*rmsnorm_fwd)(Backend *, void *out, float *rstd_f32, const void *x, const void *w,
+                        int N, int C, float eps);
+    // dx += d/dx, dw += d/dw.
+    void (*rmsnorm_bwd)(Backend *, void *dx, void *dw, const void *dout, const void *x,
+                        const void *w, const float *rstd_f32, int N, int C);
+
+    // In place on x [B,T,H,D] with position t = the row's index in its sequence; tables are
+    // [T, D/2] (HF rotate_half pairs i and i + D/2). rope_bwd applies the inverse rotation.
+    void (*rope_fwd)(Backend *, void *x, const float *cos_f32, const float *sin_f32, int B, int T,
+                     int H, int D);
+    void (*rope_bwd)(Backend *, void *dx, const float *cos_f32, const float *sin_f32, int B,
+                     int T, int H, int D);
+
+    // Causal grouped-query attention, flash style: q [B,T,Hq,D], k/v [B,T,Hkv,D], out like q,
+    // lse_f32 [B,Hq,T] (natural log-sum-exp of the scaled scores). No T x T matrix is stored.
+    void (*attention_fwd)(Backend *, void *out, float *lse_f32, const void *q, const void *k,
+                          const void *v, int B, int T, int Hq, int Hkv, int D);
+    // Writes (does not accumulate) dq, dk, dv.
+    void (*attention_bwd)(Backend *, void *dq, void *dk, void *dv, const void *dout,
+                          const void *q, const void *k, const void *v, const void *out,
+                          const float *lse_f32, int B, int T, int Hq, int Hkv, int D);
+
+    // h = silu(gate) * up. In backward dgate may alias dh (saves a T x I buffer).
+    void (*swiglu_fwd)(Backend *, void *h, const void *gate, const void *up, size_t n);
+    void (*swiglu_bwd)(Backend *, void *dgate, void *dup, const void *dh, const void *gate,
+                       const void *up, size_t n);
+
+    // Fused, chunked classifier + cross-entropy over N rows of x [N,C] and W [V,C]; the N x V
+    // logits never exist whole. losses_f32[n] = -log softmax(x W^T)[n, target[n]], 0 where
+    // target < 0 (ignored). If dx is non-NULL it is written with scale * dloss/dx, and dW (if
+    // non-NULL) accumulates scale * dloss/dW, where scale multiplies every token's loss.
+    void (*classifier_ce)(Backend *, float *losses_f32, void *dx, void *dW, const void *x,
+                          const void *W, const int32_t *targets, int N, int V, int C,
+                          float scale);
+
+    // Sum of squares of an act tensor, in double, returned to the host (synchronises).
+    double (*sumsq)(Backend *, const void *x, size_t n);
+    double (*sum_f32)(Backend *, const float *x, size_t n);
+    // y *= s
+    void (*scale)(Backend *, void *y, float s, size_t n);
+
+    // AdamW with PyTorch semantics on n elements: the gradient is first multiplied by
+    // grad_scale (clipping), then p -= lr*wd*p, moments, bias correction by step t (1-based).
+    // master_f32 is the fp32 copy when act precision is not fp32 (else NULL: params updated).
+    void (*adamw)(Backend *, void *params, float *master_f32, const void *grads, float *m_f32,
+                  float *v_f32, size_t n, float lr, float beta1, float beta2, float eps,
+                  float weight_decay, float grad_scale, int t);
+
+    void (*destroy)(Backend *);
+};
+
+Backend *backend_cpu_create(int threads);
+
+// Allocation helpers that keep call sites short.
+static inline void *dev_alloc_zero(Backend *bk, size_t bytes, const char *what) {
+    void *p = bk->dev_alloc(bk, bytes, what);
+    bk->memzero(bk, p, bytes, NULL);
+    return p;
+}
+// Pointer to element i of an act tensor.
+static inline void *act_at(const Backend *bk, const void *base, size_t i) {
+    return (char *)base + i * (size_t)bk->act_bytes;
+}

@@ -1,0 +1,250 @@
+// checkpoint.c: see checkpoint.h.
+#include "checkpoint.h"
+#include <cjson/cJSON.h>
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include "hf.h"
+#include "safetensors.h"
+#include "stb_ds.h"
+
+void load_hf_config(const char *dir, ModelConfig *cfg) {
+    char path[4096];
+    join_path(path, sizeof path, dir, "config.json");
+    hf_read_config(path, cfg);
+    model_config_validate(cfg, path);
+}
+
+static void check_shape(const StTensor *t, const ParamSpec *p, const char *where) {
+    int ok = t->ndim == p->ndim && t->shape[0] == p->shape[0] &&
+             (p->ndim == 1 || t->shape[1] == p->shape[1]);
+    if (!ok) {
+        char have[64] = "", want[64];
+        for (int d = 0; d < t->ndim && d < 4; d++)
+            snprintf(have + strlen(have), sizeof have - strlen(have), "%s%" PRId64, d ? ", " : "",
+                     t->shape[d]);
+        if (p->ndim == 1) snprintf(want, sizeof want, "%" PRId64, p->shape[0]);
+        else snprintf(want, sizeof want, "%" PRId64 ", %" PRId64, p->shape[0], p->shape[1]);
+        fail("%s: tensor '%s' has shape [%s], the config needs [%s]", where, p->name, have, want);
+    }
+}
+
+// Loads all table tensors via a lookup function, so a model dir and a checkpoint share it.
+static void load_params(Model *m, const char *where, const StTensor *(*find)(const void *, const char *),
+                        const void *src, const char *prefix) {
+    size_t maxn = 0;
+    for (int i = 0; i < (int)arrlen(m->tab.specs); i++)
+        if (m->tab.specs[i].numel > maxn) maxn = m->tab.specs[i].numel;
+    float *buf = xmalloc(sizeof(float) * maxn);
+    for (int i = 0; i < (int)arrlen(m->tab.specs); i++) {
+        const ParamSpec *p = &m->tab.specs[i];
+        char name[160];
+        snprintf(name, sizeof name, "%s%s", prefix, p->name);
+        const StTensor *t = find(src, name);
+        if (!t) fail("%s: missing tensor '%s'", where, name);
+        check_shape(t, p, where);
+        st_to_f32(t, buf);
+        if (!prefix[0]) {
+            model_set_param(m, i, buf);
+        } else {
+            float *dst = !strcmp(prefix, "exp_avg.") ? m->adam_m : m->adam_v;
+            m->bk->copy_h2d(m->bk, dst + p->offset, buf, p->numel * sizeof(float), NULL);
+            m->bk->sync(m->bk);
+        }
+    }
+    free(buf);
+}
+
+static const StTensor *find_in_model(const void *s, const char *n) { return st_model_find(s, n); }
+static const StTensor *find_in_file(const void *s, const char *n) { return st_find(s, n); }
+
+void load_hf_weights(Model *m, const char *dir) {
+    StModel *sm = st_open_model_dir(dir);
+    load_params(m, dir, find_in_model, sm, "");
+    st_model_close(sm);
+}
+
+// Writes the table's tensors (weights, or optimizer moments with a prefix) as one F32 file.
+static int write_tensors(const Model *m, const char *path, const char *const *prefixes, int nprefix) {
+    const ParamTable *t = &m->tab;
+    int n = (int)arrlen(t->specs), total = n * nprefix;
+    StWriteItem *items = xcalloc(total, sizeof(StWriteItem));
+    char **names = xcalloc(total, sizeof(char *));
+    float **bufs = xcalloc(total, sizeof(float *));
+    for (int k = 0; k < nprefix; k++)
+        for (int i = 0; i < n; i++) {
+            const ParamSpec *p = &t->specs[i];
+            int j = k * n + i;
+            names[j] = xmalloc(strlen(prefixes[k]) + strlen(p->name) + 1);
+            sprintf(names[j], "%s%s", prefixes[k], p->name);
+            bufs[j] = xmalloc(sizeof(float) * p->numel);
+            if (!prefixes[k][0]) {
+                model_get_param(m, i, bufs[j]);
+            } else {
+                const float *src = !strcmp(prefixes[k], "exp_avg.") ? m->adam_m : m->adam_v;
+                m->bk->copy_d2h(m->bk, bufs[j], src + p->offset, p->numel * sizeof(float), NULL);
+                m->bk->sync(m->bk);
+            }
+            items[j] = (StWriteItem){names[j], bufs[j], p->ndim, {p->shape[0], p->shape[1]}};
+        }
+    const char *meta[] = {"format", "pt", NULL};
+    int rc = st_write(path, items, total, meta);
+    for (int j = 0; j < total; j++) free(names[j]), free(bufs[j]);
+    free(items), free(names), free(bufs);
+    return rc;
+}
+
+int save_hf_model(const Model *m, const char *dir) {
+    char path[4096];
+    const char *const plain[] = {""};
+    join_path(path, sizeof path, dir, "model.safetensors");
+    if (write_tensors(m, path, plain, 1) != 0) return -1;
+    join_path(path, sizeof path, dir, "config.json");
+    return hf_write_config(path, &m->cfg);
+}
+
+static int write_state(const LoopState *ls, const char *path) {
+    cJSON *o = cJSON_CreateObject();
+    char buf[32];
+    cJSON_AddNumberToObject(o, "step", ls->step);
+    snprintf(buf, sizeof buf, "%" PRIu64, ls->data_epoch);
+    cJSON_AddStringToObject(o, "data_epoch", buf);
+    snprintf(buf, sizeof buf, "%" PRIu64, ls->data_next);
+    cJSON_AddStringToObject(o, "data_next", buf);
+    cJSON *r = cJSON_AddArrayToObject(o, "sample_rng");
+    for (int i = 0; i < 4; i++) {
+        snprintf(buf, sizeof buf, "%" PRIu64, ls->sample_rng.s[i]);
+        cJSON_AddItemToArray(r, cJSON_CreateString(buf));
+    }
+    char *txt = cJSON_Print(o);
+    cJSON_Delete(o);
+    FILE *f = fopen(path, "w");
+    int ok = f && fputs(txt, f) >= 0 && fputc('\n', f) != EOF;
+    if (f && (fflush(f) != 0 || fsync(fileno(f)) != 0)) ok = 0;
+    if (f && fclose(f) != 0) ok = 0;
+    free(txt);
+    return ok ? 0 : -1;
+}
+
+static char tmp_dir[4096];  // a checkpoint being written; removed if the run fails meanwhile
+static void remove_tmp_dir(void) {
+    if (tmp_dir[0]) remove_tree(tmp_dir);
+}
+
+static void fsync_dir(const char *dir) {
+    int fd = open(dir, O_RDONLY | O_DIRECTORY);
+    if (fd >= 0) fsync(fd), close(fd);
+}
+
+void checkpoint_save(const Model *m, const LoopState *ls, const char *output_dir) {
+    static int hooked;
+    if (!hooked) on_fail(remove_tmp_dir), hooked = 1;
+    char final[4096], name[64], path[4096];
+    snprintf(name, sizeof name, "checkpoint-%d", ls->step);
+    join_path(final, sizeof final, output_dir, name);
+    snprintf(name, sizeof name, ".checkpoint-%d.tmp-%d", ls->step, (int)getpid());
+    join_path(tmp_dir, sizeof tmp_dir, output_dir, name);
+    remove_tree(tmp_dir);
+    if (mkdir_p(tmp_dir) != 0) fail("%s: cannot create checkpoint directory: %s", tmp_dir, strerror(errno));
+    const char *const moments[] = {"exp_avg.", "exp_avg_sq."};
+    int rc = save_hf_model(m, tmp_dir);
+    join_path(path, sizeof path, tmp_dir, "optimizer.safetensors");
+    if (rc == 0) rc = write_tensors(m, path, moments, 2);
+    join_path(path, sizeof path, tmp_dir, "trainer_state.json");
+    if (rc == 0) rc = write_state(ls, path);
+    if (rc != 0) fail("%s: writing checkpoint failed: %s (earlier checkpoints are intact)", final, strerror(errno));
+    fsync_dir(tmp_dir);
+    if (path_exists(final)) remove_tree(final);  // a rerun of the same step replaces it whole
+    if (rename(tmp_dir, final) != 0) fail("%s: cannot rename checkpoint into place: %s", final, strerror(errno));
+    fsync_dir(output_dir);
+    tmp_dir[0] = 0;
+}
+
+static uint64_t json_u64(cJSON *o, const char *key, const char *path) {
+    cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    if (!cJSON_IsString(v)) fail("%s: key '%s' missing or not a string", path, key);
+    char *end;
+    uint64_t x = strtoull(v->valuestring, &end, 10);
+    if (*end || !*v->valuestring) fail("%s: key '%s' is not an integer", path, key);
+    return x;
+}
+
+void checkpoint_load(Model *m, LoopState *ls, const char *dir) {
+    char path[4096];
+    ModelConfig saved;
+    load_hf_config(dir, &saved);
+    const ModelConfig *c = &m->cfg;
+    if (saved.vocab_size != c->vocab_size || saved.hidden_size != c->hidden_size ||
+        saved.intermediate_size != c->intermediate_size ||
+        saved.num_hidden_layers != c->num_hidden_layers ||
+        saved.num_attention_heads != c->num_attention_heads ||
+        saved.num_key_value_heads != c->num_key_value_heads || saved.head_dim != c->head_dim ||
+        saved.tie_word_embeddings != c->tie_word_embeddings || saved.attention_bias != c->attention_bias)
+        fail("%s: checkpoint's model shape differs from the configured model", dir);
+    load_hf_weights(m, dir);
+    join_path(path, sizeof path, dir, "optimizer.safetensors");
+    StFile *f = st_open(path);
+    load_params(m, path, find_in_file, f, "exp_avg.");
+    load_params(m, path, find_in_file, f, "exp_avg_sq.");
+    st_close(f);
+    join_path(path, sizeof path, dir, "trainer_state.json");
+    size_t len;
+    char *txt = read_file(path, &len);
+    if (!txt) fail("%s: cannot read: %s", path, strerror(errno));
+    cJSON *o = cJSON_Parse(txt);
+    free(txt);
+    if (!o) fail("%s: not valid JSON", path);
+    cJSON *step = cJSON_GetObjectItemCaseSensitive(o, "step");
+    if (!cJSON_IsNumber(step) || step->valueint < 0) fail("%s: key 'step' missing or invalid", path);
+    ls->step = step->valueint;
+    ls->data_epoch = json_u64(o, "data_epoch", path);
+    ls->data_next = json_u64(o, "data_next", path);
+    cJSON *r = cJSON_GetObjectItemCaseSensitive(o, "sample_rng");
+    if (!cJSON_IsArray(r) || cJSON_GetArraySize(r) != 4) fail("%s: key 'sample_rng' invalid", path);
+    for (int i = 0; i < 4; i++) {
+        cJSON *e = cJSON_GetArrayItem(r, i);
+        if (!cJSON_IsString(e)) fail("%s: key 'sample_rng' invalid", path);
+        ls->sample_rng.s[i] = strtoull(e->valuestring, NULL, 10);
+    }
+    cJSON_Delete(o);
+}
+
+void checkpoint_find_latest(const char *output_dir, char *out, size_t cap) {
+    out[0] = 0;
+    DIR *d = opendir(output_dir);
+    if (!d) return;
+    int best = -1;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        int n;
+        char tail;
+        if (sscanf(e->d_name, "checkpoint-%d%c", &n, &tail) == 1 && n > best) best = n;
+    }
+    closedir(d);
+    if (best >= 0) {
+        char name[64];
+        snprintf(name, sizeof name, "checkpoint-%d", best);
+        join_path(out, cap, output_dir, name);
+    }
+}
+
+void checkpoint_clean_debris(const char *output_dir) {
+    DIR *d = opendir(output_dir);
+    if (!d) return;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        int step, pid;
+        if (sscanf(e->d_name, ".checkpoint-%d.tmp-%d", &step, &pid) != 2) continue;
+        if (pid != getpid() && kill(pid, 0) != 0 && errno == ESRCH) {
+            char path[4096];
+            join_path(path, sizeof path, output_dir, e->d_name);
+            remove_tree(path);
+        }
+    }
+    closedir(d);
+}

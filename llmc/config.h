@@ -1,0 +1,39 @@
+// config.h: the run's configuration, read from YAML (libyaml) with Axolotl key names, then
+// overridden by --set key=value. Every key is described once in a table in config.c (type,
+// default, range), which drives parsing, validation, --help and the error for unknown keys.
+#pragma once
+#include <stdio.h>
+#include "model.h"
+
+typedef struct {
+    // model source: base_model (HF dir) or the model: block
+    char base_model[1024];
+    int has_model_block;
+    ModelConfig model;
+    // data
+    char train_data[1024], val_data[1024], data_dir[1024];
+    int shuffle;
+    int sequence_len, micro_batch_size, gradient_accumulation_steps;
+    // optimisation
+    int max_steps;
+    double learning_rate;
+    char lr_scheduler[16];
+    int warmup_steps;
+    double weight_decay, max_grad_norm, adam_beta1, adam_beta2, adam_epsilon;
+    long long seed;
+    // evaluation, output, checkpoints
+    int eval_steps, eval_batches, sample_steps, sample_tokens, save_steps, log_steps;
+    char output_dir[1024], resume_from_checkpoint[1024];
+    // runtime
+    char device[16];
+    int num_threads;
+    // where the YAML came from, for messages
+    char path[1024];
+} Config;
+
+// Parse argv (-c FILE, --set k=v..., --help). Fails with a one-line message on any bad input.
+void config_from_args(Config *cfg, int argc, char **argv);
+void config_load_yaml(Config *cfg, const char *path);
+void config_set(Config *cfg, const char *key, const char *value, const char *origin);
+void config_finish(Config *cfg);  // cross-key checks after all sources are applied
+void config_print_help(FILE *f);

@@ -1,0 +1,225 @@
+// backend_cpu.c: the CPU backend. "Device" memory is host memory counted against a budget, so
+// every memory mode and every out-of-memory path can be exercised on a machine with no GPU.
+// Queues and events exist so the engine's ordering code runs unchanged; work here is
+// synchronous, so they only check that they are used consistently.
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+#include "../backend.h"
+#include "../util.h"
+#include "kernels.h"
+
+struct Queue { int id; };
+struct Event { int recorded; };
+
+// Every allocation carries its size in a 64-byte header (keeps the payload aligned for SIMD).
+#define HDR 64
+
+static void *counted_alloc(size_t bytes, size_t *in_use, size_t *peak) {
+    char *p = aligned_alloc(HDR, HDR + ((bytes + HDR - 1) / HDR) * HDR);
+    if (!p) return NULL;
+    *(size_t *)p = bytes;
+    *in_use += bytes;
+    if (*in_use > *peak) *peak = *in_use;
+    return p + HDR;
+}
+
+static size_t counted_free(void *q, size_t *in_use) {
+    if (!q) return 0;
+    char *p = (char *)q - HDR;
+    size_t bytes = *(size_t *)p;
+    *in_use -= bytes;
+    free(p);
+    return bytes;
+}
+
+static void *cpu_dev_alloc(Backend *bk, size_t bytes, const char *what) {
+    MemStats *m = &bk->mem;
+    if (m->limit && m->in_use + bytes > m->limit) {
+        char need[32], used[32], lim[32];
+        format_bytes(need, sizeof need, (double)bytes);
+        format_bytes(used, sizeof used, (double)m->in_use);
+        format_bytes(lim, sizeof lim, (double)m->limit);
+        fail("device memory limit reached allocating %s for %s (%s in use, limit %s)", need, what,
+             used, lim);
+    }
+    void *p = counted_alloc(bytes, &m->in_use, &m->peak);
+    if (!p) fail("out of memory allocating %zu bytes for %s", bytes, what);
+    return p;
+}
+
+static void cpu_dev_free(Backend *bk, void *p) { counted_free(p, &bk->mem.in_use); }
+
+static void *cpu_host_alloc(Backend *bk, size_t bytes, const char *what) {
+    void *p = counted_alloc(bytes, &bk->mem.host_in_use, &bk->mem.host_peak);
+    if (!p) fail("out of host memory allocating %zu bytes for %s", bytes, what);
+    return p;
+}
+
+static void cpu_host_free(Backend *bk, void *p) { counted_free(p, &bk->mem.host_in_use); }
+
+static void cpu_memzero(Backend *bk, void *dst, size_t bytes, Queue *q) {
+    (void)bk; (void)q;
+    memset(dst, 0, bytes);
+}
+
+static void cpu_copy(Backend *bk, void *dst, const void *src, size_t bytes, Queue *q) {
+    (void)bk; (void)q;
+    memcpy(dst, src, bytes);
+}
+
+static void cpu_upload(Backend *bk, void *dst, const float *src, size_t n) {
+    (void)bk;
+    memcpy(dst, src, n * sizeof(float));
+}
+
+static void cpu_download(Backend *bk, float *dst, const void *src, size_t n) {
+    (void)bk;
+    memcpy(dst, src, n * sizeof(float));
+}
+
+static Queue *cpu_queue_create(Backend *bk) {
+    (void)bk;
+    return xcalloc(1, sizeof(Queue));
+}
+static void cpu_queue_destroy(Backend *bk, Queue *q) { (void)bk; free(q); }
+static Event *cpu_event_create(Backend *bk) {
+    (void)bk;
+    return xcalloc(1, sizeof(Event));
+}
+static void cpu_event_destroy(Backend *bk, Event *e) { (void)bk; free(e); }
+static void cpu_event_record(Backend *bk, Event *e, Queue *q) { (void)bk; (void)q; e->recorded = 1; }
+static void cpu_queue_wait(Backend *bk, Queue *q, Event *e) { (void)bk; (void)q; (void)e; }
+static void cpu_event_sync(Backend *bk, Event *e) { (void)bk; (void)e; }
+static void cpu_sync(Backend *bk) { (void)bk; }
+
+// ---- compute: thin casts onto the float kernels ----------------------------------------
+static void cpu_matmul(Backend *bk, void *C, const void *A, const void *B, int M, int N, int K,
+                       int ta, int tb, float alpha, float beta) {
+    (void)bk;
+    matmul_f32(C, A, B, M, N, K, ta, tb, alpha, beta);
+}
+static void cpu_add_bias(Backend *bk, void *y, const void *b, int N, int D) { (void)bk; add_bias_f32(y, b, N, D); }
+static void cpu_bias_grad(Backend *bk, void *db, const void *dy, int N, int D) { (void)bk; bias_grad_f32(db, dy, N, D); }
+static void cpu_add(Backend *bk, void *y, const void *a, const void *b, size_t n) { (void)bk; add_f32(y, a, b, n); }
+static void cpu_accumulate(Backend *bk, void *y, const void *x, size_t n) { (void)bk; accumulate_f32(y, x, n); }
+static void cpu_scale(Backend *bk, void *y, float s, size_t n) { (void)bk; scale_f32(y, s, n); }
+
+static void cpu_embedding_fwd(Backend *bk, void *out, const int32_t *tok, const void *table,
+                              int N, int C) {
+    (void)bk;
+    embedding_fwd_f32(out, tok, table, N, C);
+}
+static void cpu_embedding_bwd(Backend *bk, void *dt, const void *dout, const int32_t *tok, int N,
+                              int C, int V) {
+    (void)bk; (void)V;
+    embedding_bwd_f32(dt, dout, tok, N, C);
+}
+static void cpu_rmsnorm_fwd(Backend *bk, void *out, float *rstd, const void *x, const void *w,
+                            int N, int C, float eps) {
+    (void)bk;
+    rmsnorm_fwd_f32(out, rstd, x, w, N, C, eps);
+}
+static void cpu_rmsnorm_bwd(Backend *bk, void *dx, void *dw, const void *dy, const void *x,
+                            const void *w, const float *rstd, int N, int C) {
+    (void)bk;
+    rmsnorm_bwd_f32(dx, dw, dy, x, w, rstd, N, C);
+}
+static void cpu_rope_fwd(Backend *bk, void *x, const float *c, const float *s, int B, int T, int H,
+                         int D) {
+    (void)bk;
+    rope_fwd_f32(x, c, s, B, T, H, D);
+}
+static void cpu_rope_bwd(Backend *bk, void *x, const float *c, const float *s, int B, int T, int H,
+                         int D) {
+    (void)bk;
+    rope_bwd_f32(x, c, s, B, T, H, D);
+}
+static void cpu_attention_fwd(Backend *bk, void *out, float *lse, const void *q, const void *k,
+                              const void *v, int B, int T, int Hq, int Hkv, int D) {
+    (void)bk;
+    attention_fwd_f32(out, lse, q, k, v, B, T, Hq, Hkv, D);
+}
+static void cpu_attention_bwd(Backend *bk, void *dq, void *dk, void *dv, const void *dout,
+                              const void *q, const void *k, const void *v, const void *out,
+                              const float *lse, int B, int T, int Hq, int Hkv, int D) {
+    (void)bk;
+    attention_bwd_f32(dq, dk, dv, dout, q, k, v, out, lse, B, T, Hq, Hkv, D);
+}
+static void cpu_swiglu_fwd(Backend *bk, void *h, const void *g, const void *u, size_t n) {
+    (void)bk;
+    swiglu_fwd_f32(h, g, u, n);
+}
+static void cpu_swiglu_bwd(Backend *bk, void *dg, void *du, const void *dh, const void *g,
+                           const void *u, size_t n) {
+    (void)bk;
+    swiglu_bwd_f32(dg, du, dh, g, u, n);
+}
+static void cpu_classifier_ce(Backend *bk, float *losses, void *dx, void *dW, const void *x,
+                              const void *W, const int32_t *tgt, int N, int V, int C, float scale) {
+    (void)bk;
+    classifier_ce_f32(losses, dx, dW, x, W, tgt, N, V, C, scale);
+}
+static double cpu_sumsq(Backend *bk, const void *x, size_t n) { (void)bk; return sumsq_f32(x, n); }
+static double cpu_sum_f32(Backend *bk, const float *x, size_t n) {
+    (void)bk;
+    double s = 0;  // sequential: the loss must not depend on the thread count
+    for (size_t i = 0; i < n; i++) s += x[i];
+    return s;
+}
+static void cpu_adamw(Backend *bk, void *p, float *master, const void *g, float *m, float *v,
+                      size_t n, float lr, float b1, float b2, float eps, float wd, float gscale,
+                      int t) {
+    (void)bk; (void)master;  // float params are their own master copy
+    adamw_f32(p, g, m, v, n, lr, b1, b2, eps, wd, gscale, t);
+}
+
+static void cpu_destroy(Backend *bk) { free(bk); }
+
+Backend *backend_cpu_create(int threads) {
+    if (threads > 0) omp_set_num_threads(threads);
+    Backend *bk = xcalloc(1, sizeof(Backend));
+    bk->name = "cpu";
+    bk->act_bytes = sizeof(float);
+    bk->threads = omp_get_max_threads();
+    bk->dev_alloc = cpu_dev_alloc;
+    bk->dev_free = cpu_dev_free;
+    bk->host_alloc = cpu_host_alloc;
+    bk->host_free = cpu_host_free;
+    bk->memzero = cpu_memzero;
+    bk->copy_h2d = cpu_copy;
+    bk->copy_d2h = cpu_copy;
+    bk->copy_d2d = cpu_copy;
+    bk->upload_act = cpu_upload;
+    bk->download_act = cpu_download;
+    bk->queue_create = cpu_queue_create;
+    bk->queue_destroy = cpu_queue_destroy;
+    bk->event_create = cpu_event_create;
+    bk->event_destroy = cpu_event_destroy;
+    bk->event_record = cpu_event_record;
+    bk->queue_wait = cpu_queue_wait;
+    bk->event_sync = cpu_event_sync;
+    bk->sync = cpu_sync;
+    bk->matmul = cpu_matmul;
+    bk->add_bias = cpu_add_bias;
+    bk->bias_grad = cpu_bias_grad;
+    bk->add = cpu_add;
+    bk->accumulate = cpu_accumulate;
+    bk->embedding_fwd = cpu_embedding_fwd;
+    bk->embedding_bwd = cpu_embedding_bwd;
+    bk->rmsnorm_fwd = cpu_rmsnorm_fwd;
+    bk->rmsnorm_bwd = cpu_rmsnorm_bwd;
+    bk->rope_fwd = cpu_rope_fwd;
+    bk->rope_bwd = cpu_rope_bwd;
+    bk->attention_fwd = cpu_attention_fwd;
+    bk->attention_bwd = cpu_attention_bwd;
+    bk->swiglu_fwd = cpu_swiglu_fwd;
+    bk->swiglu_bwd = cpu_swiglu_bwd;
+    bk->classifier_ce = cpu_classifier_ce;
+    bk->sumsq = cpu_sumsq;
+    bk->sum_f32 = cpu_sum_f32;
+    bk->scale = cpu_scale;
+    bk->adamw = cpu_adamw;
+    bk->destroy = cpu_destroy;
+    return bk;
+}

@@ -1,0 +1,36 @@
+// kernels.h: CPU kernels in float (what the backend runs) and double (what the
+// finite-difference tests differentiate). One source, kernels.inc, defines both.
+#pragma once
+#include <stddef.h>
+#include <stdint.h>
+
+#define DECLARE_KERNELS(R, S)                                                                    \
+    void matmul_##S(R *C, const R *A, const R *B, int M, int N, int K, int ta, int tb, R alpha,  \
+                    R beta);                                                                     \
+    void add_bias_##S(R *y, const R *bias, int N, int D);                                        \
+    void bias_grad_##S(R *dbias, const R *dy, int N, int D);                                     \
+    void add_##S(R *y, const R *a, const R *b, size_t n);                                        \
+    void accumulate_##S(R *y, const R *x, size_t n);                                             \
+    void scale_##S(R *y, R s, size_t n);                                                         \
+    void embedding_fwd_##S(R *out, const int32_t *tok, const R *table, int N, int C);            \
+    void embedding_bwd_##S(R *dtable, const R *dout, const int32_t *tok, int N, int C);          \
+    void rmsnorm_fwd_##S(R *out, R *rstd, const R *x, const R *w, int N, int C, R eps);          \
+    void rmsnorm_bwd_##S(R *dx, R *dw, const R *dy, const R *x, const R *w, const R *rstd,       \
+                         int N, int C);                                                          \
+    void rope_fwd_##S(R *x, const float *cosv, const float *sinv, int B, int T, int H, int D);   \
+    void rope_bwd_##S(R *dx, const float *cosv, const float *sinv, int B, int T, int H, int D);  \
+    void attention_fwd_##S(R *out, float *lse, const R *q, const R *k, const R *v, int B,        \
+                           int T, int Hq, int Hkv, int D);                                       \
+    void attention_bwd_##S(R *dq, R *dk, R *dv, const R *dout, const R *q, const R *k,           \
+                           const R *v, const R *out, const float *lse, int B, int T, int Hq,     \
+                           int Hkv, int D);                                                      \
+    void swiglu_fwd_##S(R *h, const R *gate, const R *up, size_t n);                             \
+    void swiglu_bwd_##S(R *dgate, R *dup, const R *dh, const R *gate, const R *up, size_t n);    \
+    void classifier_ce_##S(float *losses, R *dx, R *dW, const R *x, const R *W,                  \
+                           const int32_t *tgt, int N, int V, int C, R scale);                    \
+    double sumsq_##S(const R *x, size_t n);                                                      \
+    void adamw_##S(R *p, const R *g, float *m, float *v, size_t n, float lr, float b1, float b2, \
+                   float eps, float wd, float gscale, int t);
+
+DECLARE_KERNELS(float, f32)
+DECLARE_KERNELS(double, f64)

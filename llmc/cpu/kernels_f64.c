@@ -1,0 +1,7 @@
+// Double instantiation of kernels.inc: used by the finite-difference tests.
+#include <cblas.h>
+#include "kernels.h"
+#define R double
+#define FN(name) name##_f64
+#define GEMM cblas_dgemm
+#include "kernels.inc"

@@ -1,0 +1,380 @@
+// model.c: the Llama architecture over backend ops. The forward and backward of a block are
+// written once here; which hardware runs them is the backend's business.
+#include "model.h"
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+#include "stb_ds.h"
+#include "util.h"
+
+void model_config_defaults(ModelConfig *c) {
+    memset(c, 0, sizeof *c);
+    snprintf(c->model_type, sizeof c->model_type, "llama");
+    c->rms_norm_eps = 1e-5f;
+    c->rope_theta = 10000.0;
+    c->max_position_embeddings = 2048;
+    c->bos_token_id = c->eos_token_id = -1;
+}
+
+void model_config_validate(const ModelConfig *c, const char *src) {
+    struct { const char *name; int v; } pos[] = {
+        {"vocab_size", c->vocab_size}, {"hidden_size", c->hidden_size},
+        {"intermediate_size", c->intermediate_size}, {"num_hidden_layers", c->num_hidden_layers},
+        {"num_attention_heads", c->num_attention_heads},
+        {"num_key_value_heads", c->num_key_value_heads}, {"head_dim", c->head_dim},
+        {"max_position_embeddings", c->max_position_embeddings}};
+    for (size_t i = 0; i < sizeof pos / sizeof pos[0]; i++)
+        if (pos[i].v <= 0) fail("%s: %s must be a positive integer, got %d", src, pos[i].name, pos[i].v);
+    if (c->num_attention_heads % c->num_key_value_heads)
+        fail("%s: num_attention_heads (%d) must be a multiple of num_key_value_heads (%d)", src,
+             c->num_attention_heads, c->num_key_value_heads);
+    if (c->head_dim % 2) fail("%s: head_dim must be even for rotary embeddings, got %d", src, c->head_dim);
+    if (!(c->rms_norm_eps > 0)) fail("%s: rms_norm_eps must be > 0", src);
+    if (!(c->rope_theta > 0)) fail("%s: rope_theta must be > 0", src);
+    if (c->rope_type == ROPE_LLAMA3 &&
+        !(c->rope_factor > 0 && c->rope_low_freq_factor > 0 &&
+          c->rope_high_freq_factor > c->rope_low_freq_factor &&
+          c->rope_original_max_position_embeddings > 0))
+        fail("%s: llama3 rope_scaling needs factor > 0, 0 < low_freq_factor < high_freq_factor and "
+             "original_max_position_embeddings > 0", src);
+}
+
+static int add_param(ParamTable *t, const char *name, int64_t d0, int64_t d1, int layer, int decay,
+                     size_t *offset) {
+    ParamSpec p = {0};
+    snprintf(p.name, sizeof p.name, "%s", name);
+    p.ndim = d1 ? 2 : 1;
+    p.shape[0] = d0;
+    p.shape[1] = d1;
+    p.numel = (size_t)d0 * (size_t)(d1 ? d1 : 1);
+    p.offset = *offset;
+    p.layer = layer;
+    p.decay = decay;
+    *offset += p.numel;
+    arrput(t->specs, p);
+    return (int)arrlen(t->specs) - 1;
+}
+
+void param_table_build(ParamTable *t, const ModelConfig *c) {
+    memset(t, 0, sizeof *t);
+    t->cfg = *c;
+    const int64_t C = c->hidden_size, I = c->intermediate_size, V = c->vocab_size;
+    const int64_t QD = (int64_t)c->num_attention_heads * c->head_dim;
+    const int64_t KD = (int64_t)c->num_key_value_heads * c->head_dim;
+    const int L = c->num_hidden_layers;
+    size_t off = 0;
+    char n[96];
+    t->embed = add_param(t, "model.embed_tokens.weight", V, C, -1, 1, &off);
+    t->layer_param = xmalloc(sizeof(int) * L * P_PER_LAYER);
+    for (int l = 0; l < L; l++) {
+        int *lp = t->layer_param + l * P_PER_LAYER;
+        for (int k = 0; k < P_PER_LAYER; k++) lp[k] = -1;
+#define LAYER(kind, suffix, d0, d1, decay)                                   \
+    snprintf(n, sizeof n, "model.layers.%d.%s", l, suffix);                  \
+    lp[kind] = add_param(t, n, d0, d1, l, decay, &off);
+        LAYER(P_LN1, "input_layernorm.weight", C, 0, 0)
+        LAYER(P_WQ, "self_attn.q_proj.weight", QD, C, 1)
+        if (c->attention_bias) { LAYER(P_BQ, "self_attn.q_proj.bias", QD, 0, 0) }
+        LAYER(P_WK, "self_attn.k_proj.weight", KD, C, 1)
+        if (c->attention_bias) { LAYER(P_BK, "self_attn.k_proj.bias", KD, 0, 0) }
+        LAYER(P_WV, "self_attn.v_proj.weight", KD, C, 1)
+        if (c->attention_bias) { LAYER(P_BV, "self_attn.v_proj.bias", KD, 0, 0) }
+        LAYER(P_WO, "self_attn.o_proj.weight", C, QD, 1)
+        LAYER(P_LN2, "post_attention_layernorm.weight", C, 0, 0)
+        LAYER(P_WGATE, "mlp.gate_proj.weight", I, C, 1)
+        LAYER(P_WUP, "mlp.up_proj.weight", I, C, 1)
+        LAYER(P_WDOWN, "mlp.down_proj.weight", C, I, 1)
+#undef LAYER
+    }
+    t->final_norm = add_param(t, "model.norm.weight", C, 0, -1, 0, &off);
+    t->lm_head = c->tie_word_embeddings ? t->embed : add_param(t, "lm_head.weight", V, C, -1, 1, &off);
+    t->num_params = off;
+}
+
+void param_table_free(ParamTable *t) {
+    arrfree(t->specs);
+    free(t->layer_param);
+    memset(t, 0, sizeof *t);
+}
+
+// HF computes inv_freq = 1 / theta^(2i/D) in float32, then llama3 rescales by wavelength:
+// long wavelengths are divided by `factor`, short ones kept, the band between interpolated.
+void rope_inv_freq(const ModelConfig *c, float *inv) {
+    const int half = c->head_dim / 2;
+    for (int i = 0; i < half; i++) {
+        float e = (float)(2 * i) / (float)c->head_dim;
+        inv[i] = 1.0f / powf((float)c->rope_theta, e);
+    }
+    if (c->rope_type != ROPE_LLAMA3) return;
+    const double old = c->rope_original_max_position_embeddings;
+    const double lo = c->rope_low_freq_factor, hi = c->rope_high_freq_factor, f = c->rope_factor;
+    const double low_wavelen = old / lo, high_wavelen = old / hi;
+    for (int i = 0; i < half; i++) {
+        double w = 2 * M_PI / inv[i];
+        float scaled = w > low_wavelen ? (float)(inv[i] / f) : inv[i];
+        if (!(w < high_wavelen) && !(w > low_wavelen)) {
+            float smooth = (float)((old / w - lo) / (hi - lo));
+            scaled = (1 - smooth) * scaled / (float)f + smooth * scaled;
+        }
+        inv[i] = scaled;
+    }
+}
+
+// ---- allocation -------------------------------------------------------------------------
+
+void model_create(Model *m, Backend *bk, const ModelConfig *cfg) {
+    memset(m, 0, sizeof *m);
+    m->bk = bk;
+    m->cfg = *cfg;
+    param_table_build(&m->tab, cfg);
+    size_t n = m->tab.num_params;
+    m->params = bk->dev_alloc(bk, n * bk->act_bytes, "parameters");
+    m->grads = dev_alloc_zero(bk, n * bk->act_bytes, "gradients");
+    m->adam_m = dev_alloc_zero(bk, n * sizeof(float), "AdamW first moments");
+    m->adam_v = dev_alloc_zero(bk, n * sizeof(float), "AdamW second moments");
+    if (bk->act_bytes != sizeof(float))
+        m->master = bk->dev_alloc(bk, n * sizeof(float), "fp32 master weights");
+}
+
+void model_alloc_acts(Model *m, int B, int T) {
+    Backend *bk = m->bk;
+    const ModelConfig *c = &m->cfg;
+    const size_t N = (size_t)B * T, C = c->hidden_size, I = c->intermediate_size;
+    const size_t QD = (size_t)c->num_attention_heads * c->head_dim;
+    const size_t KD = (size_t)c->num_key_value_heads * c->head_dim;
+    const int L = c->num_hidden_layers, A = bk->act_bytes;
+    m->B = B;
+    m->T = T;
+    m->residual = bk->dev_alloc(bk, (L + 1) * N * C * A, "residual stream");
+    m->acts = xcalloc(L, sizeof(LayerActs));
+    for (int l = 0; l < L; l++) {
+        LayerActs *a = &m->acts[l];
+        a->ln1 = bk->dev_alloc(bk, N * C * A, "activations (ln1)");
+        a->q = bk->dev_alloc(bk, N * QD * A, "activations (q)");
+        a->k = bk->dev_alloc(bk, N * KD * A, "activations (k)");
+        a->v = bk->dev_alloc(bk, N * KD * A, "activations (v)");
+        a->att = bk->dev_alloc(bk, N * QD * A, "activations (attention)");
+        a->x_mid = bk->dev_alloc(bk, N * C * A, "activations (residual mid)");
+        a->ln2 = bk->dev_alloc(bk, N * C * A, "activations (ln2)");
+        a->gate = bk->dev_alloc(bk, N * I * A, "activations (gate)");
+        a->up = bk->dev_alloc(bk, N * I * A, "activations (up)");
+        a->h = bk->dev_alloc(bk, N * I * A, "activations (swiglu)");
+        a->rstd1 = bk->dev_alloc(bk, N * sizeof(float), "activations (rstd)");
+        a->rstd2 = bk->dev_alloc(bk, N * sizeof(float), "activations (rstd)");
+        a->lse = bk->dev_alloc(bk, (size_t)B * c->num_attention_heads * T * sizeof(float),
+                               "activations (lse)");
+    }
+    m->final_ln = bk->dev_alloc(bk, N * C * A, "final norm output");
+    m->final_rstd = bk->dev_alloc(bk, N * sizeof(float), "final norm rstd");
+    m->losses = bk->dev_alloc(bk, N * sizeof(float), "token losses");
+    m->tokens = bk->dev_alloc(bk, N * sizeof(int32_t), "token ids");
+    m->targets = bk->dev_alloc(bk, N * sizeof(int32_t), "target ids");
+    m->d_res = bk->dev_alloc(bk, N * C * A, "backward scratch");
+    m->d_ln = bk->dev_alloc(bk, N * C * A, "backward scratch");
+    m->d_att = bk->dev_alloc(bk, N * QD * A, "backward scratch");
+    m->d_q = bk->dev_alloc(bk, N * QD * A, "backward scratch");
+    m->d_k = bk->dev_alloc(bk, N * KD * A, "backward scratch");
+    m->d_v = bk->dev_alloc(bk, N * KD * A, "backward scratch");
+    m->d_ff1 = bk->dev_alloc(bk, N * I * A, "backward scratch");
+    m->d_ff2 = bk->dev_alloc(bk, N * I * A, "backward scratch");
+    m->logits = bk->dev_alloc(bk, (size_t)c->vocab_size * A, "sampling logits");
+
+    // RoPE tables: angle = t * inv_freq in float32 as HF computes it, cos/sin in double.
+    const int half = c->head_dim / 2;
+    float *inv = xmalloc(sizeof(float) * half), *cs = xmalloc(sizeof(float) * T * half),
+          *sn = xmalloc(sizeof(float) * T * half);
+    rope_inv_freq(c, inv);
+    for (int t = 0; t < T; t++)
+        for (int i = 0; i < half; i++) {
+            float ang = (float)t * inv[i];
+            cs[t * half + i] = (float)cos(ang);
+            sn[t * half + i] = (float)sin(ang);
+        }
+    m->rope_cos = bk->dev_alloc(bk, sizeof(float) * T * half, "rope table");
+    m->rope_sin = bk->dev_alloc(bk, sizeof(float) * T * half, "rope table");
+    bk->copy_h2d(bk, m->rope_cos, cs, sizeof(float) * T * half, NULL);
+    bk->copy_h2d(bk, m->rope_sin, sn, sizeof(float) * T * half, NULL);
+    bk->sync(bk);
+    free(inv);
+    free(cs);
+    free(sn);
+}
+
+void model_free(Model *m) {
+    Backend *bk = m->bk;
+    if (m->acts) {
+        for (int l = 0; l < m->cfg.num_hidden_layers; l++) {
+            LayerActs *a = &m->acts[l];
+            void *ps[] = {a->ln1, a->q, a->k, a->v, a->att, a->x_mid, a->ln2, a->gate, a->up,
+                          a->h, a->rstd1, a->rstd2, a->lse};
+            for (size_t i = 0; i < sizeof ps / sizeof ps[0]; i++) bk->dev_free(bk, ps[i]);
+        }
+        free(m->acts);
+        void *ps[] = {m->residual, m->final_ln, m->final_rstd, m->losses, m->tokens, m->targets,
+                      m->d_res, m->d_ln, m->d_att, m->d_q, m->d_k, m->d_v, m->d_ff1, m->d_ff2,
+                      m->logits, m->rope_cos, m->rope_sin};
+        for (size_t i = 0; i < sizeof ps / sizeof ps[0]; i++) bk->dev_free(bk, ps[i]);
+    }
+    bk->dev_free(bk, m->params);
+    bk->dev_free(bk, m->grads);
+    bk->dev_free(bk, m->adam_m);
+    bk->dev_free(bk, m->adam_v);
+    bk->dev_free(bk, m->master);
+    param_table_free(&m->tab);
+    memset(m, 0, sizeof *m);
+}
+
+void model_set_param(Model *m, int i, const float *src) {
+    const ParamSpec *p = &m->tab.specs[i];
+    m->bk->upload_act(m->bk, act_at(m->bk, m->params, p->offset), src, p->numel);
+    if (m->master)
+        m->bk->copy_h2d(m->bk, m->master + p->offset, src, p->numel * sizeof(float), NULL);
+}
+
+void model_get_param(const Model *m, int i, float *dst) {
+    const ParamSpec *p = &m->tab.specs[i];
+    if (m->master) {
+        m->bk->copy_d2h(m->bk, dst, m->master + p->offset, p->numel * sizeof(float), NULL);
+        m->bk->sync(m->bk);
+    } else {
+        m->bk->download_act(m->bk, dst, act_at(m->bk, m->params, p->offset), p->numel);
+    }
+}
+
+void model_init_random(Model *m, uint64_t seed) {
+    Rng rng;
+    rng_seed(&rng, seed);
+    for (int i = 0; i < (int)arrlen(m->tab.specs); i++) {
+        const ParamSpec *p = &m->tab.specs[i];
+        float *w = xmalloc(sizeof(float) * p->numel);
+        int is_norm = strstr(p->name, "norm") != NULL, is_bias = strstr(p->name, ".bias") != NULL;
+        for (size_t j = 0; j < p->numel; j++)
+            w[j] = is_norm ? 1.0f : is_bias ? 0.0f : 0.02f * rng_normal(&rng);
+        model_set_param(m, i, w);
+        free(w);
+    }
+}
+
+void model_set_batch(Model *m, const int32_t *tokens, const int32_t *targets, int B, int T) {
+    Backend *bk = m->bk;
+    bk->copy_h2d(bk, m->tokens, tokens, sizeof(int32_t) * B * T, NULL);
+    if (targets) bk->copy_h2d(bk, m->targets, targets, sizeof(int32_t) * B * T, NULL);
+}
+
+// ---- forward / backward -----------------------------------------------------------------
+
+static void *P(const Model *m, int i) { return act_at(m->bk, m->params, m->tab.specs[i].offset); }
+static void *G(const Model *m, int i) { return act_at(m->bk, m->grads, m->tab.specs[i].offset); }
+static void *LP(const Model *m, int l, int k) { return P(m, param_index(&m->tab, l, k)); }
+static void *LG(const Model *m, int l, int k) { return G(m, param_index(&m->tab, l, k)); }
+static void *res(const Model *m, int l, size_t N) {
+    return act_at(m->bk, m->residual, (size_t)l * N * m->cfg.hidden_size);
+}
+
+// y[N,out] = x[N,in] W^T (+ b)
+static void linear_fwd(Backend *bk, void *y, const void *x, const void *W, const void *b, int N,
+                       int in, int out) {
+    bk->matmul(bk, y, x, W, N, out, in, 0, 1, 1.0f, 0.0f);
+    if (b) bk->add_bias(bk, y, b, N, out);
+}
+
+// dx (=, or += when accumulate) dy W; dW += dy^T x; db += sum dy.
+static void linear_bwd(Backend *bk, void *dx, void *dW, void *db, const void *dy, const void *x,
+                       const void *W, int N, int in, int out, int accumulate) {
+    if (dx) bk->matmul(bk, dx, dy, W, N, in, out, 0, 0, 1.0f, accumulate ? 1.0f : 0.0f);
+    bk->matmul(bk, dW, dy, x, out, in, N, 1, 0, 1.0f, 1.0f);
+    if (db) bk->bias_grad(bk, db, dy, N, out);
+}
+
+static void *opt_param(const Model *m, int l, int k, int grad) {
+    int i = param_index(&m->tab, l, k);
+    return i < 0 ? NULL : grad ? G(m, i) : P(m, i);
+}
+
+static void layer_forward(Model *m, int l, const void *x, void *out, int B, int T) {
+    Backend *bk = m->bk;
+    const ModelConfig *c = &m->cfg;
+    LayerActs *a = &m->acts[l];
+    const int N = B * T, C = c->hidden_size, I = c->intermediate_size, D = c->head_dim;
+    const int Hq = c->num_attention_heads, Hkv = c->num_key_value_heads;
+    bk->rmsnorm_fwd(bk, a->ln1, a->rstd1, x, LP(m, l, P_LN1), N, C, c->rms_norm_eps);
+    linear_fwd(bk, a->q, a->ln1, LP(m, l, P_WQ), opt_param(m, l, P_BQ, 0), N, C, Hq * D);
+    linear_fwd(bk, a->k, a->ln1, LP(m, l, P_WK), opt_param(m, l, P_BK, 0), N, C, Hkv * D);
+    linear_fwd(bk, a->v, a->ln1, LP(m, l, P_WV), opt_param(m, l, P_BV, 0), N, C, Hkv * D);
+    bk->rope_fwd(bk, a->q, m->rope_cos, m->rope_sin, B, T, Hq, D);
+    bk->rope_fwd(bk, a->k, m->rope_cos, m->rope_sin, B, T, Hkv, D);
+    bk->attention_fwd(bk, a->att, a->lse, a->q, a->k, a->v, B, T, Hq, Hkv, D);
+    linear_fwd(bk, a->x_mid, a->att, LP(m, l, P_WO), NULL, N, Hq * D, C);
+    bk->accumulate(bk, a->x_mid, x, (size_t)N * C);
+    bk->rmsnorm_fwd(bk, a->ln2, a->rstd2, a->x_mid, LP(m, l, P_LN2), N, C, c->rms_norm_eps);
+    linear_fwd(bk, a->gate, a->ln2, LP(m, l, P_WGATE), NULL, N, C, I);
+    linear_fwd(bk, a->up, a->ln2, LP(m, l, P_WUP), NULL, N, C, I);
+    bk->swiglu_fwd(bk, a->h, a->gate, a->up, (size_t)N * I);
+    linear_fwd(bk, out, a->h, LP(m, l, P_WDOWN), NULL, N, I, C);
+    bk->accumulate(bk, out, a->x_mid, (size_t)N * C);
+}
+
+// On entry m->d_res holds dLoss/d(layer output); on exit dLoss/d(layer input).
+static void layer_backward(Model *m, int l, const void *x, int B, int T) {
+    Backend *bk = m->bk;
+    const ModelConfig *c = &m->cfg;
+    LayerActs *a = &m->acts[l];
+    const int N = B * T, C = c->hidden_size, I = c->intermediate_size, D = c->head_dim;
+    const int Hq = c->num_attention_heads, Hkv = c->num_key_value_heads;
+    // MLP: out = x_mid + down(silu(gate) * up); d_res carries d(out) = part of d(x_mid).
+    linear_bwd(bk, m->d_ff1, LG(m, l, P_WDOWN), NULL, m->d_res, a->h, LP(m, l, P_WDOWN), N, I, C, 0);
+    bk->swiglu_bwd(bk, m->d_ff1, m->d_ff2, m->d_ff1, a->gate, a->up, (size_t)N * I);
+    linear_bwd(bk, m->d_ln, LG(m, l, P_WGATE), NULL, m->d_ff1, a->ln2, LP(m, l, P_WGATE), N, C, I, 0);
+    linear_bwd(bk, m->d_ln, LG(m, l, P_WUP), NULL, m->d_ff2, a->ln2, LP(m, l, P_WUP), N, C, I, 1);
+    bk->rmsnorm_bwd(bk, m->d_res, LG(m, l, P_LN2), m->d_ln, a->x_mid, LP(m, l, P_LN2), a->rstd2, N, C);
+    // Attention: x_mid = x + o_proj(att); d_res now holds d(x_mid), which is also part of d(x).
+    linear_bwd(bk, m->d_att, LG(m, l, P_WO), NULL, m->d_res, a->att, LP(m, l, P_WO), N, Hq * D, C, 0);
+    bk->attention_bwd(bk, m->d_q, m->d_k, m->d_v, m->d_att, a->q, a->k, a->v, a->att, a->lse, B, T,
+                      Hq, Hkv, D);
+    bk->rope_bwd(bk, m->d_q, m->rope_cos, m->rope_sin, B, T, Hq, D);
+    bk->rope_bwd(bk, m->d_k, m->rope_cos, m->rope_sin, B, T, Hkv, D);
+    linear_bwd(bk, m->d_ln, LG(m, l, P_WQ), opt_param(m, l, P_BQ, 1), m->d_q, a->ln1,
+               LP(m, l, P_WQ), N, C, Hq * D, 0);
+    linear_bwd(bk, m->d_ln, LG(m, l, P_WK), opt_param(m, l, P_BK, 1), m->d_k, a->ln1,
+               LP(m, l, P_WK), N, C, Hkv * D, 1);
+    linear_bwd(bk, m->d_ln, LG(m, l, P_WV), opt_param(m, l, P_BV, 1), m->d_v, a->ln1,
+               LP(m, l, P_WV), N, C, Hkv * D, 1);
+    bk->rmsnorm_bwd(bk, m->d_res, LG(m, l, P_LN1), m->d_ln, x, LP(m, l, P_LN1), a->rstd1, N, C);
+}
+
+double model_forward_backward(Model *m, int B, int T, float loss_scale) {
+    Backend *bk = m->bk;
+    const ModelConfig *c = &m->cfg;
+    const ParamTable *t = &m->tab;
+    const int N = B * T, C = c->hidden_size, L = c->num_hidden_layers;
+    if (B * T > m->B * m->T) fail("internal: batch %dx%d exceeds activations %dx%d", B, T, m->B, m->T);
+    bk->embedding_fwd(bk, res(m, 0, N), m->tokens, P(m, t->embed), N, C);
+    for (int l = 0; l < L; l++) layer_forward(m, l, res(m, l, N), res(m, l + 1, N), B, T);
+    bk->rmsnorm_fwd(bk, m->final_ln, m->final_rstd, res(m, L, N), P(m, t->final_norm), N, C,
+                    c->rms_norm_eps);
+    int train = loss_scale > 0;
+    // The fused classifier produces d(final_ln) and the head's gradient in the same pass.
+    bk->classifier_ce(bk, m->losses, train ? m->d_ln : NULL, train ? G(m, t->lm_head) : NULL,
+                      m->final_ln, P(m, t->lm_head), m->targets, N, c->vocab_size, C, loss_scale);
+    double loss = bk->sum_f32(bk, m->losses, N);
+    if (!train) return loss;
+    bk->memzero(bk, m->d_res, (size_t)N * C * bk->act_bytes, NULL);
+    bk->rmsnorm_bwd(bk, m->d_res, G(m, t->final_norm), m->d_ln, res(m, L, N), P(m, t->final_norm),
+                    m->final_rstd, N, C);
+    for (int l = L - 1; l >= 0; l--) layer_backward(m, l, res(m, l, N), B, T);
+    bk->embedding_bwd(bk, G(m, t->embed), m->d_res, m->tokens, N, C, c->vocab_size);
+    return loss;
+}
+
+void model_last_logits(Model *m, int T, float *out) {
+    Backend *bk = m->bk;
+    const ModelConfig *c = &m->cfg;
+    const int C = c->hidden_size, L = c->num_hidden_layers;
+    bk->embedding_fwd(bk, res(m, 0, T), m->tokens, P(m, m->tab.embed), T, C);
+    for (int l = 0; l < L; l++) layer_forward(m, l, res(m, l, T), res(m, l + 1, T), 1, T);
+    bk->rmsnorm_fwd(bk, m->final_ln, m->final_rstd, res(m, L, T), P(m, m->tab.final_norm), T, C,
+                    c->rms_norm_eps);
+    bk->matmul(bk, m->logits, act_at(bk, m->final_ln, (size_t)(T - 1) * C), P(m, m->tab.lm_head),
+               1, c->vocab_size, C, 0, 1, 1.0f, 0.0f);
+    bk->download_act(bk, out, m->logits, c->vocab_size);
+}

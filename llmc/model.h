@@ -1,0 +1,108 @@
+// model.h: the Llama architecture as data (a config, a flat parameter table) and the block
+// forward/backward written once over backend ops.
+#pragma once
+#include <stddef.h>
+#include <stdint.h>
+#include "backend.h"
+
+enum { ROPE_DEFAULT = 0, ROPE_LLAMA3 = 1 };
+
+// Hugging Face config.json fields of the Llama family (Llama 2/3, Mistral, Qwen2, SmolLM).
+typedef struct {
+    char model_type[32];      // "llama", "mistral", "qwen2", ...
+    int vocab_size;
+    int hidden_size;          // C
+    int intermediate_size;    // I
+    int num_hidden_layers;    // L
+    int num_attention_heads;  // Hq
+    int num_key_value_heads;  // Hkv (GQA); defaults to Hq
+    int head_dim;             // D; defaults to C / Hq
+    int max_position_embeddings;
+    float rms_norm_eps;
+    double rope_theta;
+    int rope_type;            // ROPE_DEFAULT or ROPE_LLAMA3
+    double rope_factor, rope_low_freq_factor, rope_high_freq_factor;
+    int rope_original_max_position_embeddings;
+    int tie_word_embeddings;
+    int attention_bias;       // q/k/v biases (Qwen2)
+    int bos_token_id, eos_token_id;  // -1 if absent; written back to config.json
+} ModelConfig;
+
+// Per-layer parameters, in the order they appear in the flat table.
+enum {
+    P_LN1, P_WQ, P_BQ, P_WK, P_BK, P_WV, P_BV, P_WO, P_LN2, P_WGATE, P_WUP, P_WDOWN, P_PER_LAYER
+};
+
+typedef struct {
+    char name[96];     // Hugging Face name, e.g. model.layers.3.self_attn.q_proj.weight
+    int ndim;
+    int64_t shape[2];
+    size_t offset;     // in elements from the start of the flat parameter buffer
+    size_t numel;
+    int layer;         // -1 for embedding, final norm, head
+    int decay;         // weight decay applies (not to norms or biases)
+} ParamSpec;
+
+typedef struct {
+    ModelConfig cfg;
+    ParamSpec *specs;  // stb_ds array: the parameter table
+    size_t num_params;
+    int embed, final_norm, lm_head;      // indices into specs (lm_head == embed when tied)
+    int *layer_param;                    // [L * P_PER_LAYER] spec index, -1 if absent (biases)
+} ParamTable;
+
+void model_config_defaults(ModelConfig *c);
+// Checks the shape fields; on error fails naming `source` and the field.
+void model_config_validate(const ModelConfig *c, const char *source);
+void param_table_build(ParamTable *t, const ModelConfig *c);
+void param_table_free(ParamTable *t);
+// Spec index of a layer parameter, or -1.
+static inline int param_index(const ParamTable *t, int layer, int kind) {
+    return t->layer_param[layer * P_PER_LAYER + kind];
+}
+// RoPE inverse frequencies [D/2], including llama3 scaling, computed as HF does in float32.
+void rope_inv_freq(const ModelConfig *c, float *inv_freq);
+
+// ---- the engine's model state ----------------------------------------------------------
+
+// What one layer saves in forward for its backward (plain mode: everything).
+typedef struct {
+    void *ln1, *q, *k, *v, *att, *x_mid, *ln2, *gate, *up, *h;
+    float *rstd1, *rstd2, *lse;
+} LayerActs;
+
+typedef struct {
+    Backend *bk;
+    ModelConfig cfg;
+    ParamTable tab;
+    // Flat buffers laid out by the parameter table.
+    void *params, *grads;         // act precision
+    float *master, *adam_m, *adam_v;  // fp32; master NULL when act precision is fp32
+    // Activations, sized for B x T at model_alloc_acts.
+    int B, T;
+    void *residual;               // [(L+1), B*T, C]: input of each layer, then the last output
+    LayerActs *acts;              // [L]
+    void *final_ln;
+    float *final_rstd, *losses;
+    int32_t *tokens, *targets;    // device copies of the current micro-batch
+    float *rope_cos, *rope_sin;   // [T, D/2]
+    // Backward scratch.
+    void *d_res, *d_ln, *d_att, *d_q, *d_k, *d_v, *d_ff1, *d_ff2;
+    void *logits;                 // [V] for sampling
+} Model;
+
+void model_create(Model *m, Backend *bk, const ModelConfig *cfg);
+void model_alloc_acts(Model *m, int B, int T);
+void model_free(Model *m);
+// Fill parameters: normal(0, 0.02) for matrices, zeros for biases, ones for norms.
+void model_init_random(Model *m, uint64_t seed);
+// Host fp32 <-> device parameter i of the table.
+void model_set_param(Model *m, int i, const float *src);
+void model_get_param(const Model *m, int i, float *dst);
+// Sets the micro-batch (host arrays of B*T ids; targets < 0 are ignored).
+void model_set_batch(Model *m, const int32_t *tokens, const int32_t *targets, int B, int T);
+// Forward pass of the current batch. With loss_scale > 0 it also runs backward, accumulating
+// loss_scale * d(sum of token losses) into m->grads. Returns the sum of the token losses.
+double model_forward_backward(Model *m, int B, int T, float loss_scale);
+// Logits of the last position of row 0 after a forward of (1, T); returns host pointer [V].
+void model_last_logits(Model *m, int T, float *out);

@@ -1,0 +1,19 @@
+// optim.h: learning-rate schedules, global-norm clipping and AdamW over the parameter table.
+#pragma once
+#include "model.h"
+
+typedef struct {
+    double lr, beta1, beta2, eps, weight_decay, max_grad_norm;
+    int warmup_steps, max_steps;
+    int schedule;  // SCHED_*
+} OptimConfig;
+
+enum { SCHED_CONSTANT, SCHED_LINEAR, SCHED_COSINE };
+
+int schedule_from_name(const char *name);
+// Learning rate for 0-based step s, Hugging Face's warmup convention (base * s / warmup).
+double lr_at(const OptimConfig *oc, int s);
+// Global L2 norm of all gradients (before clipping).
+double grad_norm(Model *m);
+// One AdamW update of every trainable tensor; step is 1-based. Returns the clip coefficient.
+float optim_step(Model *m, const OptimConfig *oc, double lr, double norm, int step);

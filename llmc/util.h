@@ -1,0 +1,32 @@
+// util.h: error exits, checked allocation, a seeded RNG and small helpers shared by every file.
+#pragma once
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+// Print "error: ..." as one line on stderr and exit(1). Every bad input ends here, so a user
+// always sees one clear line that names the file, key or value, never a crash.
+void fail(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
+// Register a function that runs before fail() exits (e.g. remove a half-written checkpoint).
+void on_fail(void (*fn)(void));
+
+void *xmalloc(size_t n);
+void *xcalloc(size_t n, size_t size);
+char *xstrdup(const char *s);
+// Read a whole file; NULL with errno set if it cannot be opened. *len gets the byte count.
+char *read_file(const char *path, size_t *len);
+double now_ms(void);
+int path_exists(const char *path);
+int mkdir_p(const char *path);           // 0 on success
+int remove_tree(const char *path);       // rm -rf; 0 on success
+void join_path(char *out, size_t cap, const char *dir, const char *name);
+// Parse "2GiB", "512MiB", "100000" into bytes; -1 if malformed.
+long long parse_size(const char *s);
+void format_bytes(char *out, size_t cap, double bytes);
+
+// xoshiro256** seeded by splitmix64: small, fast, and its whole state fits in a checkpoint.
+typedef struct { uint64_t s[4]; } Rng;
+void rng_seed(Rng *r, uint64_t seed);
+uint64_t rng_next(Rng *r);
+float rng_uniform(Rng *r);               // [0, 1)
+float rng_normal(Rng *r);                // N(0, 1), Box-Muller

@@ -1,0 +1,517 @@
+"""llama_ref.py: an independent PyTorch reference for the C Llama trainer.
+
+It reproduces the semantics the trainer promises (Hugging Face Llama forward, HF Trainer style
+loss / AdamW / clipping / LR schedules, the llm.c token shard loader) in float64 by default, so
+the trainer's float32 numbers can be checked against an (almost) exact answer.
+
+Everything here is written from the published conventions; it needs only numpy and torch (run
+with Debian's /usr/bin/python3). It does not use transformers or safetensors: both file formats
+are read and written by hand.
+
+Main entry points:
+    make_config(**kw)                  -> HF config dict
+    init_weights(cfg, seed)            -> {hf_name: float32 ndarray}
+    save_hf_dir(dir, cfg, weights)     writes config.json + model.safetensors (F32)
+    write_safetensors / read_safetensors
+    write_shard(path, tokens, version) / read_shard(path)
+    train_config(**kw)                 -> the YAML-level training settings (dict)
+    write_yaml(path, dict)
+    RefTrainer(cfg, weights, tokens, tc, dtype).step() -> (loss, lr, grad_norm)
+    train_reference(cfg, weights, tokens, tc)          -> dict(losses, lrs, grad_norms, weights)
+    read_metrics(path)                 -> train lines of a metrics.jsonl
+"""
+import json
+import math
+import os
+import struct
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+SHARD_MAGIC = 20240520
+SHARD_HEADER_INTS = 256
+
+# --------------------------------------------------------------------------------------------
+# config and weights
+
+
+def make_config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                num_attention_heads=4, num_key_value_heads=None, head_dim=None,
+                rms_norm_eps=1e-5, rope_theta=10000.0, rope_scaling=None,
+                max_position_embeddings=256, tie_word_embeddings=False, attention_bias=False):
+    """A Hugging Face LlamaConfig-shaped dict."""
+    if num_key_value_heads is None:
+        num_key_value_heads = num_attention_heads
+    if head_dim is None:
+        head_dim = hidden_size // num_attention_heads
+    return {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "vocab_size": vocab_size,
+        "hidden_size": hidden_size,
+        "intermediate_size": intermediate_size,
+        "num_hidden_layers": num_hidden_layers,
+        "num_attention_heads": num_attention_heads,
+        "num_key_value_heads": num_key_value_heads,
+        "head_dim": head_dim,
+        "hidden_act": "silu",
+        "rms_norm_eps": rms_norm_eps,
+        "rope_theta": rope_theta,
+        "rope_scaling": rope_scaling,
+        "max_position_embeddings": max_position_embeddings,
+        "tie_word_embeddings": tie_word_embeddings,
+        "attention_bias": attention_bias,
+        "mlp_bias": False,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+        "torch_dtype": "float32",
+    }
+
+
+def _dims(cfg):
+    C = cfg["hidden_size"]
+    Hq = cfg["num_attention_heads"]
+    Hkv = cfg.get("num_key_value_heads") or Hq
+    D = cfg.get("head_dim") or C // Hq
+    return C, Hq, Hkv, D
+
+
+def param_shapes(cfg):
+    """Ordered {hf_name: shape} of the model's parameters (lm_head absent when tied)."""
+    C, Hq, Hkv, D = _dims(cfg)
+    V, I, L = cfg["vocab_size"], cfg["intermediate_size"], cfg["num_hidden_layers"]
+    bias = bool(cfg.get("attention_bias", False))
+    s = {"model.embed_tokens.weight": (V, C)}
+    for i in range(L):
+        p = f"model.layers.{i}."
+        s[p + "input_layernorm.weight"] = (C,)
+        s[p + "self_attn.q_proj.weight"] = (Hq * D, C)
+        if bias:
+            s[p + "self_attn.q_proj.bias"] = (Hq * D,)
+        s[p + "self_attn.k_proj.weight"] = (Hkv * D, C)
+        if bias:
+            s[p + "self_attn.k_proj.bias"] = (Hkv * D,)
+        s[p + "self_attn.v_proj.weight"] = (Hkv * D, C)
+        if bias:
+            s[p + "self_attn.v_proj.bias"] = (Hkv * D,)
+        s[p + "self_attn.o_proj.weight"] = (C, Hq * D)
+        s[p + "post_attention_layernorm.weight"] = (C,)
+        s[p + "mlp.gate_proj.weight"] = (I, C)
+        s[p + "mlp.up_proj.weight"] = (I, C)
+        s[p + "mlp.down_proj.weight"] = (C, I)
+    s["model.norm.weight"] = (C,)
+    if not cfg.get("tie_word_embeddings", False):
+        s["lm_head.weight"] = (V, C)
+    return s
+
+
+def is_decay_param(name):
+    """HF Trainer's rule: no weight decay for biases and norm weights."""
+    return not (name.endswith(".bias") or "layernorm" in name or name == "model.norm.weight")
+
+
+def init_weights(cfg, seed=0, std=0.05, embed_std=0.5, norm_jitter=0.1, bias_std=0.05):
+    """Seeded random weights, float32. Norm weights are 1 + jitter so they matter in tests."""
+    rng = np.random.default_rng(seed)
+    w = {}
+    for name, shape in param_shapes(cfg).items():
+        if "norm" in name:
+            a = 1.0 + norm_jitter * rng.standard_normal(shape)
+        elif name.endswith(".bias"):
+            a = bias_std * rng.standard_normal(shape)
+        elif name == "model.embed_tokens.weight":
+            a = embed_std * rng.standard_normal(shape)
+        else:
+            a = std * rng.standard_normal(shape)
+        w[name] = a.astype(np.float32)
+    return w
+
+
+# --------------------------------------------------------------------------------------------
+# files: safetensors, HF dir, token shards, YAML, metrics
+
+_ST_DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "I64": np.int64,
+              "I32": np.int32, "I16": np.int16, "I8": np.int8, "U8": np.uint8}
+
+
+def write_safetensors(path, tensors, metadata=None):
+    """Write {name: ndarray} (float32 unless given as float64/int) as a safetensors file."""
+    header = {}
+    blobs = []
+    off = 0
+    for name, a in tensors.items():
+        a = np.ascontiguousarray(a)
+        if a.dtype == np.float32:
+            dt = "F32"
+        elif a.dtype == np.float64:
+            dt = "F64"
+        elif a.dtype == np.int32:
+            dt = "I32"
+        elif a.dtype == np.int64:
+            dt = "I64"
+        else:
+            raise ValueError(f"unsupported dtype {a.dtype} for {name}")
+        raw = a.astype(a.dtype.newbyteorder("<"), copy=False).tobytes()
+        header[name] = {"dtype": dt, "shape": list(a.shape), "data_offsets": [off, off + len(raw)]}
+        blobs.append(raw)
+        off += len(raw)
+    if metadata:
+        header["__metadata__"] = {str(k): str(v) for k, v in metadata.items()}
+    hj = json.dumps(header, separators=(",", ":")).encode("utf-8")
+    hj += b" " * ((8 - len(hj) % 8) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(hj)))
+        f.write(hj)
+        for b in blobs:
+            f.write(b)
+
+
+def read_safetensors(path):
+    """Read a safetensors file into {name: ndarray}; BF16 is widened to float32."""
+    with open(path, "rb") as f:
+        data = f.read()
+    if len(data) < 8:
+        raise ValueError(f"{path}: too short for a safetensors file")
+    (n,) = struct.unpack("<Q", data[:8])
+    if 8 + n > len(data):
+        raise ValueError(f"{path}: header length {n} past end of file")
+    header = json.loads(data[8:8 + n].decode("utf-8"))
+    base = 8 + n
+    out = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        b, e = info["data_offsets"]
+        shape = tuple(info["shape"])
+        raw = data[base + b:base + e]
+        dt = info["dtype"]
+        if dt == "BF16":
+            u = np.frombuffer(raw, dtype="<u2").astype(np.uint32) << 16
+            a = u.view(np.float32)
+        elif dt in _ST_DTYPES:
+            a = np.frombuffer(raw, dtype=np.dtype(_ST_DTYPES[dt]).newbyteorder("<"))
+        else:
+            raise ValueError(f"{path}: {name}: unsupported dtype {dt}")
+        if a.size != int(np.prod(shape, dtype=np.int64)):
+            raise ValueError(f"{path}: {name}: {a.size} elements for shape {shape}")
+        out[name] = a.reshape(shape).copy()
+    return out
+
+
+def save_hf_dir(path, cfg, weights):
+    os.makedirs(path, exist_ok=True)
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(cfg, f, indent=2)
+    write_safetensors(os.path.join(path, "model.safetensors"),
+                      {k: np.asarray(v, dtype=np.float32) for k, v in weights.items()},
+                      metadata={"format": "pt"})
+
+
+def write_shard(path, tokens, version=1):
+    """llm.c token shard: 256 int32 header (magic, version, count), then uint16 (v1) or
+    uint32 (v2) tokens."""
+    tokens = np.asarray(tokens)
+    hdr = np.zeros(SHARD_HEADER_INTS, dtype="<i4")
+    hdr[0] = SHARD_MAGIC
+    hdr[1] = version
+    hdr[2] = len(tokens)
+    dt = {1: "<u2", 2: "<u4"}[version]
+    with open(path, "wb") as f:
+        f.write(hdr.tobytes())
+        f.write(tokens.astype(dt).tobytes())
+
+
+def read_shard(path):
+    with open(path, "rb") as f:
+        hdr = np.frombuffer(f.read(SHARD_HEADER_INTS * 4), dtype="<i4")
+        if hdr[0] != SHARD_MAGIC:
+            raise ValueError(f"{path}: bad magic {hdr[0]}")
+        dt = {1: "<u2", 2: "<u4"}[int(hdr[1])]
+        toks = np.frombuffer(f.read(), dtype=dt)
+    n = int(hdr[2])
+    if len(toks) < n:
+        raise ValueError(f"{path}: header says {n} tokens, file has {len(toks)}")
+    return toks[:n].astype(np.int64)
+
+
+def random_tokens(n, vocab_size, seed=0):
+    return np.random.default_rng(seed + 12345).integers(0, vocab_size, size=n, dtype=np.int64)
+
+
+def train_config(**kw):
+    """YAML-level training settings with defaults; keys are the trainer's YAML keys."""
+    tc = {
+        "shuffle": False,
+        "sequence_len": 16,
+        "micro_batch_size": 2,
+        "gradient_accumulation_steps": 1,
+        "max_steps": 4,
+        "learning_rate": 1e-3,
+        "lr_scheduler": "cosine",
+        "warmup_steps": 2,
+        "weight_decay": 0.1,
+        "max_grad_norm": 1.0,
+        "adam_beta1": 0.9,
+        "adam_beta2": 0.999,
+        "adam_epsilon": 1e-8,
+        "seed": 0,
+        "save_steps": 0,
+        "eval_steps": 0,
+        "sample_steps": 0,
+        "num_threads": 0,
+        "device": "cpu",
+    }
+    tc.update(kw)
+    return tc
+
+
+def _yaml_scalar(v):
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, float):
+        return repr(v)
+    if isinstance(v, int):
+        return str(v)
+    return json.dumps(str(v))  # a double-quoted string is valid YAML
+
+
+def write_yaml(path, d):
+    with open(path, "w") as f:
+        for k, v in d.items():
+            f.write(f"{k}: {_yaml_scalar(v)}\n")
+
+
+def read_metrics(path):
+    """Train lines (those with "loss", not "val_loss") of a metrics.jsonl, in file order."""
+    rows = []
+    with open(path) as f:
+        for line in f:
+            line = line.strip()
+            if not line:
+                continue
+            r = json.loads(line)
+            if "loss" in r and "step" in r:
+                rows.append(r)
+    return rows
+
+
+# --------------------------------------------------------------------------------------------
+# model
+
+
+def rope_inv_freq(cfg):
+    """HF default inv_freq in float32, with the llama3 rope_scaling rule applied (in float32)."""
+    _, _, _, D = _dims(cfg)
+    theta = float(cfg.get("rope_theta", 10000.0))
+    exps = torch.arange(0, D, 2, dtype=torch.int64).float() / D
+    inv = 1.0 / (theta ** exps)  # float32
+    rs = cfg.get("rope_scaling")
+    if rs:
+        rtype = rs.get("rope_type", rs.get("type"))
+        if rtype in (None, "default"):
+            return inv
+        if rtype != "llama3":
+            raise ValueError(f"rope_type {rtype} not supported by the reference")
+        factor = float(rs["factor"])
+        lo = float(rs["low_freq_factor"])
+        hi = float(rs["high_freq_factor"])
+        old_ctx = float(rs["original_max_position_embeddings"])
+        lo_wavelen = old_ctx / lo
+        hi_wavelen = old_ctx / hi
+        wavelen = 2 * math.pi / inv
+        # long wavelengths (low frequencies) are slowed down by `factor`
+        scaled = torch.where(wavelen > lo_wavelen, inv / factor, inv)
+        # in between the two thresholds: interpolate
+        smooth = (old_ctx / wavelen - lo) / (hi - lo)
+        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+        medium = (wavelen >= hi_wavelen) & (wavelen <= lo_wavelen)
+        inv = torch.where(medium, smoothed, scaled)
+    return inv
+
+
+def _rotate_half(x):
+    h = x.shape[-1] // 2
+    return torch.cat((-x[..., h:], x[..., :h]), dim=-1)
+
+
+class RefLlama(torch.nn.Module):
+    def __init__(self, cfg, weights, dtype=torch.float64, use_sdpa=False):
+        super().__init__()
+        self.cfg = cfg
+        self.C, self.Hq, self.Hkv, self.D = _dims(cfg)
+        self.L = cfg["num_hidden_layers"]
+        self.eps = float(cfg.get("rms_norm_eps", 1e-6))
+        self.tied = bool(cfg.get("tie_word_embeddings", False))
+        self.bias = bool(cfg.get("attention_bias", False))
+        self.use_sdpa = use_sdpa and hasattr(F, "scaled_dot_product_attention")
+        self.dtype = dtype
+        shapes = param_shapes(cfg)
+        missing = [k for k in shapes if k not in weights]
+        if missing:
+            raise ValueError(f"weights missing {missing[:4]}")
+        self.names = list(shapes)
+        self.params = torch.nn.ParameterDict()  # keys may not contain '.', so map names
+        for k in self.names:
+            a = torch.from_numpy(np.asarray(weights[k], dtype=np.float32).copy()).to(dtype)
+            assert tuple(a.shape) == tuple(shapes[k]), (k, a.shape, shapes[k])
+            self.params[k.replace(".", "__")] = torch.nn.Parameter(a)
+        self.inv_freq = rope_inv_freq(cfg).to(torch.float64)
+
+    def p(self, name):
+        return self.params[name.replace(".", "__")]
+
+    def named_hf_parameters(self):
+        return [(k, self.p(k)) for k in self.names]
+
+    def rmsnorm(self, x, w):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * w
+
+    def forward(self, idx):
+        B, T = idx.shape
+        C, Hq, Hkv, D = self.C, self.Hq, self.Hkv, self.D
+        x = F.embedding(idx, self.p("model.embed_tokens.weight"))
+        pos = torch.arange(T, dtype=torch.float64)
+        ang = pos[:, None] * self.inv_freq[None, :]           # [T, D/2]
+        ang = torch.cat((ang, ang), dim=-1)                    # [T, D]
+        cos = ang.cos().to(self.dtype)
+        sin = ang.sin().to(self.dtype)
+        causal = torch.ones(T, T, dtype=torch.bool).tril()
+        rep = Hq // Hkv
+        for i in range(self.L):
+            pre = f"model.layers.{i}."
+            h = self.rmsnorm(x, self.p(pre + "input_layernorm.weight"))
+            bq = self.p(pre + "self_attn.q_proj.bias") if self.bias else None
+            bk = self.p(pre + "self_attn.k_proj.bias") if self.bias else None
+            bv = self.p(pre + "self_attn.v_proj.bias") if self.bias else None
+            q = F.linear(h, self.p(pre + "self_attn.q_proj.weight"), bq)
+            k = F.linear(h, self.p(pre + "self_attn.k_proj.weight"), bk)
+            v = F.linear(h, self.p(pre + "self_attn.v_proj.weight"), bv)
+            q = q.view(B, T, Hq, D).transpose(1, 2)
+            k = k.view(B, T, Hkv, D).transpose(1, 2)
+            v = v.view(B, T, Hkv, D).transpose(1, 2)
+            q = q * cos + _rotate_half(q) * sin
+            k = k * cos + _rotate_half(k) * sin
+            if rep > 1:  # query head h reads kv head h // rep
+                k = k.repeat_interleave(rep, dim=1)
+                v = v.repeat_interleave(rep, dim=1)
+            if self.use_sdpa:
+                y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            else:
+                att = (q @ k.transpose(-1, -2)) * (1.0 / math.sqrt(D))
+                att = att.masked_fill(~causal, float("-inf"))
+                y = torch.softmax(att, dim=-1) @ v
+            y = y.transpose(1, 2).reshape(B, T, Hq * D)
+            x = x + F.linear(y, self.p(pre + "self_attn.o_proj.weight"))
+            h = self.rmsnorm(x, self.p(pre + "post_attention_layernorm.weight"))
+            g = F.linear(h, self.p(pre + "mlp.gate_proj.weight"))
+            u = F.linear(h, self.p(pre + "mlp.up_proj.weight"))
+            x = x + F.linear(F.silu(g) * u, self.p(pre + "mlp.down_proj.weight"))
+        x = self.rmsnorm(x, self.p("model.norm.weight"))
+        head = self.p("model.embed_tokens.weight" if self.tied else "lm_head.weight")
+        return F.linear(x, head)
+
+
+# --------------------------------------------------------------------------------------------
+# training
+
+
+def lr_factor(s, scheduler, warmup, total):
+    """LR multiplier for 0-based optimizer step s (HF get_*_schedule_with_warmup)."""
+    if s < warmup:
+        return s / max(1, warmup)
+    if scheduler == "constant":
+        return 1.0
+    if scheduler == "linear":
+        return max(0.0, (total - s) / max(1, total - warmup))
+    if scheduler == "cosine":
+        progress = (s - warmup) / max(1, total - warmup)
+        return max(0.0, 0.5 * (1.0 + math.cos(math.pi * progress)))
+    raise ValueError(f"unknown lr_scheduler {scheduler}")
+
+
+class DataLoader:
+    """Sequential (shuffle false) llm.c-style loader over one shard's tokens."""
+
+    def __init__(self, tokens, B, T):
+        self.tokens = np.asarray(tokens, dtype=np.int64)
+        self.B, self.T = B, T
+        if len(self.tokens) < B * T + 1:
+            raise ValueError(f"shard has {len(self.tokens)} tokens, need at least {B * T + 1}")
+        self.pos = 0
+
+    def next(self):
+        B, T = self.B, self.T
+        if self.pos + B * T + 1 > len(self.tokens):
+            self.pos = 0
+        buf = self.tokens[self.pos:self.pos + B * T + 1]
+        x = torch.from_numpy(buf[:-1].reshape(B, T).copy())
+        y = torch.from_numpy(buf[1:].reshape(B, T).copy())
+        self.pos += B * T
+        return x, y
+
+
+class RefTrainer:
+    def __init__(self, cfg, weights, tokens, tc, dtype=torch.float64, use_sdpa=False):
+        self.tc = tc
+        self.model = RefLlama(cfg, weights, dtype=dtype, use_sdpa=use_sdpa)
+        self.B = int(tc["micro_batch_size"])
+        self.T = int(tc["sequence_len"])
+        self.accum = int(tc.get("gradient_accumulation_steps", 1))
+        self.loader = DataLoader(tokens, self.B, self.T)
+        named = self.model.named_hf_parameters()
+        decay = [p for n, p in named if is_decay_param(n)]
+        nodecay = [p for n, p in named if not is_decay_param(n)]
+        self.all_params = [p for _, p in named]
+        self.base_lr = float(tc["learning_rate"])
+        self.opt = torch.optim.AdamW(
+            [{"params": decay, "weight_decay": float(tc["weight_decay"])},
+             {"params": nodecay, "weight_decay": 0.0}],
+            lr=self.base_lr, betas=(float(tc["adam_beta1"]), float(tc["adam_beta2"])),
+            eps=float(tc["adam_epsilon"]))
+        self.s = 0  # 0-based index of the next optimizer step
+
+    def step(self):
+        """One optimizer step; returns (loss, lr, pre-clip grad norm)."""
+        tc = self.tc
+        self.opt.zero_grad(set_to_none=True)
+        n_total = self.B * self.T * self.accum
+        loss_sum = 0.0
+        for _ in range(self.accum):
+            x, y = self.loader.next()
+            logits = self.model(x)
+            l = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1),
+                                reduction="sum")
+            (l / n_total).backward()
+            loss_sum += l.item()
+        loss = loss_sum / n_total
+        mgn = float(tc.get("max_grad_norm", 0.0) or 0.0)
+        if mgn > 0:
+            gn = float(torch.nn.utils.clip_grad_norm_(self.all_params, mgn))
+        else:
+            gn = float(torch.sqrt(sum((p.grad.double() ** 2).sum() for p in self.all_params
+                                      if p.grad is not None)))
+        lr = self.base_lr * lr_factor(self.s, tc["lr_scheduler"], int(tc["warmup_steps"]),
+                                      int(tc["max_steps"]))
+        for g in self.opt.param_groups:
+            g["lr"] = lr
+        self.opt.step()
+        self.s += 1
+        return loss, lr, gn
+
+    def weights(self):
+        return {n: p.detach().to(torch.float64).numpy().copy()
+                for n, p in self.model.named_hf_parameters()}
+
+
+def train_reference(cfg, weights, tokens, tc, dtype=torch.float64):
+    """Run max_steps steps; returns losses, lrs, grad_norms (per step) and final weights."""
+    tr = RefTrainer(cfg, weights, tokens, tc, dtype=dtype)
+    out = {"losses": [], "lrs": [], "grad_norms": []}
+    for _ in range(int(tc["max_steps"])):
+        loss, lr, gn = tr.step()
+        out["losses"].append(loss)
+        out["lrs"].append(lr)
+        out["grad_norms"].append(gn)
+    out["weights"] = tr.weights()
+    return out

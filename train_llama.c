@@ -1,0 +1,265 @@
+// train_llama.c: train a Llama-family model. Read top to bottom:
+//   config -> backend -> model (HF directory or random init) -> data -> [resume] -> loop
+//   { batches of the step -> forward+backward per micro-batch -> norm, clip, AdamW -> log,
+//     eval, sample, checkpoint } -> final model.
+// Usage: ./train_llama -c cfg.yaml [--set key=value]... (see --help)
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include "llmc/checkpoint.h"
+#include "llmc/config.h"
+#include "llmc/data.h"
+#include "llmc/model.h"
+#include "llmc/optim.h"
+#include "llmc/util.h"
+#include "stb_ds.h"
+
+static Backend *make_backend(const Config *cfg) {
+    if (!strcmp(cfg->device, "cuda"))
+        fail("device: cuda was asked for, but this build has no CUDA backend yet; use device: cpu");
+    return backend_cpu_create(cfg->num_threads);
+}
+
+static void print_box(const Config *cfg, const Model *m, const Backend *bk, size_t acts_bytes) {
+    const ModelConfig *c = &m->cfg;
+    char a[48], b[48], d[48];
+    long long tokens = (long long)cfg->micro_batch_size * cfg->sequence_len * cfg->gradient_accumulation_steps;
+    printf("+-----------------------------------------------------------------+\n");
+    printf("| train_llama                                                     |\n");
+    printf("+-----------------------------------------------------------------+\n");
+    printf("| model        %-50s |\n", cfg->base_model[0] ? cfg->base_model : "random init (model: block)");
+    printf("| parameters   %-50zu |\n", m->tab.num_params);
+    char shape[128];
+    snprintf(shape, sizeof shape, "L=%d C=%d I=%d heads=%d/%d D=%d V=%d%s", c->num_hidden_layers,
+             c->hidden_size, c->intermediate_size, c->num_attention_heads, c->num_key_value_heads,
+             c->head_dim, c->vocab_size, c->tie_word_embeddings ? " tied" : "");
+    printf("| shape        %-50s |\n", shape);
+    char tok[128];
+    snprintf(tok, sizeof tok, "%lld (B=%d x T=%d x accum %d)", tokens, cfg->micro_batch_size,
+             cfg->sequence_len, cfg->gradient_accumulation_steps);
+    printf("| tokens/step  %-50s |\n", tok);
+    char opt[128];
+    snprintf(opt, sizeof opt, "AdamW lr %.3g %s warmup %d wd %g clip %g", cfg->learning_rate,
+             cfg->lr_scheduler, cfg->warmup_steps, cfg->weight_decay, cfg->max_grad_norm);
+    printf("| optimizer    %-50s |\n", opt);
+    char dev[128];
+    snprintf(dev, sizeof dev, "%s, %d threads", bk->name, bk->threads);
+    printf("| device       %-50s |\n", dev);
+    size_t pbytes = m->tab.num_params * bk->act_bytes;
+    format_bytes(a, sizeof a, (double)pbytes * 2);
+    format_bytes(b, sizeof b, (double)m->tab.num_params * sizeof(float) * (m->master ? 3 : 2));
+    format_bytes(d, sizeof d, (double)acts_bytes);
+    char mem[192];
+    snprintf(mem, sizeof mem, "params+grads %s, optimizer %s, activations %s", a, b, d);
+    printf("| memory       %-50s |\n", mem);
+    format_bytes(a, sizeof a, (double)bk->mem.in_use);
+    printf("| device total %-50s |\n", a);
+    printf("+-----------------------------------------------------------------+\n");
+}
+
+// Metrics: one JSON object per line. On resume, lines past the checkpoint are dropped so the
+// file reads as one unbroken run.
+static FILE *open_metrics(const char *dir, int resume_step) {
+    char path[4096];
+    join_path(path, sizeof path, dir, "metrics.jsonl");
+    char *kept = NULL;
+    size_t kept_len = 0;
+    if (resume_step > 0) {
+        size_t len;
+        char *old = read_file(path, &len);
+        if (old) {
+            kept = xmalloc(len + 1);
+            for (char *line = strtok(old, "\n"); line; line = strtok(NULL, "\n")) {
+                int step;
+                if (sscanf(line, "{\"step\": %d", &step) == 1 && step > resume_step) continue;
+                size_t n = strlen(line);
+                memcpy(kept + kept_len, line, n);
+                kept[kept_len + n] = '\n';
+                kept_len += n + 1;
+            }
+            free(old);
+        }
+    }
+    FILE *f = fopen(path, "w");
+    if (!f) fail("%s: cannot write metrics: %s", path, strerror(errno));
+    if (kept) fwrite(kept, 1, kept_len, f), free(kept);
+    return f;
+}
+
+static double evaluate(Model *m, DataLoader *val, int batches, int32_t *tok, int32_t *tgt) {
+    const int B = val->B, T = val->T;
+    double sum = 0;
+    loader_reset(val);
+    for (int i = 0; i < batches; i++) {
+        loader_next(val, tok, tgt);
+        model_set_batch(m, tok, tgt, B, T);
+        sum += model_forward_backward(m, B, T, 0.0f);
+    }
+    return sum / ((double)batches * B * T);
+}
+
+// Byte-level sample: temperature-1 sampling from a newline, window capped at T.
+static void print_sample(Model *m, int T, int ntok, Rng *rng) {
+    const int V = m->cfg.vocab_size;
+    int32_t *ctx = xmalloc(sizeof(int32_t) * (ntok + 1));
+    float *logits = xmalloc(sizeof(float) * V);
+    int n = 0;
+    ctx[n++] = '\n';
+    printf("---- sample ----\n");
+    for (int i = 0; i < ntok; i++) {
+        int start = n > T ? n - T : 0, len = n - start;
+        model_set_batch(m, ctx + start, NULL, 1, len);
+        model_last_logits(m, len, logits);
+        double mx = -INFINITY, sum = 0;
+        for (int v = 0; v < V; v++) if (logits[v] > mx) mx = logits[v];
+        for (int v = 0; v < V; v++) sum += exp(logits[v] - mx);
+        double r = rng_uniform(rng) * sum, acc = 0;
+        int pick = V - 1;
+        for (int v = 0; v < V; v++) {
+            acc += exp(logits[v] - mx);
+            if (acc > r) { pick = v; break; }
+        }
+        ctx[n++] = pick;
+        putchar(pick == '\n' || (pick >= 32 && pick < 127) ? pick : '?');
+    }
+    printf("\n----------------\n");
+    free(ctx);
+    free(logits);
+}
+
+static void save_final(const Model *m, const char *output_dir) {
+    char tmp[4096], name[64], src[4096], dst[4096];
+    snprintf(name, sizeof name, ".final.tmp-%d", (int)getpid());
+    join_path(tmp, sizeof tmp, output_dir, name);
+    if (mkdir_p(tmp) != 0 || save_hf_model(m, tmp) != 0) {
+        int e = errno;
+        remove_tree(tmp);
+        fail("%s: writing the final model failed: %s", output_dir, strerror(e));
+    }
+    const char *files[] = {"model.safetensors", "config.json"};
+    for (int i = 0; i < 2; i++) {
+        join_path(src, sizeof src, tmp, files[i]);
+        join_path(dst, sizeof dst, output_dir, files[i]);
+        if (rename(src, dst) != 0) fail("%s: cannot move into place: %s", dst, strerror(errno));
+    }
+    remove_tree(tmp);
+}
+
+int main(int argc, char **argv) {
+    Config cfg;
+    config_from_args(&cfg, argc, argv);
+    Backend *bk = make_backend(&cfg);
+    const int B = cfg.micro_batch_size, T = cfg.sequence_len, accum = cfg.gradient_accumulation_steps;
+
+    // ---- model
+    ModelConfig mc = cfg.model;
+    if (cfg.base_model[0]) load_hf_config(cfg.base_model, &mc);
+    if (T > mc.max_position_embeddings)
+        fail("sequence_len %d exceeds the model's max_position_embeddings %d", T, mc.max_position_embeddings);
+    Model model;
+    model_create(&model, bk, &mc);
+    if (cfg.base_model[0]) load_hf_weights(&model, cfg.base_model);
+    else model_init_random(&model, (uint64_t)cfg.seed);
+    size_t before = bk->mem.in_use;
+    model_alloc_acts(&model, B, T);
+    size_t acts_bytes = bk->mem.in_use - before;
+
+    // ---- data
+    DataLoader train, val;
+    loader_open(&train, cfg.train_data, B, T, mc.vocab_size, cfg.shuffle, (uint64_t)cfg.seed, "train_data");
+    int have_val = cfg.val_data[0] != 0;
+    if (have_val) loader_open(&val, cfg.val_data, B, T, mc.vocab_size, 0, 0, "val_data");
+    if (cfg.eval_steps && !have_val) fail("eval_steps is %d but no val_data is set", cfg.eval_steps);
+
+    // ---- output and resume
+    if (mkdir_p(cfg.output_dir) != 0) fail("%s: cannot create output_dir: %s", cfg.output_dir, strerror(errno));
+    checkpoint_clean_debris(cfg.output_dir);
+    LoopState ls = {0};
+    rng_seed(&ls.sample_rng, (uint64_t)cfg.seed ^ 0x5A5A5A5AULL);
+    if (cfg.resume_from_checkpoint[0]) {
+        char dir[4096];
+        snprintf(dir, sizeof dir, "%s", cfg.resume_from_checkpoint);
+        if (!strcmp(dir, "auto")) checkpoint_find_latest(cfg.output_dir, dir, sizeof dir);
+        if (dir[0]) {
+            if (!path_exists(dir)) fail("resume_from_checkpoint: '%s' does not exist", dir);
+            checkpoint_load(&model, &ls, dir);
+            loader_seek(&train, ls.data_epoch, ls.data_next);
+            printf("resumed from %s at step %d\n", dir, ls.step);
+        } else {
+            printf("resume_from_checkpoint: auto found no checkpoint in %s; starting fresh\n", cfg.output_dir);
+        }
+    }
+    FILE *metrics = open_metrics(cfg.output_dir, ls.step);
+    print_box(&cfg, &model, bk, acts_bytes);
+
+    OptimConfig oc = {cfg.learning_rate, cfg.adam_beta1, cfg.adam_beta2, cfg.adam_epsilon,
+                      cfg.weight_decay, cfg.max_grad_norm, cfg.warmup_steps, cfg.max_steps,
+                      schedule_from_name(cfg.lr_scheduler)};
+    const size_t BT = (size_t)B * T;
+    int32_t *tok = xmalloc(sizeof(int32_t) * BT * accum), *tgt = xmalloc(sizeof(int32_t) * BT * accum);
+    const size_t grad_bytes = model.tab.num_params * bk->act_bytes;
+
+    for (int step = ls.step; step < cfg.max_steps; step++) {
+        double t0 = now_ms();
+        // Load the whole step first: the loss is a mean over all its valid targets.
+        long long count = 0;
+        for (int a = 0; a < accum; a++) loader_next(&train, tok + a * BT, tgt + a * BT);
+        for (size_t i = 0; i < BT * accum; i++) count += tgt[i] >= 0;
+        float scale = count ? (float)(1.0 / (double)count) : 0.0f;
+        bk->memzero(bk, model.grads, grad_bytes, NULL);
+        double loss_sum = 0;
+        for (int a = 0; a < accum; a++) {
+            model_set_batch(&model, tok + a * BT, tgt + a * BT, B, T);
+            loss_sum += model_forward_backward(&model, B, T, scale);
+        }
+        float loss = (float)(loss_sum * scale);
+        double norm = grad_norm(&model);
+        double lr = lr_at(&oc, step);
+        optim_step(&model, &oc, lr, norm, step + 1);
+        bk->sync(bk);
+        double ms = now_ms() - t0;
+        double tps = (double)BT * accum / (ms / 1000.0);
+        ls.step = step + 1;
+        ls.data_epoch = train.epoch;
+        ls.data_next = train.next;
+        char peak[32];
+        format_bytes(peak, sizeof peak, (double)bk->mem.peak);
+        if (!isfinite(loss)) fail("step %d: loss is %f; stopping (lower learning_rate?)", ls.step, loss);
+        if (ls.step % cfg.log_steps == 0 || ls.step == cfg.max_steps || ls.step == 1)
+            printf("step %5d/%d | loss %.6f | lr %.3e | norm %.4f | %.1f ms | %.0f tok/s | peak %s\n",
+                   ls.step, cfg.max_steps, loss, lr, norm, ms, tps, peak);
+        fprintf(metrics,
+                "{\"step\": %d, \"loss\": %.9g, \"lr\": %.9g, \"grad_norm\": %.9g, \"ms\": %.3f, "
+                "\"tokens_per_sec\": %.1f, \"device_peak_bytes\": %zu, \"host_peak_bytes\": %zu, "
+                "\"disk_peak_bytes\": %zu}\n",
+                ls.step, loss, lr, norm, ms, tps, bk->mem.peak, bk->mem.host_peak, bk->mem.disk_peak);
+        fflush(metrics);
+        fflush(stdout);
+        if (cfg.eval_steps && (ls.step % cfg.eval_steps == 0 || ls.step == cfg.max_steps)) {
+            double vl = evaluate(&model, &val, cfg.eval_batches, tok, tgt);
+            printf("step %5d/%d | val_loss %.6f\n", ls.step, cfg.max_steps, vl);
+            fprintf(metrics, "{\"step\": %d, \"val_loss\": %.9g}\n", ls.step, vl);
+            fflush(metrics);
+        }
+        if (cfg.sample_steps && mc.vocab_size == 256 &&
+            (ls.step % cfg.sample_steps == 0 || ls.step == cfg.max_steps))
+            print_sample(&model, T, cfg.sample_tokens, &ls.sample_rng);
+        if ((cfg.save_steps && ls.step % cfg.save_steps == 0) || ls.step == cfg.max_steps) {
+            checkpoint_save(&model, &ls, cfg.output_dir);
+            printf("saved %s/checkpoint-%d\n", cfg.output_dir, ls.step);
+        }
+    }
+    save_final(&model, cfg.output_dir);
+    printf("final model: %s/model.safetensors\n", cfg.output_dir);
+    fclose(metrics);
+    free(tok);
+    free(tgt);
+    loader_close(&train);
+    if (have_val) loader_close(&val);
+    model_free(&model);
+    bk->destroy(bk);
+    return 0;
+}
