@@ -3,7 +3,7 @@ CC ?= gcc
 BLAS_INC := /usr/include/x86_64-linux-gnu/openblas-openmp
 BLAS_LIB := /usr/lib/x86_64-linux-gnu/openblas-openmp
 CFLAGS ?= -O3 -g
-CFLAGS += -std=c11 -D_GNU_SOURCE -Wall -Wextra -Wno-unused-parameter -fopenmp -I. -Illmc \
+override CFLAGS += -std=c11 -D_GNU_SOURCE -Wall -Wextra -Wno-unused-parameter -fopenmp -I. -Illmc \
           -I/usr/include/stb -I$(BLAS_INC)
 LDLIBS := -L$(BLAS_LIB) -Wl,-rpath,$(BLAS_LIB) -lopenblas -lyaml -lcjson -lm
 BUILD ?= build
@@ -17,7 +17,7 @@ TESTS := $(BUILD)/test_ops $(BUILD)/test_safetensors
 
 all: train_llama
 train_llama: $(BUILD)/train_llama
-	cp $< $@
+	rm -f $@ && cp $< $@
 
 $(BUILD)/%.o: %.c $(HDRS)
 	@mkdir -p $(dir $@)
@@ -32,7 +32,7 @@ $(BUILD)/test_%: $(BUILD)/test/test_%.o $(LIB_OBJ)
 # -march=native only on request: the default binary must run on any x86-64.
 native:
 	$(MAKE) BUILD=build-native CFLAGS="-O3 -g -march=native" build-native/train_llama
-	cp build-native/train_llama train_llama
+	rm -f train_llama && cp build-native/train_llama train_llama
 
 test: $(BUILD)/train_llama $(TESTS)
 	/usr/bin/python3 test/run_tests.py --build $(BUILD)

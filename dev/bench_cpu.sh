@@ -5,6 +5,7 @@
 #
 #   dev/bench_cpu.sh                  # threads: 1 and all cores
 #   THREADS="2" STEPS=10 dev/bench_cpu.sh
+#   BIN=build/train_llama NO_MAKE=1 dev/bench_cpu.sh
 #
 # Each thread count runs pinned (taskset) to cores 0..N-1, ours first, then torch.
 set -euo pipefail
@@ -17,7 +18,8 @@ STEPS=${STEPS:-10}
 WARMUP=${WARMUP:-2}
 BIN=${BIN:-./train_llama}
 
-make -s >/dev/null
+# NO_MAKE=1 skips the build (e.g. BIN=build/train_llama while ./train_llama is running).
+[ "${NO_MAKE:-0}" = 1 ] || make -s >/dev/null
 [ -x "$BIN" ] || { echo "error: $BIN not built" >&2; exit 1; }
 
 DIR=$(mktemp -d -t bench_cpu.XXXXXX)

@@ -83,9 +83,11 @@ def ours_stats(d, threads, warmup):
     rows = [r for r in R.read_metrics(path) if int(r["step"]) > warmup and "ms" in r]
     if not rows:
         return None
+    allrows = R.read_metrics(path)
     ms = float(np.mean([float(r["ms"]) for r in rows]))
     tps_rep = float(np.mean([float(r.get("tokens_per_sec", 0.0)) for r in rows]))
-    return {"ms": ms, "tokens_per_sec": B * T * ACCUM / (ms / 1000.0), "reported": tps_rep}
+    return {"ms": ms, "tokens_per_sec": B * T * ACCUM / (ms / 1000.0), "reported": tps_rep,
+            "losses": [float(r["loss"]) for r in allrows]}
 
 
 def cmd_table(a):
@@ -106,6 +108,17 @@ def cmd_table(a):
         tp = os.path.join(a.dir, f"torch_{n}.json")
         if os.path.exists(tp):
             t = json.load(open(tp))
+    for n in a.threads.split():  # same model and data: the losses should agree
+        o = ours_stats(a.dir, n, a.warmup)
+        tp = os.path.join(a.dir, f"torch_{n}.json")
+        if o and os.path.exists(tp):
+            tl = json.load(open(tp))["losses"]
+            k = min(len(tl), len(o["losses"]))
+            d = max(abs(x - y) for x, y in zip(tl[:k], o["losses"][:k]))
+            print(f"\nthreads {n}: loss step 1 ours {o['losses'][0]:.5f} torch {tl[0]:.5f}, "
+                  f"step {k} ours {o['losses'][k - 1]:.5f} torch {tl[k - 1]:.5f} "
+                  f"(max diff {d:.1e})", end="")
+    print()
     if t:
         print(f"\ntorch {t['torch']}, attention: "
               f"{'F.scaled_dot_product_attention' if t['sdpa'] else 'matmul + masked softmax'}")

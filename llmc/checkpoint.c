@@ -48,6 +48,8 @@ static void load_params(Model *m, const char *where, const StTensor *(*find)(con
         const StTensor *t = find(src, name);
         if (!t) fail("%s: missing tensor '%s'", where, name);
         check_shape(t, p, where);
+        if (strcmp(t->dtype, "F32") && strcmp(t->dtype, "BF16") && strcmp(t->dtype, "F16"))
+            fail("%s: tensor '%s' has dtype %s; expected F32, BF16 or F16", where, name, t->dtype);
         st_to_f32(t, buf);
         if (!prefix[0]) {
             model_set_param(m, i, buf);
@@ -208,8 +210,10 @@ void checkpoint_load(Model *m, LoopState *ls, const char *dir) {
     if (!cJSON_IsArray(r) || cJSON_GetArraySize(r) != 4) fail("%s: key 'sample_rng' invalid", path);
     for (int i = 0; i < 4; i++) {
         cJSON *e = cJSON_GetArrayItem(r, i);
+        char *end;
         if (!cJSON_IsString(e)) fail("%s: key 'sample_rng' invalid", path);
-        ls->sample_rng.s[i] = strtoull(e->valuestring, NULL, 10);
+        ls->sample_rng.s[i] = strtoull(e->valuestring, &end, 10);
+        if (*end || !*e->valuestring) fail("%s: key 'sample_rng' invalid", path);
     }
     cJSON_Delete(o);
 }

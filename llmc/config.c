@@ -151,7 +151,7 @@ void config_set(Config *cfg, const char *key, const char *value, const char *ori
         if (*value == 0 || *end || errno || !isfinite(v))
             fail("%s: key '%s' expects a number, got '%s'", origin, key, value);
         if (v < k->lo || v > k->hi)
-            fail("%s: key '%s' must be in [%g, %g], got %g", origin, key, k->lo, k->hi, v);
+            fail("%s: key '%s' must be in [%.10g, %.10g], got %.10g", origin, key, k->lo, k->hi, v);
         if (k->off == offsetof(Config, model.rms_norm_eps)) *(float *)field = (float)v;
         else *(double *)field = v;
         break;
@@ -234,16 +234,16 @@ static void load_mapping(Config *cfg, yaml_document_t *doc, yaml_node_t *map, co
 }
 
 void config_load_yaml(Config *cfg, const char *path) {
-    FILE *f = fopen(path, "rb");
-    if (!f) fail("%s: cannot open config: %s", path, strerror(errno));
+    size_t len;
+    char *text = read_file(path, &len);
+    if (!text) fail("%s: cannot read config: %s", path, errno == EISDIR ? "is a directory" : strerror(errno));
     yaml_parser_t parser;
     yaml_document_t doc;
     yaml_parser_initialize(&parser);
-    yaml_parser_set_input_file(&parser, f);
+    yaml_parser_set_input_string(&parser, (const unsigned char *)text, len);
     if (!yaml_parser_load(&parser, &doc))
         fail("%s:%zu: invalid YAML: %s", path, parser.problem_mark.line + 1,
              parser.problem ? parser.problem : "parse error");
-    fclose(f);
     yaml_node_t *root = yaml_document_get_root_node(&doc);
     if (root) {
         if (root->type != YAML_MAPPING_NODE) fail("%s: expected a mapping of key: value lines", path);
@@ -251,6 +251,7 @@ void config_load_yaml(Config *cfg, const char *path) {
     }
     yaml_document_delete(&doc);
     yaml_parser_delete(&parser);
+    free(text);
     snprintf(cfg->path, sizeof cfg->path, "%s", path);
 }
 

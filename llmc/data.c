@@ -15,7 +15,7 @@
 static void shard_open(Shard *s, const char *path) {
     memset(s, 0, sizeof *s);
     s->path = xstrdup(path);
-    int fd = open(path, O_RDONLY);
+    int fd = open(path, O_RDONLY | O_NONBLOCK);  // a FIFO must not block the open
     if (fd < 0) fail("%s: cannot open token shard: %s", path, strerror(errno));
     struct stat st;
     if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) fail("%s: not a regular file", path);

@@ -25,6 +25,12 @@ void model_config_validate(const ModelConfig *c, const char *src) {
         {"max_position_embeddings", c->max_position_embeddings}};
     for (size_t i = 0; i < sizeof pos / sizeof pos[0]; i++)
         if (pos[i].v <= 0) fail("%s: %s must be a positive integer, got %d", src, pos[i].name, pos[i].v);
+    // Bounds far past any real model keep every size computation below overflow.
+    if (c->num_hidden_layers > 100000) fail("%s: num_hidden_layers %d is implausibly large", src, c->num_hidden_layers);
+    double per_layer = (double)c->hidden_size * c->head_dim * (2.0 * c->num_attention_heads + 2.0 * c->num_key_value_heads) +
+                       3.0 * c->hidden_size * c->intermediate_size;
+    double total = per_layer * c->num_hidden_layers + 2.0 * c->vocab_size * c->hidden_size;
+    if (total > 1e13) fail("%s: the model has %.3g parameters, more than this trainer can address", src, total);
     if (c->num_attention_heads % c->num_key_value_heads)
         fail("%s: num_attention_heads (%d) must be a multiple of num_key_value_heads (%d)", src,
              c->num_attention_heads, c->num_key_value_heads);

@@ -123,11 +123,12 @@ static void parse_tensor(const char *path, const cJSON *e, StTensor *t,
 }
 
 StFile *st_open(const char *path) {
-    int fd = open(path, O_RDONLY);
+    int fd = open(path, O_RDONLY | O_NONBLOCK);  // a FIFO must not block the open
     if (fd < 0) fail("%s: cannot open: %s", path, strerror(errno));
     struct stat st;
     if (fstat(fd, &st) != 0) fail("%s: cannot stat: %s", path, strerror(errno));
     if (S_ISDIR(st.st_mode)) fail("%s: is a directory, expected a .safetensors file", path);
+    if (!S_ISREG(st.st_mode)) fail("%s: not a regular file", path);
     size_t len = (size_t)st.st_size;
     if (len < 8) fail("%s: file is %zu bytes, too short for a safetensors header", path, len);
     void *map = mmap(NULL, len, PROT_READ, MAP_PRIVATE, fd, 0);
@@ -415,7 +416,7 @@ static int item_numel(const StWriteItem *it, size_t *numel) {
 int st_write(const char *path, const StWriteItem *items, int n, const char *const *metadata_kv) {
     if (n < 0 || (n && !items)) { errno = EINVAL; return -1; }
     for (int i = 0; i < n; i++) {
-        size_t numel;
+        size_t numel = 0;
         if (!item_numel(&items[i], &numel) || strcmp(items[i].name, "__metadata__") == 0) {
             errno = EINVAL;
             return -1;
@@ -443,7 +444,7 @@ int st_write(const char *path, const StWriteItem *items, int n, const char *cons
     uint64_t off = 0;
     for (int i = 0; i < n; i++) {
         const StWriteItem *it = &items[i];
-        size_t numel;
+        size_t numel = 0;
         item_numel(it, &numel);
         if (!first) buf_str(&b, ",");
         first = 0;
@@ -469,7 +470,7 @@ int st_write(const char *path, const StWriteItem *items, int n, const char *cons
     int ok = fwrite(len8, 1, 8, f) == 8 && fwrite(b.p, 1, b.len, f) == b.len;
     free(b.p);
     for (int i = 0; ok && i < n; i++) {
-        size_t numel;
+        size_t numel = 0;
         item_numel(&items[i], &numel);
         ok = numel == 0 || fwrite(items[i].data, 4, numel, f) == numel;
     }

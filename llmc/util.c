@@ -1,6 +1,7 @@
 // util.c: see util.h.
 #include "util.h"
 #include <errno.h>
+#include <fcntl.h>
 #include <ftw.h>
 #include <math.h>
 #include <stdarg.h>
@@ -49,12 +50,18 @@ char *xstrdup(const char *s) {
 }
 
 char *read_file(const char *path, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
+    int fd = open(path, O_RDONLY | O_NONBLOCK);  // a FIFO must not block the open
+    if (fd < 0) return NULL;
     struct stat st;
-    if (fstat(fileno(f), &st) != 0 || S_ISDIR(st.st_mode)) {
-        fclose(f);
-        errno = EISDIR;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        int dir = S_ISDIR(st.st_mode);
+        close(fd);
+        errno = dir ? EISDIR : EINVAL;
+        return NULL;
+    }
+    FILE *f = fdopen(fd, "rb");
+    if (!f) {
+        close(fd);
         return NULL;
     }
     char *buf = xmalloc((size_t)st.st_size + 1);
@@ -86,6 +93,12 @@ int mkdir_p(const char *path) {
         *p = '/';
     }
     if (mkdir(tmp, 0755) != 0 && errno != EEXIST) return -1;
+    struct stat st;
+    if (stat(tmp, &st) != 0) return -1;
+    if (!S_ISDIR(st.st_mode)) {
+        errno = ENOTDIR;
+        return -1;
+    }
     return 0;
 }
 

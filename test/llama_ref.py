@@ -111,12 +111,17 @@ def is_decay_param(name):
     return not (name.endswith(".bias") or "layernorm" in name or name == "model.norm.weight")
 
 
-def init_weights(cfg, seed=0, std=0.05, embed_std=0.5, norm_jitter=0.1, bias_std=0.05):
-    """Seeded random weights, float32. Norm weights are 1 + jitter so they matter in tests."""
+def init_weights(cfg, seed=0, std=0.05, embed_std=0.5, norm_jitter=0.1, bias_std=0.05,
+                 qk_std=None):
+    """Seeded random weights, float32. Norm weights are 1 + jitter so they matter in tests;
+    qk_std (default std) sets q_proj/k_proj weights, larger values give sharper attention."""
     rng = np.random.default_rng(seed)
     w = {}
     for name, shape in param_shapes(cfg).items():
-        if "norm" in name:
+        if qk_std is not None and (name.endswith("q_proj.weight") or
+                                   name.endswith("k_proj.weight")):
+            a = qk_std * rng.standard_normal(shape)
+        elif "norm" in name:
             a = 1.0 + norm_jitter * rng.standard_normal(shape)
         elif name.endswith(".bias"):
             a = bias_std * rng.standard_normal(shape)

@@ -1,0 +1,72 @@
+#!/usr/bin/env python3
+"""Runs every test program and prints one summary line: 'N passed, M failed'.
+
+Each test prints 'PASS name' / 'FAIL name: why' lines; a test that exits non-zero without a
+FAIL line counts as one failure, so a crash can never pass silently.
+  /usr/bin/python3 test/run_tests.py --build build [--asan] [-k substring]
+"""
+import argparse
+import os
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PY = "/usr/bin/python3"
+
+
+def tests(build):
+    bin_ = os.path.join(build, "train_llama")
+    return [
+        ("ops", [os.path.join(build, "test_ops")]),
+        ("safetensors", [os.path.join(build, "test_safetensors")]),
+        ("bad_inputs", [PY, "test/test_bad_inputs.py", "--bin", bin_]),
+        ("resume", [PY, "test/test_resume.py", "--bin", bin_]),
+        ("torch_ref", [PY, "test/test_torch_ref.py", "--bin", bin_]),
+        ("train_smoke", [PY, "test/test_train_smoke.py", "--bin", bin_]),
+        ("cuda", [PY, "test/test_cuda.py", "--bin", bin_]),
+    ]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--build", default="build")
+    ap.add_argument("--asan", action="store_true")
+    ap.add_argument("-k", default="")
+    args = ap.parse_args()
+    env = dict(os.environ)
+    if args.asan:
+        env.setdefault("ASAN_OPTIONS", "detect_leaks=0")
+        env["UBSAN_OPTIONS"] = "print_stacktrace=1:halt_on_error=1"
+    passed = failed = skipped = 0
+    for name, cmd in tests(args.build):
+        if args.k not in name:
+            continue
+        t0 = time.time()
+        print("== %s: %s" % (name, " ".join(cmd)), flush=True)
+        p = subprocess.run(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                           text=True, errors="replace")
+        np_ = nf = ns = 0
+        for line in p.stdout.splitlines():
+            if line.startswith("PASS "):
+                np_ += 1
+            elif line.startswith("FAIL "):
+                nf += 1
+            elif line.startswith("SKIP "):
+                ns += 1
+            if line.startswith(("PASS ", "FAIL ", "SKIP ")) or nf or p.returncode:
+                print("   " + line)
+        if p.returncode != 0 and nf == 0:
+            nf = 1
+            print("   FAIL %s: exited with %d and no FAIL line" % (name, p.returncode))
+        if p.returncode == 0 and np_ + ns == 0:
+            nf += 1
+            print("   FAIL %s: ran no check" % name)
+        passed, failed, skipped = passed + np_, failed + nf, skipped + ns
+        print("   -> %d passed, %d failed, %d skipped in %.1fs" % (np_, nf, ns, time.time() - t0), flush=True)
+    print("%d passed, %d failed, %d skipped" % (passed, failed, skipped))
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()

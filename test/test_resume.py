@@ -1,0 +1,146 @@
+#!/usr/bin/env python3
+"""Resume: a run continued from a checkpoint gives bit-identical losses to an unbroken run.
+
+Cases: resume from an explicit checkpoint path; resume with 'auto' after a run was killed
+mid-way (SIGKILL while writing), which also checks that the killed run's temporary
+checkpoint debris is cleaned and no half-written checkpoint is ever visible.
+  /usr/bin/python3 test/test_resume.py --bin build/train_llama
+"""
+import argparse
+import json
+import os
+import shutil
+import signal
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+
+results = []
+
+
+def check(name, ok, detail=""):
+    results.append(ok)
+    print(("PASS %s" % name) if ok else ("FAIL %s: %s" % (name, detail)), flush=True)
+
+
+def write_shard(path, tokens):
+    hdr = [0] * 256
+    hdr[:3] = [20240520, 1, len(tokens)]
+    with open(path, "wb") as f:
+        f.write(struct.pack("<256i", *hdr) + struct.pack("<%dH" % len(tokens), *tokens))
+
+
+def config(tmp, out, extra=""):
+    path = os.path.join(tmp, os.path.basename(out) + ".yaml")
+    with open(path, "w") as f:
+        f.write("""model:
+  vocab_size: 64
+  hidden_size: 32
+  intermediate_size: 64
+  num_hidden_layers: 2
+  num_attention_heads: 4
+  num_key_value_heads: 2
+  max_position_embeddings: 64
+train_data: {tmp}/train.bin
+val_data: {tmp}/val.bin
+shuffle: true
+sequence_len: 16
+micro_batch_size: 2
+gradient_accumulation_steps: 2
+max_steps: 24
+learning_rate: 1e-2
+warmup_steps: 2
+weight_decay: 0.1
+max_grad_norm: 0.5
+eval_steps: 4
+eval_batches: 2
+save_steps: 3
+output_dir: {out}
+{extra}
+""".format(tmp=tmp, out=out, extra=extra))
+    return path
+
+
+def losses(out):
+    lines = [json.loads(l) for l in open(os.path.join(out, "metrics.jsonl")) if l.strip()]
+    return [(d["step"], d.get("loss"), d.get("val_loss")) for d in lines]
+
+
+def run(bin_, cfg, *sets):
+    cmd = [bin_, "-c", cfg]
+    for s in sets:
+        cmd += ["--set", s]
+    return subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=600)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--bin", default="build/train_llama")
+    args = ap.parse_args()
+    bin_ = os.path.abspath(args.bin)
+    tmp = tempfile.mkdtemp(prefix="resume_")
+    try:
+        import random
+        rnd = random.Random(1)
+        # Few enough windows (11) that shuffling wraps into further epochs within the run.
+        write_shard(os.path.join(tmp, "train.bin"), [rnd.randrange(64) for _ in range(16 * 2 * 11 + 1)])
+        write_shard(os.path.join(tmp, "val.bin"), [rnd.randrange(64) for _ in range(200)])
+        full = os.path.join(tmp, "full")
+        p = run(bin_, config(tmp, full))
+        check("unbroken run", p.returncode == 0, p.stderr[-500:])
+        ref = losses(full)
+        for step in (3, 6):
+            check("checkpoint-%d complete" % step, all(os.path.exists(os.path.join(full, "checkpoint-%d" % step, f))
+                  for f in ("model.safetensors", "config.json", "optimizer.safetensors", "trainer_state.json")))
+
+        # Explicit path: continue from checkpoint-3 into a fresh output dir.
+        part = os.path.join(tmp, "part")
+        p = run(bin_, config(tmp, part), "resume_from_checkpoint=" + os.path.join(full, "checkpoint-3"))
+        got = losses(part)
+        want = [r for r in ref if r[0] > 3]
+        check("resume from path: bit-identical losses", p.returncode == 0 and got == want,
+              "rc %d\n got  %s\n want %s\n%s" % (p.returncode, got, want, p.stderr[-300:]))
+        w_full = open(os.path.join(full, "model.safetensors"), "rb").read()
+        w_part = open(os.path.join(part, "model.safetensors"), "rb").read() if p.returncode == 0 else b""
+        check("resume from path: identical final weights", w_full == w_part)
+
+        # Killed run, then auto: kill after checkpoint-6 appears, resume with auto.
+        kill = os.path.join(tmp, "kill")
+        cfg = config(tmp, kill)
+        proc = subprocess.Popen([bin_, "-c", cfg], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.time() + 300
+        while time.time() < deadline and not os.path.exists(os.path.join(kill, "checkpoint-6")):
+            if proc.poll() is not None:
+                break
+            time.sleep(0.002)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        check("run was killed mid-way", proc.returncode == -signal.SIGKILL and
+              not os.path.exists(os.path.join(kill, "checkpoint-24")), "rc %s" % proc.returncode)
+        # Debris as a killed writer would leave it: a temp dir owned by a dead pid.
+        debris = os.path.join(kill, ".checkpoint-7.tmp-%d" % proc.pid)
+        os.makedirs(debris, exist_ok=True)
+        p = run(bin_, cfg, "resume_from_checkpoint=auto")
+        got = losses(kill)
+        check("kill + resume auto: bit-identical metrics", p.returncode == 0 and got == ref,
+              "rc %d\n got  %s\n want %s\n%s" % (p.returncode, got, ref, p.stderr[-300:]))
+        check("kill + resume auto: debris of the dead run removed", not os.path.exists(debris))
+        names = sorted(os.listdir(kill))
+        check("no temporary directories left", not [n for n in names if "tmp" in n], str(names))
+
+        # auto with no checkpoint starts fresh and says so.
+        fresh = os.path.join(tmp, "fresh")
+        p = run(bin_, config(tmp, fresh), "resume_from_checkpoint=auto", "max_steps=2")
+        check("resume auto without checkpoint starts fresh",
+              p.returncode == 0 and "starting fresh" in p.stdout, p.stdout[-300:] + p.stderr[-300:])
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    n_fail = results.count(False)
+    print("%d passed, %d failed" % (len(results) - n_fail, n_fail))
+    sys.exit(1 if n_fail else 0)
+
+
+if __name__ == "__main__":
+    main()
