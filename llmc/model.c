@@ -70,6 +70,8 @@ void param_table_build(ParamTable *t, const ModelConfig *c) {
     const int L = c->num_hidden_layers;
     size_t off = 0;
     char n[96];
+    // HF Llama's attention_bias biases all four projections; Qwen2 only q, k and v.
+    const int o_bias = c->attention_bias && strcmp(c->model_type, "qwen2") != 0;
     t->embed = add_param(t, "model.embed_tokens.weight", V, C, -1, 1, &off);
     t->layer_param = xmalloc(sizeof(int) * L * P_PER_LAYER);
     for (int l = 0; l < L; l++) {
@@ -86,6 +88,7 @@ void param_table_build(ParamTable *t, const ModelConfig *c) {
         LAYER(P_WV, "self_attn.v_proj.weight", KD, C, 1)
         if (c->attention_bias) { LAYER(P_BV, "self_attn.v_proj.bias", KD, 0, 0) }
         LAYER(P_WO, "self_attn.o_proj.weight", C, QD, 1)
+        if (o_bias) { LAYER(P_BO, "self_attn.o_proj.bias", C, 0, 0) }
         LAYER(P_LN2, "post_attention_layernorm.weight", C, 0, 0)
         LAYER(P_WGATE, "mlp.gate_proj.weight", I, C, 1)
         LAYER(P_WUP, "mlp.up_proj.weight", I, C, 1)
@@ -310,7 +313,7 @@ static void layer_forward(Model *m, int l, const void *x, void *out, int B, int 
     bk->rope_fwd(bk, a->q, m->rope_cos, m->rope_sin, B, T, Hq, D);
     bk->rope_fwd(bk, a->k, m->rope_cos, m->rope_sin, B, T, Hkv, D);
     bk->attention_fwd(bk, a->att, a->lse, a->q, a->k, a->v, B, T, Hq, Hkv, D);
-    linear_fwd(bk, a->x_mid, a->att, LP(m, l, P_WO), NULL, N, Hq * D, C);
+    linear_fwd(bk, a->x_mid, a->att, LP(m, l, P_WO), opt_param(m, l, P_BO, 0), N, Hq * D, C);
     bk->accumulate(bk, a->x_mid, x, (size_t)N * C);
     bk->rmsnorm_fwd(bk, a->ln2, a->rstd2, a->x_mid, LP(m, l, P_LN2), N, C, c->rms_norm_eps);
     linear_fwd(bk, a->gate, a->ln2, LP(m, l, P_WGATE), NULL, N, C, I);
@@ -334,7 +337,8 @@ static void layer_backward(Model *m, int l, const void *x, int B, int T) {
     linear_bwd(bk, m->d_ln, LG(m, l, P_WUP), NULL, m->d_ff2, a->ln2, LP(m, l, P_WUP), N, C, I, 1);
     bk->rmsnorm_bwd(bk, m->d_res, LG(m, l, P_LN2), m->d_ln, a->x_mid, LP(m, l, P_LN2), a->rstd2, N, C);
     // Attention: x_mid = x + o_proj(att); d_res now holds d(x_mid), which is also part of d(x).
-    linear_bwd(bk, m->d_att, LG(m, l, P_WO), NULL, m->d_res, a->att, LP(m, l, P_WO), N, Hq * D, C, 0);
+    linear_bwd(bk, m->d_att, LG(m, l, P_WO), opt_param(m, l, P_BO, 1), m->d_res, a->att,
+               LP(m, l, P_WO), N, Hq * D, C, 0);
     bk->attention_bwd(bk, m->d_q, m->d_k, m->d_v, m->d_att, a->q, a->k, a->v, a->att, a->lse, B, T,
                       Hq, Hkv, D);
     bk->rope_bwd(bk, m->d_q, m->rope_cos, m->rope_sin, B, T, Hq, D);

@@ -24,13 +24,13 @@ typedef struct {
     double rope_factor, rope_low_freq_factor, rope_high_freq_factor;
     int rope_original_max_position_embeddings;
     int tie_word_embeddings;
-    int attention_bias;       // q/k/v biases (Qwen2)
+    int attention_bias;       // q/k/v biases, and o_proj's too unless model_type is qwen2
     int bos_token_id, eos_token_id;  // -1 if absent; written back to config.json
 } ModelConfig;
 
 // Per-layer parameters, in the order they appear in the flat table.
 enum {
-    P_LN1, P_WQ, P_BQ, P_WK, P_BK, P_WV, P_BV, P_WO, P_LN2, P_WGATE, P_WUP, P_WDOWN, P_PER_LAYER
+    P_LN1, P_WQ, P_BQ, P_WK, P_BK, P_WV, P_BV, P_WO, P_BO, P_LN2, P_WGATE, P_WUP, P_WDOWN, P_PER_LAYER
 };
 
 typedef struct {

@@ -39,15 +39,16 @@ SHARD_HEADER_INTS = 256
 def make_config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                 num_attention_heads=4, num_key_value_heads=None, head_dim=None,
                 rms_norm_eps=1e-5, rope_theta=10000.0, rope_scaling=None,
-                max_position_embeddings=256, tie_word_embeddings=False, attention_bias=False):
+                max_position_embeddings=256, tie_word_embeddings=False, attention_bias=False,
+                model_type="llama"):
     """A Hugging Face LlamaConfig-shaped dict."""
     if num_key_value_heads is None:
         num_key_value_heads = num_attention_heads
     if head_dim is None:
         head_dim = hidden_size // num_attention_heads
     return {
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
+        "architectures": ["Qwen2ForCausalLM" if model_type == "qwen2" else "LlamaForCausalLM"],
+        "model_type": model_type,
         "vocab_size": vocab_size,
         "hidden_size": hidden_size,
         "intermediate_size": intermediate_size,
@@ -82,6 +83,8 @@ def param_shapes(cfg):
     C, Hq, Hkv, D = _dims(cfg)
     V, I, L = cfg["vocab_size"], cfg["intermediate_size"], cfg["num_hidden_layers"]
     bias = bool(cfg.get("attention_bias", False))
+    # HF Llama's attention_bias biases all four projections; Qwen2 biases q/k/v only.
+    o_bias = bias and cfg.get("model_type", "llama") != "qwen2"
     s = {"model.embed_tokens.weight": (V, C)}
     for i in range(L):
         p = f"model.layers.{i}."
@@ -96,6 +99,8 @@ def param_shapes(cfg):
         if bias:
             s[p + "self_attn.v_proj.bias"] = (Hkv * D,)
         s[p + "self_attn.o_proj.weight"] = (C, Hq * D)
+        if o_bias:
+            s[p + "self_attn.o_proj.bias"] = (C,)
         s[p + "post_attention_layernorm.weight"] = (C,)
         s[p + "mlp.gate_proj.weight"] = (I, C)
         s[p + "mlp.up_proj.weight"] = (I, C)
@@ -349,6 +354,7 @@ class RefLlama(torch.nn.Module):
         self.eps = float(cfg.get("rms_norm_eps", 1e-6))
         self.tied = bool(cfg.get("tie_word_embeddings", False))
         self.bias = bool(cfg.get("attention_bias", False))
+        self.o_bias = self.bias and cfg.get("model_type", "llama") != "qwen2"
         self.use_sdpa = use_sdpa and hasattr(F, "scaled_dot_product_attention")
         self.dtype = dtype
         shapes = param_shapes(cfg)
@@ -407,7 +413,8 @@ class RefLlama(torch.nn.Module):
                 att = att.masked_fill(~causal, float("-inf"))
                 y = torch.softmax(att, dim=-1) @ v
             y = y.transpose(1, 2).reshape(B, T, Hq * D)
-            x = x + F.linear(y, self.p(pre + "self_attn.o_proj.weight"))
+            bo = self.p(pre + "self_attn.o_proj.bias") if self.o_bias else None
+            x = x + F.linear(y, self.p(pre + "self_attn.o_proj.weight"), bo)
             h = self.rmsnorm(x, self.p(pre + "post_attention_layernorm.weight"))
             g = F.linear(h, self.p(pre + "mlp.gate_proj.weight"))
             u = F.linear(h, self.p(pre + "mlp.up_proj.weight"))

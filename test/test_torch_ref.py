@@ -67,6 +67,16 @@ def cases():
                           warmup_steps=2, weight_decay=0.1, max_grad_norm=0.5,
                           adam_beta2=0.95, adam_epsilon=1e-6),
         shard_version=1, n_tokens=2000, expect_clip=True))
+    # (e) Qwen2: q/k/v biases without the o_proj bias that Llama's attention_bias adds
+    out.append(dict(
+        name="e_qwen2_qkv_bias",
+        cfg=R.make_config(vocab_size=64, hidden_size=32, intermediate_size=64,
+                          num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                          attention_bias=True, model_type="qwen2", rms_norm_eps=1e-6),
+        tc=R.train_config(sequence_len=16, micro_batch_size=2, gradient_accumulation_steps=2,
+                          max_steps=4, learning_rate=5e-3, lr_scheduler="cosine",
+                          warmup_steps=2, weight_decay=0.1, max_grad_norm=1.0),
+        shard_version=1, n_tokens=1000, expect_clip=False))
     # (d) llama3 rope scaling with a short original context so every branch of the rule is hit
     out.append(dict(
         name="d_llama3_rope",
