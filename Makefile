@@ -50,3 +50,4 @@ clean:
 	rm -rf build build-asan build-native train_llama
 
 .PHONY: all native test test-asan bench clean train_llama
+.SECONDARY:

@@ -149,6 +149,7 @@ static void save_final(const Model *m, const char *output_dir) {
 }
 
 int main(int argc, char **argv) {
+    backend_cpu_preinit(argv);
     Config cfg;
     config_from_args(&cfg, argc, argv);
     Backend *bk = make_backend(&cfg);

@@ -22,6 +22,14 @@ BIN=${BIN:-./train_llama}
 [ "${NO_MAKE:-0}" = 1 ] || make -s >/dev/null
 [ -x "$BIN" ] || { echo "error: $BIN not built" >&2; exit 1; }
 
+# OpenBLAS falls back to its slow generic kernels on VMs that hide the CPU model; train_llama
+# corrects that itself (backend_cpu_preinit), and torch gets the same kernels through the env.
+if [ -z "${OPENBLAS_CORETYPE:-}" ]; then
+    if grep -qw avx512bw /proc/cpuinfo; then export OPENBLAS_CORETYPE=SkylakeX
+    elif grep -qw avx2 /proc/cpuinfo; then export OPENBLAS_CORETYPE=Haswell; fi
+fi
+echo "OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-unset}"
+
 DIR=$(mktemp -d -t bench_cpu.XXXXXX)
 trap 'rm -rf "$DIR"' EXIT
 

@@ -132,6 +132,10 @@ struct Backend {
 };
 
 Backend *backend_cpu_create(int threads);
+// Call first thing in main: on virtual machines that hide the CPU model, OpenBLAS falls back
+// to its generic SSE3 (Prescott) kernels, 2-3x slower; this re-executes the program with
+// OPENBLAS_CORETYPE naming the kernels the CPU's features support. No-op when already set.
+void backend_cpu_preinit(char **argv);
 
 // Allocation helpers that keep call sites short.
 static inline void *dev_alloc_zero(Backend *bk, size_t bytes, const char *what) {

@@ -5,6 +5,8 @@
 #include <omp.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
+#include <unistd.h>
 #include "../backend.h"
 #include "../util.h"
 #include "kernels.h"
@@ -175,6 +177,21 @@ static void cpu_adamw(Backend *bk, void *p, float *master, const void *g, float 
 }
 
 static void cpu_destroy(Backend *bk) { free(bk); }
+
+char *openblas_get_corename(void);
+
+void backend_cpu_preinit(char **argv) {
+    if (getenv("OPENBLAS_CORETYPE")) return;
+    const char *core = openblas_get_corename();
+    if (!core || strcasecmp(core, "prescott") != 0) return;
+    __builtin_cpu_init();
+    const char *want = NULL;
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw")) want = "SkylakeX";
+    else if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) want = "Haswell";
+    if (!want) return;
+    setenv("OPENBLAS_CORETYPE", want, 1);
+    execv("/proc/self/exe", argv);  // returns only on failure: then run as we are
+}
 
 Backend *backend_cpu_create(int threads) {
     if (threads > 0) omp_set_num_threads(threads);

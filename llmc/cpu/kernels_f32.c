@@ -4,4 +4,5 @@
 #define R float
 #define FN(name) name##_f32
 #define GEMM cblas_sgemm
+#define EXP expf
 #include "kernels.inc"

@@ -4,4 +4,5 @@
 #define R double
 #define FN(name) name##_f64
 #define GEMM cblas_dgemm
+#define EXP exp
 #include "kernels.inc"
