@@ -9,11 +9,13 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include "llmc/actstore.h"
 #include "llmc/checkpoint.h"
 #include "llmc/config.h"
 #include "llmc/data.h"
 #include "llmc/model.h"
 #include "llmc/optim.h"
+#include "llmc/plan.h"
 #include "llmc/util.h"
 #include "stb_ds.h"
 
@@ -55,8 +57,14 @@ static void print_box(const Config *cfg, const Model *m, const Backend *bk, size
     char mem[192];
     snprintf(mem, sizeof mem, "params+grads %s, optimizer %s, activations %s", a, b, d);
     printf("| memory       %-50s |\n", mem);
+    char pol[160];
+    mem_policy_describe(&m->pol, pol, sizeof pol);
+    printf("| memory mode  %-50s |\n", pol);
     format_bytes(a, sizeof a, (double)bk->mem.in_use);
-    printf("| device total %-50s |\n", a);
+    format_bytes(b, sizeof b, (double)bk->mem.host_in_use);
+    char tot[128];
+    snprintf(tot, sizeof tot, "device %s, host %s", a, b);
+    printf("| allocated    %-50s |\n", tot);
     printf("+-----------------------------------------------------------------+\n");
 }
 
@@ -160,12 +168,35 @@ int main(int argc, char **argv) {
     if (cfg.base_model[0]) load_hf_config(cfg.base_model, &mc);
     if (T > mc.max_position_embeddings)
         fail("sequence_len %d exceeds the model's max_position_embeddings %d", T, mc.max_position_embeddings);
+    // ---- memory plan: --plan prints it; auto picks from it; a limit names what would fit
+    MemPolicy pol;
+    config_mem_policy(&cfg, &pol);
+    PlanRow rows[32];
+    int nrows = 0;
+    char fitting[1024] = "";
+    int is_auto = !strcmp(cfg.activation_offloading, "auto");
+    if (cfg.plan_only || is_auto || cfg.device_memory_limit) {
+        nrows = plan_rows(&cfg, &mc, bk, rows, 32);
+        plan_fitting_names(rows, nrows, fitting, sizeof fitting);
+    }
+    if (cfg.plan_only) {
+        plan_print(rows, nrows, (size_t)cfg.device_memory_limit, stdout);
+        return 0;
+    }
+    if (is_auto) {
+        const PlanRow *best = plan_pick(rows, nrows);
+        if (!best) fail("activation_offloading: auto: no mode fits device_memory_limit; see --plan");
+        pol = best->pol;
+        printf("activation_offloading: auto picked '%s'\n", best->name);
+    }
+    bk->mem.limit = (size_t)cfg.device_memory_limit;
+    if (fitting[0]) bk->oom_hint = fitting;
     Model model;
     model_create(&model, bk, &mc);
     if (cfg.base_model[0]) load_hf_weights(&model, cfg.base_model);
     else model_init_random(&model, (uint64_t)cfg.seed);
     size_t before = bk->mem.in_use;
-    model_alloc_acts(&model, B, T);
+    model_alloc_acts(&model, B, T, &pol);
     size_t acts_bytes = bk->mem.in_use - before;
 
     // ---- data
@@ -205,6 +236,9 @@ int main(int argc, char **argv) {
 
     for (int step = ls.step; step < cfg.max_steps; step++) {
         double t0 = now_ms();
+        bk->mem.peak = bk->mem.in_use;  // peaks are per step
+        bk->mem.host_peak = bk->mem.host_in_use;
+        bk->mem.disk_peak = bk->mem.disk_in_use;
         // Load the whole step first: the loss is a mean over all its valid targets.
         long long count = 0;
         for (int a = 0; a < accum; a++) loader_next(&train, tok + a * BT, tgt + a * BT);
@@ -226,12 +260,14 @@ int main(int argc, char **argv) {
         ls.step = step + 1;
         ls.data_epoch = train.epoch;
         ls.data_next = train.next;
-        char peak[32];
+        char peak[32], hpeak[32], dpeak[32];
         format_bytes(peak, sizeof peak, (double)bk->mem.peak);
+        format_bytes(hpeak, sizeof hpeak, (double)bk->mem.host_peak);
+        format_bytes(dpeak, sizeof dpeak, (double)bk->mem.disk_peak);
         if (!isfinite(loss)) fail("step %d: loss is %f; stopping (lower learning_rate?)", ls.step, loss);
         if (ls.step % cfg.log_steps == 0 || ls.step == cfg.max_steps || ls.step == 1)
-            printf("step %5d/%d | loss %.6f | lr %.3e | norm %.4f | %.1f ms | %.0f tok/s | peak %s\n",
-                   ls.step, cfg.max_steps, loss, lr, norm, ms, tps, peak);
+            printf("step %5d/%d | loss %.6f | lr %.3e | norm %.4f | %.1f ms | %.0f tok/s | dev %s host %s disk %s\n",
+                   ls.step, cfg.max_steps, loss, lr, norm, ms, tps, peak, hpeak, dpeak);
         fprintf(metrics,
                 "{\"step\": %d, \"loss\": %.9g, \"lr\": %.9g, \"grad_norm\": %.9g, \"ms\": %.3f, "
                 "\"tokens_per_sec\": %.1f, \"device_peak_bytes\": %zu, \"host_peak_bytes\": %zu, "

@@ -33,6 +33,8 @@ struct Backend {
     const char *name;
     int act_bytes;
     int threads;
+    int dry_run;  // allocations are only counted (the planner); no op may run
+    const char *oom_hint;  // appended to the out-of-memory message (e.g. modes that would fit)
     MemStats mem;
     void *impl;
 

@@ -8,7 +8,7 @@
 #include <yaml.h>
 #include "util.h"
 
-typedef enum { T_INT, T_FLOAT, T_BOOL, T_STR, T_ENUM } KeyType;
+typedef enum { T_INT, T_FLOAT, T_BOOL, T_STR, T_ENUM, T_SIZE } KeyType;
 
 typedef struct {
     const char *name;
@@ -71,6 +71,21 @@ static const KeyDef KEYS[] = {
     STR("output_dir", output_dir, "out", "metrics, checkpoints and the final model"),
     STR("resume_from_checkpoint", resume_from_checkpoint, "",
         "checkpoint directory to continue from, or auto (the latest in output_dir)"),
+    ENUM("gradient_checkpointing", gradient_checkpointing, "false", "false|true|selective",
+         "recompute in backward: true keeps only layer inputs, selective keeps matmul outputs"),
+    NUM("gradient_checkpointing_every", T_INT, gradient_checkpointing_every, "1", 1, 100000,
+        "keep the input of every Nth layer"),
+    ENUM("activation_offloading", activation_offloading, "false",
+         "false|true|legacy|disk|hidden_states|auto",
+         "where kept activations live: host (async), host (sync), disk, layer inputs to host"),
+    STR("activation_offloading_dir", activation_offloading_dir, "",
+        "parent directory of the disk tier's files (default: the system temp dir)"),
+    NUM("min_offload_size", T_SIZE, min_offload_size, "1024", 0, 1e18, "smaller tensors stay on the device"),
+    NUM("max_fwd_stash_size", T_INT, max_fwd_stash_size, "5", 1, 4096, "offload copies in flight before forward waits"),
+    NUM("tiled_mlp", T_BOOL, tiled_mlp, "false", 0, 1, "run the MLP over sequence tiles"),
+    NUM("tiled_mlp_shards", T_INT, tiled_mlp_shards, "0", 0, 1 << 20, "MLP tiles; 0 = ceil(T / hidden_size)"),
+    NUM("device_memory_limit", T_SIZE, device_memory_limit, "0", 0, 1e18,
+        "device memory budget (e.g. 2GiB); 0 = none"),
     ENUM("device", device, "auto", "auto|cpu|cuda", "backend"),
     NUM("num_threads", T_INT, num_threads, "0", 0, 4096, "CPU threads; 0 = all cores"),
 };
@@ -156,11 +171,19 @@ void config_set(Config *cfg, const char *key, const char *value, const char *ori
         else *(double *)field = v;
         break;
     }
+    case T_SIZE: {
+        long long v = parse_size(value);
+        if (v < 0) fail("%s: key '%s' expects a size such as 512MiB or 2GiB, got '%s'", origin, key, value);
+        *(long long *)field = v;
+        break;
+    }
     case T_BOOL:
         if (!parse_bool(value, (int *)field))
             fail("%s: key '%s' expects true or false, got '%s'", origin, key, value);
         break;
     case T_ENUM: {
+        int b;
+        if (parse_bool(value, &b)) value = b ? "true" : "false";  // YAML's True/yes/on
         size_t n = strlen(value);
         const char *p = k->choices;
         int ok = 0;
@@ -283,7 +306,8 @@ void config_finish(Config *cfg) {
 
 void config_print_help(FILE *f) {
     fprintf(f,
-            "usage: train_llama -c CONFIG.yaml [--set key=value]... \n"
+            "usage: train_llama -c CONFIG.yaml [--set key=value]... [--plan]\n"
+            "  --plan  print the memory plan of every mode and exit without training\n"
             "Trains a Llama-family model. Keys (YAML, Axolotl names; --set overrides):\n");
     for (size_t i = 0; i < NKEYS; i++) {
         const KeyDef *k = &KEYS[i];
@@ -305,6 +329,8 @@ void config_from_args(Config *cfg, int argc, char **argv) {
         } else if (!strcmp(argv[i], "-c") || !strcmp(argv[i], "--config")) {
             if (++i >= argc) fail("-c needs a YAML file");
             path = argv[i];
+        } else if (!strcmp(argv[i], "--plan")) {
+            cfg->plan_only = 1;
         } else if (!strcmp(argv[i], "--set")) {
             if (++i >= argc) fail("--set needs key=value");
         } else {
@@ -323,4 +349,22 @@ void config_from_args(Config *cfg, int argc, char **argv) {
         config_set(cfg, key, eq + 1, "--set");
     }
     config_finish(cfg);
+}
+
+void config_mem_policy(const Config *cfg, MemPolicy *p) {
+    memset(p, 0, sizeof *p);
+    const char *gc = cfg->gradient_checkpointing, *ao = cfg->activation_offloading;
+    p->recompute = !strcmp(gc, "true") ? RC_FULL : !strcmp(gc, "selective") ? RC_SELECTIVE : RC_NONE;
+    p->every = cfg->gradient_checkpointing_every;
+    p->tier = !strcmp(ao, "true") ? TIER_HOST : !strcmp(ao, "legacy") ? TIER_HOST_SYNC
+            : !strcmp(ao, "disk") ? TIER_DISK : TIER_DEVICE;
+    if (!strcmp(ao, "hidden_states")) {
+        // Checkpoint every layer and send only each layer's input to the host.
+        p->recompute = RC_FULL, p->every = 1, p->tier = TIER_HOST, p->hidden_states = 1;
+    }
+    p->min_offload = (size_t)cfg->min_offload_size;
+    p->max_stash = cfg->max_fwd_stash_size;
+    p->tiled_mlp = cfg->tiled_mlp;
+    p->mlp_shards = cfg->tiled_mlp_shards;
+    snprintf(p->disk_dir, sizeof p->disk_dir, "%s", cfg->activation_offloading_dir);
 }

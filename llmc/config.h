@@ -24,6 +24,11 @@ typedef struct {
     // evaluation, output, checkpoints
     int eval_steps, eval_batches, sample_steps, sample_tokens, save_steps, log_steps;
     char output_dir[1024], resume_from_checkpoint[1024];
+    // memory (see mempolicy.h): recompute x tier, tiled MLP, a device budget
+    char gradient_checkpointing[16], activation_offloading[16], activation_offloading_dir[1024];
+    int gradient_checkpointing_every, max_fwd_stash_size, tiled_mlp, tiled_mlp_shards;
+    long long min_offload_size, device_memory_limit;
+    int plan_only;  // --plan
     // runtime
     char device[16];
     int num_threads;
@@ -37,3 +42,5 @@ void config_load_yaml(Config *cfg, const char *path);
 void config_set(Config *cfg, const char *key, const char *value, const char *origin);
 void config_finish(Config *cfg);  // cross-key checks after all sources are applied
 void config_print_help(FILE *f);
+// The memory policy the keys describe (activation_offloading: auto is resolved by the planner).
+void config_mem_policy(const Config *cfg, MemPolicy *p);

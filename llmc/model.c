@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <string.h>
 #include "stb_ds.h"
+#include "actstore.h"
 #include "util.h"
 
 void model_config_defaults(ModelConfig *c) {
@@ -145,34 +146,18 @@ void model_create(Model *m, Backend *bk, const ModelConfig *cfg) {
         m->master = bk->dev_alloc(bk, n * sizeof(float), "fp32 master weights");
 }
 
-void model_alloc_acts(Model *m, int B, int T) {
+void model_alloc_acts(Model *m, int B, int T, const MemPolicy *pol) {
     Backend *bk = m->bk;
     const ModelConfig *c = &m->cfg;
     const size_t N = (size_t)B * T, C = c->hidden_size, I = c->intermediate_size;
     const size_t QD = (size_t)c->num_attention_heads * c->head_dim;
     const size_t KD = (size_t)c->num_key_value_heads * c->head_dim;
-    const int L = c->num_hidden_layers, A = bk->act_bytes;
+    const int A = bk->act_bytes;
     m->B = B;
     m->T = T;
-    m->residual = bk->dev_alloc(bk, (L + 1) * N * C * A, "residual stream");
-    m->acts = xcalloc(L, sizeof(LayerActs));
-    for (int l = 0; l < L; l++) {
-        LayerActs *a = &m->acts[l];
-        a->ln1 = bk->dev_alloc(bk, N * C * A, "activations (ln1)");
-        a->q = bk->dev_alloc(bk, N * QD * A, "activations (q)");
-        a->k = bk->dev_alloc(bk, N * KD * A, "activations (k)");
-        a->v = bk->dev_alloc(bk, N * KD * A, "activations (v)");
-        a->att = bk->dev_alloc(bk, N * QD * A, "activations (attention)");
-        a->x_mid = bk->dev_alloc(bk, N * C * A, "activations (residual mid)");
-        a->ln2 = bk->dev_alloc(bk, N * C * A, "activations (ln2)");
-        a->gate = bk->dev_alloc(bk, N * I * A, "activations (gate)");
-        a->up = bk->dev_alloc(bk, N * I * A, "activations (up)");
-        a->h = bk->dev_alloc(bk, N * I * A, "activations (swiglu)");
-        a->rstd1 = bk->dev_alloc(bk, N * sizeof(float), "activations (rstd)");
-        a->rstd2 = bk->dev_alloc(bk, N * sizeof(float), "activations (rstd)");
-        a->lse = bk->dev_alloc(bk, (size_t)B * c->num_attention_heads * T * sizeof(float),
-                               "activations (lse)");
-    }
+    m->pol = *pol;
+    m->store = actstore_create(bk, c, pol, B, T);
+    const size_t tile = (size_t)act_tile_rows(m->store);
     m->final_ln = bk->dev_alloc(bk, N * C * A, "final norm output");
     m->final_rstd = bk->dev_alloc(bk, N * sizeof(float), "final norm rstd");
     m->losses = bk->dev_alloc(bk, N * sizeof(float), "token losses");
@@ -184,12 +169,15 @@ void model_alloc_acts(Model *m, int B, int T) {
     m->d_q = bk->dev_alloc(bk, N * QD * A, "backward scratch");
     m->d_k = bk->dev_alloc(bk, N * KD * A, "backward scratch");
     m->d_v = bk->dev_alloc(bk, N * KD * A, "backward scratch");
-    m->d_ff1 = bk->dev_alloc(bk, N * I * A, "backward scratch");
-    m->d_ff2 = bk->dev_alloc(bk, N * I * A, "backward scratch");
+    m->d_ff1 = bk->dev_alloc(bk, tile * I * A, "backward scratch (MLP)");
+    m->d_ff2 = bk->dev_alloc(bk, tile * I * A, "backward scratch (MLP)");
     m->logits = bk->dev_alloc(bk, (size_t)c->vocab_size * A, "sampling logits");
 
     // RoPE tables: angle = t * inv_freq in float32 as HF computes it, cos/sin in double.
     const int half = c->head_dim / 2;
+    m->rope_cos = bk->dev_alloc(bk, sizeof(float) * T * half, "rope table");
+    m->rope_sin = bk->dev_alloc(bk, sizeof(float) * T * half, "rope table");
+    if (bk->dry_run) return;
     float *inv = xmalloc(sizeof(float) * half), *cs = xmalloc(sizeof(float) * T * half),
           *sn = xmalloc(sizeof(float) * T * half);
     rope_inv_freq(c, inv);
@@ -199,8 +187,6 @@ void model_alloc_acts(Model *m, int B, int T) {
             cs[t * half + i] = (float)cos(ang);
             sn[t * half + i] = (float)sin(ang);
         }
-    m->rope_cos = bk->dev_alloc(bk, sizeof(float) * T * half, "rope table");
-    m->rope_sin = bk->dev_alloc(bk, sizeof(float) * T * half, "rope table");
     bk->copy_h2d(bk, m->rope_cos, cs, sizeof(float) * T * half, NULL);
     bk->copy_h2d(bk, m->rope_sin, sn, sizeof(float) * T * half, NULL);
     bk->sync(bk);
@@ -211,17 +197,12 @@ void model_alloc_acts(Model *m, int B, int T) {
 
 void model_free(Model *m) {
     Backend *bk = m->bk;
-    if (m->acts) {
-        for (int l = 0; l < m->cfg.num_hidden_layers; l++) {
-            LayerActs *a = &m->acts[l];
-            void *ps[] = {a->ln1, a->q, a->k, a->v, a->att, a->x_mid, a->ln2, a->gate, a->up,
-                          a->h, a->rstd1, a->rstd2, a->lse};
-            for (size_t i = 0; i < sizeof ps / sizeof ps[0]; i++) bk->dev_free(bk, ps[i]);
-        }
-        free(m->acts);
-        void *ps[] = {m->residual, m->final_ln, m->final_rstd, m->losses, m->tokens, m->targets,
-                      m->d_res, m->d_ln, m->d_att, m->d_q, m->d_k, m->d_v, m->d_ff1, m->d_ff2,
-                      m->logits, m->rope_cos, m->rope_sin};
+    if (m->sample_store) actstore_free(m->sample_store);
+    if (m->store) {
+        actstore_free(m->store);
+        void *ps[] = {m->final_ln, m->final_rstd, m->losses, m->tokens, m->targets, m->d_res,
+                      m->d_ln, m->d_att, m->d_q, m->d_k, m->d_v, m->d_ff1, m->d_ff2, m->logits,
+                      m->rope_cos, m->rope_sin};
         for (size_t i = 0; i < sizeof ps / sizeof ps[0]; i++) bk->dev_free(bk, ps[i]);
     }
     bk->dev_free(bk, m->params);
@@ -276,9 +257,6 @@ static void *P(const Model *m, int i) { return act_at(m->bk, m->params, m->tab.s
 static void *G(const Model *m, int i) { return act_at(m->bk, m->grads, m->tab.specs[i].offset); }
 static void *LP(const Model *m, int l, int k) { return P(m, param_index(&m->tab, l, k)); }
 static void *LG(const Model *m, int l, int k) { return G(m, param_index(&m->tab, l, k)); }
-static void *res(const Model *m, int l, size_t N) {
-    return act_at(m->bk, m->residual, (size_t)l * N * m->cfg.hidden_size);
-}
 
 // y[N,out] = x[N,in] W^T (+ b)
 static void linear_fwd(Backend *bk, void *y, const void *x, const void *W, const void *b, int N,
@@ -300,13 +278,25 @@ static void *opt_param(const Model *m, int l, int k, int grad) {
     return i < 0 ? NULL : grad ? G(m, i) : P(m, i);
 }
 
-static void layer_forward(Model *m, int l, const void *x, void *out, int B, int T) {
+// gate/up/h of rows [r0, r0+n): into the tile buffers when tiled, else into the full tensors.
+static void mlp_tile_fwd(Model *m, int l, const LayerActs *a, int r0, int n) {
+    const int tiled = m->pol.tiled_mlp;
+    Backend *bk = m->bk;
+    const int C = m->cfg.hidden_size, I = m->cfg.intermediate_size;
+    const size_t off = tiled ? 0 : (size_t)r0 * I;
+    const void *ln2 = act_at(bk, a->ln2, (size_t)r0 * C);
+    void *gate = act_at(bk, a->gate, off), *up = act_at(bk, a->up, off), *h = act_at(bk, a->h, off);
+    linear_fwd(bk, gate, ln2, LP(m, l, P_WGATE), NULL, n, C, I);
+    linear_fwd(bk, up, ln2, LP(m, l, P_WUP), NULL, n, C, I);
+    bk->swiglu_fwd(bk, h, gate, up, (size_t)n * I);
+}
+
+static void layer_forward(Model *m, int l, const LayerActs *a, void *out, int B, int T, int tile) {
     Backend *bk = m->bk;
     const ModelConfig *c = &m->cfg;
-    LayerActs *a = &m->acts[l];
     const int N = B * T, C = c->hidden_size, I = c->intermediate_size, D = c->head_dim;
     const int Hq = c->num_attention_heads, Hkv = c->num_key_value_heads;
-    bk->rmsnorm_fwd(bk, a->ln1, a->rstd1, x, LP(m, l, P_LN1), N, C, c->rms_norm_eps);
+    bk->rmsnorm_fwd(bk, a->ln1, a->rstd1, a->xin, LP(m, l, P_LN1), N, C, c->rms_norm_eps);
     linear_fwd(bk, a->q, a->ln1, LP(m, l, P_WQ), opt_param(m, l, P_BQ, 0), N, C, Hq * D);
     linear_fwd(bk, a->k, a->ln1, LP(m, l, P_WK), opt_param(m, l, P_BK, 0), N, C, Hkv * D);
     linear_fwd(bk, a->v, a->ln1, LP(m, l, P_WV), opt_param(m, l, P_BV, 0), N, C, Hkv * D);
@@ -314,27 +304,47 @@ static void layer_forward(Model *m, int l, const void *x, void *out, int B, int 
     bk->rope_fwd(bk, a->k, m->rope_cos, m->rope_sin, B, T, Hkv, D);
     bk->attention_fwd(bk, a->att, a->lse, a->q, a->k, a->v, B, T, Hq, Hkv, D);
     linear_fwd(bk, a->x_mid, a->att, LP(m, l, P_WO), opt_param(m, l, P_BO, 0), N, Hq * D, C);
-    bk->accumulate(bk, a->x_mid, x, (size_t)N * C);
+    bk->accumulate(bk, a->x_mid, a->xin, (size_t)N * C);
     bk->rmsnorm_fwd(bk, a->ln2, a->rstd2, a->x_mid, LP(m, l, P_LN2), N, C, c->rms_norm_eps);
-    linear_fwd(bk, a->gate, a->ln2, LP(m, l, P_WGATE), NULL, N, C, I);
-    linear_fwd(bk, a->up, a->ln2, LP(m, l, P_WUP), NULL, N, C, I);
-    bk->swiglu_fwd(bk, a->h, a->gate, a->up, (size_t)N * I);
-    linear_fwd(bk, out, a->h, LP(m, l, P_WDOWN), NULL, N, I, C);
+    // The MLP runs over row tiles (one tile unless tiled_mlp): T x I never exists whole.
+    for (int r0 = 0; r0 < N; r0 += tile) {
+        int n = N - r0 < tile ? N - r0 : tile;
+        mlp_tile_fwd(m, l, a, r0, n);
+        const void *h = m->pol.tiled_mlp ? a->h : act_at(bk, a->h, (size_t)r0 * I);
+        linear_fwd(bk, act_at(bk, out, (size_t)r0 * C), h, LP(m, l, P_WDOWN), NULL, n, I, C);
+    }
     bk->accumulate(bk, out, a->x_mid, (size_t)N * C);
 }
 
-// On entry m->d_res holds dLoss/d(layer output); on exit dLoss/d(layer input).
-static void layer_backward(Model *m, int l, const void *x, int B, int T) {
+// Selective checkpointing keeps matmul and attention outputs; these are the cheap rest.
+static void recompute_cheap(Model *m, int l, const LayerActs *a, int N) {
     Backend *bk = m->bk;
     const ModelConfig *c = &m->cfg;
-    LayerActs *a = &m->acts[l];
+    const int C = c->hidden_size;
+    bk->rmsnorm_fwd(bk, a->ln1, a->rstd1, a->xin, LP(m, l, P_LN1), N, C, c->rms_norm_eps);
+    bk->rmsnorm_fwd(bk, a->ln2, a->rstd2, a->x_mid, LP(m, l, P_LN2), N, C, c->rms_norm_eps);
+    if (!m->pol.tiled_mlp) bk->swiglu_fwd(bk, a->h, a->gate, a->up, (size_t)N * c->intermediate_size);
+}
+
+// On entry m->d_res holds dLoss/d(layer output); on exit dLoss/d(layer input).
+static void layer_backward(Model *m, int l, const LayerActs *a, int B, int T, int tile) {
+    Backend *bk = m->bk;
+    const ModelConfig *c = &m->cfg;
     const int N = B * T, C = c->hidden_size, I = c->intermediate_size, D = c->head_dim;
     const int Hq = c->num_attention_heads, Hkv = c->num_key_value_heads;
     // MLP: out = x_mid + down(silu(gate) * up); d_res carries d(out) = part of d(x_mid).
-    linear_bwd(bk, m->d_ff1, LG(m, l, P_WDOWN), NULL, m->d_res, a->h, LP(m, l, P_WDOWN), N, I, C, 0);
-    bk->swiglu_bwd(bk, m->d_ff1, m->d_ff2, m->d_ff1, a->gate, a->up, (size_t)N * I);
-    linear_bwd(bk, m->d_ln, LG(m, l, P_WGATE), NULL, m->d_ff1, a->ln2, LP(m, l, P_WGATE), N, C, I, 0);
-    linear_bwd(bk, m->d_ln, LG(m, l, P_WUP), NULL, m->d_ff2, a->ln2, LP(m, l, P_WUP), N, C, I, 1);
+    // Tiled: each tile's gate/up/h are recomputed from ln2 just before its backward.
+    for (int r0 = 0; r0 < N; r0 += tile) {
+        int n = N - r0 < tile ? N - r0 : tile;
+        if (m->pol.tiled_mlp) mlp_tile_fwd(m, l, a, r0, n);
+        const size_t off = m->pol.tiled_mlp ? 0 : (size_t)r0 * I;
+        const void *dy = act_at(bk, m->d_res, (size_t)r0 * C), *ln2 = act_at(bk, a->ln2, (size_t)r0 * C);
+        void *dln2 = act_at(bk, m->d_ln, (size_t)r0 * C);
+        linear_bwd(bk, m->d_ff1, LG(m, l, P_WDOWN), NULL, dy, act_at(bk, a->h, off), LP(m, l, P_WDOWN), n, I, C, 0);
+        bk->swiglu_bwd(bk, m->d_ff1, m->d_ff2, m->d_ff1, act_at(bk, a->gate, off), act_at(bk, a->up, off), (size_t)n * I);
+        linear_bwd(bk, dln2, LG(m, l, P_WGATE), NULL, m->d_ff1, ln2, LP(m, l, P_WGATE), n, C, I, 0);
+        linear_bwd(bk, dln2, LG(m, l, P_WUP), NULL, m->d_ff2, ln2, LP(m, l, P_WUP), n, C, I, 1);
+    }
     bk->rmsnorm_bwd(bk, m->d_res, LG(m, l, P_LN2), m->d_ln, a->x_mid, LP(m, l, P_LN2), a->rstd2, N, C);
     // Attention: x_mid = x + o_proj(att); d_res now holds d(x_mid), which is also part of d(x).
     linear_bwd(bk, m->d_att, LG(m, l, P_WO), opt_param(m, l, P_BO, 1), m->d_res, a->att,
@@ -349,19 +359,56 @@ static void layer_backward(Model *m, int l, const void *x, int B, int T) {
                LP(m, l, P_WK), N, C, Hkv * D, 1);
     linear_bwd(bk, m->d_ln, LG(m, l, P_WV), opt_param(m, l, P_BV, 1), m->d_v, a->ln1,
                LP(m, l, P_WV), N, C, Hkv * D, 1);
-    bk->rmsnorm_bwd(bk, m->d_res, LG(m, l, P_LN1), m->d_ln, x, LP(m, l, P_LN1), a->rstd1, N, C);
+    bk->rmsnorm_bwd(bk, m->d_res, LG(m, l, P_LN1), m->d_ln, a->xin, LP(m, l, P_LN1), a->rstd1, N, C);
+}
+
+// Forward through every layer; each layer's kept tensors go where the store says.
+static void forward_layers(Model *m, ActStore *st, int B, int T) {
+    Backend *bk = m->bk;
+    const int N = B * T, L = m->cfg.num_hidden_layers;
+    bk->embedding_fwd(bk, act_fwd_output(st, -1), m->tokens, P(m, m->tab.embed), N, m->cfg.hidden_size);
+    for (int l = 0; l < L; l++) {
+        LayerActs a;
+        act_fwd_layer(st, l, &a);
+        layer_forward(m, l, &a, act_fwd_output(st, l), B, T, act_tile_rows(st));
+        act_fwd_done(st, l);
+    }
+}
+
+// Backward through every layer, top down. Full checkpointing works a segment at a time:
+// recompute its layers forward from the kept input, then run their backward.
+static void backward_layers(Model *m, int B, int T) {
+    ActStore *st = m->store;
+    act_bwd_begin(st);
+    for (int l = m->cfg.num_hidden_layers - 1; l >= 0;) {
+        int s = act_segment_start(st, l);
+        LayerActs a;
+        if (m->pol.recompute == RC_FULL)
+            for (int j = s; j <= l; j++) {
+                LayerActs next;
+                act_bwd_layer(st, j, &a);
+                if (j < l) act_bwd_layer(st, j + 1, &next);  // in the segment: no fetch
+                layer_forward(m, j, &a, j < l ? next.xin : act_recompute_sink(st), B, T, act_tile_rows(st));
+            }
+        for (int j = l; j >= s; j--) {
+            act_bwd_layer(st, j, &a);
+            if (m->pol.recompute == RC_SELECTIVE) recompute_cheap(m, j, &a, B * T);
+            layer_backward(m, j, &a, B, T, act_tile_rows(st));
+        }
+        act_bwd_layer_done(st, s);
+        l = s - 1;
+    }
 }
 
 double model_forward_backward(Model *m, int B, int T, float loss_scale) {
     Backend *bk = m->bk;
     const ModelConfig *c = &m->cfg;
     const ParamTable *t = &m->tab;
-    const int N = B * T, C = c->hidden_size, L = c->num_hidden_layers;
-    if (B * T > m->B * m->T) fail("internal: batch %dx%d exceeds activations %dx%d", B, T, m->B, m->T);
-    bk->embedding_fwd(bk, res(m, 0, N), m->tokens, P(m, t->embed), N, C);
-    for (int l = 0; l < L; l++) layer_forward(m, l, res(m, l, N), res(m, l + 1, N), B, T);
-    bk->rmsnorm_fwd(bk, m->final_ln, m->final_rstd, res(m, L, N), P(m, t->final_norm), N, C,
-                    c->rms_norm_eps);
+    const int N = B * T, C = c->hidden_size;
+    if (B != m->B || T != m->T) fail("internal: batch %dx%d differs from the activations' %dx%d", B, T, m->B, m->T);
+    forward_layers(m, m->store, B, T);
+    void *res = act_final_residual(m->store);
+    bk->rmsnorm_fwd(bk, m->final_ln, m->final_rstd, res, P(m, t->final_norm), N, C, c->rms_norm_eps);
     int train = loss_scale > 0;
     // The fused classifier produces d(final_ln) and the head's gradient in the same pass.
     bk->classifier_ce(bk, m->losses, train ? m->d_ln : NULL, train ? G(m, t->lm_head) : NULL,
@@ -369,21 +416,27 @@ double model_forward_backward(Model *m, int B, int T, float loss_scale) {
     double loss = bk->sum_f32(bk, m->losses, N);
     if (!train) return loss;
     bk->memzero(bk, m->d_res, (size_t)N * C * bk->act_bytes, NULL);
-    bk->rmsnorm_bwd(bk, m->d_res, G(m, t->final_norm), m->d_ln, res(m, L, N), P(m, t->final_norm),
+    bk->rmsnorm_bwd(bk, m->d_res, G(m, t->final_norm), m->d_ln, res, P(m, t->final_norm),
                     m->final_rstd, N, C);
-    for (int l = L - 1; l >= 0; l--) layer_backward(m, l, res(m, l, N), B, T);
+    backward_layers(m, B, T);
     bk->embedding_bwd(bk, G(m, t->embed), m->d_res, m->tokens, N, C, c->vocab_size);
     return loss;
 }
 
+// Sampling runs forward only at batch 1 on its own small store: one layer's working set plus
+// each layer's input (nothing is kept for a backward).
 void model_last_logits(Model *m, int T, float *out) {
     Backend *bk = m->bk;
     const ModelConfig *c = &m->cfg;
-    const int C = c->hidden_size, L = c->num_hidden_layers;
-    bk->embedding_fwd(bk, res(m, 0, T), m->tokens, P(m, m->tab.embed), T, C);
-    for (int l = 0; l < L; l++) layer_forward(m, l, res(m, l, T), res(m, l + 1, T), 1, T);
-    bk->rmsnorm_fwd(bk, m->final_ln, m->final_rstd, res(m, L, T), P(m, m->tab.final_norm), T, C,
-                    c->rms_norm_eps);
+    const int C = c->hidden_size;
+    if (!m->sample_store) {
+        MemPolicy p = {.recompute = RC_FULL, .every = 1, .tier = TIER_DEVICE,
+                       .tiled_mlp = m->pol.tiled_mlp, .mlp_shards = m->pol.mlp_shards};
+        m->sample_store = actstore_create(bk, c, &p, 1, m->T);
+    }
+    forward_layers(m, m->sample_store, 1, T);
+    void *res = act_final_residual(m->sample_store);
+    bk->rmsnorm_fwd(bk, m->final_ln, m->final_rstd, res, P(m, m->tab.final_norm), T, C, c->rms_norm_eps);
     bk->matmul(bk, m->logits, act_at(bk, m->final_ln, (size_t)(T - 1) * C), P(m, m->tab.lm_head),
                1, c->vocab_size, C, 0, 1, 1.0f, 0.0f);
     bk->download_act(bk, out, m->logits, c->vocab_size);

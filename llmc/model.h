@@ -4,6 +4,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include "backend.h"
+#include "mempolicy.h"
 
 enum { ROPE_DEFAULT = 0, ROPE_LLAMA3 = 1 };
 
@@ -65,11 +66,14 @@ void rope_inv_freq(const ModelConfig *c, float *inv_freq);
 
 // ---- the engine's model state ----------------------------------------------------------
 
-// What one layer saves in forward for its backward (plain mode: everything).
+// Where one layer's tensors are, for one pass: the activation store fills it (actstore.h).
+// With a tiled MLP, gate/up/h are tile-sized working buffers.
 typedef struct {
-    void *ln1, *q, *k, *v, *att, *x_mid, *ln2, *gate, *up, *h;
+    void *xin, *ln1, *q, *k, *v, *att, *x_mid, *ln2, *gate, *up, *h;
     float *rstd1, *rstd2, *lse;
 } LayerActs;
+
+struct ActStore;
 
 typedef struct {
     Backend *bk;
@@ -78,21 +82,22 @@ typedef struct {
     // Flat buffers laid out by the parameter table.
     void *params, *grads;         // act precision
     float *master, *adam_m, *adam_v;  // fp32; master NULL when act precision is fp32
-    // Activations, sized for B x T at model_alloc_acts.
+    // Activations, sized for B x T at model_alloc_acts, kept/offloaded/recomputed as the
+    // activation store's policy says.
     int B, T;
-    void *residual;               // [(L+1), B*T, C]: input of each layer, then the last output
-    LayerActs *acts;              // [L]
+    MemPolicy pol;
+    struct ActStore *store, *sample_store;
     void *final_ln;
     float *final_rstd, *losses;
     int32_t *tokens, *targets;    // device copies of the current micro-batch
     float *rope_cos, *rope_sin;   // [T, D/2]
     // Backward scratch.
-    void *d_res, *d_ln, *d_att, *d_q, *d_k, *d_v, *d_ff1, *d_ff2;
+    void *d_res, *d_ln, *d_att, *d_q, *d_k, *d_v, *d_ff1, *d_ff2;  // d_ff*: one MLP tile
     void *logits;                 // [V] for sampling
 } Model;
 
 void model_create(Model *m, Backend *bk, const ModelConfig *cfg);
-void model_alloc_acts(Model *m, int B, int T);
+void model_alloc_acts(Model *m, int B, int T, const MemPolicy *policy);
 void model_free(Model *m);
 // Fill parameters: normal(0, 0.02) for matrices, zeros for biases, ones for norms.
 void model_init_random(Model *m, uint64_t seed);

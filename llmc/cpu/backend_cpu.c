@@ -42,8 +42,8 @@ static void *cpu_dev_alloc(Backend *bk, size_t bytes, const char *what) {
         format_bytes(need, sizeof need, (double)bytes);
         format_bytes(used, sizeof used, (double)m->in_use);
         format_bytes(lim, sizeof lim, (double)m->limit);
-        fail("device memory limit reached allocating %s for %s (%s in use, limit %s)", need, what,
-             used, lim);
+        fail("device memory limit reached allocating %s for %s (%s in use, limit %s)%s%s", need,
+             what, used, lim, bk->oom_hint ? "; modes that fit: " : "", bk->oom_hint ? bk->oom_hint : "");
     }
     void *p = counted_alloc(bytes, &m->in_use, &m->peak);
     if (!p) fail("out of memory allocating %zu bytes for %s", bytes, what);

@@ -1,0 +1,60 @@
+// actstore.h: the activation store. It decides, per layer and per saved tensor, two things
+// (the two axes of ../shared/DESIGN.md):
+//   what is kept for backward (recompute policy): everything; only the layer input of every
+//     Nth layer (full checkpointing); or the matmul/attention outputs (selective);
+//   where a kept tensor lives (tier): device; host with asynchronous copies and one-ahead
+//     prefetch; host with synchronous copies (legacy); disk, through pinned staging buffers
+//     and an I/O thread.
+// The layer code asks the store where to write each tensor in forward and where to read it
+// in backward; it never knows which mode is running. All buffers are allocated once, up
+// front, so the device peak is exactly the sum the planner predicts.
+#pragma once
+#include <pthread.h>
+#include <stddef.h>
+#include "mempolicy.h"
+#include "model.h"
+
+typedef struct ActStore ActStore;
+
+// Bytes of one saved tensor of kind s (0 when the kind does not exist, e.g. tiled MLP).
+size_t slot_bytes(const ModelConfig *c, const MemPolicy *p, int B, int T, int act_bytes, int s);
+// Rows per MLP tile (B*T when not tiled).
+int mlp_tile_rows(const ModelConfig *c, const MemPolicy *p, int B, int T);
+int act_tile_rows(const ActStore *st);
+
+ActStore *actstore_create(Backend *bk, const ModelConfig *c, const MemPolicy *p, int B, int T);
+void actstore_free(ActStore *st);
+
+// Forward of layer l: fills *a with where to write each tensor (and a->xin holds the input);
+// after the layer's ops are issued, fwd_done starts the offload of what it keeps.
+void act_fwd_layer(ActStore *st, int l, LayerActs *a);
+void act_fwd_done(ActStore *st, int l);
+// Where layer l writes its output: the next layer's input (l = -1: the embedding's output).
+void *act_fwd_output(ActStore *st, int l);
+// Where the output of the last layer goes (always on the device: the final norm reads it).
+void *act_final_residual(ActStore *st);
+
+// Backward: call bwd_begin once after forward; bwd_layer(l) makes layer l's kept tensors
+// readable in *a (waiting for their prefetch, starting the next one) and tells which ones
+// must be recomputed; bwd_layer_done(l) releases its buffers for reuse.
+void act_bwd_begin(ActStore *st);
+void act_bwd_layer(ActStore *st, int l, LayerActs *a);
+void act_bwd_layer_done(ActStore *st, int l);
+int act_is_saved(const ActStore *st, int l, int s);
+// Full checkpointing: the first layer of l's segment, and the pointers of layer j of the
+// segment during its recompute (written in forward order from the segment start).
+int act_segment_start(const ActStore *st, int l);
+void *act_recompute_sink(ActStore *st);  // throwaway output of a segment's last layer
+
+// "recompute every 2, kept tensors on host (async), tiled MLP" for the config box.
+void mem_policy_describe(const MemPolicy *p, char *out, size_t cap);
+
+// Statistics for the planner and metrics.
+typedef struct {
+    double saved_bytes[3];     // kept tensor bytes per home, whole model
+    double moved_bytes;        // bytes copied device<->host/disk per step (both directions)
+    double recompute_flops;    // extra forward FLOPs per micro-batch
+} ActStats;
+void act_stats(const ModelConfig *c, const MemPolicy *p, int B, int T, int act_bytes, ActStats *out);
+// Forward FLOPs of one micro-batch (matmuls + attention), for recompute ratios.
+double forward_flops(const ModelConfig *c, int B, int T);

@@ -1,0 +1,152 @@
+// plan.c: see plan.h.
+#include "plan.h"
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include "actstore.h"
+#define typeof __typeof__  // stb_ds hash maps use it; C11 spells it __typeof__
+#include "stb_ds.h"
+#include "util.h"
+
+// ---- a backend that only counts --------------------------------------------------------
+typedef struct { uintptr_t key; size_t value; } SizeEntry;
+typedef struct { SizeEntry *sizes; uintptr_t next; } CountImpl;
+
+static void *count_alloc(Backend *bk, size_t bytes, size_t *in_use, size_t *peak) {
+    CountImpl *ci = bk->impl;
+    uintptr_t p = (ci->next += 4096);  // a distinct fake address; never dereferenced
+    hmput(ci->sizes, p, bytes);
+    *in_use += bytes;
+    if (*in_use > *peak) *peak = *in_use;
+    return (void *)p;
+}
+static size_t count_free(Backend *bk, void *p) {
+    CountImpl *ci = bk->impl;
+    if (!p) return 0;
+    size_t b = hmget(ci->sizes, (uintptr_t)p);
+    (void)hmdel(ci->sizes, (uintptr_t)p);
+    return b;
+}
+static void *c_dev_alloc(Backend *bk, size_t n, const char *w) { (void)w; return count_alloc(bk, n, &bk->mem.in_use, &bk->mem.peak); }
+static void c_dev_free(Backend *bk, void *p) { bk->mem.in_use -= count_free(bk, p); }
+static void *c_host_alloc(Backend *bk, size_t n, const char *w) { (void)w; return count_alloc(bk, n, &bk->mem.host_in_use, &bk->mem.host_peak); }
+static void c_host_free(Backend *bk, void *p) { bk->mem.host_in_use -= count_free(bk, p); }
+static void c_memzero(Backend *bk, void *d, size_t n, Queue *q) { (void)bk, (void)d, (void)n, (void)q; }
+static void c_copy(Backend *bk, void *d, const void *s, size_t n, Queue *q) { (void)bk, (void)d, (void)s, (void)n, (void)q; }
+static Queue *c_queue_create(Backend *bk) { (void)bk; return (Queue *)(uintptr_t)1; }
+static void c_queue_destroy(Backend *bk, Queue *q) { (void)bk, (void)q; }
+static Event *c_event_create(Backend *bk) { (void)bk; return (Event *)(uintptr_t)1; }
+static void c_event_destroy(Backend *bk, Event *e) { (void)bk, (void)e; }
+static void c_sync(Backend *bk) { (void)bk; }
+
+void plan_measure(const ModelConfig *c, const MemPolicy *p, int B, int T, int act_bytes,
+                  size_t *dev, size_t *host, size_t *disk) {
+    CountImpl ci = {0};
+    Backend bk = {.name = "plan", .act_bytes = act_bytes, .dry_run = 1, .impl = &ci,
+                  .dev_alloc = c_dev_alloc, .dev_free = c_dev_free, .host_alloc = c_host_alloc,
+                  .host_free = c_host_free, .memzero = c_memzero, .copy_h2d = c_copy,
+                  .copy_d2h = c_copy, .copy_d2d = c_copy, .queue_create = c_queue_create,
+                  .queue_destroy = c_queue_destroy, .event_create = c_event_create,
+                  .event_destroy = c_event_destroy, .sync = c_sync};
+    Model m;
+    model_create(&m, &bk, c);
+    model_alloc_acts(&m, B, T, p);
+    *dev = bk.mem.peak;
+    *host = bk.mem.host_peak;
+    ActStats as;
+    act_stats(c, p, B, T, act_bytes, &as);
+    *disk = (size_t)as.saved_bytes[HOME_DISK];
+    model_free(&m);
+    hmfree(ci.sizes);
+}
+
+// ---- modes ------------------------------------------------------------------------------
+typedef struct { const char *name; int recompute, tier, hidden; } Mode;
+static const Mode MODES[] = {
+    {"plain", RC_NONE, TIER_DEVICE, 0},
+    {"checkpointing", RC_FULL, TIER_DEVICE, 0},
+    {"selective", RC_SELECTIVE, TIER_DEVICE, 0},
+    {"offload true", RC_NONE, TIER_HOST, 0},
+    {"offload legacy", RC_NONE, TIER_HOST_SYNC, 0},
+    {"offload disk", RC_NONE, TIER_DISK, 0},
+    {"ckpt + offload true", RC_FULL, TIER_HOST, 0},
+    {"hidden_states", RC_FULL, TIER_HOST, 1},
+};
+
+// Rough rates for ranking modes: compute, host link and disk throughput of the backend kind.
+static void rates(const Backend *bk, double *flops, double *link, double *disk) {
+    int gpu = bk && strcmp(bk->name, "cpu") != 0;
+    *flops = gpu ? 300e12 : 100e9;
+    *link = gpu ? 20e9 : 8e9;
+    *disk = gpu ? 2e9 : 1e9;
+}
+
+int plan_rows(const Config *cfg, const ModelConfig *c, const Backend *bk, PlanRow *rows, int max) {
+    const int B = cfg->micro_batch_size, T = cfg->sequence_len, A = bk ? bk->act_bytes : 4;
+    MemPolicy base;
+    config_mem_policy(cfg, &base);
+    double F, link, disk;
+    rates(bk, &F, &link, &disk);
+    const double fwd = forward_flops(c, B, T), accum = cfg->gradient_accumulation_steps;
+    int n = 0;
+    for (int tiled = 0; tiled < 2; tiled++)
+        for (size_t i = 0; i < sizeof MODES / sizeof MODES[0] && n < max; i++) {
+            PlanRow *r = &rows[n++];
+            memset(r, 0, sizeof *r);
+            r->pol = base;
+            r->pol.recompute = MODES[i].recompute;
+            r->pol.tier = MODES[i].tier;
+            r->pol.hidden_states = MODES[i].hidden;
+            if (MODES[i].hidden) r->pol.every = 1;
+            r->pol.tiled_mlp = tiled;
+            snprintf(r->name, sizeof r->name, "%s%s", MODES[i].name, tiled ? " + tiled MLP" : "");
+            plan_measure(c, &r->pol, B, T, A, &r->dev_peak, &r->host_peak, &r->disk_peak);
+            ActStats as;
+            act_stats(c, &r->pol, B, T, A, &as);
+            r->recompute_flops = as.recompute_flops * accum;
+            r->moved_bytes = as.moved_bytes * accum;
+            // Async copies mostly hide behind compute; count a quarter of their time.
+            double bw = r->pol.tier == TIER_DISK ? disk : link;
+            double hidden = r->pol.tier == TIER_HOST ? 0.25 : 1.0;
+            r->est_ms = 1e3 * ((3 * fwd * accum + r->recompute_flops) / F + hidden * r->moved_bytes / bw);
+            r->fits = !cfg->device_memory_limit || r->dev_peak <= (size_t)cfg->device_memory_limit;
+        }
+    return n;
+}
+
+void plan_print(const PlanRow *rows, int n, size_t limit, FILE *f) {
+    char lim[32] = "none";
+    if (limit) format_bytes(lim, sizeof lim, (double)limit);
+    fprintf(f, "memory plan (device_memory_limit: %s)\n", lim);
+    fprintf(f, "| %-32s | %12s | %12s | %12s | %14s | %14s | %9s | %4s |\n", "mode", "device peak",
+            "host peak", "disk peak", "recompute GFLOP", "moved/step", "est. ms", "fits");
+    fprintf(f, "|%s|%s|%s|%s|%s|%s|%s|%s|\n", "----------------------------------", "--------------",
+            "--------------", "--------------", "-----------------", "----------------", "-----------", "------");
+    for (int i = 0; i < n; i++) {
+        const PlanRow *r = &rows[i];
+        char d[32], h[32], k[32], mv[32];
+        format_bytes(d, sizeof d, (double)r->dev_peak);
+        format_bytes(h, sizeof h, (double)r->host_peak);
+        format_bytes(k, sizeof k, (double)r->disk_peak);
+        format_bytes(mv, sizeof mv, r->moved_bytes);
+        fprintf(f, "| %-32s | %12s | %12s | %12s | %15.2f | %14s | %9.1f | %4s |\n", r->name, d, h, k,
+                r->recompute_flops / 1e9, mv, r->est_ms, r->fits ? "yes" : "no");
+    }
+}
+
+const PlanRow *plan_pick(const PlanRow *rows, int n) {
+    const PlanRow *best = NULL;
+    for (int i = 0; i < n; i++)
+        if (rows[i].fits && (!best || rows[i].est_ms < best->est_ms)) best = &rows[i];
+    return best;
+}
+
+void plan_fitting_names(const PlanRow *rows, int n, char *out, size_t cap) {
+    out[0] = 0;
+    for (int i = 0; i < n; i++) {
+        if (!rows[i].fits) continue;
+        size_t len = strlen(out);
+        snprintf(out + len, cap - len, "%s%s", len ? ", " : "", rows[i].name);
+    }
+    if (!out[0]) snprintf(out, cap, "none (lower micro_batch_size or sequence_len)");
+}
