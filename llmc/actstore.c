@@ -263,7 +263,7 @@ void *act_fwd_output(ActStore *st, int l) {
 }
 void *act_recompute_sink(ActStore *st) { return st->sink; }
 
-void act_fwd_done(ActStore *st, int l) {
+void act_fwd_done(ActStore *st, int l, int for_backward) {
     Backend *bk = st->bk;
     char name[64];
     int recorded = 0;
@@ -272,6 +272,7 @@ void act_fwd_done(ActStore *st, int l) {
         int k = AT(st, stash_k, l, s);
         void *src = st->stash[s][k];
         AT(st, fwd_ptr, l, s) = NULL;  // the next forward pass picks a fresh buffer
+        if (!for_backward) continue;
         switch (st->pol.tier) {
         case TIER_HOST_SYNC:
             bk->copy_d2h(bk, AT(st, host, l, s), src, st->bytes[s], NULL);

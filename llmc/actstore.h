@@ -26,9 +26,10 @@ ActStore *actstore_create(Backend *bk, const ModelConfig *c, const MemPolicy *p,
 void actstore_free(ActStore *st);
 
 // Forward of layer l: fills *a with where to write each tensor (and a->xin holds the input);
-// after the layer's ops are issued, fwd_done starts the offload of what it keeps.
+// after the layer's ops are issued, fwd_done starts the offload of what it keeps (only when a
+// backward follows: evaluation passes offload nothing).
 void act_fwd_layer(ActStore *st, int l, LayerActs *a);
-void act_fwd_done(ActStore *st, int l);
+void act_fwd_done(ActStore *st, int l, int for_backward);
 // Where layer l writes its output: the next layer's input (l = -1: the embedding's output).
 void *act_fwd_output(ActStore *st, int l);
 // Where the output of the last layer goes (always on the device: the final norm reads it).

@@ -363,7 +363,7 @@ static void layer_backward(Model *m, int l, const LayerActs *a, int B, int T, in
 }
 
 // Forward through every layer; each layer's kept tensors go where the store says.
-static void forward_layers(Model *m, ActStore *st, int B, int T) {
+static void forward_layers(Model *m, ActStore *st, int B, int T, int for_backward) {
     Backend *bk = m->bk;
     const int N = B * T, L = m->cfg.num_hidden_layers;
     bk->embedding_fwd(bk, act_fwd_output(st, -1), m->tokens, P(m, m->tab.embed), N, m->cfg.hidden_size);
@@ -371,7 +371,7 @@ static void forward_layers(Model *m, ActStore *st, int B, int T) {
         LayerActs a;
         act_fwd_layer(st, l, &a);
         layer_forward(m, l, &a, act_fwd_output(st, l), B, T, act_tile_rows(st));
-        act_fwd_done(st, l);
+        act_fwd_done(st, l, for_backward);
     }
 }
 
@@ -406,10 +406,10 @@ double model_forward_backward(Model *m, int B, int T, float loss_scale) {
     const ParamTable *t = &m->tab;
     const int N = B * T, C = c->hidden_size;
     if (B != m->B || T != m->T) fail("internal: batch %dx%d differs from the activations' %dx%d", B, T, m->B, m->T);
-    forward_layers(m, m->store, B, T);
+    int train = loss_scale > 0;
+    forward_layers(m, m->store, B, T, train);
     void *res = act_final_residual(m->store);
     bk->rmsnorm_fwd(bk, m->final_ln, m->final_rstd, res, P(m, t->final_norm), N, C, c->rms_norm_eps);
-    int train = loss_scale > 0;
     // The fused classifier produces d(final_ln) and the head's gradient in the same pass.
     bk->classifier_ce(bk, m->losses, train ? m->d_ln : NULL, train ? G(m, t->lm_head) : NULL,
                       m->final_ln, P(m, t->lm_head), m->targets, N, c->vocab_size, C, loss_scale);
@@ -434,7 +434,7 @@ void model_last_logits(Model *m, int T, float *out) {
                        .tiled_mlp = m->pol.tiled_mlp, .mlp_shards = m->pol.mlp_shards};
         m->sample_store = actstore_create(bk, c, &p, 1, m->T);
     }
-    forward_layers(m, m->sample_store, 1, T);
+    forward_layers(m, m->sample_store, 1, T, 0);
     void *res = act_final_residual(m->sample_store);
     bk->rmsnorm_fwd(bk, m->final_ln, m->final_rstd, res, P(m, m->tab.final_norm), T, C, c->rms_norm_eps);
     bk->matmul(bk, m->logits, act_at(bk, m->final_ln, (size_t)(T - 1) * C), P(m, m->tab.lm_head),
