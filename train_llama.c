@@ -33,7 +33,15 @@ static void print_box(const Config *cfg, const Model *m, const Backend *bk, size
     printf("| train_llama                                                     |\n");
     printf("+-----------------------------------------------------------------+\n");
     printf("| model        %-50s |\n", cfg->base_model[0] ? cfg->base_model : "random init (model: block)");
-    printf("| parameters   %-50zu |\n", m->tab.num_params);
+    char np[96];
+    snprintf(np, sizeof np, "%zu (trainable %zu)", m->tab.num_params, m->tab.num_trainable);
+    printf("| parameters   %-50s |\n", np);
+    if (m->tab.lora.r) {
+        char lr[128];
+        snprintf(lr, sizeof lr, "LoRA r=%d alpha=%g dropout=%g scale=%g targets=0x%x", m->tab.lora.r,
+                 m->tab.lora.alpha, m->tab.lora.dropout, m->tab.lora_scale, m->tab.lora.targets);
+        printf("| adapter      %-50s |\n", lr);
+    }
     char shape[128];
     snprintf(shape, sizeof shape, "L=%d C=%d I=%d heads=%d/%d D=%d V=%d%s", c->num_hidden_layers,
              c->hidden_size, c->intermediate_size, c->num_attention_heads, c->num_key_value_heads,
@@ -50,9 +58,9 @@ static void print_box(const Config *cfg, const Model *m, const Backend *bk, size
     char dev[128];
     snprintf(dev, sizeof dev, "%s, %d threads", bk->name, bk->threads);
     printf("| device       %-50s |\n", dev);
-    size_t pbytes = m->tab.num_params * bk->act_bytes;
-    format_bytes(a, sizeof a, (double)pbytes * 2);
-    format_bytes(b, sizeof b, (double)m->tab.num_params * sizeof(float) * (m->master ? 3 : 2));
+    size_t pbytes = m->tab.num_params * bk->act_bytes, gbytes = m->tab.num_trainable * bk->act_bytes;
+    format_bytes(a, sizeof a, (double)(pbytes + gbytes));
+    format_bytes(b, sizeof b, (double)m->tab.num_trainable * sizeof(float) * (m->master ? 3 : 2));
     format_bytes(d, sizeof d, (double)acts_bytes);
     char mem[192];
     snprintf(mem, sizeof mem, "params+grads %s, optimizer %s, activations %s", a, b, d);
@@ -138,17 +146,27 @@ static void print_sample(Model *m, int T, int ntok, Rng *rng) {
     free(logits);
 }
 
-static void save_final(const Model *m, const char *output_dir) {
+// The final weights: the model (full fine-tuning or merge_lora) and/or the adapter, written
+// to a temporary directory first and moved into place.
+static void save_final(const Model *m, const Config *cfg) {
+    const char *output_dir = cfg->output_dir;
     char tmp[4096], name[64], src[4096], dst[4096];
     snprintf(name, sizeof name, ".final.tmp-%d", (int)getpid());
     join_path(tmp, sizeof tmp, output_dir, name);
-    if (mkdir_p(tmp) != 0 || save_hf_model(m, tmp) != 0) {
+    int lora = m->tab.lora.r > 0, model = !lora || cfg->merge_lora;
+    int rc = mkdir_p(tmp);
+    if (rc == 0 && model) rc = save_hf_model(m, tmp, lora);
+    if (rc == 0 && lora) rc = save_adapter(m, tmp, cfg->base_model);
+    if (rc != 0) {
         int e = errno;
         remove_tree(tmp);
         fail("%s: writing the final model failed: %s", output_dir, strerror(e));
     }
-    const char *files[] = {"model.safetensors", "config.json"};
-    for (int i = 0; i < 2; i++) {
+    const char *files[4];
+    int nf = 0;
+    if (model) files[nf++] = "model.safetensors", files[nf++] = "config.json";
+    if (lora) files[nf++] = "adapter_model.safetensors", files[nf++] = "adapter_config.json";
+    for (int i = 0; i < nf; i++) {
         join_path(src, sizeof src, tmp, files[i]);
         join_path(dst, sizeof dst, output_dir, files[i]);
         if (rename(src, dst) != 0) fail("%s: cannot move into place: %s", dst, strerror(errno));
@@ -191,10 +209,17 @@ int main(int argc, char **argv) {
     }
     bk->mem.limit = (size_t)cfg.device_memory_limit;
     if (fitting[0]) bk->oom_hint = fitting;
+    LoraConfig lora;
+    config_lora(&cfg, &lora);
+    if (!strcmp(cfg.adapter, "qlora") || cfg.load_in_4bit)
+        fail("adapter: qlora / load_in_4bit: NF4 storage is not implemented yet; use adapter: lora");
+    if (cfg.layer_offloading) fail("layer_offloading: frozen-layer streaming is not implemented yet");
     Model model;
-    model_create(&model, bk, &mc);
+    model_create(&model, bk, &mc, &lora);
     if (cfg.base_model[0]) load_hf_weights(&model, cfg.base_model);
     else model_init_random(&model, (uint64_t)cfg.seed);
+    if (lora.r && cfg.lora_model_dir[0]) load_adapter(&model, cfg.lora_model_dir);
+    else if (lora.r) model_init_lora(&model, (uint64_t)cfg.seed);
     size_t before = bk->mem.in_use;
     model_alloc_acts(&model, B, T, &pol);
     size_t acts_bytes = bk->mem.in_use - before;
@@ -232,7 +257,7 @@ int main(int argc, char **argv) {
                       schedule_from_name(cfg.lr_scheduler)};
     const size_t BT = (size_t)B * T;
     int32_t *tok = xmalloc(sizeof(int32_t) * BT * accum), *tgt = xmalloc(sizeof(int32_t) * BT * accum);
-    const size_t grad_bytes = model.tab.num_params * bk->act_bytes;
+    const size_t grad_bytes = model.tab.num_trainable * bk->act_bytes;
 
     for (int step = ls.step; step < cfg.max_steps; step++) {
         double t0 = now_ms();
@@ -248,6 +273,10 @@ int main(int argc, char **argv) {
         double loss_sum = 0;
         for (int a = 0; a < accum; a++) {
             model_set_batch(&model, tok + a * BT, tgt + a * BT, B, T);
+            // Dropout masks depend only on (seed, micro-batch): recompute and resume agree.
+            Rng dr;
+            rng_seed(&dr, (uint64_t)cfg.seed * 1000003ULL + (uint64_t)step * accum + a);
+            model.dropout_seed = rng_next(&dr);
             loss_sum += model_forward_backward(&model, B, T, scale);
         }
         float loss = (float)(loss_sum * scale);
@@ -289,8 +318,8 @@ int main(int argc, char **argv) {
             printf("saved %s/checkpoint-%d\n", cfg.output_dir, ls.step);
         }
     }
-    save_final(&model, cfg.output_dir);
-    printf("final model: %s/model.safetensors\n", cfg.output_dir);
+    save_final(&model, &cfg);
+    printf("final %s: %s\n", lora.r ? "adapter" : "model", cfg.output_dir);
     fclose(metrics);
     free(tok);
     free(tgt);

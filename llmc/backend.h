@@ -84,7 +84,7 @@ struct Backend {
     // out = x * rsqrt(mean(x^2) + eps) * w; saves rstd_f32[N].
     void (*rmsnorm_fwd)(Backend *, void *out, float *rstd_f32, const void *x, const void *w,
                         int N, int C, float eps);
-    // dx += d/dx, dw += d/dw.
+    // dx += d/dx, dw += d/dw (dw NULL: frozen weight).
     void (*rmsnorm_bwd)(Backend *, void *dx, void *dw, const void *dout, const void *x,
                         const void *w, const float *rstd_f32, int N, int C);
 
@@ -104,6 +104,9 @@ struct Backend {
                           const void *q, const void *k, const void *v, const void *out,
                           const float *lse_f32, int B, int T, int Hq, int Hkv, int D);
 
+    // y = x * mask / (1 - p), mask[i] from a hash of (seed, i): the same call is its own
+    // backward. y may alias x.
+    void (*dropout)(Backend *, void *y, const void *x, size_t n, float p, uint64_t seed);
     // h = silu(gate) * up. In backward dgate may alias dh (saves a T x I buffer).
     void (*swiglu_fwd)(Backend *, void *h, const void *gate, const void *up, size_t n);
     void (*swiglu_bwd)(Backend *, void *dgate, void *dup, const void *dh, const void *gate,

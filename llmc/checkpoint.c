@@ -34,28 +34,40 @@ static void check_shape(const StTensor *t, const ParamSpec *p, const char *where
     }
 }
 
-// Loads all table tensors via a lookup function, so a model dir and a checkpoint share it.
+// Which tensors of the table a file holds, and under which names: the base weights (HF
+// names), the LoRA adapters (PEFT names), or one AdamW moment of every trainable tensor.
+enum { SEL_BASE, SEL_ADAPTER, SEL_EXP_AVG, SEL_EXP_AVG_SQ };
+static const char *const SEL_PREFIX[] = {"", "base_model.model.", "exp_avg.", "exp_avg_sq."};
+
+static int selected(const ParamSpec *p, int sel) {
+    int lora = strstr(p->name, ".lora_") != NULL;
+    return sel == SEL_BASE ? !lora : sel == SEL_ADAPTER ? lora : p->trainable;
+}
+
+static float *moment(const Model *m, int sel) { return sel == SEL_EXP_AVG ? m->adam_m : m->adam_v; }
+
+// Loads the selected tensors via a lookup function (a model directory or one file).
 static void load_params(Model *m, const char *where, const StTensor *(*find)(const void *, const char *),
-                        const void *src, const char *prefix) {
+                        const void *src, int sel) {
     size_t maxn = 0;
     for (int i = 0; i < (int)arrlen(m->tab.specs); i++)
         if (m->tab.specs[i].numel > maxn) maxn = m->tab.specs[i].numel;
     float *buf = xmalloc(sizeof(float) * maxn);
     for (int i = 0; i < (int)arrlen(m->tab.specs); i++) {
         const ParamSpec *p = &m->tab.specs[i];
+        if (!selected(p, sel)) continue;
         char name[160];
-        snprintf(name, sizeof name, "%s%s", prefix, p->name);
+        snprintf(name, sizeof name, "%s%s", SEL_PREFIX[sel], p->name);
         const StTensor *t = find(src, name);
         if (!t) fail("%s: missing tensor '%s'", where, name);
         check_shape(t, p, where);
         if (strcmp(t->dtype, "F32") && strcmp(t->dtype, "BF16") && strcmp(t->dtype, "F16"))
             fail("%s: tensor '%s' has dtype %s; expected F32, BF16 or F16", where, name, t->dtype);
         st_to_f32(t, buf);
-        if (!prefix[0]) {
+        if (sel == SEL_BASE || sel == SEL_ADAPTER) {
             model_set_param(m, i, buf);
         } else {
-            float *dst = !strcmp(prefix, "exp_avg.") ? m->adam_m : m->adam_v;
-            m->bk->copy_h2d(m->bk, dst + p->offset, buf, p->numel * sizeof(float), NULL);
+            m->bk->copy_h2d(m->bk, moment(m, sel) + p->goff, buf, p->numel * sizeof(float), NULL);
             m->bk->sync(m->bk);
         }
     }
@@ -67,47 +79,131 @@ static const StTensor *find_in_file(const void *s, const char *n) { return st_fi
 
 void load_hf_weights(Model *m, const char *dir) {
     StModel *sm = st_open_model_dir(dir);
-    load_params(m, dir, find_in_model, sm, "");
+    load_params(m, dir, find_in_model, sm, SEL_BASE);
     st_model_close(sm);
 }
 
-// Writes the table's tensors (weights, or optimizer moments with a prefix) as one F32 file.
-static int write_tensors(const Model *m, const char *path, const char *const *prefixes, int nprefix) {
+// With merge, an adapted weight is written as W + scale * B A (the merged model).
+static void merged_weight(const Model *m, int i, float *w) {
+    const ParamSpec *p = &m->tab.specs[i];
+    if (p->layer < 0 || m->tab.lora.r == 0) return;
+    static const int weight_of[LORA_TARGETS] = {P_WQ, P_WK, P_WV, P_WO, P_WGATE, P_WUP, P_WDOWN};
+    for (int t = 0; t < LORA_TARGETS; t++) {
+        if (param_index(&m->tab, p->layer, weight_of[t]) != i) continue;
+        int ia = param_index(&m->tab, p->layer, P_LORA_A + t), ib = param_index(&m->tab, p->layer, P_LORA_B + t);
+        if (ia < 0) return;
+        const int r = m->tab.lora.r, out = (int)p->shape[0], in = (int)p->shape[1];
+        float *A = xmalloc(sizeof(float) * r * in), *B = xmalloc(sizeof(float) * out * r);
+        model_get_param(m, ia, A);
+        model_get_param(m, ib, B);
+        for (int o = 0; o < out; o++)
+            for (int k = 0; k < r; k++) {
+                float b = m->tab.lora_scale * B[o * r + k];
+                for (int c = 0; c < in; c++) w[(size_t)o * in + c] += b * A[(size_t)k * in + c];
+            }
+        free(A), free(B);
+    }
+}
+
+// Writes the selected tensors (several selections into one file) as F32.
+static int write_tensors(const Model *m, const char *path, const int *sels, int nsel, int merge) {
     const ParamTable *t = &m->tab;
-    int n = (int)arrlen(t->specs), total = n * nprefix;
-    StWriteItem *items = xcalloc(total, sizeof(StWriteItem));
-    char **names = xcalloc(total, sizeof(char *));
-    float **bufs = xcalloc(total, sizeof(float *));
-    for (int k = 0; k < nprefix; k++)
+    int n = (int)arrlen(t->specs), count = 0;
+    StWriteItem *items = xcalloc((size_t)n * nsel, sizeof(StWriteItem));
+    char **names = xcalloc((size_t)n * nsel, sizeof(char *));
+    float **bufs = xcalloc((size_t)n * nsel, sizeof(float *));
+    for (int k = 0; k < nsel; k++)
         for (int i = 0; i < n; i++) {
             const ParamSpec *p = &t->specs[i];
-            int j = k * n + i;
-            names[j] = xmalloc(strlen(prefixes[k]) + strlen(p->name) + 1);
-            sprintf(names[j], "%s%s", prefixes[k], p->name);
+            if (!selected(p, sels[k])) continue;
+            int j = count++;
+            names[j] = xmalloc(strlen(SEL_PREFIX[sels[k]]) + strlen(p->name) + 1);
+            sprintf(names[j], "%s%s", SEL_PREFIX[sels[k]], p->name);
             bufs[j] = xmalloc(sizeof(float) * p->numel);
-            if (!prefixes[k][0]) {
+            if (sels[k] == SEL_BASE || sels[k] == SEL_ADAPTER) {
                 model_get_param(m, i, bufs[j]);
+                if (merge) merged_weight(m, i, bufs[j]);
             } else {
-                const float *src = !strcmp(prefixes[k], "exp_avg.") ? m->adam_m : m->adam_v;
-                m->bk->copy_d2h(m->bk, bufs[j], src + p->offset, p->numel * sizeof(float), NULL);
+                m->bk->copy_d2h(m->bk, bufs[j], moment(m, sels[k]) + p->goff, p->numel * sizeof(float), NULL);
                 m->bk->sync(m->bk);
             }
             items[j] = (StWriteItem){names[j], bufs[j], p->ndim, {p->shape[0], p->shape[1]}};
         }
     const char *meta[] = {"format", "pt", NULL};
-    int rc = st_write(path, items, total, meta);
-    for (int j = 0; j < total; j++) free(names[j]), free(bufs[j]);
+    int rc = st_write(path, items, count, meta);
+    for (int j = 0; j < count; j++) free(names[j]), free(bufs[j]);
     free(items), free(names), free(bufs);
     return rc;
 }
 
-int save_hf_model(const Model *m, const char *dir) {
+int save_hf_model(const Model *m, const char *dir, int merge) {
     char path[4096];
-    const char *const plain[] = {""};
+    const int sel[] = {SEL_BASE};
     join_path(path, sizeof path, dir, "model.safetensors");
-    if (write_tensors(m, path, plain, 1) != 0) return -1;
+    if (write_tensors(m, path, sel, 1, merge) != 0) return -1;
     join_path(path, sizeof path, dir, "config.json");
     return hf_write_config(path, &m->cfg);
+}
+
+// PEFT layout: adapter_model.safetensors + adapter_config.json.
+int save_adapter(const Model *m, const char *dir, const char *base_model) {
+    char path[4096];
+    const int sel[] = {SEL_ADAPTER};
+    join_path(path, sizeof path, dir, "adapter_model.safetensors");
+    if (write_tensors(m, path, sel, 1, 0) != 0) return -1;
+    const LoraConfig *lc = &m->tab.lora;
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "peft_type", "LORA");
+    cJSON_AddStringToObject(o, "task_type", "CAUSAL_LM");
+    cJSON_AddNumberToObject(o, "r", lc->r);
+    cJSON_AddNumberToObject(o, "lora_alpha", lc->alpha);
+    cJSON_AddNumberToObject(o, "lora_dropout", lc->dropout);
+    cJSON *tm = cJSON_AddArrayToObject(o, "target_modules");
+    for (int t = 0; t < LORA_TARGETS; t++)
+        if (lc->targets >> t & 1) cJSON_AddItemToArray(tm, cJSON_CreateString(LORA_TARGET_NAMES[t]));
+    cJSON_AddStringToObject(o, "bias", "none");
+    cJSON_AddBoolToObject(o, "use_rslora", lc->rslora);
+    cJSON_AddBoolToObject(o, "fan_in_fan_out", 0);
+    cJSON_AddBoolToObject(o, "inference_mode", 1);
+    cJSON_AddStringToObject(o, "base_model_name_or_path", base_model ? base_model : "");
+    char *txt = cJSON_Print(o);
+    cJSON_Delete(o);
+    join_path(path, sizeof path, dir, "adapter_config.json");
+    FILE *f = fopen(path, "w");
+    int ok = f && fputs(txt, f) >= 0 && fputc('\n', f) != EOF;
+    if (f && fclose(f) != 0) ok = 0;
+    free(txt);
+    return ok ? 0 : -1;
+}
+
+void load_adapter(Model *m, const char *dir) {
+    char path[4096];
+    join_path(path, sizeof path, dir, "adapter_config.json");
+    size_t len;
+    char *txt = read_file(path, &len);
+    if (!txt) fail("%s: cannot read: %s", path, strerror(errno));
+    cJSON *o = cJSON_Parse(txt);
+    free(txt);
+    if (!o) fail("%s: not valid JSON", path);
+    const LoraConfig *lc = &m->tab.lora;
+    cJSON *r = cJSON_GetObjectItemCaseSensitive(o, "r"), *a = cJSON_GetObjectItemCaseSensitive(o, "lora_alpha");
+    cJSON *tm = cJSON_GetObjectItemCaseSensitive(o, "target_modules");
+    if (!cJSON_IsNumber(r) || r->valueint != lc->r)
+        fail("%s: adapter rank r=%d differs from lora_r %d", path, cJSON_IsNumber(r) ? r->valueint : -1, lc->r);
+    if (!cJSON_IsNumber(a) || (float)a->valuedouble != lc->alpha)
+        fail("%s: adapter lora_alpha %g differs from lora_alpha %g", path, cJSON_IsNumber(a) ? a->valuedouble : -1.0, lc->alpha);
+    int targets = 0;
+    cJSON *e;
+    cJSON_ArrayForEach(e, tm) {
+        for (int t = 0; t < LORA_TARGETS; t++)
+            if (cJSON_IsString(e) && !strcmp(e->valuestring, LORA_TARGET_NAMES[t])) targets |= 1 << t;
+    }
+    if (targets != lc->targets) fail("%s: adapter target_modules differ from lora_target_modules", path);
+    cJSON_Delete(o);
+    join_path(path, sizeof path, dir, "adapter_model.safetensors");
+    StFile *f = st_open(path);
+    load_params(m, path, find_in_file, f, SEL_ADAPTER);
+    st_close(f);
 }
 
 static int write_state(const LoopState *ls, const char *path) {
@@ -153,10 +249,11 @@ void checkpoint_save(const Model *m, const LoopState *ls, const char *output_dir
     join_path(tmp_dir, sizeof tmp_dir, output_dir, name);
     remove_tree(tmp_dir);
     if (mkdir_p(tmp_dir) != 0) fail("%s: cannot create checkpoint directory: %s", tmp_dir, strerror(errno));
-    const char *const moments[] = {"exp_avg.", "exp_avg_sq."};
-    int rc = save_hf_model(m, tmp_dir);
+    const int moments[] = {SEL_EXP_AVG, SEL_EXP_AVG_SQ};
+    // An adapter run's checkpoint holds the adapter; the frozen base stays where it came from.
+    int rc = m->tab.lora.r ? save_adapter(m, tmp_dir, NULL) : save_hf_model(m, tmp_dir, 0);
     join_path(path, sizeof path, tmp_dir, "optimizer.safetensors");
-    if (rc == 0) rc = write_tensors(m, path, moments, 2);
+    if (rc == 0) rc = write_tensors(m, path, moments, 2, 0);
     join_path(path, sizeof path, tmp_dir, "trainer_state.json");
     if (rc == 0) rc = write_state(ls, path);
     if (rc != 0) fail("%s: writing checkpoint failed: %s (earlier checkpoints are intact)", final, strerror(errno));
@@ -176,8 +273,25 @@ static uint64_t json_u64(cJSON *o, const char *key, const char *path) {
     return x;
 }
 
+static void load_model_checkpoint(Model *m, const char *dir);
+static void load_state(LoopState *ls, const char *dir);
+
 void checkpoint_load(Model *m, LoopState *ls, const char *dir) {
     char path[4096];
+    if (m->tab.lora.r) {
+        load_adapter(m, dir);
+    } else {
+        load_model_checkpoint(m, dir);
+    }
+    join_path(path, sizeof path, dir, "optimizer.safetensors");
+    StFile *f = st_open(path);
+    load_params(m, path, find_in_file, f, SEL_EXP_AVG);
+    load_params(m, path, find_in_file, f, SEL_EXP_AVG_SQ);
+    st_close(f);
+    load_state(ls, dir);
+}
+
+static void load_model_checkpoint(Model *m, const char *dir) {
     ModelConfig saved;
     load_hf_config(dir, &saved);
     const ModelConfig *c = &m->cfg;
@@ -189,11 +303,10 @@ void checkpoint_load(Model *m, LoopState *ls, const char *dir) {
         saved.tie_word_embeddings != c->tie_word_embeddings || saved.attention_bias != c->attention_bias)
         fail("%s: checkpoint's model shape differs from the configured model", dir);
     load_hf_weights(m, dir);
-    join_path(path, sizeof path, dir, "optimizer.safetensors");
-    StFile *f = st_open(path);
-    load_params(m, path, find_in_file, f, "exp_avg.");
-    load_params(m, path, find_in_file, f, "exp_avg_sq.");
-    st_close(f);
+}
+
+static void load_state(LoopState *ls, const char *dir) {
+    char path[4096];
     join_path(path, sizeof path, dir, "trainer_state.json");
     size_t len;
     char *txt = read_file(path, &len);

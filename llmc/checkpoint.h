@@ -15,10 +15,15 @@ typedef struct {
 
 // Reads DIR/config.json (Hugging Face) into cfg.
 void load_hf_config(const char *dir, ModelConfig *cfg);
-// Loads every tensor of the table from DIR's safetensors (checks names and shapes).
+// Loads every base tensor of the table from DIR's safetensors (checks names and shapes).
 void load_hf_weights(Model *m, const char *dir);
-// Writes DIR/model.safetensors and DIR/config.json; returns 0 or -1 (errno set).
-int save_hf_model(const Model *m, const char *dir);
+// Writes DIR/model.safetensors and DIR/config.json (merge: adapters folded into the base
+// weights); returns 0 or -1 (errno set).
+int save_hf_model(const Model *m, const char *dir, int merge);
+// PEFT adapter: DIR/adapter_model.safetensors + adapter_config.json. 0 or -1.
+int save_adapter(const Model *m, const char *dir, const char *base_model);
+// Loads a PEFT adapter whose rank, alpha and targets must match the run's.
+void load_adapter(Model *m, const char *dir);
 // Writes output_dir/checkpoint-STEP atomically; fails (leaving earlier checkpoints) on error.
 void checkpoint_save(const Model *m, const LoopState *ls, const char *output_dir);
 // Loads weights, optimizer state and loop state from a checkpoint directory.

@@ -8,7 +8,7 @@
 #include <yaml.h>
 #include "util.h"
 
-typedef enum { T_INT, T_FLOAT, T_BOOL, T_STR, T_ENUM, T_SIZE } KeyType;
+typedef enum { T_INT, T_FLOAT, T_BOOL, T_STR, T_ENUM, T_SIZE, T_LIST } KeyType;
 
 typedef struct {
     const char *name;
@@ -86,6 +86,20 @@ static const KeyDef KEYS[] = {
     NUM("tiled_mlp_shards", T_INT, tiled_mlp_shards, "0", 0, 1 << 20, "MLP tiles; 0 = ceil(T / hidden_size)"),
     NUM("device_memory_limit", T_SIZE, device_memory_limit, "0", 0, 1e18,
         "device memory budget (e.g. 2GiB); 0 = none"),
+    ENUM("adapter", adapter, "none", "none|lora|qlora", "train adapters over a frozen base"),
+    NUM("lora_r", T_INT, lora_r, "8", 1, 65536, "LoRA rank"),
+    NUM("lora_alpha", T_FLOAT, lora_alpha, "16", 1e-9, 1e9, "LoRA alpha (scale alpha/r)"),
+    NUM("lora_dropout", T_FLOAT, lora_dropout, "0", 0, 0.999, "dropout on the adapter input"),
+    {"lora_target_modules", T_LIST, offsetof(Config, lora_target_modules),
+     sizeof(((Config *)0)->lora_target_modules), "", 0, 0, NULL,
+     "list of q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj"},
+    NUM("lora_target_linear", T_BOOL, lora_target_linear, "false", 0, 1, "adapt all seven projections"),
+    NUM("use_rslora", T_BOOL, use_rslora, "false", 0, 1, "scale alpha/sqrt(r)"),
+    STR("lora_model_dir", lora_model_dir, "", "start from this PEFT adapter directory"),
+    NUM("merge_lora", T_BOOL, merge_lora, "false", 0, 1, "also write the merged model at the end"),
+    NUM("load_in_4bit", T_BOOL, load_in_4bit, "false", 0, 1, "QLoRA: frozen layer weights in NF4"),
+    NUM("layer_offloading", T_BOOL, layer_offloading, "false", 0, 1,
+        "stream frozen layer weights from host memory through two device slots"),
     ENUM("device", device, "auto", "auto|cpu|cuda", "backend"),
     NUM("num_threads", T_INT, num_threads, "0", 0, 4096, "CPU threads; 0 = all cores"),
 };
@@ -196,6 +210,7 @@ void config_set(Config *cfg, const char *key, const char *value, const char *ori
         if (!ok) fail("%s: key '%s' expects one of %s, got '%s'", origin, key, k->choices, value);
     }
         __attribute__((fallthrough));  // an enum is stored as its string
+    case T_LIST:  // stored comma-joined; YAML lists are joined by the loader
     case T_STR:
         if (strlen(value) >= k->size) fail("%s: key '%s': value too long", origin, key);
         snprintf(field, k->size, "%s", value);
@@ -237,6 +252,18 @@ static void load_mapping(Config *cfg, yaml_document_t *doc, yaml_node_t *map, co
                 fail("%s: key 'model' expects a mapping of model fields (hidden_size: ...)", origin);
             load_mapping(cfg, doc, vn, "model.", path);
             cfg->has_model_block = 1;
+            continue;
+        }
+        const KeyDef *kd = find_key(key);
+        if (kd && kd->type == T_LIST && vn->type == YAML_SEQUENCE_NODE) {
+            char joined[1024] = "";
+            for (yaml_node_item_t *it = vn->data.sequence.items.start; it < vn->data.sequence.items.top; it++) {
+                yaml_node_t *e = yaml_document_get_node(doc, *it);
+                if (e->type != YAML_SCALAR_NODE) fail("%s: key '%s' expects a list of names", origin, key);
+                size_t len = strlen(joined);
+                snprintf(joined + len, sizeof joined - len, "%s%s", len ? "," : "", scalar(e));
+            }
+            config_set(cfg, key, joined, origin);
             continue;
         }
         if (vn->type != YAML_SCALAR_NODE) {
@@ -367,4 +394,28 @@ void config_mem_policy(const Config *cfg, MemPolicy *p) {
     p->tiled_mlp = cfg->tiled_mlp;
     p->mlp_shards = cfg->tiled_mlp_shards;
     snprintf(p->disk_dir, sizeof p->disk_dir, "%s", cfg->activation_offloading_dir);
+}
+
+void config_lora(const Config *cfg, LoraConfig *lora) {
+    memset(lora, 0, sizeof *lora);
+    if (!strcmp(cfg->adapter, "none")) return;
+    const char *src = cfg->path[0] ? cfg->path : "config";
+    lora->r = cfg->lora_r;
+    lora->alpha = (float)cfg->lora_alpha;
+    lora->dropout = (float)cfg->lora_dropout;
+    lora->rslora = cfg->use_rslora;
+    if (cfg->lora_target_linear) lora->targets = (1 << LORA_TARGETS) - 1;
+    char list[256];
+    snprintf(list, sizeof list, "%s", cfg->lora_target_modules);
+    for (char *save, *tok = strtok_r(list, ", []", &save); tok; tok = strtok_r(NULL, ", []", &save)) {
+        int found = -1;
+        for (int t = 0; t < LORA_TARGETS; t++)
+            if (!strcmp(tok, LORA_TARGET_NAMES[t])) found = t;
+        if (found < 0)
+            fail("%s: lora_target_modules: unknown module '%s' (expected q_proj, k_proj, v_proj, o_proj, "
+                 "gate_proj, up_proj or down_proj)", src, tok);
+        lora->targets |= 1 << found;
+    }
+    if (!lora->targets)
+        fail("%s: adapter: %s needs lora_target_modules or lora_target_linear: true", src, cfg->adapter);
 }

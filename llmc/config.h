@@ -29,6 +29,10 @@ typedef struct {
     int gradient_checkpointing_every, max_fwd_stash_size, tiled_mlp, tiled_mlp_shards;
     long long min_offload_size, device_memory_limit;
     int plan_only;  // --plan
+    // adapters
+    char adapter[16], lora_target_modules[256], lora_model_dir[1024];
+    int lora_r, lora_target_linear, use_rslora, merge_lora, load_in_4bit, layer_offloading;
+    double lora_alpha, lora_dropout;
     // runtime
     char device[16];
     int num_threads;
@@ -42,5 +46,7 @@ void config_load_yaml(Config *cfg, const char *path);
 void config_set(Config *cfg, const char *key, const char *value, const char *origin);
 void config_finish(Config *cfg);  // cross-key checks after all sources are applied
 void config_print_help(FILE *f);
+// The LoRA settings the keys describe (r = 0 without an adapter); fails on a bad target list.
+void config_lora(const Config *cfg, LoraConfig *lora);
 // The memory policy the keys describe (activation_offloading: auto is resolved by the planner).
 void config_mem_policy(const Config *cfg, MemPolicy *p);

@@ -46,6 +46,9 @@ void model_config_validate(const ModelConfig *c, const char *src) {
              "original_max_position_embeddings > 0", src);
 }
 
+const char *const LORA_TARGET_NAMES[LORA_TARGETS] = {"q_proj", "k_proj", "v_proj", "o_proj",
+                                                     "gate_proj", "up_proj", "down_proj"};
+
 static int add_param(ParamTable *t, const char *name, int64_t d0, int64_t d1, int layer, int decay,
                      size_t *offset) {
     ParamSpec p = {0};
@@ -62,9 +65,10 @@ static int add_param(ParamTable *t, const char *name, int64_t d0, int64_t d1, in
     return (int)arrlen(t->specs) - 1;
 }
 
-void param_table_build(ParamTable *t, const ModelConfig *c) {
+void param_table_build(ParamTable *t, const ModelConfig *c, const LoraConfig *lora) {
     memset(t, 0, sizeof *t);
     t->cfg = *c;
+    if (lora) t->lora = *lora;
     const int64_t C = c->hidden_size, I = c->intermediate_size, V = c->vocab_size;
     const int64_t QD = (int64_t)c->num_attention_heads * c->head_dim;
     const int64_t KD = (int64_t)c->num_key_value_heads * c->head_dim;
@@ -98,7 +102,32 @@ void param_table_build(ParamTable *t, const ModelConfig *c) {
     }
     t->final_norm = add_param(t, "model.norm.weight", C, 0, -1, 0, &off);
     t->lm_head = c->tie_word_embeddings ? t->embed : add_param(t, "lm_head.weight", V, C, -1, 1, &off);
+    // Adapters come last, so the base keeps the layout of a full fine-tuning run.
+    const int r = t->lora.r;
+    if (r > 0) {
+        static const int weight_of[LORA_TARGETS] = {P_WQ, P_WK, P_WV, P_WO, P_WGATE, P_WUP, P_WDOWN};
+        for (int l = 0; l < L; l++)
+            for (int k = 0; k < LORA_TARGETS; k++) {
+                if (!(t->lora.targets >> k & 1)) continue;
+                const ParamSpec *w = &t->specs[t->layer_param[l * P_PER_LAYER + weight_of[k]]];
+                const char *proj = k < LORA_GATE ? "self_attn" : "mlp";
+                int64_t out = w->shape[0], in = w->shape[1];
+                snprintf(n, sizeof n, "model.layers.%d.%s.%s.lora_A.weight", l, proj, LORA_TARGET_NAMES[k]);
+                t->layer_param[l * P_PER_LAYER + P_LORA_A + k] = add_param(t, n, r, in, l, 1, &off);
+                snprintf(n, sizeof n, "model.layers.%d.%s.%s.lora_B.weight", l, proj, LORA_TARGET_NAMES[k]);
+                t->layer_param[l * P_PER_LAYER + P_LORA_B + k] = add_param(t, n, out, r, l, 1, &off);
+            }
+        t->lora_scale = t->lora.alpha / (t->lora.rslora ? sqrtf((float)r) : (float)r);
+    }
     t->num_params = off;
+    // Full fine-tuning trains everything; an adapter run trains only the adapters.
+    size_t g = 0;
+    for (int i = 0; i < (int)arrlen(t->specs); i++) {
+        ParamSpec *p = &t->specs[i];
+        p->trainable = r == 0 || strstr(p->name, ".lora_") != NULL;
+        if (p->trainable) p->goff = g, g += p->numel;
+    }
+    t->num_trainable = g;
 }
 
 void param_table_free(ParamTable *t) {
@@ -132,18 +161,18 @@ void rope_inv_freq(const ModelConfig *c, float *inv) {
 
 // ---- allocation -------------------------------------------------------------------------
 
-void model_create(Model *m, Backend *bk, const ModelConfig *cfg) {
+void model_create(Model *m, Backend *bk, const ModelConfig *cfg, const LoraConfig *lora) {
     memset(m, 0, sizeof *m);
     m->bk = bk;
     m->cfg = *cfg;
-    param_table_build(&m->tab, cfg);
-    size_t n = m->tab.num_params;
+    param_table_build(&m->tab, cfg, lora);
+    size_t n = m->tab.num_params, g = m->tab.num_trainable;
     m->params = bk->dev_alloc(bk, n * bk->act_bytes, "parameters");
-    m->grads = dev_alloc_zero(bk, n * bk->act_bytes, "gradients");
-    m->adam_m = dev_alloc_zero(bk, n * sizeof(float), "AdamW first moments");
-    m->adam_v = dev_alloc_zero(bk, n * sizeof(float), "AdamW second moments");
+    m->grads = dev_alloc_zero(bk, g * bk->act_bytes, "gradients");
+    m->adam_m = dev_alloc_zero(bk, g * sizeof(float), "AdamW first moments");
+    m->adam_v = dev_alloc_zero(bk, g * sizeof(float), "AdamW second moments");
     if (bk->act_bytes != sizeof(float))
-        m->master = bk->dev_alloc(bk, n * sizeof(float), "fp32 master weights");
+        m->master = bk->dev_alloc(bk, g * sizeof(float), "fp32 master weights");
 }
 
 void model_alloc_acts(Model *m, int B, int T, const MemPolicy *pol) {
@@ -172,6 +201,16 @@ void model_alloc_acts(Model *m, int B, int T, const MemPolicy *pol) {
     m->d_ff1 = bk->dev_alloc(bk, tile * I * A, "backward scratch (MLP)");
     m->d_ff2 = bk->dev_alloc(bk, tile * I * A, "backward scratch (MLP)");
     m->logits = bk->dev_alloc(bk, (size_t)c->vocab_size * A, "sampling logits");
+    if (m->tab.lora.r > 0) {
+        size_t r = m->tab.lora.r, in = C > QD ? C : QD;
+        if (I > in) in = I;
+        m->lora_tmp = bk->dev_alloc(bk, N * r * A, "LoRA scratch");
+        m->lora_dtmp = bk->dev_alloc(bk, N * r * A, "LoRA scratch");
+        if (m->tab.lora.dropout > 0) {
+            m->lora_xd = bk->dev_alloc(bk, N * in * A, "LoRA dropout scratch");
+            m->lora_dxd = bk->dev_alloc(bk, N * in * A, "LoRA dropout scratch");
+        }
+    }
 
     // RoPE tables: angle = t * inv_freq in float32 as HF computes it, cos/sin in double.
     const int half = c->head_dim / 2;
@@ -202,7 +241,7 @@ void model_free(Model *m) {
         actstore_free(m->store);
         void *ps[] = {m->final_ln, m->final_rstd, m->losses, m->tokens, m->targets, m->d_res,
                       m->d_ln, m->d_att, m->d_q, m->d_k, m->d_v, m->d_ff1, m->d_ff2, m->logits,
-                      m->rope_cos, m->rope_sin};
+                      m->rope_cos, m->rope_sin, m->lora_tmp, m->lora_dtmp, m->lora_xd, m->lora_dxd};
         for (size_t i = 0; i < sizeof ps / sizeof ps[0]; i++) bk->dev_free(bk, ps[i]);
     }
     bk->dev_free(bk, m->params);
@@ -217,14 +256,14 @@ void model_free(Model *m) {
 void model_set_param(Model *m, int i, const float *src) {
     const ParamSpec *p = &m->tab.specs[i];
     m->bk->upload_act(m->bk, act_at(m->bk, m->params, p->offset), src, p->numel);
-    if (m->master)
-        m->bk->copy_h2d(m->bk, m->master + p->offset, src, p->numel * sizeof(float), NULL);
+    if (m->master && p->trainable)
+        m->bk->copy_h2d(m->bk, m->master + p->goff, src, p->numel * sizeof(float), NULL);
 }
 
 void model_get_param(const Model *m, int i, float *dst) {
     const ParamSpec *p = &m->tab.specs[i];
-    if (m->master) {
-        m->bk->copy_d2h(m->bk, dst, m->master + p->offset, p->numel * sizeof(float), NULL);
+    if (m->master && p->trainable) {
+        m->bk->copy_d2h(m->bk, dst, m->master + p->goff, p->numel * sizeof(float), NULL);
         m->bk->sync(m->bk);
     } else {
         m->bk->download_act(m->bk, dst, act_at(m->bk, m->params, p->offset), p->numel);
@@ -237,9 +276,24 @@ void model_init_random(Model *m, uint64_t seed) {
     for (int i = 0; i < (int)arrlen(m->tab.specs); i++) {
         const ParamSpec *p = &m->tab.specs[i];
         float *w = xmalloc(sizeof(float) * p->numel);
+        if (strstr(p->name, ".lora_")) continue;  // adapters: model_init_lora
         int is_norm = strstr(p->name, "norm") != NULL, is_bias = strstr(p->name, ".bias") != NULL;
         for (size_t j = 0; j < p->numel; j++)
             w[j] = is_norm ? 1.0f : is_bias ? 0.0f : 0.02f * rng_normal(&rng);
+        model_set_param(m, i, w);
+        free(w);
+    }
+}
+
+void model_init_lora(Model *m, uint64_t seed) {
+    Rng rng;
+    rng_seed(&rng, seed ^ 0x10AA10AAULL);
+    for (int i = 0; i < (int)arrlen(m->tab.specs); i++) {
+        const ParamSpec *p = &m->tab.specs[i];
+        int is_a = strstr(p->name, ".lora_A.") != NULL;
+        if (!is_a && !strstr(p->name, ".lora_B.")) continue;
+        float *w = xmalloc(sizeof(float) * p->numel), bound = 1.0f / sqrtf((float)p->shape[1]);
+        for (size_t j = 0; j < p->numel; j++) w[j] = is_a ? bound * (2 * rng_uniform(&rng) - 1) : 0.0f;
         model_set_param(m, i, w);
         free(w);
     }
@@ -254,7 +308,11 @@ void model_set_batch(Model *m, const int32_t *tokens, const int32_t *targets, in
 // ---- forward / backward -----------------------------------------------------------------
 
 static void *P(const Model *m, int i) { return act_at(m->bk, m->params, m->tab.specs[i].offset); }
-static void *G(const Model *m, int i) { return act_at(m->bk, m->grads, m->tab.specs[i].offset); }
+// Gradient of a trainable tensor; NULL for a frozen one (its backward skips the weight grad).
+static void *G(const Model *m, int i) {
+    const ParamSpec *p = &m->tab.specs[i];
+    return p->trainable ? act_at(m->bk, m->grads, p->goff) : NULL;
+}
 static void *LP(const Model *m, int l, int k) { return P(m, param_index(&m->tab, l, k)); }
 static void *LG(const Model *m, int l, int k) { return G(m, param_index(&m->tab, l, k)); }
 
@@ -269,13 +327,57 @@ static void linear_fwd(Backend *bk, void *y, const void *x, const void *W, const
 static void linear_bwd(Backend *bk, void *dx, void *dW, void *db, const void *dy, const void *x,
                        const void *W, int N, int in, int out, int accumulate) {
     if (dx) bk->matmul(bk, dx, dy, W, N, in, out, 0, 0, 1.0f, accumulate ? 1.0f : 0.0f);
-    bk->matmul(bk, dW, dy, x, out, in, N, 1, 0, 1.0f, 1.0f);
+    if (dW) bk->matmul(bk, dW, dy, x, out, in, N, 1, 0, 1.0f, 1.0f);
     if (db) bk->bias_grad(bk, db, dy, N, out);
 }
 
 static void *opt_param(const Model *m, int l, int k, int grad) {
     int i = param_index(&m->tab, l, k);
     return i < 0 ? NULL : grad ? G(m, i) : P(m, i);
+}
+
+// ---- LoRA: y += scale * B(A(dropout(x))) on an adapted projection -------------------------
+static uint64_t lora_seed(const Model *m, int l, int t) {
+    uint64_t z = m->dropout_seed ^ ((uint64_t)(l + 1) << 32) ^ (uint64_t)(t + 1) * 0x9E3779B97F4A7C15ULL;
+    return z * 0xbf58476d1ce4e5b9ULL + 0x94d049bb133111ebULL;
+}
+
+// The dropped-out input (x itself when dropout is 0).
+static const void *lora_input(Model *m, int l, int t, const void *x, int N, int in) {
+    if (m->tab.lora.dropout <= 0) return x;
+    m->bk->dropout(m->bk, m->lora_xd, x, (size_t)N * in, m->tab.lora.dropout, lora_seed(m, l, t));
+    return m->lora_xd;
+}
+
+static void lora_fwd(Model *m, int l, int t, void *y, const void *x, int N, int in, int out) {
+    if (param_index(&m->tab, l, P_LORA_A + t) < 0) return;
+    Backend *bk = m->bk;
+    const int r = m->tab.lora.r;
+    const void *xd = lora_input(m, l, t, x, N, in);
+    bk->matmul(bk, m->lora_tmp, xd, LP(m, l, P_LORA_A + t), N, r, in, 0, 1, 1.0f, 0.0f);
+    bk->matmul(bk, y, m->lora_tmp, LP(m, l, P_LORA_B + t), N, out, r, 0, 1, m->tab.lora_scale, 1.0f);
+}
+
+// dx += the adapter path's input gradient; dA, dB accumulate. The [N, r] intermediate is
+// recomputed rather than kept: it costs one thin matmul.
+static void lora_bwd(Model *m, int l, int t, void *dx, const void *dy, const void *x, int N,
+                     int in, int out) {
+    if (param_index(&m->tab, l, P_LORA_A + t) < 0) return;
+    Backend *bk = m->bk;
+    const int r = m->tab.lora.r;
+    const float s = m->tab.lora_scale;
+    const void *xd = lora_input(m, l, t, x, N, in);
+    bk->matmul(bk, m->lora_tmp, xd, LP(m, l, P_LORA_A + t), N, r, in, 0, 1, 1.0f, 0.0f);
+    bk->matmul(bk, LG(m, l, P_LORA_B + t), dy, m->lora_tmp, out, r, N, 1, 0, s, 1.0f);
+    bk->matmul(bk, m->lora_dtmp, dy, LP(m, l, P_LORA_B + t), N, r, out, 0, 0, s, 0.0f);
+    bk->matmul(bk, LG(m, l, P_LORA_A + t), m->lora_dtmp, xd, r, in, N, 1, 0, 1.0f, 1.0f);
+    if (m->tab.lora.dropout <= 0) {
+        bk->matmul(bk, dx, m->lora_dtmp, LP(m, l, P_LORA_A + t), N, in, r, 0, 0, 1.0f, 1.0f);
+    } else {
+        bk->matmul(bk, m->lora_dxd, m->lora_dtmp, LP(m, l, P_LORA_A + t), N, in, r, 0, 0, 1.0f, 0.0f);
+        bk->dropout(bk, m->lora_dxd, m->lora_dxd, (size_t)N * in, m->tab.lora.dropout, lora_seed(m, l, t));
+        bk->accumulate(bk, dx, m->lora_dxd, (size_t)N * in);
+    }
 }
 
 // gate/up/h of rows [r0, r0+n): into the tile buffers when tiled, else into the full tensors.
@@ -287,7 +389,9 @@ static void mlp_tile_fwd(Model *m, int l, const LayerActs *a, int r0, int n) {
     const void *ln2 = act_at(bk, a->ln2, (size_t)r0 * C);
     void *gate = act_at(bk, a->gate, off), *up = act_at(bk, a->up, off), *h = act_at(bk, a->h, off);
     linear_fwd(bk, gate, ln2, LP(m, l, P_WGATE), NULL, n, C, I);
+    lora_fwd(m, l, LORA_GATE, gate, ln2, n, C, I);
     linear_fwd(bk, up, ln2, LP(m, l, P_WUP), NULL, n, C, I);
+    lora_fwd(m, l, LORA_UP, up, ln2, n, C, I);
     bk->swiglu_fwd(bk, h, gate, up, (size_t)n * I);
 }
 
@@ -298,12 +402,16 @@ static void layer_forward(Model *m, int l, const LayerActs *a, void *out, int B,
     const int Hq = c->num_attention_heads, Hkv = c->num_key_value_heads;
     bk->rmsnorm_fwd(bk, a->ln1, a->rstd1, a->xin, LP(m, l, P_LN1), N, C, c->rms_norm_eps);
     linear_fwd(bk, a->q, a->ln1, LP(m, l, P_WQ), opt_param(m, l, P_BQ, 0), N, C, Hq * D);
+    lora_fwd(m, l, LORA_Q, a->q, a->ln1, N, C, Hq * D);
     linear_fwd(bk, a->k, a->ln1, LP(m, l, P_WK), opt_param(m, l, P_BK, 0), N, C, Hkv * D);
+    lora_fwd(m, l, LORA_K, a->k, a->ln1, N, C, Hkv * D);
     linear_fwd(bk, a->v, a->ln1, LP(m, l, P_WV), opt_param(m, l, P_BV, 0), N, C, Hkv * D);
+    lora_fwd(m, l, LORA_V, a->v, a->ln1, N, C, Hkv * D);
     bk->rope_fwd(bk, a->q, m->rope_cos, m->rope_sin, B, T, Hq, D);
     bk->rope_fwd(bk, a->k, m->rope_cos, m->rope_sin, B, T, Hkv, D);
     bk->attention_fwd(bk, a->att, a->lse, a->q, a->k, a->v, B, T, Hq, Hkv, D);
     linear_fwd(bk, a->x_mid, a->att, LP(m, l, P_WO), opt_param(m, l, P_BO, 0), N, Hq * D, C);
+    lora_fwd(m, l, LORA_O, a->x_mid, a->att, N, Hq * D, C);
     bk->accumulate(bk, a->x_mid, a->xin, (size_t)N * C);
     bk->rmsnorm_fwd(bk, a->ln2, a->rstd2, a->x_mid, LP(m, l, P_LN2), N, C, c->rms_norm_eps);
     // The MLP runs over row tiles (one tile unless tiled_mlp): T x I never exists whole.
@@ -311,7 +419,9 @@ static void layer_forward(Model *m, int l, const LayerActs *a, void *out, int B,
         int n = N - r0 < tile ? N - r0 : tile;
         mlp_tile_fwd(m, l, a, r0, n);
         const void *h = m->pol.tiled_mlp ? a->h : act_at(bk, a->h, (size_t)r0 * I);
-        linear_fwd(bk, act_at(bk, out, (size_t)r0 * C), h, LP(m, l, P_WDOWN), NULL, n, I, C);
+        void *o = act_at(bk, out, (size_t)r0 * C);
+        linear_fwd(bk, o, h, LP(m, l, P_WDOWN), NULL, n, I, C);
+        lora_fwd(m, l, LORA_DOWN, o, h, n, I, C);
     }
     bk->accumulate(bk, out, a->x_mid, (size_t)N * C);
 }
@@ -340,25 +450,33 @@ static void layer_backward(Model *m, int l, const LayerActs *a, int B, int T, in
         const size_t off = m->pol.tiled_mlp ? 0 : (size_t)r0 * I;
         const void *dy = act_at(bk, m->d_res, (size_t)r0 * C), *ln2 = act_at(bk, a->ln2, (size_t)r0 * C);
         void *dln2 = act_at(bk, m->d_ln, (size_t)r0 * C);
-        linear_bwd(bk, m->d_ff1, LG(m, l, P_WDOWN), NULL, dy, act_at(bk, a->h, off), LP(m, l, P_WDOWN), n, I, C, 0);
+        const void *h = act_at(bk, a->h, off);
+        linear_bwd(bk, m->d_ff1, LG(m, l, P_WDOWN), NULL, dy, h, LP(m, l, P_WDOWN), n, I, C, 0);
+        lora_bwd(m, l, LORA_DOWN, m->d_ff1, dy, h, n, I, C);
         bk->swiglu_bwd(bk, m->d_ff1, m->d_ff2, m->d_ff1, act_at(bk, a->gate, off), act_at(bk, a->up, off), (size_t)n * I);
         linear_bwd(bk, dln2, LG(m, l, P_WGATE), NULL, m->d_ff1, ln2, LP(m, l, P_WGATE), n, C, I, 0);
+        lora_bwd(m, l, LORA_GATE, dln2, m->d_ff1, ln2, n, C, I);
         linear_bwd(bk, dln2, LG(m, l, P_WUP), NULL, m->d_ff2, ln2, LP(m, l, P_WUP), n, C, I, 1);
+        lora_bwd(m, l, LORA_UP, dln2, m->d_ff2, ln2, n, C, I);
     }
     bk->rmsnorm_bwd(bk, m->d_res, LG(m, l, P_LN2), m->d_ln, a->x_mid, LP(m, l, P_LN2), a->rstd2, N, C);
     // Attention: x_mid = x + o_proj(att); d_res now holds d(x_mid), which is also part of d(x).
     linear_bwd(bk, m->d_att, LG(m, l, P_WO), opt_param(m, l, P_BO, 1), m->d_res, a->att,
                LP(m, l, P_WO), N, Hq * D, C, 0);
+    lora_bwd(m, l, LORA_O, m->d_att, m->d_res, a->att, N, Hq * D, C);
     bk->attention_bwd(bk, m->d_q, m->d_k, m->d_v, m->d_att, a->q, a->k, a->v, a->att, a->lse, B, T,
                       Hq, Hkv, D);
     bk->rope_bwd(bk, m->d_q, m->rope_cos, m->rope_sin, B, T, Hq, D);
     bk->rope_bwd(bk, m->d_k, m->rope_cos, m->rope_sin, B, T, Hkv, D);
     linear_bwd(bk, m->d_ln, LG(m, l, P_WQ), opt_param(m, l, P_BQ, 1), m->d_q, a->ln1,
                LP(m, l, P_WQ), N, C, Hq * D, 0);
+    lora_bwd(m, l, LORA_Q, m->d_ln, m->d_q, a->ln1, N, C, Hq * D);
     linear_bwd(bk, m->d_ln, LG(m, l, P_WK), opt_param(m, l, P_BK, 1), m->d_k, a->ln1,
                LP(m, l, P_WK), N, C, Hkv * D, 1);
+    lora_bwd(m, l, LORA_K, m->d_ln, m->d_k, a->ln1, N, C, Hkv * D);
     linear_bwd(bk, m->d_ln, LG(m, l, P_WV), opt_param(m, l, P_BV, 1), m->d_v, a->ln1,
                LP(m, l, P_WV), N, C, Hkv * D, 1);
+    lora_bwd(m, l, LORA_V, m->d_ln, m->d_v, a->ln1, N, C, Hkv * D);
     bk->rmsnorm_bwd(bk, m->d_res, LG(m, l, P_LN1), m->d_ln, a->xin, LP(m, l, P_LN1), a->rstd1, N, C);
 }
 
@@ -419,7 +537,7 @@ double model_forward_backward(Model *m, int B, int T, float loss_scale) {
     bk->rmsnorm_bwd(bk, m->d_res, G(m, t->final_norm), m->d_ln, res, P(m, t->final_norm),
                     m->final_rstd, N, C);
     backward_layers(m, B, T);
-    bk->embedding_bwd(bk, G(m, t->embed), m->d_res, m->tokens, N, C, c->vocab_size);
+    if (G(m, t->embed)) bk->embedding_bwd(bk, G(m, t->embed), m->d_res, m->tokens, N, C, c->vocab_size);
     return loss;
 }
 

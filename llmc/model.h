@@ -29,10 +29,22 @@ typedef struct {
     int bos_token_id, eos_token_id;  // -1 if absent; written back to config.json
 } ModelConfig;
 
-// Per-layer parameters, in the order they appear in the flat table.
+// Per-layer parameters, in the order they appear in the flat table; then the LoRA adapters
+// A and B of each target projection (LORA_Q..LORA_DOWN), present only for adapter runs.
+enum { LORA_Q, LORA_K, LORA_V, LORA_O, LORA_GATE, LORA_UP, LORA_DOWN, LORA_TARGETS };
 enum {
-    P_LN1, P_WQ, P_BQ, P_WK, P_BK, P_WV, P_BV, P_WO, P_BO, P_LN2, P_WGATE, P_WUP, P_WDOWN, P_PER_LAYER
+    P_LN1, P_WQ, P_BQ, P_WK, P_BK, P_WV, P_BV, P_WO, P_BO, P_LN2, P_WGATE, P_WUP, P_WDOWN,
+    P_LORA_A, P_LORA_B = P_LORA_A + LORA_TARGETS, P_PER_LAYER = P_LORA_B + LORA_TARGETS
 };
+extern const char *const LORA_TARGET_NAMES[LORA_TARGETS];  // "q_proj", ..., "down_proj"
+
+// LoRA: y = W x + scale * B(A(dropout(x))) on the target projections; the base is frozen.
+typedef struct {
+    int r;            // 0: no adapters (full fine-tuning)
+    float alpha, dropout;
+    int targets;      // bit t set: LORA_* target t is adapted
+    int rslora;       // scale alpha/sqrt(r) instead of alpha/r
+} LoraConfig;
 
 typedef struct {
     char name[96];     // Hugging Face name, e.g. model.layers.3.self_attn.q_proj.weight
@@ -42,12 +54,16 @@ typedef struct {
     size_t numel;
     int layer;         // -1 for embedding, final norm, head
     int decay;         // weight decay applies (not to norms or biases)
+    int trainable;     // has a gradient, optimizer state and (if needed) a master copy
+    size_t goff;       // offset in the trainable buffers (grads, moments, master)
 } ParamSpec;
 
 typedef struct {
     ModelConfig cfg;
     ParamSpec *specs;  // stb_ds array: the parameter table
-    size_t num_params;
+    size_t num_params, num_trainable;
+    LoraConfig lora;
+    float lora_scale;
     int embed, final_norm, lm_head;      // indices into specs (lm_head == embed when tied)
     int *layer_param;                    // [L * P_PER_LAYER] spec index, -1 if absent (biases)
 } ParamTable;
@@ -55,7 +71,7 @@ typedef struct {
 void model_config_defaults(ModelConfig *c);
 // Checks the shape fields; on error fails naming `source` and the field.
 void model_config_validate(const ModelConfig *c, const char *source);
-void param_table_build(ParamTable *t, const ModelConfig *c);
+void param_table_build(ParamTable *t, const ModelConfig *c, const LoraConfig *lora);
 void param_table_free(ParamTable *t);
 // Spec index of a layer parameter, or -1.
 static inline int param_index(const ParamTable *t, int layer, int kind) {
@@ -79,9 +95,12 @@ typedef struct {
     Backend *bk;
     ModelConfig cfg;
     ParamTable tab;
-    // Flat buffers laid out by the parameter table.
+    // Flat buffers laid out by the parameter table: params holds every tensor, the rest only
+    // the trainable ones (indexed by ParamSpec.goff).
     void *params, *grads;         // act precision
     float *master, *adam_m, *adam_v;  // fp32; master NULL when act precision is fp32
+    void *lora_tmp, *lora_dtmp, *lora_xd, *lora_dxd;  // LoRA scratch: [N, r] and [N, max in]
+    uint64_t dropout_seed;        // per micro-batch; set by the training loop
     // Activations, sized for B x T at model_alloc_acts, kept/offloaded/recomputed as the
     // activation store's policy says.
     int B, T;
@@ -96,11 +115,13 @@ typedef struct {
     void *logits;                 // [V] for sampling
 } Model;
 
-void model_create(Model *m, Backend *bk, const ModelConfig *cfg);
+void model_create(Model *m, Backend *bk, const ModelConfig *cfg, const LoraConfig *lora);
 void model_alloc_acts(Model *m, int B, int T, const MemPolicy *policy);
 void model_free(Model *m);
 // Fill parameters: normal(0, 0.02) for matrices, zeros for biases, ones for norms.
 void model_init_random(Model *m, uint64_t seed);
+// Fresh adapters: A uniform in +-1/sqrt(in_features), B zero, from the seed.
+void model_init_lora(Model *m, uint64_t seed);
 // Host fp32 <-> device parameter i of the table.
 void model_set_param(Model *m, int i, const float *src);
 void model_get_param(const Model *m, int i, float *dst);

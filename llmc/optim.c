@@ -34,7 +34,7 @@ double grad_norm(Model *m) {
     double ss = 0;
     for (int i = 0; i < (int)arrlen(m->tab.specs); i++) {
         const ParamSpec *p = &m->tab.specs[i];
-        ss += m->bk->sumsq(m->bk, act_at(m->bk, m->grads, p->offset), p->numel);
+        if (p->trainable) ss += m->bk->sumsq(m->bk, act_at(m->bk, m->grads, p->goff), p->numel);
     }
     return sqrt(ss);
 }
@@ -49,8 +49,9 @@ float optim_step(Model *m, const OptimConfig *oc, double lr, double norm, int st
     }
     for (int i = 0; i < (int)arrlen(m->tab.specs); i++) {
         const ParamSpec *p = &m->tab.specs[i];
-        bk->adamw(bk, act_at(bk, m->params, p->offset), m->master ? m->master + p->offset : NULL,
-                  act_at(bk, m->grads, p->offset), m->adam_m + p->offset, m->adam_v + p->offset,
+        if (!p->trainable) continue;  // frozen: no gradient, no optimizer state
+        bk->adamw(bk, act_at(bk, m->params, p->offset), m->master ? m->master + p->goff : NULL,
+                  act_at(bk, m->grads, p->goff), m->adam_m + p->goff, m->adam_v + p->goff,
                   p->numel, (float)lr, (float)oc->beta1, (float)oc->beta2, (float)oc->eps,
                   p->decay ? (float)oc->weight_decay : 0.0f, clip, step);
     }

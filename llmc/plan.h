@@ -13,8 +13,8 @@ typedef struct {
 } PlanRow;
 
 // Device/host bytes of one mode, measured by building it on a counting backend.
-void plan_measure(const ModelConfig *c, const MemPolicy *p, int B, int T, int act_bytes,
-                  size_t *dev, size_t *host, size_t *disk);
+void plan_measure(const ModelConfig *c, const LoraConfig *lora, const MemPolicy *p, int B, int T,
+                  int act_bytes, size_t *dev, size_t *host, size_t *disk);
 // A row per mode: plain, checkpointing, selective, offloading true/legacy/disk, hidden_states,
 // and tiled-MLP variants. limit 0: everything fits.
 int plan_rows(const Config *cfg, const ModelConfig *c, const Backend *bk, PlanRow *rows, int max);

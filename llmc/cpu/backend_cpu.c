@@ -148,6 +148,10 @@ static void cpu_attention_bwd(Backend *bk, void *dq, void *dk, void *dv, const v
     (void)bk;
     attention_bwd_f32(dq, dk, dv, dout, q, k, v, out, lse, B, T, Hq, Hkv, D);
 }
+static void cpu_dropout(Backend *bk, void *y, const void *x, size_t n, float p, uint64_t seed) {
+    (void)bk;
+    dropout_f32(y, x, n, p, seed);
+}
 static void cpu_swiglu_fwd(Backend *bk, void *h, const void *g, const void *u, size_t n) {
     (void)bk;
     swiglu_fwd_f32(h, g, u, n);
@@ -231,6 +235,7 @@ Backend *backend_cpu_create(int threads) {
     bk->attention_fwd = cpu_attention_fwd;
     bk->attention_bwd = cpu_attention_bwd;
     bk->swiglu_fwd = cpu_swiglu_fwd;
+    bk->dropout = cpu_dropout;
     bk->swiglu_bwd = cpu_swiglu_bwd;
     bk->classifier_ce = cpu_classifier_ce;
     bk->sumsq = cpu_sumsq;
