@@ -8,12 +8,12 @@ override CFLAGS += -pthread -std=c11 -D_GNU_SOURCE -Wall -Wextra -Wno-unused-par
 LDLIBS := -L$(BLAS_LIB) -Wl,-rpath,$(BLAS_LIB) -lopenblas -lyaml -lcjson -lm
 BUILD ?= build
 
-LIB_SRC := llmc/util.c llmc/config.c llmc/model.c llmc/actstore.c llmc/diskio.c llmc/plan.c llmc/optim.c llmc/data.c llmc/checkpoint.c \
-           llmc/safetensors.c llmc/hf.c llmc/stb_ds_impl.c llmc/cpu/backend_cpu.c \
+LIB_SRC := llmc/util.c llmc/config.c llmc/model.c llmc/actstore.c llmc/diskio.c llmc/plan.c llmc/weights.c llmc/optim.c llmc/data.c llmc/checkpoint.c \
+           llmc/safetensors.c llmc/hf.c llmc/nf4.c llmc/stb_ds_impl.c llmc/cpu/backend_cpu.c \
            llmc/cpu/kernels_f32.c llmc/cpu/kernels_f64.c
 LIB_OBJ := $(LIB_SRC:%.c=$(BUILD)/%.o)
 HDRS := $(wildcard llmc/*.h llmc/cpu/*.h llmc/cpu/*.inc)
-TESTS := $(BUILD)/test_ops $(BUILD)/test_safetensors
+TESTS := $(BUILD)/test_ops $(BUILD)/test_safetensors $(BUILD)/test_nf4
 
 all: train_llama
 train_llama: $(BUILD)/train_llama

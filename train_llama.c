@@ -213,9 +213,10 @@ int main(int argc, char **argv) {
     config_lora(&cfg, &lora);
     if (!strcmp(cfg.adapter, "qlora") || cfg.load_in_4bit)
         fail("adapter: qlora / load_in_4bit: NF4 storage is not implemented yet; use adapter: lora");
-    if (cfg.layer_offloading) fail("layer_offloading: frozen-layer streaming is not implemented yet");
+    if (cfg.layer_offloading && !lora.r)
+        fail("layer_offloading streams frozen weights; a full fine-tuning run has none (use adapter: lora)");
     Model model;
-    model_create(&model, bk, &mc, &lora);
+    model_create(&model, bk, &mc, &lora, pol.stream_frozen);
     if (cfg.base_model[0]) load_hf_weights(&model, cfg.base_model);
     else model_init_random(&model, (uint64_t)cfg.seed);
     if (lora.r && cfg.lora_model_dir[0]) load_adapter(&model, cfg.lora_model_dir);

@@ -54,6 +54,9 @@ struct Backend {
     // Convert between host float32 and a device act tensor (synchronous).
     void (*upload_act)(Backend *, void *dst, const float *src, size_t n);
     void (*download_act)(Backend *, float *dst, const void *src, size_t n);
+    // The same conversions into / out of host memory in act precision (streamed weights).
+    void (*host_from_f32)(Backend *, void *dst, const float *src, size_t n);
+    void (*host_to_f32)(Backend *, float *dst, const void *src, size_t n);
 
     // ---- ordering ------------------------------------------------------------------------
     Queue *(*queue_create)(Backend *);

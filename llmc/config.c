@@ -392,6 +392,7 @@ void config_mem_policy(const Config *cfg, MemPolicy *p) {
     p->min_offload = (size_t)cfg->min_offload_size;
     p->max_stash = cfg->max_fwd_stash_size;
     p->tiled_mlp = cfg->tiled_mlp;
+    p->stream_frozen = cfg->layer_offloading;
     p->mlp_shards = cfg->tiled_mlp_shards;
     snprintf(p->disk_dir, sizeof p->disk_dir, "%s", cfg->activation_offloading_dir);
 }

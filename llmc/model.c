@@ -6,6 +6,7 @@
 #include <string.h>
 #include "stb_ds.h"
 #include "actstore.h"
+#include "weights.h"
 #include "util.h"
 
 void model_config_defaults(ModelConfig *c) {
@@ -65,7 +66,7 @@ static int add_param(ParamTable *t, const char *name, int64_t d0, int64_t d1, in
     return (int)arrlen(t->specs) - 1;
 }
 
-void param_table_build(ParamTable *t, const ModelConfig *c, const LoraConfig *lora) {
+void param_table_build(ParamTable *t, const ModelConfig *c, const LoraConfig *lora, int stream) {
     memset(t, 0, sizeof *t);
     t->cfg = *c;
     if (lora) t->lora = *lora;
@@ -128,6 +129,18 @@ void param_table_build(ParamTable *t, const ModelConfig *c, const LoraConfig *lo
         if (p->trainable) p->goff = g, g += p->numel;
     }
     t->num_trainable = g;
+    // Streaming: frozen layer tensors move to per-layer blocks; the rest pack the resident buffer.
+    // Every layer has the same tensors in the same order, so block offsets agree across layers.
+    size_t res = 0, *blk = xcalloc(L, sizeof(size_t));
+    for (int i = 0; i < (int)arrlen(t->specs); i++) {
+        ParamSpec *p = &t->specs[i];
+        p->streamed = stream && p->layer >= 0 && !p->trainable;
+        if (p->streamed) p->offset = blk[p->layer], blk[p->layer] += p->numel;
+        else p->offset = res, res += p->numel;
+    }
+    t->stream_block = blk[0];
+    t->num_resident = res;
+    free(blk);
 }
 
 void param_table_free(ParamTable *t) {
@@ -161,13 +174,20 @@ void rope_inv_freq(const ModelConfig *c, float *inv) {
 
 // ---- allocation -------------------------------------------------------------------------
 
-void model_create(Model *m, Backend *bk, const ModelConfig *cfg, const LoraConfig *lora) {
+void model_create(Model *m, Backend *bk, const ModelConfig *cfg, const LoraConfig *lora, int stream) {
     memset(m, 0, sizeof *m);
     m->bk = bk;
     m->cfg = *cfg;
-    param_table_build(&m->tab, cfg, lora);
-    size_t n = m->tab.num_params, g = m->tab.num_trainable;
+    param_table_build(&m->tab, cfg, lora, stream);
+    size_t n = m->tab.num_resident, g = m->tab.num_trainable;
     m->params = bk->dev_alloc(bk, n * bk->act_bytes, "parameters");
+    if (m->tab.stream_block) {
+        const int L = cfg->num_hidden_layers;
+        size_t block = m->tab.stream_block * bk->act_bytes;
+        m->host_blocks = bk->host_alloc(bk, block * L, "streamed frozen layer weights");
+        m->streamer = streamer_create(bk, L, block, m->host_blocks);
+        m->layer_block = xcalloc(L, sizeof(void *));
+    }
     m->grads = dev_alloc_zero(bk, g * bk->act_bytes, "gradients");
     m->adam_m = dev_alloc_zero(bk, g * sizeof(float), "AdamW first moments");
     m->adam_v = dev_alloc_zero(bk, g * sizeof(float), "AdamW second moments");
@@ -244,6 +264,11 @@ void model_free(Model *m) {
                       m->rope_cos, m->rope_sin, m->lora_tmp, m->lora_dtmp, m->lora_xd, m->lora_dxd};
         for (size_t i = 0; i < sizeof ps / sizeof ps[0]; i++) bk->dev_free(bk, ps[i]);
     }
+    if (m->streamer) {
+        streamer_free(m->streamer);
+        bk->host_free(bk, m->host_blocks);
+        free(m->layer_block);
+    }
     bk->dev_free(bk, m->params);
     bk->dev_free(bk, m->grads);
     bk->dev_free(bk, m->adam_m);
@@ -255,6 +280,11 @@ void model_free(Model *m) {
 
 void model_set_param(Model *m, int i, const float *src) {
     const ParamSpec *p = &m->tab.specs[i];
+    if (p->streamed) {
+        char *blk = (char *)m->host_blocks + (size_t)p->layer * m->tab.stream_block * m->bk->act_bytes;
+        m->bk->host_from_f32(m->bk, blk + p->offset * m->bk->act_bytes, src, p->numel);
+        return;
+    }
     m->bk->upload_act(m->bk, act_at(m->bk, m->params, p->offset), src, p->numel);
     if (m->master && p->trainable)
         m->bk->copy_h2d(m->bk, m->master + p->goff, src, p->numel * sizeof(float), NULL);
@@ -262,7 +292,10 @@ void model_set_param(Model *m, int i, const float *src) {
 
 void model_get_param(const Model *m, int i, float *dst) {
     const ParamSpec *p = &m->tab.specs[i];
-    if (m->master && p->trainable) {
+    if (p->streamed) {
+        const char *blk = (const char *)m->host_blocks + (size_t)p->layer * m->tab.stream_block * m->bk->act_bytes;
+        m->bk->host_to_f32(m->bk, dst, blk + p->offset * m->bk->act_bytes, p->numel);
+    } else if (m->master && p->trainable) {
         m->bk->copy_d2h(m->bk, dst, m->master + p->goff, p->numel * sizeof(float), NULL);
         m->bk->sync(m->bk);
     } else {
@@ -307,7 +340,22 @@ void model_set_batch(Model *m, const int32_t *tokens, const int32_t *targets, in
 
 // ---- forward / backward -----------------------------------------------------------------
 
-static void *P(const Model *m, int i) { return act_at(m->bk, m->params, m->tab.specs[i].offset); }
+// A parameter on the device; a streamed one lives in its layer's slot while acquired.
+static void *P(const Model *m, int i) {
+    const ParamSpec *p = &m->tab.specs[i];
+    return act_at(m->bk, p->streamed ? m->layer_block[p->layer] : m->params, p->offset);
+}
+
+// Frozen-layer streaming around each use of layer l's weights; `next` is the layer the engine
+// will need after it (prefetched now), -1 if none.
+static void weights_acquire(Model *m, int l, int next) {
+    if (!m->streamer) return;
+    m->layer_block[l] = streamer_acquire(m->streamer, l);
+    streamer_prefetch(m->streamer, next);
+}
+static void weights_release(Model *m, int l) {
+    if (m->streamer) streamer_release(m->streamer, l);
+}
 // Gradient of a trainable tensor; NULL for a frozen one (its backward skips the weight grad).
 static void *G(const Model *m, int i) {
     const ParamSpec *p = &m->tab.specs[i];
@@ -488,7 +536,9 @@ static void forward_layers(Model *m, ActStore *st, int B, int T, int for_backwar
     for (int l = 0; l < L; l++) {
         LayerActs a;
         act_fwd_layer(st, l, &a);
+        weights_acquire(m, l, l + 1 < L ? l + 1 : -1);
         layer_forward(m, l, &a, act_fwd_output(st, l), B, T, act_tile_rows(st));
+        weights_release(m, l);
         act_fwd_done(st, l, for_backward);
     }
 }
@@ -499,19 +549,26 @@ static void backward_layers(Model *m, int B, int T) {
     ActStore *st = m->store;
     act_bwd_begin(st);
     for (int l = m->cfg.num_hidden_layers - 1; l >= 0;) {
-        int s = act_segment_start(st, l);
+        int s = act_segment_start(st, l), full = m->pol.recompute == RC_FULL;
+        // The layer whose weights are needed after this segment: the next segment's first
+        // recomputed layer, or simply the layer below.
+        int after = s == 0 ? -1 : full ? act_segment_start(st, s - 1) : s - 1;
         LayerActs a;
-        if (m->pol.recompute == RC_FULL)
+        if (full)
             for (int j = s; j <= l; j++) {
                 LayerActs next;
                 act_bwd_layer(st, j, &a);
                 if (j < l) act_bwd_layer(st, j + 1, &next);  // in the segment: no fetch
+                weights_acquire(m, j, j < l ? j + 1 : (l > s ? l - 1 : after));
                 layer_forward(m, j, &a, j < l ? next.xin : act_recompute_sink(st), B, T, act_tile_rows(st));
+                weights_release(m, j);
             }
         for (int j = l; j >= s; j--) {
             act_bwd_layer(st, j, &a);
+            weights_acquire(m, j, j > s ? j - 1 : after);
             if (m->pol.recompute == RC_SELECTIVE) recompute_cheap(m, j, &a, B * T);
             layer_backward(m, j, &a, B, T, act_tile_rows(st));
+            weights_release(m, j);
         }
         act_bwd_layer_done(st, s);
         l = s - 1;

@@ -56,12 +56,15 @@ typedef struct {
     int decay;         // weight decay applies (not to norms or biases)
     int trainable;     // has a gradient, optimizer state and (if needed) a master copy
     size_t goff;       // offset in the trainable buffers (grads, moments, master)
+    int streamed;      // frozen layer weight streamed from host (offset is then within the
+                       // layer's block, not the resident buffer)
 } ParamSpec;
 
 typedef struct {
     ModelConfig cfg;
     ParamSpec *specs;  // stb_ds array: the parameter table
-    size_t num_params, num_trainable;
+    size_t num_params, num_trainable, num_resident;
+    size_t stream_block;  // elements of one layer's streamed block (0: nothing streamed)
     LoraConfig lora;
     float lora_scale;
     int embed, final_norm, lm_head;      // indices into specs (lm_head == embed when tied)
@@ -71,7 +74,8 @@ typedef struct {
 void model_config_defaults(ModelConfig *c);
 // Checks the shape fields; on error fails naming `source` and the field.
 void model_config_validate(const ModelConfig *c, const char *source);
-void param_table_build(ParamTable *t, const ModelConfig *c, const LoraConfig *lora);
+// stream: frozen per-layer weights go to host blocks (layer_offloading).
+void param_table_build(ParamTable *t, const ModelConfig *c, const LoraConfig *lora, int stream);
 void param_table_free(ParamTable *t);
 // Spec index of a layer parameter, or -1.
 static inline int param_index(const ParamTable *t, int layer, int kind) {
@@ -100,6 +104,10 @@ typedef struct {
     void *params, *grads;         // act precision
     float *master, *adam_m, *adam_v;  // fp32; master NULL when act precision is fp32
     void *lora_tmp, *lora_dtmp, *lora_xd, *lora_dxd;  // LoRA scratch: [N, r] and [N, max in]
+    // layer_offloading: frozen layer weights in pinned host blocks, two device slots.
+    void *host_blocks;
+    struct Streamer *streamer;
+    void **layer_block;           // [L] device block of layer l while acquired
     uint64_t dropout_seed;        // per micro-batch; set by the training loop
     // Activations, sized for B x T at model_alloc_acts, kept/offloaded/recomputed as the
     // activation store's policy says.
@@ -115,7 +123,7 @@ typedef struct {
     void *logits;                 // [V] for sampling
 } Model;
 
-void model_create(Model *m, Backend *bk, const ModelConfig *cfg, const LoraConfig *lora);
+void model_create(Model *m, Backend *bk, const ModelConfig *cfg, const LoraConfig *lora, int stream);
 void model_alloc_acts(Model *m, int B, int T, const MemPolicy *policy);
 void model_free(Model *m);
 // Fill parameters: normal(0, 0.02) for matrices, zeros for biases, ones for norms.

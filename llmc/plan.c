@@ -49,7 +49,7 @@ void plan_measure(const ModelConfig *c, const LoraConfig *lora, const MemPolicy 
                   .queue_destroy = c_queue_destroy, .event_create = c_event_create,
                   .event_destroy = c_event_destroy, .sync = c_sync};
     Model m;
-    model_create(&m, &bk, c, lora);
+    model_create(&m, &bk, c, lora, p->stream_frozen);
     model_alloc_acts(&m, B, T, p);
     *dev = bk.mem.peak;
     *host = bk.mem.host_peak;

@@ -19,6 +19,18 @@ Main entry points:
     RefTrainer(cfg, weights, tokens, tc, dtype).step() -> (loss, lr, grad_norm)
     train_reference(cfg, weights, tokens, tc)          -> dict(losses, lrs, grad_norms, weights)
     read_metrics(path)                 -> train lines of a metrics.jsonl
+
+LoRA (PEFT semantics: y = W x (+ b) + scale * B(A(x)), scale = alpha/r or alpha/sqrt(r) with
+use_rslora; dropout is not modelled, so compare only with lora_dropout 0):
+    lora_spec(cfg, r, alpha, targets, use_rslora, weights)  -> the `lora` dict the classes take
+    init_lora(cfg, r, targets, seed)   -> {hf lora name: float32 ndarray} (A and B both random)
+    save_adapter_dir(dir, spec) / load_adapter_dir(dir) -> PEFT adapter_model.safetensors +
+                                       adapter_config.json, written and read by hand
+    merge_lora(cfg, weights, spec)     -> float64 weights with W + scale * B @ A
+    RefLlama / RefTrainer / train_reference take lora=spec: the base is frozen and only the
+    adapters are trained (AdamW with weight decay, clipping over adapter grads only)
+    batch_loss(cfg, weights, x, y, lora=None) -> mean cross-entropy of one batch (float64)
+    step_batches(tokens, B, T, accum, step) -> the (x, y) micro-batches of 1-based step `step`
 """
 import json
 import math
@@ -114,6 +126,115 @@ def param_shapes(cfg):
 def is_decay_param(name):
     """HF Trainer's rule: no weight decay for biases and norm weights."""
     return not (name.endswith(".bias") or "layernorm" in name or name == "model.norm.weight")
+
+
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+PEFT_PREFIX = "base_model.model."
+
+
+def lora_module(layer, target):
+    """HF module path of an adaptable projection, e.g. model.layers.0.self_attn.q_proj."""
+    if target not in LORA_TARGETS:
+        raise ValueError(f"unknown LoRA target {target}")
+    grp = "mlp" if target in ("gate_proj", "up_proj", "down_proj") else "self_attn"
+    return f"model.layers.{layer}.{grp}.{target}"
+
+
+def lora_shapes(cfg, r, targets):
+    """Ordered {hf lora name: shape}: A [r, in] and B [out, r] of every adapted projection."""
+    shapes = param_shapes(cfg)
+    out = {}
+    for i in range(cfg["num_hidden_layers"]):
+        for t in LORA_TARGETS:
+            if t not in targets:
+                continue
+            m = lora_module(i, t)
+            o, n = shapes[m + ".weight"]
+            out[m + ".lora_A.weight"] = (r, n)
+            out[m + ".lora_B.weight"] = (o, r)
+    return out
+
+
+def lora_scale(r, alpha, use_rslora=False):
+    return float(alpha) / (math.sqrt(r) if use_rslora else float(r))
+
+
+def init_lora(cfg, r, targets, seed=0, b_std=0.05):
+    """Random adapters, float32: A uniform(+-1/sqrt(in)) like PEFT's kaiming init, and B
+    random too (PEFT starts B at zero) so the adapter path matters from the first step."""
+    rng = np.random.default_rng(seed + 777)
+    w = {}
+    for name, shape in lora_shapes(cfg, r, targets).items():
+        if ".lora_A." in name:
+            bound = 1.0 / math.sqrt(shape[1])
+            a = rng.uniform(-bound, bound, size=shape)
+        else:
+            a = b_std * rng.standard_normal(shape)
+        w[name] = a.astype(np.float32)
+    return w
+
+
+def lora_spec(cfg, r, alpha, targets, use_rslora=False, weights=None, seed=0, dropout=0.0,
+              b_std=0.05):
+    """The `lora` argument of RefLlama/RefTrainer: settings plus {hf lora name: ndarray}."""
+    targets = [t for t in LORA_TARGETS if t in targets]
+    if weights is None:
+        weights = init_lora(cfg, r, targets, seed=seed, b_std=b_std)
+    return {"r": int(r), "lora_alpha": alpha, "use_rslora": bool(use_rslora),
+            "lora_dropout": dropout, "target_modules": targets, "weights": dict(weights)}
+
+
+def save_adapter_dir(path, spec, target_order=None, base_model=""):
+    """PEFT layout: adapter_model.safetensors (base_model.model.<hf name>) and
+    adapter_config.json. target_order lists target_modules in the file in that order."""
+    os.makedirs(path, exist_ok=True)
+    write_safetensors(os.path.join(path, "adapter_model.safetensors"),
+                      {PEFT_PREFIX + k: np.asarray(v, dtype=np.float32)
+                       for k, v in spec["weights"].items()},
+                      metadata={"format": "pt"})
+    conf = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": spec["r"],
+            "lora_alpha": spec["lora_alpha"], "lora_dropout": spec.get("lora_dropout", 0.0),
+            "target_modules": list(target_order or spec["target_modules"]), "bias": "none",
+            "use_rslora": bool(spec["use_rslora"]), "fan_in_fan_out": False,
+            "inference_mode": True, "base_model_name_or_path": base_model}
+    with open(os.path.join(path, "adapter_config.json"), "w") as f:
+        json.dump(conf, f, indent=2)
+
+
+def load_adapter_dir(path):
+    """Reads a PEFT adapter directory into a lora spec (names without the PEFT prefix)."""
+    with open(os.path.join(path, "adapter_config.json")) as f:
+        conf = json.load(f)
+    if conf.get("peft_type") != "LORA":
+        raise ValueError(f"{path}: peft_type {conf.get('peft_type')!r}, expected LORA")
+    tm = conf["target_modules"]
+    if isinstance(tm, str):
+        tm = [tm]
+    raw = read_safetensors(os.path.join(path, "adapter_model.safetensors"))
+    w = {}
+    for k, v in raw.items():
+        if not k.startswith(PEFT_PREFIX):
+            raise ValueError(f"{path}: adapter tensor {k} lacks the {PEFT_PREFIX} prefix")
+        w[k[len(PEFT_PREFIX):]] = v
+    spec = {"r": int(conf["r"]), "lora_alpha": conf["lora_alpha"],
+            "use_rslora": bool(conf.get("use_rslora", False)),
+            "lora_dropout": float(conf.get("lora_dropout", 0.0)),
+            "target_modules": [t for t in LORA_TARGETS if t in tm], "weights": w,
+            "config": conf}
+    return spec
+
+
+def merge_lora(cfg, weights, spec):
+    """Base weights with every adapted W replaced by W + scale * B @ A (float64)."""
+    s = lora_scale(spec["r"], spec["lora_alpha"], spec["use_rslora"])
+    out = {k: np.asarray(v, dtype=np.float64).copy() for k, v in weights.items()}
+    for i in range(cfg["num_hidden_layers"]):
+        for t in spec["target_modules"]:
+            m = lora_module(i, t)
+            A = np.asarray(spec["weights"][m + ".lora_A.weight"], dtype=np.float64)
+            B = np.asarray(spec["weights"][m + ".lora_B.weight"], dtype=np.float64)
+            out[m + ".weight"] += s * (B @ A)
+    return out
 
 
 def init_weights(cfg, seed=0, std=0.05, embed_std=0.5, norm_jitter=0.1, bias_std=0.05,
@@ -287,9 +408,15 @@ def _yaml_scalar(v):
 
 
 def write_yaml(path, d):
+    """key: value lines; a list or tuple value is written as a YAML flow list [a, b]."""
     with open(path, "w") as f:
         for k, v in d.items():
-            f.write(f"{k}: {_yaml_scalar(v)}\n")
+            if isinstance(v, (list, tuple)):
+                items = [x if isinstance(x, str) and x.isidentifier() else _yaml_scalar(x)
+                         for x in v]  # plain names stay plain: [q_proj, v_proj]
+                f.write(f"{k}: [{', '.join(items)}]\n")
+            else:
+                f.write(f"{k}: {_yaml_scalar(v)}\n")
 
 
 def read_metrics(path):
@@ -346,7 +473,10 @@ def _rotate_half(x):
 
 
 class RefLlama(torch.nn.Module):
-    def __init__(self, cfg, weights, dtype=torch.float64, use_sdpa=False):
+    """lora: a lora_spec dict; then the base is frozen (requires_grad False) and the adapted
+    projections add scale * B(A(x))."""
+
+    def __init__(self, cfg, weights, dtype=torch.float64, use_sdpa=False, lora=None):
         super().__init__()
         self.cfg = cfg
         self.C, self.Hq, self.Hkv, self.D = _dims(cfg)
@@ -366,14 +496,48 @@ class RefLlama(torch.nn.Module):
         for k in self.names:
             a = torch.from_numpy(np.asarray(weights[k], dtype=np.float32).copy()).to(dtype)
             assert tuple(a.shape) == tuple(shapes[k]), (k, a.shape, shapes[k])
-            self.params[k.replace(".", "__")] = torch.nn.Parameter(a)
+            self.params[k.replace(".", "__")] = torch.nn.Parameter(a, requires_grad=lora is None)
         self.inv_freq = rope_inv_freq(cfg).to(torch.float64)
+        self.lora = lora
+        self.lora_names = []
+        self.lora_params = torch.nn.ParameterDict()
+        if lora is not None:
+            if float(lora.get("lora_dropout", 0.0) or 0.0) != 0.0:
+                raise ValueError("the reference does not model LoRA dropout")
+            self.lora_targets = set(lora["target_modules"])
+            self.lora_scale = lora_scale(lora["r"], lora["lora_alpha"], lora["use_rslora"])
+            lshapes = lora_shapes(cfg, lora["r"], lora["target_modules"])
+            extra = sorted(set(lora["weights"]) - set(lshapes))
+            missing = [k for k in lshapes if k not in lora["weights"]]
+            if missing or extra:
+                raise ValueError(f"adapter tensors: missing {missing[:4]}, extra {extra[:4]}")
+            self.lora_names = list(lshapes)
+            for k in self.lora_names:
+                a = torch.from_numpy(np.asarray(lora["weights"][k], dtype=np.float32).copy())
+                assert tuple(a.shape) == tuple(lshapes[k]), (k, a.shape, lshapes[k])
+                self.lora_params[k.replace(".", "__")] = torch.nn.Parameter(a.to(dtype))
 
     def p(self, name):
         return self.params[name.replace(".", "__")]
 
     def named_hf_parameters(self):
         return [(k, self.p(k)) for k in self.names]
+
+    def named_lora_parameters(self):
+        return [(k, self.lora_params[k.replace(".", "__")]) for k in self.lora_names]
+
+    def named_trainable_parameters(self):
+        """The adapters when there are any, else every base parameter."""
+        return self.named_lora_parameters() if self.lora is not None else self.named_hf_parameters()
+
+    def linear(self, x, module, bias):
+        """module (e.g. model.layers.0.self_attn.q_proj) applied to x, with its adapter."""
+        y = F.linear(x, self.p(module + ".weight"), bias)
+        if self.lora is not None and module.rsplit(".", 1)[1] in self.lora_targets:
+            A = self.lora_params[(module + ".lora_A.weight").replace(".", "__")]
+            B = self.lora_params[(module + ".lora_B.weight").replace(".", "__")]
+            y = y + self.lora_scale * F.linear(F.linear(x, A), B)
+        return y
 
     def rmsnorm(self, x, w):
         return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * w
@@ -395,9 +559,9 @@ class RefLlama(torch.nn.Module):
             bq = self.p(pre + "self_attn.q_proj.bias") if self.bias else None
             bk = self.p(pre + "self_attn.k_proj.bias") if self.bias else None
             bv = self.p(pre + "self_attn.v_proj.bias") if self.bias else None
-            q = F.linear(h, self.p(pre + "self_attn.q_proj.weight"), bq)
-            k = F.linear(h, self.p(pre + "self_attn.k_proj.weight"), bk)
-            v = F.linear(h, self.p(pre + "self_attn.v_proj.weight"), bv)
+            q = self.linear(h, pre + "self_attn.q_proj", bq)
+            k = self.linear(h, pre + "self_attn.k_proj", bk)
+            v = self.linear(h, pre + "self_attn.v_proj", bv)
             q = q.view(B, T, Hq, D).transpose(1, 2)
             k = k.view(B, T, Hkv, D).transpose(1, 2)
             v = v.view(B, T, Hkv, D).transpose(1, 2)
@@ -414,11 +578,11 @@ class RefLlama(torch.nn.Module):
                 y = torch.softmax(att, dim=-1) @ v
             y = y.transpose(1, 2).reshape(B, T, Hq * D)
             bo = self.p(pre + "self_attn.o_proj.bias") if self.o_bias else None
-            x = x + F.linear(y, self.p(pre + "self_attn.o_proj.weight"), bo)
+            x = x + self.linear(y, pre + "self_attn.o_proj", bo)
             h = self.rmsnorm(x, self.p(pre + "post_attention_layernorm.weight"))
-            g = F.linear(h, self.p(pre + "mlp.gate_proj.weight"))
-            u = F.linear(h, self.p(pre + "mlp.up_proj.weight"))
-            x = x + F.linear(F.silu(g) * u, self.p(pre + "mlp.down_proj.weight"))
+            g = self.linear(h, pre + "mlp.gate_proj", None)
+            u = self.linear(h, pre + "mlp.up_proj", None)
+            x = x + self.linear(F.silu(g) * u, pre + "mlp.down_proj", None)
         x = self.rmsnorm(x, self.p("model.norm.weight"))
         head = self.p("model.embed_tokens.weight" if self.tied else "lm_head.weight")
         return F.linear(x, head)
@@ -464,14 +628,18 @@ class DataLoader:
 
 
 class RefTrainer:
-    def __init__(self, cfg, weights, tokens, tc, dtype=torch.float64, use_sdpa=False):
+    """Full fine-tuning, or with lora (a lora_spec dict) adapter training over a frozen base:
+    AdamW, clipping and the grad norm then cover the adapters only; weight decay applies to
+    A and B (HF Trainer decays every parameter that is not a bias or a norm weight)."""
+
+    def __init__(self, cfg, weights, tokens, tc, dtype=torch.float64, use_sdpa=False, lora=None):
         self.tc = tc
-        self.model = RefLlama(cfg, weights, dtype=dtype, use_sdpa=use_sdpa)
+        self.model = RefLlama(cfg, weights, dtype=dtype, use_sdpa=use_sdpa, lora=lora)
         self.B = int(tc["micro_batch_size"])
         self.T = int(tc["sequence_len"])
         self.accum = int(tc.get("gradient_accumulation_steps", 1))
         self.loader = DataLoader(tokens, self.B, self.T)
-        named = self.model.named_hf_parameters()
+        named = self.model.named_trainable_parameters()
         decay = [p for n, p in named if is_decay_param(n)]
         nodecay = [p for n, p in named if not is_decay_param(n)]
         self.all_params = [p for _, p in named]
@@ -515,10 +683,15 @@ class RefTrainer:
         return {n: p.detach().to(torch.float64).numpy().copy()
                 for n, p in self.model.named_hf_parameters()}
 
+    def adapter_weights(self):
+        return {n: p.detach().to(torch.float64).numpy().copy()
+                for n, p in self.model.named_lora_parameters()}
 
-def train_reference(cfg, weights, tokens, tc, dtype=torch.float64):
-    """Run max_steps steps; returns losses, lrs, grad_norms (per step) and final weights."""
-    tr = RefTrainer(cfg, weights, tokens, tc, dtype=dtype)
+
+def train_reference(cfg, weights, tokens, tc, dtype=torch.float64, lora=None):
+    """Run max_steps steps; returns losses, lrs, grad_norms (per step) and final weights
+    (and, with lora, the final adapters under "adapter")."""
+    tr = RefTrainer(cfg, weights, tokens, tc, dtype=dtype, lora=lora)
     out = {"losses": [], "lrs": [], "grad_norms": []}
     for _ in range(int(tc["max_steps"])):
         loss, lr, gn = tr.step()
@@ -526,4 +699,27 @@ def train_reference(cfg, weights, tokens, tc, dtype=torch.float64):
         out["lrs"].append(lr)
         out["grad_norms"].append(gn)
     out["weights"] = tr.weights()
+    if lora is not None:
+        out["adapter"] = tr.adapter_weights()
     return out
+
+
+def step_batches(tokens, B, T, accum, step):
+    """The (x, y) micro-batches the sequential loader gives to 1-based optimizer step `step`."""
+    dl = DataLoader(tokens, B, T)
+    for _ in range((step - 1) * accum):
+        dl.next()
+    return [dl.next() for _ in range(accum)]
+
+
+@torch.no_grad()
+def batch_loss(cfg, weights, batches, lora=None, dtype=torch.float64):
+    """Mean token cross-entropy over a list of (x, y) micro-batches, as a step's loss."""
+    model = RefLlama(cfg, weights, dtype=dtype, lora=lora)
+    tot = n = 0
+    for x, y in batches:
+        logits = model(x)
+        tot += F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1),
+                               reduction="sum").item()
+        n += y.numel()
+    return tot / n

@@ -20,6 +20,8 @@ def tests(build):
     return [
         ("ops", [os.path.join(build, "test_ops")]),
         ("safetensors", [os.path.join(build, "test_safetensors")]),
+        ("nf4", [os.path.join(build, "test_nf4")]),
+        ("nf4_ref", [PY, "test/test_nf4.py", "--build", build]),
         ("bad_inputs", [PY, "test/test_bad_inputs.py", "--bin", bin_]),
         ("resume", [PY, "test/test_resume.py", "--bin", bin_]),
         ("torch_ref", [PY, "test/test_torch_ref.py", "--bin", bin_]),

@@ -464,28 +464,51 @@ def check_disk(eq_runs):
           and os.path.isdir(other) and debris(parent) == [os.path.basename(live)] and losses(r) == losses(ref),
           "%s; left %s" % (why(r), debris(parent)))
 
-    # A full disk at step 2 (of 4, a checkpoint every step): clean failure, then resume.
+    # A full disk in step 2 (of 4, a checkpoint every step): clean failure, then resume. Each
+    # micro-batch writes per_mb bytes, so step 2 writes bytes 2*per_mb .. 4*per_mb. Several
+    # fault points at odd offsets, where after a large write fails a small one (rstd, lse)
+    # still fits and lands while the run is already failing: the cleanup must not race the
+    # I/O thread (measured: each of these points left the directory behind when it did).
+    # Each run has its own parent directory, since a run's start removes the debris of dead
+    # runs and would hide another's.
     per_mb = peak(ref, "disk_peak_bytes")  # bytes one micro-batch writes
-    over = {"activation_offloading": "disk", "activation_offloading_dir": '"%s"' % parent, "save_steps": 1}
-    r = run(tiny_base, "dk_full", over, env={"LLMC_FAULT_DISK_FULL_AFTER": str(per_mb * 2 + per_mb // 2)})
-    errs = error_lines(r)
-    steps_done = [d["step"] for d in r.metrics if "loss" in d]
-    check("disk: a full disk stops the run with one line naming the file and the error",
-          per_mb > 0 and r.rc != 0 and len(errs) == 1 and "No space left on device" in errs[0]
-          and "disk" in errs[0] and re.search(r"llmc-offload-\d+-\w+/\S+", errs[0]) and steps_done == [1],
-          "%s; steps done %s" % (why(r), steps_done))
-    check("disk: no llmc-offload-* directory left after the failure",
-          debris(parent) == [os.path.basename(live)] and not debris(ENV["TMPDIR"]), str(debris(parent)))
-    ck = os.path.join(r.out, "checkpoint-1")
+    faults = [2 * per_mb + 10073 + i * 29919 for i in range(8) if 10073 + i * 29919 < 2 * per_mb]
+    jobs = []
+    for i, f in enumerate(faults):
+        fparent = os.path.join(TMP, "full parent %d" % i)
+        os.makedirs(fparent)
+        over = {"activation_offloading": "disk", "activation_offloading_dir": '"%s"' % fparent, "save_steps": 1}
+        jobs.append((tiny_base, "dk_full%d" % i, over, {"LLMC_FAULT_DISK_FULL_AFTER": str(f)}))
+    fulls = {j[1]: run(*j) for j in jobs}  # one at a time: the race needs an idle second core
+    bad, left, ckbad = [], [], []
     files = ("model.safetensors", "config.json", "optimizer.safetensors", "trainer_state.json")
-    check("disk: checkpoint-1 is complete after the failure, and no later one exists",
-          all(os.path.isfile(os.path.join(ck, f)) for f in files)
-          and not any(n.startswith("checkpoint-") and n != "checkpoint-1" for n in os.listdir(r.out)),
-          str(sorted(os.listdir(r.out))) + str(sorted(os.listdir(ck)) if os.path.isdir(ck) else []))
-    r2 = run(tiny_base, "dk_full", dict(over, resume_from_checkpoint='"%s"' % ck))
-    check("disk: resuming from checkpoint-1 finishes with the unbroken run's losses and weights",
-          r2.rc == 0 and losses(r2) == losses(ref) and weights_bytes(r2) == weights_bytes(ref),
-          "%s\n  %s\n  %s" % (why(r2), losses(r2), losses(ref)))
+    for i, f in enumerate(faults):
+        r = fulls["dk_full%d" % i]
+        errs = error_lines(r)
+        steps_done = [d["step"] for d in r.metrics if "loss" in d]
+        if not (r.rc > 0 and len(errs) == 1 and "No space left on device" in errs[0] and "disk" in errs[0]
+                and re.search(r"llmc-offload-\d+-\w+/\S+", errs[0]) and steps_done == [1]):
+            bad.append("fault after %d: %s; steps done %s" % (f, why(r), steps_done))
+        d = debris(r.cfg["activation_offloading_dir"].strip('"'))
+        if d:
+            left.append("fault after %d: %s" % (f, d))
+        ck = os.path.join(r.out, "checkpoint-1")
+        if not (all(os.path.isfile(os.path.join(ck, f)) for f in files)
+                and not any(n.startswith("checkpoint-") and n != "checkpoint-1" for n in os.listdir(r.out))):
+            ckbad.append("fault after %d: %s" % (f, sorted(os.listdir(r.out))))
+    check("disk: a full disk in step 2 stops the run with one line naming the file and the error (%d fault points)"
+          % len(faults), per_mb > 0 and not bad, "per micro-batch %d\n  " % per_mb + "\n  ".join(bad))
+    check("disk: no llmc-offload-* directory left after a full-disk failure", per_mb > 0 and not left
+          and not debris(ENV["TMPDIR"]), "\n  ".join(left))
+    check("disk: checkpoint-1 is complete after the failure, and no later one exists", per_mb > 0 and not ckbad,
+          "\n  ".join(ckbad))
+    if per_mb > 0:
+        r = fulls["dk_full0"]
+        ck = os.path.join(r.out, "checkpoint-1")
+        r2 = run(tiny_base, "dk_full0", dict(jobs[0][2], resume_from_checkpoint='"%s"' % ck))
+        check("disk: resuming from checkpoint-1 finishes with the unbroken run's losses and weights",
+              r2.rc == 0 and losses(r2) == losses(ref) and weights_bytes(r2) == weights_bytes(ref)
+              and "resumed from" in r2.stdout, "%s\n  %s\n  %s" % (why(r2), losses(r2), losses(ref)))
 
     # activation_offloading_dir that cannot be a directory.
     afile = os.path.join(TMP, "a_file")

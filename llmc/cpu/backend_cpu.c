@@ -213,6 +213,8 @@ Backend *backend_cpu_create(int threads) {
     bk->copy_d2d = cpu_copy;
     bk->upload_act = cpu_upload;
     bk->download_act = cpu_download;
+    bk->host_from_f32 = cpu_upload;  // host and "device" are both float arrays here
+    bk->host_to_f32 = cpu_download;
     bk->queue_create = cpu_queue_create;
     bk->queue_destroy = cpu_queue_destroy;
     bk->event_create = cpu_event_create;
