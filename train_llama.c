@@ -11,6 +11,7 @@
 #include <unistd.h>
 #include "llmc/actstore.h"
 #include "llmc/checkpoint.h"
+#include "llmc/comm.h"
 #include "llmc/config.h"
 #include "llmc/data.h"
 #include "llmc/model.h"
@@ -105,16 +106,19 @@ static FILE *open_metrics(const char *dir, int resume_step) {
     return f;
 }
 
-static double evaluate(Model *m, DataLoader *val, int batches, int32_t *tok, int32_t *tgt) {
-    const int B = val->B, T = val->T;
+// Mean validation loss; with several ranks each evaluates its rows of every global batch.
+static double evaluate(Model *m, DataLoader *val, int batches, int32_t *tok, int32_t *tgt, Comm *c) {
+    const int T = val->T, B = val->B / c->world;
+    const size_t mine = (size_t)c->rank * B * T;
     double sum = 0;
     loader_reset(val);
     for (int i = 0; i < batches; i++) {
         loader_next(val, tok, tgt);
-        model_set_batch(m, tok, tgt, B, T);
+        model_set_batch(m, tok + mine, tgt + mine, B, T);
         sum += model_forward_backward(m, B, T, 0.0f);
     }
-    return sum / ((double)batches * B * T);
+    c->all_reduce_sum_f64(c, &sum, 1);
+    return sum / ((double)batches * val->B * T);
 }
 
 // Byte-level sample: temperature-1 sampling from a newline, window capped at T.
@@ -176,8 +180,18 @@ static void save_final(const Model *m, const Config *cfg) {
 
 int main(int argc, char **argv) {
     backend_cpu_preinit(argv);
+    Comm *comm = comm_create(&argc, &argv);
+    const int world = comm->world, rank = comm->rank;
+    if (world > 1) {
+        static char prefix[32];
+        snprintf(prefix, sizeof prefix, "rank %d: ", rank);
+        fail_prefix = prefix;  // every rank's failure is reported, and says whose it is
+        if (rank != 0 && !freopen("/dev/null", "w", stdout)) fail("cannot silence stdout");
+    }
     Config cfg;
     config_from_args(&cfg, argc, argv);
+    if (cfg.zero_stage == 3)
+        fail("zero_stage 3 / fsdp (parameter sharding) is not implemented yet; use zero_stage 1 or 0");
     Backend *bk = make_backend(&cfg);
     const int B = cfg.micro_batch_size, T = cfg.sequence_len, accum = cfg.gradient_accumulation_steps;
 
@@ -189,12 +203,14 @@ int main(int argc, char **argv) {
     // ---- memory plan: --plan prints it; auto picks from it; a limit names what would fit
     MemPolicy pol;
     config_mem_policy(&cfg, &pol);
+    ModelOptions mo = {.stream = pol.stream_frozen, .comm = comm, .zero_stage = cfg.zero_stage,
+                       .offload_optimizer = cfg.offload_optimizer};
     PlanRow rows[32];
     int nrows = 0;
     char fitting[1024] = "";
     int is_auto = !strcmp(cfg.activation_offloading, "auto");
     if (cfg.plan_only || is_auto || cfg.device_memory_limit) {
-        nrows = plan_rows(&cfg, &mc, bk, rows, 32);
+        nrows = plan_rows(&cfg, &mc, bk, &mo, rows, 32);
         plan_fitting_names(rows, nrows, fitting, sizeof fitting);
     }
     if (cfg.plan_only) {
@@ -216,7 +232,7 @@ int main(int argc, char **argv) {
     if (cfg.layer_offloading && !lora.r)
         fail("layer_offloading streams frozen weights; a full fine-tuning run has none (use adapter: lora)");
     Model model;
-    model_create(&model, bk, &mc, &lora, pol.stream_frozen);
+    model_create(&model, bk, &mc, &lora, &mo);
     if (cfg.base_model[0]) load_hf_weights(&model, cfg.base_model);
     else model_init_random(&model, (uint64_t)cfg.seed);
     if (lora.r && cfg.lora_model_dir[0]) load_adapter(&model, cfg.lora_model_dir);
@@ -225,16 +241,18 @@ int main(int argc, char **argv) {
     model_alloc_acts(&model, B, T, &pol);
     size_t acts_bytes = bk->mem.in_use - before;
 
-    // ---- data
+    // ---- data: every rank reads the global batch (world x B rows) and trains on its rows, so
+    // N ranks see exactly the tokens one rank sees with micro batch N x B.
     DataLoader train, val;
-    loader_open(&train, cfg.train_data, B, T, mc.vocab_size, cfg.shuffle, (uint64_t)cfg.seed, "train_data");
+    loader_open(&train, cfg.train_data, world * B, T, mc.vocab_size, cfg.shuffle, (uint64_t)cfg.seed, "train_data");
     int have_val = cfg.val_data[0] != 0;
-    if (have_val) loader_open(&val, cfg.val_data, B, T, mc.vocab_size, 0, 0, "val_data");
+    if (have_val) loader_open(&val, cfg.val_data, world * B, T, mc.vocab_size, 0, 0, "val_data");
     if (cfg.eval_steps && !have_val) fail("eval_steps is %d but no val_data is set", cfg.eval_steps);
 
     // ---- output and resume
     if (mkdir_p(cfg.output_dir) != 0) fail("%s: cannot create output_dir: %s", cfg.output_dir, strerror(errno));
-    checkpoint_clean_debris(cfg.output_dir);
+    if (rank == 0) checkpoint_clean_debris(cfg.output_dir);
+    comm->barrier(comm);
     LoopState ls = {0};
     rng_seed(&ls.sample_rng, (uint64_t)cfg.seed ^ 0x5A5A5A5AULL);
     if (cfg.resume_from_checkpoint[0]) {
@@ -250,15 +268,15 @@ int main(int argc, char **argv) {
             printf("resume_from_checkpoint: auto found no checkpoint in %s; starting fresh\n", cfg.output_dir);
         }
     }
-    FILE *metrics = open_metrics(cfg.output_dir, ls.step);
+    FILE *metrics = rank == 0 ? open_metrics(cfg.output_dir, ls.step) : fopen("/dev/null", "w");
     print_box(&cfg, &model, bk, acts_bytes);
 
     OptimConfig oc = {cfg.learning_rate, cfg.adam_beta1, cfg.adam_beta2, cfg.adam_epsilon,
                       cfg.weight_decay, cfg.max_grad_norm, cfg.warmup_steps, cfg.max_steps,
                       schedule_from_name(cfg.lr_scheduler)};
-    const size_t BT = (size_t)B * T;
-    int32_t *tok = xmalloc(sizeof(int32_t) * BT * accum), *tgt = xmalloc(sizeof(int32_t) * BT * accum);
-    const size_t grad_bytes = model.tab.num_trainable * bk->act_bytes;
+    const size_t BT = (size_t)B * T, GBT = BT * world;  // this rank's rows, the global batch
+    int32_t *tok = xmalloc(sizeof(int32_t) * GBT * accum), *tgt = xmalloc(sizeof(int32_t) * GBT * accum);
+    const size_t grad_bytes = model.tab.shard * model.tab.world * bk->act_bytes;
 
     for (int step = ls.step; step < cfg.max_steps; step++) {
         double t0 = now_ms();
@@ -267,26 +285,27 @@ int main(int argc, char **argv) {
         bk->mem.disk_peak = bk->mem.disk_in_use;
         // Load the whole step first: the loss is a mean over all its valid targets.
         long long count = 0;
-        for (int a = 0; a < accum; a++) loader_next(&train, tok + a * BT, tgt + a * BT);
-        for (size_t i = 0; i < BT * accum; i++) count += tgt[i] >= 0;
+        for (int a = 0; a < accum; a++) loader_next(&train, tok + a * GBT, tgt + a * GBT);
+        for (size_t i = 0; i < GBT * accum; i++) count += tgt[i] >= 0;
         float scale = count ? (float)(1.0 / (double)count) : 0.0f;
         bk->memzero(bk, model.grads, grad_bytes, NULL);
         double loss_sum = 0;
         for (int a = 0; a < accum; a++) {
-            model_set_batch(&model, tok + a * BT, tgt + a * BT, B, T);
+            model_set_batch(&model, tok + a * GBT + rank * BT, tgt + a * GBT + rank * BT, B, T);
             // Dropout masks depend only on (seed, micro-batch): recompute and resume agree.
             Rng dr;
-            rng_seed(&dr, (uint64_t)cfg.seed * 1000003ULL + (uint64_t)step * accum + a);
+            rng_seed(&dr, ((uint64_t)cfg.seed * 1000003ULL + (uint64_t)step * accum + a) * 65537ULL + rank);
             model.dropout_seed = rng_next(&dr);
             loss_sum += model_forward_backward(&model, B, T, scale);
         }
+        comm->all_reduce_sum_f64(comm, &loss_sum, 1);
         float loss = (float)(loss_sum * scale);
         double norm = grad_norm(&model);
         double lr = lr_at(&oc, step);
         optim_step(&model, &oc, lr, norm, step + 1);
         bk->sync(bk);
         double ms = now_ms() - t0;
-        double tps = (double)BT * accum / (ms / 1000.0);
+        double tps = (double)GBT * accum / (ms / 1000.0);
         ls.step = step + 1;
         ls.data_epoch = train.epoch;
         ls.data_next = train.next;
@@ -306,12 +325,12 @@ int main(int argc, char **argv) {
         fflush(metrics);
         fflush(stdout);
         if (cfg.eval_steps && (ls.step % cfg.eval_steps == 0 || ls.step == cfg.max_steps)) {
-            double vl = evaluate(&model, &val, cfg.eval_batches, tok, tgt);
+            double vl = evaluate(&model, &val, cfg.eval_batches, tok, tgt, comm);
             printf("step %5d/%d | val_loss %.6f\n", ls.step, cfg.max_steps, vl);
             fprintf(metrics, "{\"step\": %d, \"val_loss\": %.9g}\n", ls.step, vl);
             fflush(metrics);
         }
-        if (cfg.sample_steps && mc.vocab_size == 256 &&
+        if (rank == 0 && cfg.sample_steps && mc.vocab_size == 256 &&
             (ls.step % cfg.sample_steps == 0 || ls.step == cfg.max_steps))
             print_sample(&model, T, cfg.sample_tokens, &ls.sample_rng);
         if ((cfg.save_steps && ls.step % cfg.save_steps == 0) || ls.step == cfg.max_steps) {
@@ -319,7 +338,7 @@ int main(int argc, char **argv) {
             printf("saved %s/checkpoint-%d\n", cfg.output_dir, ls.step);
         }
     }
-    save_final(&model, &cfg);
+    if (rank == 0) save_final(&model, &cfg);
     printf("final %s: %s\n", lora.r ? "adapter" : "model", cfg.output_dir);
     fclose(metrics);
     free(tok);
@@ -328,5 +347,7 @@ int main(int argc, char **argv) {
     if (have_val) loader_close(&val);
     model_free(&model);
     bk->destroy(bk);
+    comm->barrier(comm);
+    comm->destroy(comm);
     return 0;
 }

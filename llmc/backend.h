@@ -107,9 +107,9 @@ struct Backend {
                           const void *q, const void *k, const void *v, const void *out,
                           const float *lse_f32, int B, int T, int Hq, int Hkv, int D);
 
-    // y = x * mask / (1 - p), mask[i] from a hash of (seed, i): the same call is its own
-    // backward. y may alias x.
-    void (*dropout)(Backend *, void *y, const void *x, size_t n, float p, uint64_t seed);
+    // y = x * mask / (1 - p), mask[i] from a hash of (seed, first + i): the same call is its
+    // own backward, and a tile of rows gets the mask the whole tensor would. y may alias x.
+    void (*dropout)(Backend *, void *y, const void *x, size_t n, float p, uint64_t seed, size_t first);
     // h = silu(gate) * up. In backward dgate may alias dh (saves a T x I buffer).
     void (*swiglu_fwd)(Backend *, void *h, const void *gate, const void *up, size_t n);
     void (*swiglu_bwd)(Backend *, void *dgate, void *dup, const void *dh, const void *gate,

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include "comm.h"
 #include "hf.h"
 #include "safetensors.h"
 #include "stb_ds.h"
@@ -192,6 +193,10 @@ void load_adapter(Model *m, const char *dir) {
         fail("%s: adapter rank r=%d differs from lora_r %d", path, cJSON_IsNumber(r) ? r->valueint : -1, lc->r);
     if (!cJSON_IsNumber(a) || (float)a->valuedouble != lc->alpha)
         fail("%s: adapter lora_alpha %g differs from lora_alpha %g", path, cJSON_IsNumber(a) ? a->valuedouble : -1.0, lc->alpha);
+    cJSON *rs = cJSON_GetObjectItemCaseSensitive(o, "use_rslora");
+    if (cJSON_IsTrue(rs) != (lc->rslora != 0))
+        fail("%s: adapter use_rslora is %s but use_rslora is %s", path, cJSON_IsTrue(rs) ? "true" : "false",
+             lc->rslora ? "true" : "false");
     int targets = 0;
     cJSON *e;
     cJSON_ArrayForEach(e, tm) {
@@ -206,10 +211,12 @@ void load_adapter(Model *m, const char *dir) {
     st_close(f);
 }
 
-static int write_state(const LoopState *ls, const char *path) {
+static int write_state(const LoopState *ls, const Model *m, const char *path) {
     cJSON *o = cJSON_CreateObject();
     char buf[32];
     cJSON_AddNumberToObject(o, "step", ls->step);
+    cJSON_AddNumberToObject(o, "world_size", m->opt.comm ? m->opt.comm->world : 1);
+    cJSON_AddNumberToObject(o, "zero_stage", m->opt.zero_stage);
     snprintf(buf, sizeof buf, "%" PRIu64, ls->data_epoch);
     cJSON_AddStringToObject(o, "data_epoch", buf);
     snprintf(buf, sizeof buf, "%" PRIu64, ls->data_next);
@@ -239,29 +246,92 @@ static void fsync_dir(const char *dir) {
     if (fd >= 0) fsync(fd), close(fd);
 }
 
+// ZeRO-1 shards its optimizer state: each rank writes (and later reads) its own flat slice.
+static int sharded_opt(const Model *m) {
+    return m->opt.comm && m->opt.comm->world > 1 && m->opt.zero_stage >= 1;
+}
+
+static void shard_file(const Model *m, const char *dir, char *out, size_t cap) {
+    char name[64];
+    snprintf(name, sizeof name, "optimizer-rank%d-of-%d.safetensors", m->opt.comm->rank, m->opt.comm->world);
+    join_path(out, cap, dir, name);
+}
+
+static int write_shard(const Model *m, const char *path) {
+    const size_t n = m->opt_hi - m->opt_lo;
+    float *mm = xmalloc(sizeof(float) * (n ? n : 1)), *vv = xmalloc(sizeof(float) * (n ? n : 1));
+    m->bk->copy_d2h(m->bk, mm, m->adam_m, n * sizeof(float), NULL);
+    m->bk->copy_d2h(m->bk, vv, m->adam_v, n * sizeof(float), NULL);
+    m->bk->sync(m->bk);
+    StWriteItem items[] = {{"exp_avg", mm, 1, {(int64_t)n}}, {"exp_avg_sq", vv, 1, {(int64_t)n}}};
+    int rc = st_write(path, items, 2, NULL);
+    free(mm), free(vv);
+    return rc;
+}
+
+static void read_shard(Model *m, const char *path) {
+    const size_t n = m->opt_hi - m->opt_lo;
+    StFile *f = st_open(path);
+    const char *names[] = {"exp_avg", "exp_avg_sq"};
+    float *dst[] = {m->adam_m, m->adam_v};
+    float *buf = xmalloc(sizeof(float) * (n ? n : 1));
+    for (int k = 0; k < 2; k++) {
+        const StTensor *t = st_find(f, names[k]);
+        if (!t || st_numel(t) != n || strcmp(t->dtype, "F32"))
+            fail("%s: tensor '%s' missing or not F32 [%zu]", path, names[k], n);
+        st_to_f32(t, buf);
+        m->bk->copy_h2d(m->bk, dst[k], buf, n * sizeof(float), NULL);
+    }
+    m->bk->sync(m->bk);
+    free(buf);
+    st_close(f);
+}
+
+// Rank 0 writes the weights and loop state, every rank its optimizer shard (or rank 0 all of
+// it), into one temporary directory that rank 0 renames when everyone is done.
 void checkpoint_save(const Model *m, const LoopState *ls, const char *output_dir) {
     static int hooked;
     if (!hooked) on_fail(remove_tmp_dir), hooked = 1;
+    Comm *c = m->opt.comm ? m->opt.comm : comm_single();
+    const int rank = c->rank;
     char final[4096], name[64], path[4096];
     snprintf(name, sizeof name, "checkpoint-%d", ls->step);
     join_path(final, sizeof final, output_dir, name);
-    snprintf(name, sizeof name, ".checkpoint-%d.tmp-%d", ls->step, (int)getpid());
+    int owner = (int)getpid();
+    c->broadcast(c, &owner, sizeof owner, 0);  // the directory is named after rank 0's pid
+    snprintf(name, sizeof name, ".checkpoint-%d.tmp-%d", ls->step, owner);
     join_path(tmp_dir, sizeof tmp_dir, output_dir, name);
-    remove_tree(tmp_dir);
-    if (mkdir_p(tmp_dir) != 0) fail("%s: cannot create checkpoint directory: %s", tmp_dir, strerror(errno));
-    const int moments[] = {SEL_EXP_AVG, SEL_EXP_AVG_SQ};
-    // An adapter run's checkpoint holds the adapter; the frozen base stays where it came from.
-    int rc = m->tab.lora.r ? save_adapter(m, tmp_dir, NULL) : save_hf_model(m, tmp_dir, 0);
-    join_path(path, sizeof path, tmp_dir, "optimizer.safetensors");
-    if (rc == 0) rc = write_tensors(m, path, moments, 2, 0);
-    join_path(path, sizeof path, tmp_dir, "trainer_state.json");
-    if (rc == 0) rc = write_state(ls, path);
+    if (rank == 0) {
+        remove_tree(tmp_dir);
+        if (mkdir_p(tmp_dir) != 0) fail("%s: cannot create checkpoint directory: %s", tmp_dir, strerror(errno));
+    }
+    c->barrier(c);
+    int rc = 0;
+    if (rank == 0) {
+        // An adapter run's checkpoint holds the adapter; the frozen base stays where it came from.
+        rc = m->tab.lora.r ? save_adapter(m, tmp_dir, NULL) : save_hf_model(m, tmp_dir, 0);
+        join_path(path, sizeof path, tmp_dir, "trainer_state.json");
+        if (rc == 0) rc = write_state(ls, m, path);
+    }
+    if (rc == 0 && sharded_opt(m)) {
+        shard_file(m, tmp_dir, path, sizeof path);
+        rc = write_shard(m, path);
+    } else if (rc == 0 && rank == 0) {
+        const int moments[] = {SEL_EXP_AVG, SEL_EXP_AVG_SQ};
+        join_path(path, sizeof path, tmp_dir, "optimizer.safetensors");
+        rc = write_tensors(m, path, moments, 2, 0);
+    }
     if (rc != 0) fail("%s: writing checkpoint failed: %s (earlier checkpoints are intact)", final, strerror(errno));
-    fsync_dir(tmp_dir);
-    if (path_exists(final)) remove_tree(final);  // a rerun of the same step replaces it whole
-    if (rename(tmp_dir, final) != 0) fail("%s: cannot rename checkpoint into place: %s", final, strerror(errno));
-    fsync_dir(output_dir);
+    c->barrier(c);
+    if (rank == 0) {
+        fsync_dir(tmp_dir);
+        if (path_exists(final)) remove_tree(final);  // a rerun of the same step replaces it whole
+        if (rename(tmp_dir, final) != 0) fail("%s: cannot rename checkpoint into place: %s", final, strerror(errno));
+        fsync_dir(output_dir);
+    }
     tmp_dir[0] = 0;
+    c->barrier(c);
+    if (!m->opt.comm) c->destroy(c);
 }
 
 static uint64_t json_u64(cJSON *o, const char *key, const char *path) {
@@ -274,7 +344,7 @@ static uint64_t json_u64(cJSON *o, const char *key, const char *path) {
 }
 
 static void load_model_checkpoint(Model *m, const char *dir);
-static void load_state(LoopState *ls, const char *dir);
+static void load_state(LoopState *ls, const Model *m, const char *dir);
 
 void checkpoint_load(Model *m, LoopState *ls, const char *dir) {
     char path[4096];
@@ -283,12 +353,17 @@ void checkpoint_load(Model *m, LoopState *ls, const char *dir) {
     } else {
         load_model_checkpoint(m, dir);
     }
+    load_state(ls, m, dir);
+    if (sharded_opt(m)) {
+        shard_file(m, dir, path, sizeof path);
+        read_shard(m, path);
+        return;
+    }
     join_path(path, sizeof path, dir, "optimizer.safetensors");
     StFile *f = st_open(path);
     load_params(m, path, find_in_file, f, SEL_EXP_AVG);
     load_params(m, path, find_in_file, f, SEL_EXP_AVG_SQ);
     st_close(f);
-    load_state(ls, dir);
 }
 
 static void load_model_checkpoint(Model *m, const char *dir) {
@@ -305,7 +380,7 @@ static void load_model_checkpoint(Model *m, const char *dir) {
     load_hf_weights(m, dir);
 }
 
-static void load_state(LoopState *ls, const char *dir) {
+static void load_state(LoopState *ls, const Model *m, const char *dir) {
     char path[4096];
     join_path(path, sizeof path, dir, "trainer_state.json");
     size_t len;
@@ -317,6 +392,15 @@ static void load_state(LoopState *ls, const char *dir) {
     cJSON *step = cJSON_GetObjectItemCaseSensitive(o, "step");
     if (!cJSON_IsNumber(step) || step->valueint < 0) fail("%s: key 'step' missing or invalid", path);
     ls->step = step->valueint;
+    cJSON *ws = cJSON_GetObjectItemCaseSensitive(o, "world_size"), *zs = cJSON_GetObjectItemCaseSensitive(o, "zero_stage");
+    int world = m->opt.comm ? m->opt.comm->world : 1;
+    int saved_world = cJSON_IsNumber(ws) ? ws->valueint : 1, saved_zero = cJSON_IsNumber(zs) ? zs->valueint : 0;
+    // ZeRO-1 shards depend on the world size; unsharded state resumes on any number of ranks.
+    if ((saved_zero >= 1 && saved_world > 1) || (m->opt.zero_stage >= 1 && world > 1))
+        if (saved_world != world || saved_zero != m->opt.zero_stage)
+            fail("%s: checkpoint was written by %d rank(s) with zero_stage %d; this run has %d with "
+                 "zero_stage %d (resume with the same layout)", path, saved_world, saved_zero, world,
+                 m->opt.zero_stage);
     ls->data_epoch = json_u64(o, "data_epoch", path);
     ls->data_next = json_u64(o, "data_next", path);
     cJSON *r = cJSON_GetObjectItemCaseSensitive(o, "sample_rng");

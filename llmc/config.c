@@ -100,6 +100,10 @@ static const KeyDef KEYS[] = {
     NUM("load_in_4bit", T_BOOL, load_in_4bit, "false", 0, 1, "QLoRA: frozen layer weights in NF4"),
     NUM("layer_offloading", T_BOOL, layer_offloading, "false", 0, 1,
         "stream frozen layer weights from host memory through two device slots"),
+    NUM("fsdp", T_BOOL, fsdp, "false", 0, 1, "shard parameters, gradients and optimizer (zero_stage 3)"),
+    NUM("zero_stage", T_INT, zero_stage, "0", 0, 3, "0: all-reduce gradients; 1: shard optimizer state; 3: fsdp"),
+    NUM("offload_optimizer", T_BOOL, offload_optimizer, "false", 0, 1,
+        "fp32 master and AdamW moments in host memory, updated on the CPU"),
     ENUM("device", device, "auto", "auto|cpu|cuda", "backend"),
     NUM("num_threads", T_INT, num_threads, "0", 0, 4096, "CPU threads; 0 = all cores"),
 };
@@ -311,6 +315,8 @@ void config_finish(Config *cfg) {
         fail("%s: set either base_model or a model: block, not both", src);
     if (!cfg->base_model[0] && !cfg->has_model_block)
         fail("%s: no model: set base_model (a Hugging Face directory) or a model: block", src);
+    if (cfg->fsdp) cfg->zero_stage = 3;
+    if (cfg->zero_stage == 2) fail("%s: zero_stage 2 is not supported: use 1 (optimizer state) or 3 (fsdp)", src);
     if (!cfg->train_data[0]) fail("%s: key 'train_data' is required (a token shard path or glob)", src);
     if (cfg->has_model_block) {
         ModelConfig *m = &cfg->model;

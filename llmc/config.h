@@ -33,6 +33,8 @@ typedef struct {
     char adapter[16], lora_target_modules[256], lora_model_dir[1024];
     int lora_r, lora_target_linear, use_rslora, merge_lora, load_in_4bit, layer_offloading;
     double lora_alpha, lora_dropout;
+    // sharding
+    int fsdp, zero_stage, offload_optimizer;
     // runtime
     char device[16];
     int num_threads;

@@ -6,6 +6,7 @@
 #include <string.h>
 #include "stb_ds.h"
 #include "actstore.h"
+#include "comm.h"
 #include "weights.h"
 #include "util.h"
 
@@ -66,7 +67,8 @@ static int add_param(ParamTable *t, const char *name, int64_t d0, int64_t d1, in
     return (int)arrlen(t->specs) - 1;
 }
 
-void param_table_build(ParamTable *t, const ModelConfig *c, const LoraConfig *lora, int stream) {
+void param_table_build(ParamTable *t, const ModelConfig *c, const LoraConfig *lora, int stream,
+                       int world) {
     memset(t, 0, sizeof *t);
     t->cfg = *c;
     if (lora) t->lora = *lora;
@@ -130,12 +132,18 @@ void param_table_build(ParamTable *t, const ModelConfig *c, const LoraConfig *lo
     }
     t->num_trainable = g;
     // Streaming: frozen layer tensors move to per-layer blocks; the rest pack the resident buffer.
-    // Every layer has the same tensors in the same order, so block offsets agree across layers.
-    size_t res = 0, *blk = xcalloc(L, sizeof(size_t));
+    // The resident buffer starts with the trainable tensors in gradient order (so sharding
+    // can gather and scatter one contiguous range, padded to a multiple of the world size),
+    // then the frozen resident ones. Every layer has the same tensors in the same order, so
+    // streamed block offsets agree across layers.
+    t->world = world > 0 ? world : 1;
+    t->shard = (g + t->world - 1) / t->world;
+    size_t res = t->shard * t->world, *blk = xcalloc(L, sizeof(size_t));
     for (int i = 0; i < (int)arrlen(t->specs); i++) {
         ParamSpec *p = &t->specs[i];
         p->streamed = stream && p->layer >= 0 && !p->trainable;
-        if (p->streamed) p->offset = blk[p->layer], blk[p->layer] += p->numel;
+        if (p->trainable) p->offset = p->goff;
+        else if (p->streamed) p->offset = blk[p->layer], blk[p->layer] += p->numel;
         else p->offset = res, res += p->numel;
     }
     t->stream_block = blk[0];
@@ -174,13 +182,19 @@ void rope_inv_freq(const ModelConfig *c, float *inv) {
 
 // ---- allocation -------------------------------------------------------------------------
 
-void model_create(Model *m, Backend *bk, const ModelConfig *cfg, const LoraConfig *lora, int stream) {
+void model_create(Model *m, Backend *bk, const ModelConfig *cfg, const LoraConfig *lora,
+                  const ModelOptions *opt) {
     memset(m, 0, sizeof *m);
     m->bk = bk;
     m->cfg = *cfg;
-    param_table_build(&m->tab, cfg, lora, stream);
-    size_t n = m->tab.num_resident, g = m->tab.num_trainable;
-    m->params = bk->dev_alloc(bk, n * bk->act_bytes, "parameters");
+    if (opt) m->opt = *opt;
+    const int world = m->opt.comm ? m->opt.comm->world : 1, rank = m->opt.comm ? m->opt.comm->rank : 0;
+    param_table_build(&m->tab, cfg, lora, m->opt.stream, world);
+    const size_t n = m->tab.num_resident, full = m->tab.shard * world;
+    m->opt_lo = m->opt.zero_stage >= 1 ? rank * m->tab.shard : 0;
+    m->opt_hi = m->opt.zero_stage >= 1 ? m->opt_lo + m->tab.shard : m->tab.num_trainable;
+    const size_t g = m->opt_hi - m->opt_lo;
+    m->params = dev_alloc_zero(bk, n * bk->act_bytes, "parameters");
     if (m->tab.stream_block) {
         const int L = cfg->num_hidden_layers;
         size_t block = m->tab.stream_block * bk->act_bytes;
@@ -188,11 +202,28 @@ void model_create(Model *m, Backend *bk, const ModelConfig *cfg, const LoraConfi
         m->streamer = streamer_create(bk, L, block, m->host_blocks);
         m->layer_block = xcalloc(L, sizeof(void *));
     }
-    m->grads = dev_alloc_zero(bk, g * bk->act_bytes, "gradients");
-    m->adam_m = dev_alloc_zero(bk, g * sizeof(float), "AdamW first moments");
-    m->adam_v = dev_alloc_zero(bk, g * sizeof(float), "AdamW second moments");
-    if (bk->act_bytes != sizeof(float))
-        m->master = bk->dev_alloc(bk, g * sizeof(float), "fp32 master weights");
+    m->grads = dev_alloc_zero(bk, (full ? full : 1) * bk->act_bytes, "gradients");
+    if (m->opt.offload_optimizer) {
+        // ZeRO-Offload: the optimizer's fp32 state lives on the host and the update runs there.
+        m->adam_m = bk->host_alloc(bk, g * sizeof(float), "AdamW first moments (host)");
+        m->adam_v = bk->host_alloc(bk, g * sizeof(float), "AdamW second moments (host)");
+        m->master = bk->host_alloc(bk, g * sizeof(float), "fp32 master weights (host)");
+        m->host_grads = bk->host_alloc(bk, g * sizeof(float), "gradients (host)");
+        memset(m->adam_m, 0, g * sizeof(float));
+        memset(m->adam_v, 0, g * sizeof(float));
+    } else {
+        m->adam_m = dev_alloc_zero(bk, g * sizeof(float), "AdamW first moments");
+        m->adam_v = dev_alloc_zero(bk, g * sizeof(float), "AdamW second moments");
+        if (bk->act_bytes != sizeof(float))
+            m->master = bk->dev_alloc(bk, g * sizeof(float), "fp32 master weights");
+    }
+}
+
+// The part of a trainable tensor inside this rank's optimizer range, as [a, b) indices.
+static int own_part(const Model *m, const ParamSpec *p, size_t *a, size_t *b) {
+    *a = p->goff > m->opt_lo ? p->goff : m->opt_lo;
+    *b = p->goff + p->numel < m->opt_hi ? p->goff + p->numel : m->opt_hi;
+    return p->trainable && *a < *b;
 }
 
 void model_alloc_acts(Model *m, int B, int T, const MemPolicy *pol) {
@@ -271,9 +302,16 @@ void model_free(Model *m) {
     }
     bk->dev_free(bk, m->params);
     bk->dev_free(bk, m->grads);
-    bk->dev_free(bk, m->adam_m);
-    bk->dev_free(bk, m->adam_v);
-    bk->dev_free(bk, m->master);
+    if (m->opt.offload_optimizer) {
+        bk->host_free(bk, m->adam_m);
+        bk->host_free(bk, m->adam_v);
+        bk->host_free(bk, m->master);
+        bk->host_free(bk, m->host_grads);
+    } else {
+        bk->dev_free(bk, m->adam_m);
+        bk->dev_free(bk, m->adam_v);
+        bk->dev_free(bk, m->master);
+    }
     param_table_free(&m->tab);
     memset(m, 0, sizeof *m);
 }
@@ -286,8 +324,9 @@ void model_set_param(Model *m, int i, const float *src) {
         return;
     }
     m->bk->upload_act(m->bk, act_at(m->bk, m->params, p->offset), src, p->numel);
-    if (m->master && p->trainable)
-        m->bk->copy_h2d(m->bk, m->master + p->goff, src, p->numel * sizeof(float), NULL);
+    size_t a, b;
+    if (m->master && own_part(m, p, &a, &b))
+        m->bk->copy_h2d(m->bk, m->master + (a - m->opt_lo), src + (a - p->goff), (b - a) * sizeof(float), NULL);
 }
 
 void model_get_param(const Model *m, int i, float *dst) {
@@ -295,8 +334,9 @@ void model_get_param(const Model *m, int i, float *dst) {
     if (p->streamed) {
         const char *blk = (const char *)m->host_blocks + (size_t)p->layer * m->tab.stream_block * m->bk->act_bytes;
         m->bk->host_to_f32(m->bk, dst, blk + p->offset * m->bk->act_bytes, p->numel);
-    } else if (m->master && p->trainable) {
-        m->bk->copy_d2h(m->bk, dst, m->master + p->goff, p->numel * sizeof(float), NULL);
+    } else if (m->master && p->trainable && p->goff >= m->opt_lo && p->goff + p->numel <= m->opt_hi) {
+        // The fp32 master when this rank holds all of it; else the gathered act copy.
+        m->bk->copy_d2h(m->bk, dst, m->master + (p->goff - m->opt_lo), p->numel * sizeof(float), NULL);
         m->bk->sync(m->bk);
     } else {
         m->bk->download_act(m->bk, dst, act_at(m->bk, m->params, p->offset), p->numel);
@@ -390,31 +430,33 @@ static uint64_t lora_seed(const Model *m, int l, int t) {
     return z * 0xbf58476d1ce4e5b9ULL + 0x94d049bb133111ebULL;
 }
 
-// The dropped-out input (x itself when dropout is 0).
-static const void *lora_input(Model *m, int l, int t, const void *x, int N, int in) {
+// The dropped-out input (x itself when dropout is 0). Rows start at row0 of the micro-batch,
+// so a tiled MLP draws the same mask as an untiled one.
+static const void *lora_input(Model *m, int l, int t, const void *x, int row0, int N, int in) {
     if (m->tab.lora.dropout <= 0) return x;
-    m->bk->dropout(m->bk, m->lora_xd, x, (size_t)N * in, m->tab.lora.dropout, lora_seed(m, l, t));
+    m->bk->dropout(m->bk, m->lora_xd, x, (size_t)N * in, m->tab.lora.dropout, lora_seed(m, l, t),
+                   (size_t)row0 * in);
     return m->lora_xd;
 }
 
-static void lora_fwd(Model *m, int l, int t, void *y, const void *x, int N, int in, int out) {
+static void lora_fwd(Model *m, int l, int t, void *y, const void *x, int row0, int N, int in, int out) {
     if (param_index(&m->tab, l, P_LORA_A + t) < 0) return;
     Backend *bk = m->bk;
     const int r = m->tab.lora.r;
-    const void *xd = lora_input(m, l, t, x, N, in);
+    const void *xd = lora_input(m, l, t, x, row0, N, in);
     bk->matmul(bk, m->lora_tmp, xd, LP(m, l, P_LORA_A + t), N, r, in, 0, 1, 1.0f, 0.0f);
     bk->matmul(bk, y, m->lora_tmp, LP(m, l, P_LORA_B + t), N, out, r, 0, 1, m->tab.lora_scale, 1.0f);
 }
 
 // dx += the adapter path's input gradient; dA, dB accumulate. The [N, r] intermediate is
 // recomputed rather than kept: it costs one thin matmul.
-static void lora_bwd(Model *m, int l, int t, void *dx, const void *dy, const void *x, int N,
-                     int in, int out) {
+static void lora_bwd(Model *m, int l, int t, void *dx, const void *dy, const void *x, int row0,
+                     int N, int in, int out) {
     if (param_index(&m->tab, l, P_LORA_A + t) < 0) return;
     Backend *bk = m->bk;
     const int r = m->tab.lora.r;
     const float s = m->tab.lora_scale;
-    const void *xd = lora_input(m, l, t, x, N, in);
+    const void *xd = lora_input(m, l, t, x, row0, N, in);
     bk->matmul(bk, m->lora_tmp, xd, LP(m, l, P_LORA_A + t), N, r, in, 0, 1, 1.0f, 0.0f);
     bk->matmul(bk, LG(m, l, P_LORA_B + t), dy, m->lora_tmp, out, r, N, 1, 0, s, 1.0f);
     bk->matmul(bk, m->lora_dtmp, dy, LP(m, l, P_LORA_B + t), N, r, out, 0, 0, s, 0.0f);
@@ -423,7 +465,8 @@ static void lora_bwd(Model *m, int l, int t, void *dx, const void *dy, const voi
         bk->matmul(bk, dx, m->lora_dtmp, LP(m, l, P_LORA_A + t), N, in, r, 0, 0, 1.0f, 1.0f);
     } else {
         bk->matmul(bk, m->lora_dxd, m->lora_dtmp, LP(m, l, P_LORA_A + t), N, in, r, 0, 0, 1.0f, 0.0f);
-        bk->dropout(bk, m->lora_dxd, m->lora_dxd, (size_t)N * in, m->tab.lora.dropout, lora_seed(m, l, t));
+        bk->dropout(bk, m->lora_dxd, m->lora_dxd, (size_t)N * in, m->tab.lora.dropout, lora_seed(m, l, t),
+                    (size_t)row0 * in);
         bk->accumulate(bk, dx, m->lora_dxd, (size_t)N * in);
     }
 }
@@ -437,9 +480,9 @@ static void mlp_tile_fwd(Model *m, int l, const LayerActs *a, int r0, int n) {
     const void *ln2 = act_at(bk, a->ln2, (size_t)r0 * C);
     void *gate = act_at(bk, a->gate, off), *up = act_at(bk, a->up, off), *h = act_at(bk, a->h, off);
     linear_fwd(bk, gate, ln2, LP(m, l, P_WGATE), NULL, n, C, I);
-    lora_fwd(m, l, LORA_GATE, gate, ln2, n, C, I);
+    lora_fwd(m, l, LORA_GATE, gate, ln2, r0, n, C, I);
     linear_fwd(bk, up, ln2, LP(m, l, P_WUP), NULL, n, C, I);
-    lora_fwd(m, l, LORA_UP, up, ln2, n, C, I);
+    lora_fwd(m, l, LORA_UP, up, ln2, r0, n, C, I);
     bk->swiglu_fwd(bk, h, gate, up, (size_t)n * I);
 }
 
@@ -450,16 +493,16 @@ static void layer_forward(Model *m, int l, const LayerActs *a, void *out, int B,
     const int Hq = c->num_attention_heads, Hkv = c->num_key_value_heads;
     bk->rmsnorm_fwd(bk, a->ln1, a->rstd1, a->xin, LP(m, l, P_LN1), N, C, c->rms_norm_eps);
     linear_fwd(bk, a->q, a->ln1, LP(m, l, P_WQ), opt_param(m, l, P_BQ, 0), N, C, Hq * D);
-    lora_fwd(m, l, LORA_Q, a->q, a->ln1, N, C, Hq * D);
+    lora_fwd(m, l, LORA_Q, a->q, a->ln1, 0, N, C, Hq * D);
     linear_fwd(bk, a->k, a->ln1, LP(m, l, P_WK), opt_param(m, l, P_BK, 0), N, C, Hkv * D);
-    lora_fwd(m, l, LORA_K, a->k, a->ln1, N, C, Hkv * D);
+    lora_fwd(m, l, LORA_K, a->k, a->ln1, 0, N, C, Hkv * D);
     linear_fwd(bk, a->v, a->ln1, LP(m, l, P_WV), opt_param(m, l, P_BV, 0), N, C, Hkv * D);
-    lora_fwd(m, l, LORA_V, a->v, a->ln1, N, C, Hkv * D);
+    lora_fwd(m, l, LORA_V, a->v, a->ln1, 0, N, C, Hkv * D);
     bk->rope_fwd(bk, a->q, m->rope_cos, m->rope_sin, B, T, Hq, D);
     bk->rope_fwd(bk, a->k, m->rope_cos, m->rope_sin, B, T, Hkv, D);
     bk->attention_fwd(bk, a->att, a->lse, a->q, a->k, a->v, B, T, Hq, Hkv, D);
     linear_fwd(bk, a->x_mid, a->att, LP(m, l, P_WO), opt_param(m, l, P_BO, 0), N, Hq * D, C);
-    lora_fwd(m, l, LORA_O, a->x_mid, a->att, N, Hq * D, C);
+    lora_fwd(m, l, LORA_O, a->x_mid, a->att, 0, N, Hq * D, C);
     bk->accumulate(bk, a->x_mid, a->xin, (size_t)N * C);
     bk->rmsnorm_fwd(bk, a->ln2, a->rstd2, a->x_mid, LP(m, l, P_LN2), N, C, c->rms_norm_eps);
     // The MLP runs over row tiles (one tile unless tiled_mlp): T x I never exists whole.
@@ -469,7 +512,7 @@ static void layer_forward(Model *m, int l, const LayerActs *a, void *out, int B,
         const void *h = m->pol.tiled_mlp ? a->h : act_at(bk, a->h, (size_t)r0 * I);
         void *o = act_at(bk, out, (size_t)r0 * C);
         linear_fwd(bk, o, h, LP(m, l, P_WDOWN), NULL, n, I, C);
-        lora_fwd(m, l, LORA_DOWN, o, h, n, I, C);
+        lora_fwd(m, l, LORA_DOWN, o, h, r0, n, I, C);
     }
     bk->accumulate(bk, out, a->x_mid, (size_t)N * C);
 }
@@ -500,31 +543,31 @@ static void layer_backward(Model *m, int l, const LayerActs *a, int B, int T, in
         void *dln2 = act_at(bk, m->d_ln, (size_t)r0 * C);
         const void *h = act_at(bk, a->h, off);
         linear_bwd(bk, m->d_ff1, LG(m, l, P_WDOWN), NULL, dy, h, LP(m, l, P_WDOWN), n, I, C, 0);
-        lora_bwd(m, l, LORA_DOWN, m->d_ff1, dy, h, n, I, C);
+        lora_bwd(m, l, LORA_DOWN, m->d_ff1, dy, h, r0, n, I, C);
         bk->swiglu_bwd(bk, m->d_ff1, m->d_ff2, m->d_ff1, act_at(bk, a->gate, off), act_at(bk, a->up, off), (size_t)n * I);
         linear_bwd(bk, dln2, LG(m, l, P_WGATE), NULL, m->d_ff1, ln2, LP(m, l, P_WGATE), n, C, I, 0);
-        lora_bwd(m, l, LORA_GATE, dln2, m->d_ff1, ln2, n, C, I);
+        lora_bwd(m, l, LORA_GATE, dln2, m->d_ff1, ln2, r0, n, C, I);
         linear_bwd(bk, dln2, LG(m, l, P_WUP), NULL, m->d_ff2, ln2, LP(m, l, P_WUP), n, C, I, 1);
-        lora_bwd(m, l, LORA_UP, dln2, m->d_ff2, ln2, n, C, I);
+        lora_bwd(m, l, LORA_UP, dln2, m->d_ff2, ln2, r0, n, C, I);
     }
     bk->rmsnorm_bwd(bk, m->d_res, LG(m, l, P_LN2), m->d_ln, a->x_mid, LP(m, l, P_LN2), a->rstd2, N, C);
     // Attention: x_mid = x + o_proj(att); d_res now holds d(x_mid), which is also part of d(x).
     linear_bwd(bk, m->d_att, LG(m, l, P_WO), opt_param(m, l, P_BO, 1), m->d_res, a->att,
                LP(m, l, P_WO), N, Hq * D, C, 0);
-    lora_bwd(m, l, LORA_O, m->d_att, m->d_res, a->att, N, Hq * D, C);
+    lora_bwd(m, l, LORA_O, m->d_att, m->d_res, a->att, 0, N, Hq * D, C);
     bk->attention_bwd(bk, m->d_q, m->d_k, m->d_v, m->d_att, a->q, a->k, a->v, a->att, a->lse, B, T,
                       Hq, Hkv, D);
     bk->rope_bwd(bk, m->d_q, m->rope_cos, m->rope_sin, B, T, Hq, D);
     bk->rope_bwd(bk, m->d_k, m->rope_cos, m->rope_sin, B, T, Hkv, D);
     linear_bwd(bk, m->d_ln, LG(m, l, P_WQ), opt_param(m, l, P_BQ, 1), m->d_q, a->ln1,
                LP(m, l, P_WQ), N, C, Hq * D, 0);
-    lora_bwd(m, l, LORA_Q, m->d_ln, m->d_q, a->ln1, N, C, Hq * D);
+    lora_bwd(m, l, LORA_Q, m->d_ln, m->d_q, a->ln1, 0, N, C, Hq * D);
     linear_bwd(bk, m->d_ln, LG(m, l, P_WK), opt_param(m, l, P_BK, 1), m->d_k, a->ln1,
                LP(m, l, P_WK), N, C, Hkv * D, 1);
-    lora_bwd(m, l, LORA_K, m->d_ln, m->d_k, a->ln1, N, C, Hkv * D);
+    lora_bwd(m, l, LORA_K, m->d_ln, m->d_k, a->ln1, 0, N, C, Hkv * D);
     linear_bwd(bk, m->d_ln, LG(m, l, P_WV), opt_param(m, l, P_BV, 1), m->d_v, a->ln1,
                LP(m, l, P_WV), N, C, Hkv * D, 1);
-    lora_bwd(m, l, LORA_V, m->d_ln, m->d_v, a->ln1, N, C, Hkv * D);
+    lora_bwd(m, l, LORA_V, m->d_ln, m->d_v, a->ln1, 0, N, C, Hkv * D);
     bk->rmsnorm_bwd(bk, m->d_res, LG(m, l, P_LN1), m->d_ln, a->xin, LP(m, l, P_LN1), a->rstd1, N, C);
 }
 

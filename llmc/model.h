@@ -65,6 +65,8 @@ typedef struct {
     ParamSpec *specs;  // stb_ds array: the parameter table
     size_t num_params, num_trainable, num_resident;
     size_t stream_block;  // elements of one layer's streamed block (0: nothing streamed)
+    int world;            // the trainable range [0, shard * world) splits into world shards
+    size_t shard;
     LoraConfig lora;
     float lora_scale;
     int embed, final_norm, lm_head;      // indices into specs (lm_head == embed when tied)
@@ -74,8 +76,10 @@ typedef struct {
 void model_config_defaults(ModelConfig *c);
 // Checks the shape fields; on error fails naming `source` and the field.
 void model_config_validate(const ModelConfig *c, const char *source);
-// stream: frozen per-layer weights go to host blocks (layer_offloading).
-void param_table_build(ParamTable *t, const ModelConfig *c, const LoraConfig *lora, int stream);
+// stream: frozen per-layer weights go to host blocks (layer_offloading); world: ranks that
+// shard the trainable range.
+void param_table_build(ParamTable *t, const ModelConfig *c, const LoraConfig *lora, int stream,
+                       int world);
 void param_table_free(ParamTable *t);
 // Spec index of a layer parameter, or -1.
 static inline int param_index(const ParamTable *t, int layer, int kind) {
@@ -94,15 +98,29 @@ typedef struct {
 } LayerActs;
 
 struct ActStore;
+struct Comm;
+
+// How the model's state is stored across processes and memories.
+typedef struct {
+    int stream;              // layer_offloading: frozen layer weights streamed from host
+    struct Comm *comm;       // NULL: one process
+    int zero_stage;          // 0: all-reduce gradients; 1: shard optimizer state (ZeRO-1)
+    int offload_optimizer;   // fp32 master and AdamW moments in host memory, update on the CPU
+} ModelOptions;
 
 typedef struct {
     Backend *bk;
     ModelConfig cfg;
     ParamTable tab;
-    // Flat buffers laid out by the parameter table: params holds every tensor, the rest only
-    // the trainable ones (indexed by ParamSpec.goff).
+    // Flat buffers laid out by the parameter table: params holds every resident tensor
+    // (trainable ones first, at their goff), grads every trainable one. The optimizer state
+    // covers this rank's range [opt_lo, opt_hi) of trainable indices: all of them unless
+    // zero_stage >= 1. With offload_optimizer it lives in host memory.
+    ModelOptions opt;
     void *params, *grads;         // act precision
-    float *master, *adam_m, *adam_v;  // fp32; master NULL when act precision is fp32
+    float *master, *adam_m, *adam_v;  // fp32; master NULL when act precision is fp32 (and no offload)
+    float *host_grads;            // offload_optimizer: gradients copied for the CPU update
+    size_t opt_lo, opt_hi;
     void *lora_tmp, *lora_dtmp, *lora_xd, *lora_dxd;  // LoRA scratch: [N, r] and [N, max in]
     // layer_offloading: frozen layer weights in pinned host blocks, two device slots.
     void *host_blocks;
@@ -123,7 +141,8 @@ typedef struct {
     void *logits;                 // [V] for sampling
 } Model;
 
-void model_create(Model *m, Backend *bk, const ModelConfig *cfg, const LoraConfig *lora, int stream);
+void model_create(Model *m, Backend *bk, const ModelConfig *cfg, const LoraConfig *lora,
+                  const ModelOptions *opt);
 void model_alloc_acts(Model *m, int B, int T, const MemPolicy *policy);
 void model_free(Model *m);
 // Fill parameters: normal(0, 0.02) for matrices, zeros for biases, ones for norms.

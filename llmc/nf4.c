@@ -14,7 +14,10 @@ const float nf4_code[16] = {
     0.44070982933044434f, 0.5626170039176941f, 0.7229568362236023f, 1.0f,
 };
 
-// bitsandbytes' tree constants: the float64 midpoint of neighbouring codes, as fp32.
+// bitsandbytes' tree constants (dQuantizeNF4), as a C or CUDA compiler reads these fp32
+// literals: each is the float64 midpoint of neighbouring codes printed to 16-17 digits, which
+// gives the fp32 nearest that midpoint except for entries 0, 8, 12 and 14, whose midpoint is
+// an exact fp32 tie that the printed digits break to one side.
 const float nf4_threshold[15] = {
     -0.8480964004993439f, -0.6106329262256622f, -0.4599952697753906f, -0.33967943489551544f,
     -0.23460740596055984f, -0.13791173323988914f, -0.045525018125772476f, 0.03979014977812767f,
@@ -154,11 +157,18 @@ void nf4_quantize(Nf4Weight *q, const float *w, int ndim, const int64_t *shape, 
         }
         amax[b] = m;
         float inv = 1.0f / m;  // inf for an all-zero block: 0 * inf = NaN -> code 0
-        uint8_t *out = q->packed + s0 / 2;
-        for (size_t i = 0; i < len; i += 2) {
-            float s1 = (i + 1 < len ? x[i + 1] : 0.0f) * inv;  // zero padding past the end
-            out[i / 2] = (uint8_t)(nf4_encode(x[i] * inv) << 4 | nf4_encode(s1));
+        // The code is the number of thresholds below s: what nf4_encode's tree computes,
+        // written without branches so that it vectorizes.
+        uint8_t c[4096 + 1];
+        for (size_t i = 0; i < len; i++) {
+            float s = x[i] * inv;
+            int k = 0;
+            for (int t = 0; t < 15; t++) k += s > nf4_threshold[t];
+            c[i] = (uint8_t)k;
         }
+        if (len % 2) c[len] = nf4_encode(0.0f * inv);  // the zero padding past the end
+        uint8_t *out = q->packed + s0 / 2;
+        for (size_t i = 0; i < len; i += 2) out[i / 2] = (uint8_t)(c[i] << 4 | c[i + 1]);
     }
     if (!nested) {
         q->absmax = amax;
@@ -191,14 +201,17 @@ void nf4_dequantize_range(const Nf4Weight *q, size_t begin, size_t count, float 
     size_t b0 = begin / bs, b1 = (end + bs - 1) / bs;
 #pragma omp parallel for schedule(static) if (count >= (1u << 16))
     for (size_t b = b0; b < b1; b++) {
-        float a = nf4_block_absmax(q, b);
-        size_t i0 = b * bs < begin ? begin : b * bs;
+        float a = nf4_block_absmax(q, b), lut[16];
+        for (int k = 0; k < 16; k++) lut[k] = nf4_code[k] * a;  // the same products, once
+        size_t i = b * bs < begin ? begin : b * bs;
         size_t i1 = (b + 1) * bs > end ? end : (b + 1) * bs;
-        for (size_t i = i0; i < i1; i++) {
-            uint8_t byte = q->packed[i / 2];
-            int c = i % 2 ? byte & 15 : byte >> 4;
-            out[i - begin] = nf4_code[c] * a;
+        const uint8_t *p = q->packed;
+        if (i < i1 && i % 2) out[i - begin] = lut[p[i / 2] & 15], i++;
+        for (; i + 1 < i1; i += 2) {
+            out[i - begin] = lut[p[i / 2] >> 4];
+            out[i + 1 - begin] = lut[p[i / 2] & 15];
         }
+        if (i < i1) out[i - begin] = lut[p[i / 2] >> 4];
     }
 }
 
@@ -247,9 +260,9 @@ int nf4_py_repr(double v, char *buf) {
     unsigned long long d = 0;
     int e10 = 0;
     for (int prec = 1; prec <= 17; prec++) {
-        unsigned long long c;
-        int e;
-        digits_at(v, prec, &c, &e);
+        unsigned long long c = 0;
+        int e = 0;
+        if (!digits_at(v, prec, &c, &e)) continue;
         if (round_trips(v, c, e)) {
             d = c, e10 = e;
             break;

@@ -49,7 +49,8 @@ typedef struct {
 
 // The 16 NF4 values (bitsandbytes get_4bit_type("nf4")), ascending; index = 4-bit code.
 extern const float nf4_code[16];
-// Thresholds of the decision tree: nf4_threshold[k] separates codes k and k+1 (15 values).
+// Thresholds of the decision tree: nf4_threshold[k] separates codes k and k+1 (15 values);
+// bitsandbytes' fp32 constants, each one of the two fp32 values nearest the midpoint.
 extern const float nf4_threshold[15];
 // create_dynamic_map(signed=True, max_exponent_bits=7, total_bits=8): 256 ascending values in
 // [-0.99296875, 1], as current PyTorch computes them on a CPU.

@@ -39,8 +39,8 @@ static Event *c_event_create(Backend *bk) { (void)bk; return (Event *)(uintptr_t
 static void c_event_destroy(Backend *bk, Event *e) { (void)bk, (void)e; }
 static void c_sync(Backend *bk) { (void)bk; }
 
-void plan_measure(const ModelConfig *c, const LoraConfig *lora, const MemPolicy *p, int B, int T,
-                  int act_bytes, size_t *dev, size_t *host, size_t *disk) {
+void plan_measure(const ModelConfig *c, const LoraConfig *lora, const ModelOptions *base,
+                  const MemPolicy *p, int B, int T, int act_bytes, size_t *dev, size_t *host, size_t *disk) {
     CountImpl ci = {0};
     Backend bk = {.name = "plan", .act_bytes = act_bytes, .dry_run = 1, .impl = &ci,
                   .dev_alloc = c_dev_alloc, .dev_free = c_dev_free, .host_alloc = c_host_alloc,
@@ -49,7 +49,9 @@ void plan_measure(const ModelConfig *c, const LoraConfig *lora, const MemPolicy 
                   .queue_destroy = c_queue_destroy, .event_create = c_event_create,
                   .event_destroy = c_event_destroy, .sync = c_sync};
     Model m;
-    model_create(&m, &bk, c, lora, p->stream_frozen);
+    ModelOptions mo = base ? *base : (ModelOptions){0};
+    mo.stream = p->stream_frozen;
+    model_create(&m, &bk, c, lora, &mo);
     model_alloc_acts(&m, B, T, p);
     *dev = bk.mem.peak;
     *host = bk.mem.host_peak;
@@ -81,7 +83,8 @@ static void rates(const Backend *bk, double *flops, double *link, double *disk) 
     *disk = gpu ? 2e9 : 1e9;
 }
 
-int plan_rows(const Config *cfg, const ModelConfig *c, const Backend *bk, PlanRow *rows, int max) {
+int plan_rows(const Config *cfg, const ModelConfig *c, const Backend *bk, const ModelOptions *mo,
+              PlanRow *rows, int max) {
     const int B = cfg->micro_batch_size, T = cfg->sequence_len, A = bk ? bk->act_bytes : 4;
     MemPolicy base;
     config_mem_policy(cfg, &base);
@@ -102,7 +105,7 @@ int plan_rows(const Config *cfg, const ModelConfig *c, const Backend *bk, PlanRo
             if (MODES[i].hidden) r->pol.every = 1;
             r->pol.tiled_mlp = tiled;
             snprintf(r->name, sizeof r->name, "%s%s", MODES[i].name, tiled ? " + tiled MLP" : "");
-            plan_measure(c, &lora, &r->pol, B, T, A, &r->dev_peak, &r->host_peak, &r->disk_peak);
+            plan_measure(c, &lora, mo, &r->pol, B, T, A, &r->dev_peak, &r->host_peak, &r->disk_peak);
             ActStats as;
             act_stats(c, &r->pol, B, T, A, &as);
             r->recompute_flops = as.recompute_flops * accum;

@@ -13,11 +13,13 @@ typedef struct {
 } PlanRow;
 
 // Device/host bytes of one mode, measured by building it on a counting backend.
-void plan_measure(const ModelConfig *c, const LoraConfig *lora, const MemPolicy *p, int B, int T,
-                  int act_bytes, size_t *dev, size_t *host, size_t *disk);
+void plan_measure(const ModelConfig *c, const LoraConfig *lora, const ModelOptions *mo,
+                  const MemPolicy *p, int B, int T, int act_bytes, size_t *dev, size_t *host, size_t *disk);
 // A row per mode: plain, checkpointing, selective, offloading true/legacy/disk, hidden_states,
 // and tiled-MLP variants. limit 0: everything fits.
-int plan_rows(const Config *cfg, const ModelConfig *c, const Backend *bk, PlanRow *rows, int max);
+// mo: sharding and optimizer offload as the run will use them (NULL: one process, resident).
+int plan_rows(const Config *cfg, const ModelConfig *c, const Backend *bk, const ModelOptions *mo,
+              PlanRow *rows, int max);
 void plan_print(const PlanRow *rows, int n, size_t limit, FILE *f);
 // The fastest row that fits, or NULL.
 const PlanRow *plan_pick(const PlanRow *rows, int n);

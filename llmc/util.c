@@ -18,9 +18,11 @@ void on_fail(void (*fn)(void)) {
     if (n_fail_hooks < 8) fail_hooks[n_fail_hooks++] = fn;
 }
 
+const char *fail_prefix = "";
+
 void fail(const char *fmt, ...) {
     fflush(stdout);
-    fputs("error: ", stderr);
+    fprintf(stderr, "error: %s", fail_prefix);
     va_list ap;
     va_start(ap, fmt);
     vfprintf(stderr, fmt, ap);

@@ -9,6 +9,7 @@
 void fail(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
 // Register a function that runs before fail() exits (e.g. remove a half-written checkpoint).
 void on_fail(void (*fn)(void));
+extern const char *fail_prefix;  // e.g. "rank 1: " when several processes train together
 
 void *xmalloc(size_t n);
 void *xcalloc(size_t n, size_t size);

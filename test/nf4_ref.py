@@ -5,9 +5,9 @@ What bitsandbytes does (quantize_4bit with quant_type="nf4", CUDA kernel kQuanti
   * flatten the weight row-major, cut it into blocks of `blocksize` (64) elements; the last block
     may be short;
   * absmax[b] = max |w| over the block (fp32); s = w * (1 / absmax[b]) in fp32;
-  * code = number of decision thresholds strictly below s, where threshold k (1..15) is the fp32
-    rounding of the float64 midpoint of NF4 values k-1 and k (a NaN, from an all-zero block
-    where 0 * inf = NaN, compares false everywhere and gets code 0);
+  * code = number of decision thresholds strictly below s; the thresholds are the kernel's fp32
+    constants, the midpoints of neighbouring NF4 values (a NaN, from an all-zero block where
+    0 * inf = NaN, compares false everywhere and gets code 0);
   * two codes per byte, element 2i in the high nibble; an odd count pads with s = 0.
 Double quantization (compress_statistics / nested): offset = mean(absmax), d = absmax - offset
 (fp32) is quantized blockwise (256) to 8 bits with the signed dynamic map; a value between two
@@ -39,10 +39,20 @@ NF4_VALUES = [
 NF4_CODE = np.array(NF4_VALUES, dtype=np.float32)
 
 
+# The decision tree's constants in bitsandbytes' dQuantizeNF4 (csrc/kernels.cu), as written
+# there: float64 midpoints of neighbouring codes printed to 16-17 digits, used as fp32 literals.
+TREE_LITERALS = [
+    "-0.8480964004993439", "-0.6106329262256622", "-0.4599952697753906", "-0.33967943489551544",
+    "-0.23460740596055984", "-0.13791173323988914", "-0.045525018125772476", "0.03979014977812767",
+    "0.1202552504837513", "0.2035212516784668", "0.2920137718319893", "0.3893125355243683",
+    "0.5016634166240692", "0.6427869200706482", "0.8614784181118011",
+]
+
+
 def nf4_thresholds():
-    """15 fp32 decision thresholds: midpoints of consecutive (float64 of fp32) code values."""
-    c = NF4_CODE.astype(np.float64)
-    return ((c[:-1] + c[1:]) / 2.0).astype(np.float32)
+    """15 fp32 decision thresholds, each literal rounded once to fp32 as a compiler reads it
+    (not via float64: four midpoints are exact fp32 ties that the printed digits break)."""
+    return np.array([_round_f32(Fraction(s)) for s in TREE_LITERALS], dtype=np.float32)
 
 
 def nf4_encode(s):

@@ -25,6 +25,7 @@ def tests(build):
         ("bad_inputs", [PY, "test/test_bad_inputs.py", "--bin", bin_]),
         ("resume", [PY, "test/test_resume.py", "--bin", bin_]),
         ("torch_ref", [PY, "test/test_torch_ref.py", "--bin", bin_]),
+        ("lora_ref", [PY, "test/test_lora_ref.py", "--bin", bin_]),
         ("train_smoke", [PY, "test/test_train_smoke.py", "--bin", bin_]),
         ("cuda", [PY, "test/test_cuda.py", "--bin", bin_]),
     ]

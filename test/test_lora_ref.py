@@ -23,6 +23,9 @@ checks:
   resume_adapter      4 steps with save_steps 2 (lora_dropout 0.1) vs resuming from
                       checkpoint-2: steps 3-4 identical, final adapters byte-identical; the
                       checkpoint holds adapter files, adapter-only optimizer moments, no base.
+  memory_modes        full recompute every 2nd layer + tiled MLP + layer_offloading, and
+                      selective recompute + activation offloading, match the reference.
+  dropout_tiled_mlp   lora_dropout 0.3: tiled_mlp (4 tiles) gives the losses of the untiled run.
   bad_*               refused with exit 1 and one 'error:' line naming the culprit.
 
 --perturb-lr X / --perturb-alpha X change what the candidate trainer is given (to see the
@@ -67,10 +70,11 @@ def sha(path):
         return hashlib.sha256(f.read()).hexdigest()
 
 
-def setup(work, cfg, n_tokens, seed, qk_std=0.25):
-    """Model dir, shard and tokens for a case."""
+def setup(work, cfg, n_tokens, seed, **init):
+    """Model dir, shard and tokens for a case; init: extra R.init_weights arguments."""
     os.makedirs(work, exist_ok=True)
-    weights = R.init_weights(cfg, seed=seed, qk_std=qk_std)
+    init.setdefault("qk_std", 0.25)  # attention far from uniform
+    weights = R.init_weights(cfg, seed=seed, **init)
     model_dir = os.path.join(work, "model")
     R.save_hf_dir(model_dir, cfg, weights)
     shard = os.path.join(work, "train.bin")
@@ -261,9 +265,10 @@ def case_subset_rslora_qwen2(root):
     cfg = R.make_config(vocab_size=80, hidden_size=48, intermediate_size=96, num_hidden_layers=2,
                         num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True,
                         attention_bias=True, model_type="qwen2", rms_norm_eps=1e-6)
-    model_dir, shard, tokens, weights = setup(work, cfg, 1200, seed=22)
+    # a tied head with the default embed_std 0.5 starts at loss ~22: keep the logits sane
+    model_dir, shard, tokens, weights = setup(work, cfg, 1200, seed=22, embed_std=0.1)
     targets = ["q_proj", "v_proj", "down_proj"]
-    spec = R.lora_spec(cfg, r=4, alpha=6, targets=targets, use_rslora=True, seed=22)
+    spec = R.lora_spec(cfg, r=4, alpha=6, targets=targets, use_rslora=True, seed=22, b_std=0.2)
     # PEFT stores target_modules as a set: any order must do
     R.save_adapter_dir(os.path.join(work, "adapter_in"), spec,
                        target_order=["down_proj", "v_proj", "q_proj"])
@@ -461,6 +466,73 @@ def case_resume_adapter(root):
     return errs, f"steps 3-4 losses {[a.get(s, {}).get('loss') for s in (3, 4)]}"
 
 
+def case_memory_modes(root):
+    """Recompute, tiled MLP, layer streaming and offloading must not change an adapter run."""
+    work = os.path.join(root, "modes")
+    cfg = R.make_config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
+                        num_attention_heads=4, num_key_value_heads=2)
+    model_dir, shard, tokens, weights = setup(work, cfg, 1000, seed=88)
+    spec = R.lora_spec(cfg, r=4, alpha=8, targets=["q_proj", "o_proj", "up_proj", "down_proj"],
+                       seed=88, b_std=0.1)
+    R.save_adapter_dir(os.path.join(work, "adapter_in"), spec)
+    tc = R.train_config(sequence_len=16, micro_batch_size=2, gradient_accumulation_steps=2,
+                        max_steps=3, learning_rate=5e-3, lr_scheduler="cosine", warmup_steps=1,
+                        weight_decay=0.1, max_grad_norm=1.0)
+    tc.update(base_model=model_dir, train_data=shard)
+    tc.update(lora_keys(spec, model_dir=os.path.join(work, "adapter_in")))
+    ref = R.train_reference(cfg, weights, tokens, tc, lora=spec)
+    modes = {
+        "recompute_tiled_streamed": {"gradient_checkpointing": "true",
+                                     "gradient_checkpointing_every": 2, "tiled_mlp": True,
+                                     "tiled_mlp_shards": 3, "layer_offloading": True},
+        "selective_offloaded": {"gradient_checkpointing": "selective",
+                                "activation_offloading": "true", "min_offload_size": 0},
+    }
+    errs = []
+    for name, extra in modes.items():
+        t = dict(tc, output_dir=os.path.join(work, name))
+        t.update(extra)
+        e = []
+        run_trainer(work, perturbed(t), name=name + ".yaml")
+        compare_rows(rows_by_step(t["output_dir"]), ref, range(1, 4), e)
+        got = read_trainer_adapter(t["output_dir"], e, spec)
+        compare_tensors(got["weights"], ref["adapter"], e, "final adapter")
+        errs += [f"{name}: {x}" for x in e]
+    return errs, ", ".join(modes)
+
+
+def case_dropout_tiled_mlp(root):
+    """lora_dropout masks belong to (seed, micro-batch, layer, projection, element): running the
+    MLP over row tiles must not change them (nor repeat one tile's mask in every tile)."""
+    work = os.path.join(root, "dropout_tiled")
+    cfg = R.make_config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                        num_attention_heads=4, num_key_value_heads=2)
+    model_dir, shard, tokens, weights = setup(work, cfg, 1000, seed=77)
+    tc = R.train_config(sequence_len=16, micro_batch_size=2, gradient_accumulation_steps=1,
+                        max_steps=3, learning_rate=5e-3, lr_scheduler="constant", warmup_steps=0,
+                        weight_decay=0.1, max_grad_norm=1.0)
+    spec = R.lora_spec(cfg, r=4, alpha=8, targets=ALL, seed=77, dropout=0.3, b_std=0.2)
+    R.save_adapter_dir(os.path.join(work, "adapter_in"), spec)  # B != 0: dropout acts at once
+    tc.update(base_model=model_dir, train_data=shard, output_dir=os.path.join(work, "plain"))
+    tc.update(lora_keys(spec, target_linear=True, model_dir=os.path.join(work, "adapter_in")))
+    tc = perturbed(tc)
+    run_trainer(work, tc, name="plain.yaml")
+    tct = dict(tc, output_dir=os.path.join(work, "tiled"), tiled_mlp=True, tiled_mlp_shards=4)
+    run_trainer(work, tct, name="tiled.yaml")
+    tc0 = dict(tc, output_dir=os.path.join(work, "nodrop"), lora_dropout=0.0)
+    run_trainer(work, tc0, name="nodrop.yaml")
+    a, b, c = (rows_by_step(t["output_dir"]) for t in (tc, tct, tc0))
+    errs = []
+    for s in (1, 2, 3):
+        for k in ("loss", "grad_norm"):
+            x, y = a.get(s, {}).get(k), b.get(s, {}).get(k)
+            if x is None or y is None or rel(y, x) > 1e-6:
+                errs.append(f"step {s}: {k} {y!r} with tiled_mlp (4 tiles) vs {x!r} untiled")
+    if 1 in a and 1 in c and rel(a[1]["loss"], c[1]["loss"]) < 1e-5:
+        errs.append("test setup: lora_dropout 0.3 barely changes the step-1 loss")
+    return errs, f"losses untiled {[a.get(s, {}).get('loss') for s in (1, 2, 3)]}"
+
+
 def bad_cases(root):
     """(name, tc tweaks, --set list, adapter dir tweak, regexes the error line must match)."""
     return [
@@ -476,6 +548,10 @@ def bad_cases(root):
          {"r": 3, "lora_alpha": 9}, [r"\b7\b", r"\b9\b"]),
         ("bad_targets_mismatch", {"lora_r": 3, "lora_target_modules": ["q_proj", "k_proj"]}, [],
          {"r": 3}, [r"target_modules"]),
+        # the scale alpha/sqrt(r) vs alpha/r is as much a part of the adapter as alpha
+        ("bad_rslora_mismatch", {"lora_r": 4, "lora_target_modules": ["q_proj", "v_proj"],
+                                 "use_rslora": False}, [],
+         {"r": 4, "use_rslora": True}, [r"use_rslora"]),
     ]
 
 
@@ -489,7 +565,8 @@ def run_bad(root, name, tweaks, sets, adapter_tweak, patterns):
               adapter="lora", lora_alpha=16)
     if adapter_tweak is not None:
         spec = R.lora_spec(cfg, r=adapter_tweak["r"], alpha=adapter_tweak.get("lora_alpha", 16),
-                           targets=["q_proj", "v_proj"], seed=1)
+                           targets=["q_proj", "v_proj"], seed=1,
+                           use_rslora=adapter_tweak.get("use_rslora", False))
         R.save_adapter_dir(os.path.join(work, "adapter_in"), spec)
         tc["lora_model_dir"] = os.path.join(work, "adapter_in")
     tc.update(tweaks)
@@ -535,7 +612,9 @@ def main():
              ("subset_rslora_qwen2", case_subset_rslora_qwen2),
              ("merge_lora", case_merge_lora),
              ("fresh_adapter_eval", case_fresh_adapter_eval),
-             ("resume_adapter", case_resume_adapter)]
+             ("resume_adapter", case_resume_adapter),
+             ("memory_modes", case_memory_modes),
+             ("dropout_tiled_mlp", case_dropout_tiled_mlp)]
     for name, tweaks, sets, at, pats in bad_cases(root):
         cases.append((name, lambda r, a=(name, tweaks, sets, at, pats): run_bad(r, *a)))
     passed = failed = 0

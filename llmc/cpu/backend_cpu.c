@@ -148,9 +148,10 @@ static void cpu_attention_bwd(Backend *bk, void *dq, void *dk, void *dv, const v
     (void)bk;
     attention_bwd_f32(dq, dk, dv, dout, q, k, v, out, lse, B, T, Hq, Hkv, D);
 }
-static void cpu_dropout(Backend *bk, void *y, const void *x, size_t n, float p, uint64_t seed) {
+static void cpu_dropout(Backend *bk, void *y, const void *x, size_t n, float p, uint64_t seed,
+                        size_t first) {
     (void)bk;
-    dropout_f32(y, x, n, p, seed);
+    dropout_f32(y, x, n, p, seed, first);
 }
 static void cpu_swiglu_fwd(Backend *bk, void *h, const void *g, const void *u, size_t n) {
     (void)bk;

@@ -25,7 +25,7 @@
                            const R *v, const R *out, const float *lse, int B, int T, int Hq,     \
                            int Hkv, int D);                                                      \
     void swiglu_fwd_##S(R *h, const R *gate, const R *up, size_t n);                             \
-    void dropout_##S(R *y, const R *x, size_t n, float p, uint64_t seed);                        \
+    void dropout_##S(R *y, const R *x, size_t n, float p, uint64_t seed, size_t first);          \
     void swiglu_bwd_##S(R *dgate, R *dup, const R *dh, const R *gate, const R *up, size_t n);    \
     void classifier_ce_##S(float *losses, R *dx, R *dW, const R *x, const R *W,                  \
                            const int32_t *tgt, int N, int V, int C, R scale);                    \
