@@ -3,7 +3,7 @@ CC ?= gcc
 BLAS_INC := /usr/include/x86_64-linux-gnu/openblas-openmp
 BLAS_LIB := /usr/lib/x86_64-linux-gnu/openblas-openmp
 CFLAGS ?= -O3 -g
-override CFLAGS += -pthread -std=c11 -D_GNU_SOURCE -Wall -Wextra -Wno-unused-parameter -fopenmp -I. -Illmc \
+override CFLAGS += -pthread -std=c11 -D_GNU_SOURCE -Wall -Wextra -Wno-unused-parameter -Wno-missing-field-initializers -fopenmp -I. -Illmc \
           -I/usr/include/stb -I$(BLAS_INC)
 MPI_CFLAGS := $(shell mpicc --showme:compile 2>/dev/null)
 MPI_LIBS := $(shell mpicc --showme:link 2>/dev/null)
@@ -11,7 +11,7 @@ override CFLAGS += $(MPI_CFLAGS)
 LDLIBS := -L$(BLAS_LIB) -Wl,-rpath,$(BLAS_LIB) -lopenblas -lyaml -lcjson -lm $(MPI_LIBS)
 BUILD ?= build
 
-LIB_SRC := llmc/util.c llmc/config.c llmc/model.c llmc/actstore.c llmc/diskio.c llmc/plan.c llmc/weights.c llmc/comm.c llmc/optim.c llmc/data.c llmc/checkpoint.c \
+LIB_SRC := llmc/util.c llmc/config.c llmc/model.c llmc/actstore.c llmc/diskio.c llmc/plan.c llmc/weights.c llmc/comm.c llmc/quantize.c llmc/optim.c llmc/data.c llmc/checkpoint.c \
            llmc/safetensors.c llmc/hf.c llmc/nf4.c llmc/stb_ds_impl.c llmc/cpu/backend_cpu.c \
            llmc/cpu/kernels_f32.c llmc/cpu/kernels_f64.c
 LIB_OBJ := $(LIB_SRC:%.c=$(BUILD)/%.o)

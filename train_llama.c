@@ -17,6 +17,7 @@
 #include "llmc/model.h"
 #include "llmc/optim.h"
 #include "llmc/plan.h"
+#include "llmc/quantize.h"
 #include "llmc/util.h"
 #include "stb_ds.h"
 
@@ -180,6 +181,10 @@ static void save_final(const Model *m, const Config *cfg) {
 
 int main(int argc, char **argv) {
     backend_cpu_preinit(argv);
+    if (argc == 4 && !strcmp(argv[1], "--quantize")) {  // a tool, not a training run
+        quantize_model(argv[2], argv[3]);
+        return 0;
+    }
     Comm *comm = comm_create(&argc, &argv);
     const int world = comm->world, rank = comm->rank;
     if (world > 1) {
@@ -204,7 +209,7 @@ int main(int argc, char **argv) {
     MemPolicy pol;
     config_mem_policy(&cfg, &pol);
     ModelOptions mo = {.stream = pol.stream_frozen, .comm = comm, .zero_stage = cfg.zero_stage,
-                       .offload_optimizer = cfg.offload_optimizer};
+                       .offload_optimizer = cfg.offload_optimizer, .load_in_4bit = cfg.load_in_4bit};
     PlanRow rows[32];
     int nrows = 0;
     char fitting[1024] = "";
@@ -227,8 +232,10 @@ int main(int argc, char **argv) {
     if (fitting[0]) bk->oom_hint = fitting;
     LoraConfig lora;
     config_lora(&cfg, &lora);
-    if (!strcmp(cfg.adapter, "qlora") || cfg.load_in_4bit)
-        fail("adapter: qlora / load_in_4bit: NF4 storage is not implemented yet; use adapter: lora");
+    if (!strcmp(cfg.adapter, "qlora") && !cfg.load_in_4bit)
+        fail("adapter: qlora needs load_in_4bit: true (the frozen base in NF4)");
+    if (cfg.load_in_4bit && !lora.r)
+        fail("load_in_4bit: a 4-bit base can only be trained through adapters (adapter: qlora)");
     if (cfg.layer_offloading && !lora.r)
         fail("layer_offloading streams frozen weights; a full fine-tuning run has none (use adapter: lora)");
     Model model;

@@ -136,6 +136,9 @@ struct Backend {
                   float *v_f32, size_t n, float lr, float beta1, float beta2, float eps,
                   float weight_decay, float grad_scale, int t);
 
+    // QLoRA: out[n] (act) = the NF4 weight held in a region (nf4.h's device layout).
+    void (*nf4_dequantize)(Backend *, void *out, const void *region, size_t n);
+
     void (*destroy)(Backend *);
 };
 

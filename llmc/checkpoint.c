@@ -11,6 +11,7 @@
 #include <unistd.h>
 #include "comm.h"
 #include "hf.h"
+#include "nf4.h"
 #include "safetensors.h"
 #include "stb_ds.h"
 
@@ -47,6 +48,13 @@ static int selected(const ParamSpec *p, int sel) {
 
 static float *moment(const Model *m, int sel) { return sel == SEL_EXP_AVG ? m->adam_m : m->adam_v; }
 
+// nf4_load looks tensors up through this, whatever the source.
+typedef struct { const StTensor *(*find)(const void *, const char *); const void *src; } FindCtx;
+static const StTensor *find_via(void *ctx, const char *name) {
+    FindCtx *f = ctx;
+    return f->find(f->src, name);
+}
+
 // Loads the selected tensors via a lookup function (a model directory or one file).
 static void load_params(Model *m, const char *where, const StTensor *(*find)(const void *, const char *),
                         const void *src, int sel) {
@@ -59,6 +67,17 @@ static void load_params(Model *m, const char *where, const StTensor *(*find)(con
         if (!selected(p, sel)) continue;
         char name[160];
         snprintf(name, sizeof name, "%s%s", SEL_PREFIX[sel], p->name);
+        if (p->quant) {  // QLoRA: a bitsandbytes 4-bit tensor loads as it is; else quantize
+            Nf4Weight q;
+            FindCtx fc = {find, src};
+            if (nf4_load(&q, name, find_via, &fc)) {
+                if (q.ndim != 2 || q.shape[0] != p->shape[0] || q.shape[1] != p->shape[1])
+                    fail("%s: 4-bit tensor '%s' has the wrong shape", where, name);
+                model_set_param_nf4(m, i, &q);
+                nf4_free(&q);
+                continue;
+            }
+        }
         const StTensor *t = find(src, name);
         if (!t) fail("%s: missing tensor '%s'", where, name);
         check_shape(t, p, where);

@@ -341,6 +341,8 @@ void config_print_help(FILE *f) {
     fprintf(f,
             "usage: train_llama -c CONFIG.yaml [--set key=value]... [--plan]\n"
             "  --plan  print the memory plan of every mode and exit without training\n"
+            "       train_llama --quantize IN_DIR OUT_DIR\n"
+            "  write IN_DIR's model with NF4 decoder weights in bitsandbytes' layout\n"
             "Trains a Llama-family model. Keys (YAML, Axolotl names; --set overrides):\n");
     for (size_t i = 0; i < NKEYS; i++) {
         const KeyDef *k = &KEYS[i];

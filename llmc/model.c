@@ -6,6 +6,7 @@
 #include <string.h>
 #include "stb_ds.h"
 #include "actstore.h"
+#include "nf4.h"
 #include "comm.h"
 #include "weights.h"
 #include "util.h"
@@ -68,7 +69,7 @@ static int add_param(ParamTable *t, const char *name, int64_t d0, int64_t d1, in
 }
 
 void param_table_build(ParamTable *t, const ModelConfig *c, const LoraConfig *lora, int stream,
-                       int world) {
+                       int world, int quant) {
     memset(t, 0, sizeof *t);
     t->cfg = *c;
     if (lora) t->lora = *lora;
@@ -139,16 +140,28 @@ void param_table_build(ParamTable *t, const ModelConfig *c, const LoraConfig *lo
     t->world = world > 0 ? world : 1;
     t->shard = (g + t->world - 1) / t->world;
     size_t res = t->shard * t->world, *blk = xcalloc(L, sizeof(size_t));
+    size_t *qo = xcalloc(L, sizeof(size_t)), *dq = xcalloc(L, sizeof(size_t));
     for (int i = 0; i < (int)arrlen(t->specs); i++) {
         ParamSpec *p = &t->specs[i];
         p->streamed = stream && p->layer >= 0 && !p->trainable;
-        if (p->trainable) p->offset = p->goff;
-        else if (p->streamed) p->offset = blk[p->layer], blk[p->layer] += p->numel;
-        else p->offset = res, res += p->numel;
+        // QLoRA: the frozen decoder matrices (not norms, biases or adapters) are NF4.
+        p->quant = quant && p->layer >= 0 && !p->trainable && p->ndim == 2;
+        if (p->quant) {
+            p->qoff = qo[p->layer], qo[p->layer] += nf4_region_bytes(p->numel, 64, 1);
+            p->deq_off = dq[p->layer], dq[p->layer] += p->numel;
+        } else if (p->trainable) {
+            p->offset = p->goff;
+        } else if (p->streamed) {
+            p->offset = blk[p->layer], blk[p->layer] += p->numel;
+        } else {
+            p->offset = res, res += p->numel;
+        }
     }
-    t->stream_block = blk[0];
+    t->stream_block = L ? blk[0] : 0;
+    t->qregion = L ? qo[0] : 0;
+    t->deq_elems = L ? dq[0] : 0;
     t->num_resident = res;
-    free(blk);
+    free(blk), free(qo), free(dq);
 }
 
 void param_table_free(ParamTable *t) {
@@ -189,19 +202,24 @@ void model_create(Model *m, Backend *bk, const ModelConfig *cfg, const LoraConfi
     m->cfg = *cfg;
     if (opt) m->opt = *opt;
     const int world = m->opt.comm ? m->opt.comm->world : 1, rank = m->opt.comm ? m->opt.comm->rank : 0;
-    param_table_build(&m->tab, cfg, lora, m->opt.stream, world);
+    param_table_build(&m->tab, cfg, lora, m->opt.stream, world, m->opt.load_in_4bit);
     const size_t n = m->tab.num_resident, full = m->tab.shard * world;
     m->opt_lo = m->opt.zero_stage >= 1 ? rank * m->tab.shard : 0;
     m->opt_hi = m->opt.zero_stage >= 1 ? m->opt_lo + m->tab.shard : m->tab.num_trainable;
     const size_t g = m->opt_hi - m->opt_lo;
     m->params = dev_alloc_zero(bk, n * bk->act_bytes, "parameters");
-    if (m->tab.stream_block) {
-        const int L = cfg->num_hidden_layers;
-        size_t block = m->tab.stream_block * bk->act_bytes;
-        m->host_blocks = bk->host_alloc(bk, block * L, "streamed frozen layer weights");
-        m->streamer = streamer_create(bk, L, block, m->host_blocks);
+    const int L = cfg->num_hidden_layers;
+    m->deq_layer = -1;
+    if (m->opt.stream && (m->tab.stream_block || m->tab.qregion)) {
+        // A streamed block: the layer's frozen act tensors, then its NF4 region (QLoRA).
+        m->tab.block_bytes = ((m->tab.stream_block * bk->act_bytes + 63) & ~(size_t)63) + m->tab.qregion;
+        m->host_blocks = bk->host_alloc(bk, m->tab.block_bytes * L, "streamed frozen layer weights");
+        m->streamer = streamer_create(bk, L, m->tab.block_bytes, m->host_blocks);
         m->layer_block = xcalloc(L, sizeof(void *));
+    } else if (m->tab.qregion) {
+        m->qweights = bk->dev_alloc(bk, m->tab.qregion * L, "NF4 frozen weights");
     }
+    if (m->tab.qregion) m->deq = bk->dev_alloc(bk, m->tab.deq_elems * bk->act_bytes, "dequantized layer weights");
     m->grads = dev_alloc_zero(bk, (full ? full : 1) * bk->act_bytes, "gradients");
     if (m->opt.offload_optimizer) {
         // ZeRO-Offload: the optimizer's fp32 state lives on the host and the update runs there.
@@ -300,6 +318,8 @@ void model_free(Model *m) {
         bk->host_free(bk, m->host_blocks);
         free(m->layer_block);
     }
+    bk->dev_free(bk, m->qweights);
+    bk->dev_free(bk, m->deq);
     bk->dev_free(bk, m->params);
     bk->dev_free(bk, m->grads);
     if (m->opt.offload_optimizer) {
@@ -316,10 +336,20 @@ void model_free(Model *m) {
     memset(m, 0, sizeof *m);
 }
 
+// Byte offset of the NF4 region inside a streamed block.
+static size_t quant_base(const Model *m) { return (m->tab.stream_block * m->bk->act_bytes + 63) & ~(size_t)63; }
+
 void model_set_param(Model *m, int i, const float *src) {
     const ParamSpec *p = &m->tab.specs[i];
+    if (p->quant) {
+        Nf4Weight q;
+        nf4_quantize(&q, src, p->ndim, p->shape, 64, 1, "float32", p->name);
+        model_set_param_nf4(m, i, &q);
+        nf4_free(&q);
+        return;
+    }
     if (p->streamed) {
-        char *blk = (char *)m->host_blocks + (size_t)p->layer * m->tab.stream_block * m->bk->act_bytes;
+        char *blk = (char *)m->host_blocks + (size_t)p->layer * m->tab.block_bytes;
         m->bk->host_from_f32(m->bk, blk + p->offset * m->bk->act_bytes, src, p->numel);
         return;
     }
@@ -331,8 +361,20 @@ void model_set_param(Model *m, int i, const float *src) {
 
 void model_get_param(const Model *m, int i, float *dst) {
     const ParamSpec *p = &m->tab.specs[i];
-    if (p->streamed) {
-        const char *blk = (const char *)m->host_blocks + (size_t)p->layer * m->tab.stream_block * m->bk->act_bytes;
+    if (p->quant) {
+        // Dequantized on the host from a copy of the region, exactly as the kernel would.
+        size_t bytes = nf4_region_bytes(p->numel, 64, 1);
+        void *r = xmalloc(bytes);
+        if (m->streamer) {
+            memcpy(r, (const char *)m->host_blocks + (size_t)p->layer * m->tab.block_bytes + quant_base(m) + p->qoff, bytes);
+        } else {
+            m->bk->copy_d2h(m->bk, r, (const char *)m->qweights + (size_t)p->layer * m->tab.qregion + p->qoff, bytes, NULL);
+            m->bk->sync(m->bk);
+        }
+        nf4_region_dequantize(r, dst);
+        free(r);
+    } else if (p->streamed) {
+        const char *blk = (const char *)m->host_blocks + (size_t)p->layer * m->tab.block_bytes;
         m->bk->host_to_f32(m->bk, dst, blk + p->offset * m->bk->act_bytes, p->numel);
     } else if (m->master && p->trainable && p->goff >= m->opt_lo && p->goff + p->numel <= m->opt_hi) {
         // The fp32 master when this rank holds all of it; else the gathered act copy.
@@ -356,6 +398,25 @@ void model_init_random(Model *m, uint64_t seed) {
         model_set_param(m, i, w);
         free(w);
     }
+}
+
+void model_set_param_nf4(Model *m, int i, const void *nf4_weight) {
+    const Nf4Weight *q = nf4_weight;
+    const ParamSpec *p = &m->tab.specs[i];
+    size_t bytes = nf4_region_bytes(q->n, q->blocksize, q->nested);
+    if (!p->quant || q->n != p->numel || bytes != nf4_region_bytes(p->numel, 64, 1))
+        fail("%s: 4-bit weight layout (blocksize %d, nested %d) is not the NF4 blocksize 64 with double "
+             "quantization this trainer stores", p->name, q->blocksize, q->nested);
+    if (m->streamer) {
+        nf4_region_pack(q, (char *)m->host_blocks + (size_t)p->layer * m->tab.block_bytes + quant_base(m) + p->qoff);
+    } else {
+        void *r = xmalloc(bytes);
+        nf4_region_pack(q, r);
+        m->bk->copy_h2d(m->bk, (char *)m->qweights + (size_t)p->layer * m->tab.qregion + p->qoff, r, bytes, NULL);
+        m->bk->sync(m->bk);
+        free(r);
+    }
+    m->deq_layer = -1;
 }
 
 void model_init_lora(Model *m, uint64_t seed) {
@@ -383,15 +444,29 @@ void model_set_batch(Model *m, const int32_t *tokens, const int32_t *targets, in
 // A parameter on the device; a streamed one lives in its layer's slot while acquired.
 static void *P(const Model *m, int i) {
     const ParamSpec *p = &m->tab.specs[i];
+    if (p->quant) return act_at(m->bk, m->deq, p->deq_off);
     return act_at(m->bk, p->streamed ? m->layer_block[p->layer] : m->params, p->offset);
 }
 
 // Frozen-layer streaming around each use of layer l's weights; `next` is the layer the engine
 // will need after it (prefetched now), -1 if none.
 static void weights_acquire(Model *m, int l, int next) {
-    if (!m->streamer) return;
-    m->layer_block[l] = streamer_acquire(m->streamer, l);
-    streamer_prefetch(m->streamer, next);
+    if (m->streamer) {
+        m->layer_block[l] = streamer_acquire(m->streamer, l);
+        streamer_prefetch(m->streamer, next);
+    }
+    // QLoRA: dequantize the layer's matrices into the scratch, unless it already holds them
+    // (a recompute followed by the same layer's backward dequantizes once).
+    if (!m->tab.qregion || m->deq_layer == l) return;
+    const char *region = m->streamer ? (const char *)m->layer_block[l] + quant_base(m)
+                                     : (const char *)m->qweights + (size_t)l * m->tab.qregion;
+    for (int k = 0; k < P_PER_LAYER; k++) {
+        int i = param_index(&m->tab, l, k);
+        if (i < 0 || !m->tab.specs[i].quant) continue;
+        const ParamSpec *p = &m->tab.specs[i];
+        m->bk->nf4_dequantize(m->bk, act_at(m->bk, m->deq, p->deq_off), region + p->qoff, p->numel);
+    }
+    m->deq_layer = l;
 }
 static void weights_release(Model *m, int l) {
     if (m->streamer) streamer_release(m->streamer, l);

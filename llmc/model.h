@@ -58,6 +58,8 @@ typedef struct {
     size_t goff;       // offset in the trainable buffers (grads, moments, master)
     int streamed;      // frozen layer weight streamed from host (offset is then within the
                        // layer's block, not the resident buffer)
+    int quant;         // QLoRA: NF4 in the layer's quant region at byte qoff, dequantized
+    size_t qoff, deq_off;  // before use into the layer scratch at element deq_off
 } ParamSpec;
 
 typedef struct {
@@ -65,6 +67,9 @@ typedef struct {
     ParamSpec *specs;  // stb_ds array: the parameter table
     size_t num_params, num_trainable, num_resident;
     size_t stream_block;  // elements of one layer's streamed block (0: nothing streamed)
+    size_t qregion;       // bytes of one layer's NF4 weights (0: no quantization)
+    size_t deq_elems;     // elements of the dequantization scratch (one layer's linear weights)
+    size_t block_bytes;   // streamed block: act tensors, then (aligned) the quant region
     int world;            // the trainable range [0, shard * world) splits into world shards
     size_t shard;
     LoraConfig lora;
@@ -77,9 +82,9 @@ void model_config_defaults(ModelConfig *c);
 // Checks the shape fields; on error fails naming `source` and the field.
 void model_config_validate(const ModelConfig *c, const char *source);
 // stream: frozen per-layer weights go to host blocks (layer_offloading); world: ranks that
-// shard the trainable range.
+// shard the trainable range; quant: the frozen decoder linear weights are NF4 (QLoRA).
 void param_table_build(ParamTable *t, const ModelConfig *c, const LoraConfig *lora, int stream,
-                       int world);
+                       int world, int quant);
 void param_table_free(ParamTable *t);
 // Spec index of a layer parameter, or -1.
 static inline int param_index(const ParamTable *t, int layer, int kind) {
@@ -106,6 +111,7 @@ typedef struct {
     struct Comm *comm;       // NULL: one process
     int zero_stage;          // 0: all-reduce gradients; 1: shard optimizer state (ZeRO-1)
     int offload_optimizer;   // fp32 master and AdamW moments in host memory, update on the CPU
+    int load_in_4bit;        // QLoRA: frozen decoder linear weights stored NF4
 } ModelOptions;
 
 typedef struct {
@@ -126,6 +132,9 @@ typedef struct {
     void *host_blocks;
     struct Streamer *streamer;
     void **layer_block;           // [L] device block of layer l while acquired
+    void *qweights;               // QLoRA without streaming: L quant regions on the device
+    void *deq;                    // dequantized linear weights of one layer
+    int deq_layer;                // which layer deq holds (-1: none)
     uint64_t dropout_seed;        // per micro-batch; set by the training loop
     // Activations, sized for B x T at model_alloc_acts, kept/offloaded/recomputed as the
     // activation store's policy says.
@@ -152,6 +161,9 @@ void model_init_lora(Model *m, uint64_t seed);
 // Host fp32 <-> device parameter i of the table.
 void model_set_param(Model *m, int i, const float *src);
 void model_get_param(const Model *m, int i, float *dst);
+struct Nf4Weight;
+// A weight already in NF4 (a bitsandbytes checkpoint) for a quantized table entry.
+void model_set_param_nf4(Model *m, int i, const void *nf4_weight);
 // Sets the micro-batch (host arrays of B*T ids; targets < 0 are ignored).
 void model_set_batch(Model *m, const int32_t *tokens, const int32_t *targets, int B, int T);
 // Forward pass of the current batch. With loss_scale > 0 it also runs backward, accumulating

@@ -510,3 +510,67 @@ int nf4_load(Nf4Weight *q, const char *name, Nf4FindFn find, void *ctx) {
     }
     return 1;
 }
+
+// ---- device layout -------------------------------------------------------------------------
+static size_t align16(size_t x) { return (x + 15) & ~(size_t)15; }
+
+size_t nf4_region_bytes(size_t n, int blocksize, int nested) {
+    size_t nb = (n + (size_t)blocksize - 1) / (size_t)blocksize;
+    size_t nn = nested ? (nb + 255) / 256 : 0;
+    size_t bytes = sizeof(Nf4RegionHeader);
+    bytes += nested ? align16(256 * sizeof(float)) + align16(nn * sizeof(float)) : align16(nb * sizeof(float));
+    bytes += align16((n + 1) / 2);
+    if (nested) bytes += align16(nb);
+    return bytes;
+}
+
+void nf4_region_pack(const Nf4Weight *q, void *region) {
+    Nf4RegionHeader h = {0};
+    h.n = q->n, h.nblocks = q->nblocks, h.nested_nblocks = q->nested ? q->nested_nblocks : 0;
+    h.blocksize = q->blocksize, h.nested = q->nested, h.nested_blocksize = q->nested_blocksize;
+    h.offset = q->offset;
+    char *p = region;
+    memset(region, 0, nf4_region_bytes(q->n, q->blocksize, q->nested));
+    memcpy(p, &h, sizeof h);
+    p += sizeof h;
+    if (q->nested) {
+        memcpy(p, q->nested_code, 256 * sizeof(float));
+        p += align16(256 * sizeof(float));
+        memcpy(p, q->nested_absmax, q->nested_nblocks * sizeof(float));
+        p += align16(q->nested_nblocks * sizeof(float));
+    } else {
+        memcpy(p, q->absmax, q->nblocks * sizeof(float));
+        p += align16(q->nblocks * sizeof(float));
+    }
+    memcpy(p, q->packed, (q->n + 1) / 2);
+    p += align16((q->n + 1) / 2);
+    if (q->nested) memcpy(p, q->qabsmax, q->nblocks);
+}
+
+void nf4_region_dequantize(const void *region, float *out) {
+    Nf4RegionHeader h;
+    memcpy(&h, region, sizeof h);
+    const char *p = (const char *)region + sizeof h;
+    const float *map = NULL, *absf = NULL, *nabs = NULL;
+    if (h.nested) {
+        map = (const float *)p;
+        p += align16(256 * sizeof(float));
+        nabs = (const float *)p;
+        p += align16(h.nested_nblocks * sizeof(float));
+    } else {
+        absf = (const float *)p;
+        p += align16(h.nblocks * sizeof(float));
+    }
+    const uint8_t *packed = (const uint8_t *)p;
+    const uint8_t *qabs = h.nested ? packed + align16((h.n + 1) / 2) : NULL;
+#pragma omp parallel for schedule(static)
+    for (size_t b = 0; b < h.nblocks; b++) {
+        // Same order as bitsandbytes: absmax' = map[q] * nested_absmax + offset, then code * it.
+        float am = h.nested ? map[qabs[b]] * nabs[b / (size_t)h.nested_blocksize] + h.offset : absf[b];
+        size_t i0 = b * (size_t)h.blocksize, i1 = i0 + (size_t)h.blocksize < h.n ? i0 + (size_t)h.blocksize : h.n;
+        for (size_t i = i0; i < i1; i++) {
+            uint8_t byte = packed[i / 2];
+            out[i] = nf4_code[i % 2 ? byte & 15 : byte >> 4] * am;
+        }
+    }
+}

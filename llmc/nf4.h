@@ -107,3 +107,19 @@ typedef const StTensor *(*Nf4FindFn)(void *ctx, const char *name);
 // loaded. Fails with one line naming the tensor on anything malformed: fp4, wrong sizes or
 // dtypes, bad or unknown JSON fields, a shape that does not match the data.
 int nf4_load(Nf4Weight *q, const char *name, Nf4FindFn find, void *ctx);
+
+// --- Device layout ------------------------------------------------------------------------
+// One quantized weight as the trainer keeps it in device (or streamed host) memory: a header,
+// then the 8-bit map (nested) or nothing, the fp32 absmax (plain) or nested absmax, the packed
+// codes, and the 8-bit absmax (nested). Dequantizing it needs nothing else.
+typedef struct {
+    uint64_t n, nblocks, nested_nblocks;
+    int32_t blocksize, nested, nested_blocksize, pad;
+    float offset, pad2[3];
+} Nf4RegionHeader;  // 48 bytes, so the arrays after it stay 16-byte aligned
+
+size_t nf4_region_bytes(size_t n, int blocksize, int nested);
+// Writes q into region (nf4_region_bytes(q->n, q->blocksize, q->nested) bytes, host memory).
+void nf4_region_pack(const Nf4Weight *q, void *region);
+// out[n] = dequantized weight, in float, from a host copy of a region.
+void nf4_region_dequantize(const void *region, float *out);

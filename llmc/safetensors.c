@@ -408,6 +408,12 @@ static int item_numel(const StWriteItem *it, size_t *numel) {
     size_t n = 1;
     for (int d = 0; d < it->ndim; d++)
         if (it->shape[d] < 0 || __builtin_mul_overflow(n, (size_t)it->shape[d], &n)) return 0;
+    if (it->dtype) {  // raw bytes of another dtype: sizes must agree
+        size_t es = st_dtype_size(it->dtype);
+        if (!es || n > SIZE_MAX / es || n * es != it->nbytes || (n && !it->raw)) return 0;
+        *numel = n;
+        return 1;
+    }
     if (n > SIZE_MAX / 4 || (n && !it->data)) return 0;
     *numel = n;
     return 1;
@@ -449,15 +455,18 @@ int st_write(const char *path, const StWriteItem *items, int n, const char *cons
         if (!first) buf_str(&b, ",");
         first = 0;
         buf_json_str(&b, it->name);
-        buf_str(&b, ":{\"dtype\":\"F32\",\"shape\":[");
+        buf_str(&b, ":{\"dtype\":");
+        buf_json_str(&b, it->dtype ? it->dtype : "F32");
+        buf_str(&b, ",\"shape\":[");
         for (int d = 0; d < it->ndim; d++) {
             snprintf(num, sizeof num, "%s%lld", d ? "," : "", (long long)it->shape[d]);
             buf_str(&b, num);
         }
+        size_t bytes = it->dtype ? it->nbytes : numel * 4;
         snprintf(num, sizeof num, "],\"data_offsets\":[%llu,%llu]}", (unsigned long long)off,
-                 (unsigned long long)(off + numel * 4));
+                 (unsigned long long)(off + bytes));
         buf_str(&b, num);
-        off += numel * 4;
+        off += bytes;
     }
     buf_str(&b, "}");
     while (!b.oom && b.len % 8) buf_put(&b, " ", 1);  // keeps the data 8-byte aligned
@@ -472,7 +481,8 @@ int st_write(const char *path, const StWriteItem *items, int n, const char *cons
     for (int i = 0; ok && i < n; i++) {
         size_t numel = 0;
         item_numel(&items[i], &numel);
-        ok = numel == 0 || fwrite(items[i].data, 4, numel, f) == numel;
+        if (items[i].dtype) ok = items[i].nbytes == 0 || fwrite(items[i].raw, 1, items[i].nbytes, f) == items[i].nbytes;
+        else ok = numel == 0 || fwrite(items[i].data, 4, numel, f) == numel;
     }
     // Only a regular file is ours to fsync or remove: the path may be a device or a pipe.
     struct stat st;

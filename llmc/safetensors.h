@@ -48,6 +48,9 @@ typedef struct {
     const float *data;
     int ndim;                 // 0..4
     int64_t shape[4];
+    const char *dtype;        // NULL: data is F32; else raw holds nbytes of this dtype
+    const void *raw;          // (e.g. U8 packed NF4 codes)
+    size_t nbytes;
 } StWriteItem;
 
 // Writes every item as F32, in order, data contiguous; metadata_kv is NULL or a

@@ -27,6 +27,7 @@ def tests(build):
         ("torch_ref", [PY, "test/test_torch_ref.py", "--bin", bin_]),
         ("lora_ref", [PY, "test/test_lora_ref.py", "--bin", bin_]),
         ("train_smoke", [PY, "test/test_train_smoke.py", "--bin", bin_]),
+        ("memory_modes", [PY, "test/test_memory_modes.py", "--bin", bin_]),
         ("cuda", [PY, "test/test_cuda.py", "--bin", bin_]),
     ]
 

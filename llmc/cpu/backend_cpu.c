@@ -10,6 +10,7 @@
 #include "../backend.h"
 #include "../util.h"
 #include "kernels.h"
+#include "../nf4.h"
 
 struct Queue { int id; };
 struct Event { int recorded; };
@@ -181,6 +182,11 @@ static void cpu_adamw(Backend *bk, void *p, float *master, const void *g, float 
     adamw_f32(p, g, m, v, n, lr, b1, b2, eps, wd, gscale, t);
 }
 
+static void cpu_nf4_dequantize(Backend *bk, void *out, const void *region, size_t n) {
+    (void)bk, (void)n;
+    nf4_region_dequantize(region, out);
+}
+
 static void cpu_destroy(Backend *bk) { free(bk); }
 
 char *openblas_get_corename(void);
@@ -245,6 +251,7 @@ Backend *backend_cpu_create(int threads) {
     bk->sum_f32 = cpu_sum_f32;
     bk->scale = cpu_scale;
     bk->adamw = cpu_adamw;
+    bk->nf4_dequantize = cpu_nf4_dequantize;
     bk->destroy = cpu_destroy;
     return bk;
 }
