@@ -195,8 +195,6 @@ int main(int argc, char **argv) {
     }
     Config cfg;
     config_from_args(&cfg, argc, argv);
-    if (cfg.zero_stage == 3)
-        fail("zero_stage 3 / fsdp (parameter sharding) is not implemented yet; use zero_stage 1 or 0");
     Backend *bk = make_backend(&cfg);
     const int B = cfg.micro_batch_size, T = cfg.sequence_len, accum = cfg.gradient_accumulation_steps;
 
@@ -283,7 +281,7 @@ int main(int argc, char **argv) {
                       schedule_from_name(cfg.lr_scheduler)};
     const size_t BT = (size_t)B * T, GBT = BT * world;  // this rank's rows, the global batch
     int32_t *tok = xmalloc(sizeof(int32_t) * GBT * accum), *tgt = xmalloc(sizeof(int32_t) * GBT * accum);
-    const size_t grad_bytes = model.tab.shard * model.tab.world * bk->act_bytes;
+    const size_t grad_bytes = (cfg.zero_stage >= 3 ? model.local_n : model.tab.shard * model.tab.world) * bk->act_bytes;
 
     for (int step = ls.step; step < cfg.max_steps; step++) {
         double t0 = now_ms();
@@ -337,7 +335,8 @@ int main(int argc, char **argv) {
             fprintf(metrics, "{\"step\": %d, \"val_loss\": %.9g}\n", ls.step, vl);
             fflush(metrics);
         }
-        if (rank == 0 && cfg.sample_steps && mc.vocab_size == 256 &&
+        // Every rank runs the sampler (ZeRO-3 gathers are collective); only rank 0 prints.
+        if (cfg.sample_steps && mc.vocab_size == 256 &&
             (ls.step % cfg.sample_steps == 0 || ls.step == cfg.max_steps))
             print_sample(&model, T, cfg.sample_tokens, &ls.sample_rng);
         if ((cfg.save_steps && ls.step % cfg.save_steps == 0) || ls.step == cfg.max_steps) {
@@ -345,7 +344,9 @@ int main(int argc, char **argv) {
             printf("saved %s/checkpoint-%d\n", cfg.output_dir, ls.step);
         }
     }
+    model_gather_all(&model);  // ZeRO-3: every rank sends its pieces; rank 0 writes
     if (rank == 0) save_final(&model, &cfg);
+    model_gather_done(&model);
     printf("final %s: %s\n", lora.r ? "adapter" : "model", cfg.output_dir);
     fclose(metrics);
     free(tok);

@@ -277,7 +277,7 @@ static void shard_file(const Model *m, const char *dir, char *out, size_t cap) {
 }
 
 static int write_shard(const Model *m, const char *path) {
-    const size_t n = m->opt_hi - m->opt_lo;
+    const size_t n = m->local_n;
     float *mm = xmalloc(sizeof(float) * (n ? n : 1)), *vv = xmalloc(sizeof(float) * (n ? n : 1));
     m->bk->copy_d2h(m->bk, mm, m->adam_m, n * sizeof(float), NULL);
     m->bk->copy_d2h(m->bk, vv, m->adam_v, n * sizeof(float), NULL);
@@ -289,7 +289,7 @@ static int write_shard(const Model *m, const char *path) {
 }
 
 static void read_shard(Model *m, const char *path) {
-    const size_t n = m->opt_hi - m->opt_lo;
+    const size_t n = m->local_n;
     StFile *f = st_open(path);
     const char *names[] = {"exp_avg", "exp_avg_sq"};
     float *dst[] = {m->adam_m, m->adam_v};
@@ -308,7 +308,7 @@ static void read_shard(Model *m, const char *path) {
 
 // Rank 0 writes the weights and loop state, every rank its optimizer shard (or rank 0 all of
 // it), into one temporary directory that rank 0 renames when everyone is done.
-void checkpoint_save(const Model *m, const LoopState *ls, const char *output_dir) {
+void checkpoint_save(Model *m, const LoopState *ls, const char *output_dir) {
     static int hooked;
     if (!hooked) on_fail(remove_tmp_dir), hooked = 1;
     Comm *c = m->opt.comm ? m->opt.comm : comm_single();
@@ -325,6 +325,7 @@ void checkpoint_save(const Model *m, const LoopState *ls, const char *output_dir
         if (mkdir_p(tmp_dir) != 0) fail("%s: cannot create checkpoint directory: %s", tmp_dir, strerror(errno));
     }
     c->barrier(c);
+    model_gather_all(m);  // ZeRO-3: whole tensors for rank 0 to write
     int rc = 0;
     if (rank == 0) {
         // An adapter run's checkpoint holds the adapter; the frozen base stays where it came from.
@@ -341,6 +342,7 @@ void checkpoint_save(const Model *m, const LoopState *ls, const char *output_dir
         rc = write_tensors(m, path, moments, 2, 0);
     }
     if (rc != 0) fail("%s: writing checkpoint failed: %s (earlier checkpoints are intact)", final, strerror(errno));
+    model_gather_done(m);
     c->barrier(c);
     if (rank == 0) {
         fsync_dir(tmp_dir);

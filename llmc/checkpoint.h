@@ -25,7 +25,7 @@ int save_adapter(const Model *m, const char *dir, const char *base_model);
 // Loads a PEFT adapter whose rank, alpha and targets must match the run's.
 void load_adapter(Model *m, const char *dir);
 // Writes output_dir/checkpoint-STEP atomically; fails (leaving earlier checkpoints) on error.
-void checkpoint_save(const Model *m, const LoopState *ls, const char *output_dir);
+void checkpoint_save(Model *m, const LoopState *ls, const char *output_dir);
 // Loads weights, optimizer state and loop state from a checkpoint directory.
 void checkpoint_load(Model *m, LoopState *ls, const char *dir);
 // "auto": the checkpoint-N with the largest N in output_dir, or "" if none.

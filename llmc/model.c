@@ -68,8 +68,12 @@ static int add_param(ParamTable *t, const char *name, int64_t d0, int64_t d1, in
     return (int)arrlen(t->specs) - 1;
 }
 
+size_t unit_shard(const ParamTable *t, int u) {
+    return (t->units[u + 1] - t->units[u] + t->world - 1) / t->world;
+}
+
 void param_table_build(ParamTable *t, const ModelConfig *c, const LoraConfig *lora, int stream,
-                       int world, int quant) {
+                       int world, int quant, int zero3) {
     memset(t, 0, sizeof *t);
     t->cfg = *c;
     if (lora) t->lora = *lora;
@@ -124,13 +128,20 @@ void param_table_build(ParamTable *t, const ModelConfig *c, const LoraConfig *lo
         t->lora_scale = t->lora.alpha / (t->lora.rslora ? sqrtf((float)r) : (float)r);
     }
     t->num_params = off;
-    // Full fine-tuning trains everything; an adapter run trains only the adapters.
+    // Full fine-tuning trains everything; an adapter run trains only the adapters. Gradient
+    // order groups the trainable tensors into units, each contiguous: the non-layer ones
+    // (embedding, final norm, head), then each layer's. ZeRO-3 shards and gathers by unit.
     size_t g = 0;
-    for (int i = 0; i < (int)arrlen(t->specs); i++) {
-        ParamSpec *p = &t->specs[i];
-        p->trainable = r == 0 || strstr(p->name, ".lora_") != NULL;
-        if (p->trainable) p->goff = g, g += p->numel;
+    t->units = xcalloc((size_t)L + 2, sizeof(size_t));
+    for (int u = 0; u <= L; u++) {
+        t->units[u] = g;
+        for (int i = 0; i < (int)arrlen(t->specs); i++) {
+            ParamSpec *p = &t->specs[i];
+            p->trainable = r == 0 || strstr(p->name, ".lora_") != NULL;
+            if (p->trainable && p->layer == u - 1) p->goff = g, g += p->numel;
+        }
     }
+    t->units[L + 1] = g;
     t->num_trainable = g;
     // Streaming: frozen layer tensors move to per-layer blocks; the rest pack the resident buffer.
     // The resident buffer starts with the trainable tensors in gradient order (so sharding
@@ -139,7 +150,10 @@ void param_table_build(ParamTable *t, const ModelConfig *c, const LoraConfig *lo
     // streamed block offsets agree across layers.
     t->world = world > 0 ? world : 1;
     t->shard = (g + t->world - 1) / t->world;
-    size_t res = t->shard * t->world, *blk = xcalloc(L, sizeof(size_t));
+    // ZeRO-3 keeps only this rank's piece of every unit: ceil(unit / world) elements each.
+    t->local3 = 0;
+    for (int u = 0; u <= L; u++) t->local3 += unit_shard(t, u);
+    size_t res = zero3 ? t->local3 : t->shard * t->world, *blk = xcalloc(L, sizeof(size_t));
     size_t *qo = xcalloc(L, sizeof(size_t)), *dq = xcalloc(L, sizeof(size_t));
     for (int i = 0; i < (int)arrlen(t->specs); i++) {
         ParamSpec *p = &t->specs[i];
@@ -150,7 +164,7 @@ void param_table_build(ParamTable *t, const ModelConfig *c, const LoraConfig *lo
             p->qoff = qo[p->layer], qo[p->layer] += nf4_region_bytes(p->numel, 64, 1);
             p->deq_off = dq[p->layer], dq[p->layer] += p->numel;
         } else if (p->trainable) {
-            p->offset = p->goff;
+            p->offset = zero3 ? 0 : p->goff;  // ZeRO-3: reached through the unit's gather buffer
         } else if (p->streamed) {
             p->offset = blk[p->layer], blk[p->layer] += p->numel;
         } else {
@@ -167,6 +181,7 @@ void param_table_build(ParamTable *t, const ModelConfig *c, const LoraConfig *lo
 void param_table_free(ParamTable *t) {
     arrfree(t->specs);
     free(t->layer_param);
+    free(t->units);
     memset(t, 0, sizeof *t);
 }
 
@@ -202,13 +217,45 @@ void model_create(Model *m, Backend *bk, const ModelConfig *cfg, const LoraConfi
     m->cfg = *cfg;
     if (opt) m->opt = *opt;
     const int world = m->opt.comm ? m->opt.comm->world : 1, rank = m->opt.comm ? m->opt.comm->rank : 0;
-    param_table_build(&m->tab, cfg, lora, m->opt.stream, world, m->opt.load_in_4bit);
-    const size_t n = m->tab.num_resident, full = m->tab.shard * world;
-    m->opt_lo = m->opt.zero_stage >= 1 ? rank * m->tab.shard : 0;
-    m->opt_hi = m->opt.zero_stage >= 1 ? m->opt_lo + m->tab.shard : m->tab.num_trainable;
-    const size_t g = m->opt_hi - m->opt_lo;
+    const int zero3 = m->opt.zero_stage >= 3, L = cfg->num_hidden_layers;
+    param_table_build(&m->tab, cfg, lora, m->opt.stream, world, m->opt.load_in_4bit, zero3);
+    const ParamTable *t = &m->tab;
+    const size_t n = t->num_resident, full = t->shard * world;
+    // Which trainable indices this rank optimizes (see Model.owned).
+    m->owned = xcalloc((size_t)L + 1, sizeof(*m->owned));
+    if (zero3) {
+        size_t local = 0;
+        for (int u = 0; u <= L; u++) {
+            size_t s = unit_shard(t, u), g0 = t->units[u] + rank * s, g1 = g0 + s;
+            if (g1 > t->units[u + 1]) g1 = t->units[u + 1];
+            if (g0 < g1) m->owned[m->nowned++] = (OwnedRange){g0, g1, local};
+            local += s;
+        }
+        m->local_n = local;
+    } else if (m->opt.zero_stage >= 1) {
+        m->owned[m->nowned++] = (OwnedRange){rank * t->shard, (rank + 1) * t->shard, 0};
+        m->local_n = t->shard;
+    } else {
+        m->owned[m->nowned++] = (OwnedRange){0, t->num_trainable, 0};
+        m->local_n = t->num_trainable;
+    }
+    const size_t g = m->local_n;
     m->params = dev_alloc_zero(bk, n * bk->act_bytes, "parameters");
-    const int L = cfg->num_hidden_layers;
+    if (zero3) {
+        // Gathered copies of the unit in use, and its full-size gradients before they are
+        // reduce-scattered to their owners.
+        size_t maxu = 0, A = bk->act_bytes;
+        for (int u = 1; u <= L; u++) maxu = unit_shard(t, u) > maxu ? unit_shard(t, u) : maxu;
+        maxu *= world;
+        size_t nl = unit_shard(t, 0) * world;
+        m->z3_nl = dev_alloc_zero(bk, (nl ? nl : 1) * A, "gathered embedding/head");
+        m->z3_nl_grad = dev_alloc_zero(bk, (nl ? nl : 1) * A, "embedding/head gradients");
+        for (int i = 0; i < 2; i++) {
+            m->z3_slot[i] = dev_alloc_zero(bk, (maxu ? maxu : 1) * A, "gathered layer weights");
+            m->z3_slot_layer[i] = -1;
+        }
+        m->z3_layer_grad = dev_alloc_zero(bk, (maxu ? maxu : 1) * A, "layer gradients (full)");
+    }
     m->deq_layer = -1;
     if (m->opt.stream && (m->tab.stream_block || m->tab.qregion)) {
         // A streamed block: the layer's frozen act tensors, then its NF4 region (QLoRA).
@@ -220,7 +267,7 @@ void model_create(Model *m, Backend *bk, const ModelConfig *cfg, const LoraConfi
         m->qweights = bk->dev_alloc(bk, m->tab.qregion * L, "NF4 frozen weights");
     }
     if (m->tab.qregion) m->deq = bk->dev_alloc(bk, m->tab.deq_elems * bk->act_bytes, "dequantized layer weights");
-    m->grads = dev_alloc_zero(bk, (full ? full : 1) * bk->act_bytes, "gradients");
+    m->grads = dev_alloc_zero(bk, (zero3 ? (g ? g : 1) : (full ? full : 1)) * bk->act_bytes, "gradients");
     if (m->opt.offload_optimizer) {
         // ZeRO-Offload: the optimizer's fp32 state lives on the host and the update runs there.
         m->adam_m = bk->host_alloc(bk, g * sizeof(float), "AdamW first moments (host)");
@@ -237,12 +284,20 @@ void model_create(Model *m, Backend *bk, const ModelConfig *cfg, const LoraConfi
     }
 }
 
-// The part of a trainable tensor inside this rank's optimizer range, as [a, b) indices.
-static int own_part(const Model *m, const ParamSpec *p, size_t *a, size_t *b) {
-    *a = p->goff > m->opt_lo ? p->goff : m->opt_lo;
-    *b = p->goff + p->numel < m->opt_hi ? p->goff + p->numel : m->opt_hi;
-    return p->trainable && *a < *b;
+int model_owned_part(const Model *m, const ParamSpec *p, size_t *a, size_t *b, size_t *local) {
+    if (!p->trainable) return 0;
+    for (int k = 0; k < m->nowned; k++) {
+        size_t lo = m->owned[k].g0 > p->goff ? m->owned[k].g0 : p->goff;
+        size_t hi = m->owned[k].g1 < p->goff + p->numel ? m->owned[k].g1 : p->goff + p->numel;
+        if (lo < hi) {  // a tensor lies in one unit, and ZeRO-1's single range cuts it once
+            *a = lo, *b = hi, *local = m->owned[k].local + (lo - m->owned[k].g0);
+            return 1;
+        }
+    }
+    return 0;
 }
+
+static int unit_of(const ParamSpec *p) { return p->layer + 1; }
 
 void model_alloc_acts(Model *m, int B, int T, const MemPolicy *pol) {
     Backend *bk = m->bk;
@@ -322,6 +377,12 @@ void model_free(Model *m) {
     bk->dev_free(bk, m->deq);
     bk->dev_free(bk, m->params);
     bk->dev_free(bk, m->grads);
+    bk->dev_free(bk, m->z3_nl);
+    bk->dev_free(bk, m->z3_nl_grad);
+    bk->dev_free(bk, m->z3_slot[0]);
+    bk->dev_free(bk, m->z3_slot[1]);
+    bk->dev_free(bk, m->z3_layer_grad);
+    free(m->owned);
     if (m->opt.offload_optimizer) {
         bk->host_free(bk, m->adam_m);
         bk->host_free(bk, m->adam_v);
@@ -353,10 +414,15 @@ void model_set_param(Model *m, int i, const float *src) {
         m->bk->host_from_f32(m->bk, blk + p->offset * m->bk->act_bytes, src, p->numel);
         return;
     }
-    m->bk->upload_act(m->bk, act_at(m->bk, m->params, p->offset), src, p->numel);
-    size_t a, b;
-    if (m->master && own_part(m, p, &a, &b))
-        m->bk->copy_h2d(m->bk, m->master + (a - m->opt_lo), src + (a - p->goff), (b - a) * sizeof(float), NULL);
+    size_t a, b, loc;
+    int own = model_owned_part(m, p, &a, &b, &loc);
+    if (p->trainable && m->opt.zero_stage >= 3) {  // only this rank's piece is kept
+        if (own) m->bk->upload_act(m->bk, act_at(m->bk, m->params, loc), src + (a - p->goff), b - a);
+    } else {
+        m->bk->upload_act(m->bk, act_at(m->bk, m->params, p->offset), src, p->numel);
+    }
+    if (m->master && own)
+        m->bk->copy_h2d(m->bk, m->master + loc, src + (a - p->goff), (b - a) * sizeof(float), NULL);
 }
 
 void model_get_param(const Model *m, int i, float *dst) {
@@ -376,9 +442,14 @@ void model_get_param(const Model *m, int i, float *dst) {
     } else if (p->streamed) {
         const char *blk = (const char *)m->host_blocks + (size_t)p->layer * m->tab.block_bytes;
         m->bk->host_to_f32(m->bk, dst, blk + p->offset * m->bk->act_bytes, p->numel);
-    } else if (m->master && p->trainable && p->goff >= m->opt_lo && p->goff + p->numel <= m->opt_hi) {
+    } else if (p->trainable && m->opt.zero_stage >= 3) {
+        if (!m->z3_full) fail("internal: %s read while sharded (call model_gather_all first)", p->name);
+        m->bk->download_act(m->bk, dst, act_at(m->bk, m->z3_full, p->goff), p->numel);
+    } else if (m->master && m->nowned == 1 && m->owned[0].g0 <= p->goff &&
+               p->goff + p->numel <= m->owned[0].g1) {
         // The fp32 master when this rank holds all of it; else the gathered act copy.
-        m->bk->copy_d2h(m->bk, dst, m->master + (p->goff - m->opt_lo), p->numel * sizeof(float), NULL);
+        m->bk->copy_d2h(m->bk, dst, m->master + m->owned[0].local + (p->goff - m->owned[0].g0),
+                        p->numel * sizeof(float), NULL);
         m->bk->sync(m->bk);
     } else {
         m->bk->download_act(m->bk, dst, act_at(m->bk, m->params, p->offset), p->numel);
@@ -442,15 +513,37 @@ void model_set_batch(Model *m, const int32_t *tokens, const int32_t *targets, in
 // ---- forward / backward -----------------------------------------------------------------
 
 // A parameter on the device; a streamed one lives in its layer's slot while acquired.
+// ZeRO-3: the gathered buffer that holds unit u now.
+static void *z3_unit_buf(const Model *m, int u) {
+    if (u == 0) return m->z3_nl;
+    for (int k = 0; k < 2; k++)
+        if (m->z3_slot_layer[k] == u - 1) return m->z3_slot[k];
+    fail("internal: layer %d used before it was gathered", u - 1);
+}
+
 static void *P(const Model *m, int i) {
     const ParamSpec *p = &m->tab.specs[i];
     if (p->quant) return act_at(m->bk, m->deq, p->deq_off);
+    if (p->trainable && m->opt.zero_stage >= 3) {
+        int u = unit_of(p);
+        return act_at(m->bk, z3_unit_buf(m, u), p->goff - m->tab.units[u]);
+    }
     return act_at(m->bk, p->streamed ? m->layer_block[p->layer] : m->params, p->offset);
 }
+
+static void z3_layer(Model *m, int l);
+static void z3_reduce(Model *m, int u, void *full);
 
 // Frozen-layer streaming around each use of layer l's weights; `next` is the layer the engine
 // will need after it (prefetched now), -1 if none.
 static void weights_acquire(Model *m, int l, int next) {
+    if (m->opt.zero_stage >= 3) {
+        // Gather this layer (if the slot does not hold it) and the next one into the other
+        // slot. MPI's gathers are blocking, so on the CPU they do not overlap compute.
+        z3_layer(m, l);
+        m->z3_last = l;
+        if (next >= 0) z3_layer(m, next);
+    }
     if (m->streamer) {
         m->layer_block[l] = streamer_acquire(m->streamer, l);
         streamer_prefetch(m->streamer, next);
@@ -468,13 +561,77 @@ static void weights_acquire(Model *m, int l, int next) {
     }
     m->deq_layer = l;
 }
-static void weights_release(Model *m, int l) {
+// After layer l's backward (grads != 0) its full gradients go to their owners (ZeRO-3).
+static void weights_release(Model *m, int l, int grads) {
     if (m->streamer) streamer_release(m->streamer, l);
+    if (grads && m->opt.zero_stage >= 3) z3_reduce(m, l + 1, m->z3_layer_grad);
 }
 // Gradient of a trainable tensor; NULL for a frozen one (its backward skips the weight grad).
 static void *G(const Model *m, int i) {
     const ParamSpec *p = &m->tab.specs[i];
-    return p->trainable ? act_at(m->bk, m->grads, p->goff) : NULL;
+    if (!p->trainable) return NULL;
+    if (m->opt.zero_stage >= 3) {  // full-size gradients of the unit being back-propagated
+        int u = unit_of(p);
+        return act_at(m->bk, u == 0 ? m->z3_nl_grad : m->z3_layer_grad, p->goff - m->tab.units[u]);
+    }
+    return act_at(m->bk, m->grads, p->goff);
+}
+
+// ZeRO-3: all-gather unit u (every rank's piece) into buf.
+static void z3_gather(Model *m, int u, void *buf) {
+    Comm *c = m->opt.comm;
+    size_t s = unit_shard(&m->tab, u), loc = 0;
+    for (int v = 0; v < u; v++) loc += unit_shard(&m->tab, v);
+    if (!s) return;
+    m->bk->copy_d2d(m->bk, act_at(m->bk, buf, (size_t)c->rank * s), act_at(m->bk, m->params, loc),
+                    s * m->bk->act_bytes, NULL);
+    c->all_gather(c, buf, act_at(m->bk, buf, (size_t)c->rank * s), s);
+}
+
+// ZeRO-3: sum unit u's full gradients over ranks into this rank's piece of the gradients.
+static void z3_reduce(Model *m, int u, void *full) {
+    Comm *c = m->opt.comm;
+    size_t s = unit_shard(&m->tab, u), loc = 0;
+    for (int v = 0; v < u; v++) loc += unit_shard(&m->tab, v);
+    if (!s) return;
+    // Padding past the unit's end is zero in every rank's buffer, so it reduces to zero.
+    c->reduce_scatter_sum(c, full, full, s);
+    m->bk->accumulate(m->bk, act_at(m->bk, m->grads, loc), full, s);
+}
+
+// Gathered copies are valid until the next optimizer step; a pass starts with none.
+static void z3_begin_pass(Model *m) {
+    m->z3_slot_layer[0] = m->z3_slot_layer[1] = -1;
+    z3_gather(m, 0, m->z3_nl);
+}
+
+static void z3_layer(Model *m, int l) {
+    for (int k = 0; k < 2; k++)
+        if (m->z3_slot_layer[k] == l) return;
+    int k = m->z3_slot_layer[0] == m->z3_last ? 1 : 0;  // never the slot just in use
+    z3_gather(m, l + 1, m->z3_slot[k]);
+    m->z3_slot_layer[k] = l;
+}
+
+void model_gather_all(Model *m) {
+    if (m->opt.zero_stage < 3) return;
+    Backend *bk = m->bk;
+    size_t maxu = 0;
+    for (int u = 0; u <= m->cfg.num_hidden_layers; u++)
+        if (unit_shard(&m->tab, u) * m->opt.comm->world > maxu) maxu = unit_shard(&m->tab, u) * m->opt.comm->world;
+    m->z3_full = bk->dev_alloc(bk, (m->tab.num_trainable + 1) * bk->act_bytes, "gathered model (save)");
+    void *tmp = bk->dev_alloc(bk, (maxu ? maxu : 1) * bk->act_bytes, "gather scratch (save)");
+    for (int u = 0; u <= m->cfg.num_hidden_layers; u++) {
+        z3_gather(m, u, tmp);
+        bk->copy_d2d(bk, act_at(bk, m->z3_full, m->tab.units[u]), tmp,
+                     (m->tab.units[u + 1] - m->tab.units[u]) * bk->act_bytes, NULL);
+    }
+    bk->dev_free(bk, tmp);
+}
+
+void model_gather_done(Model *m) {
+    m->bk->dev_free(m->bk, m->z3_full);
+    m->z3_full = NULL;
 }
 static void *LP(const Model *m, int l, int k) { return P(m, param_index(&m->tab, l, k)); }
 static void *LG(const Model *m, int l, int k) { return G(m, param_index(&m->tab, l, k)); }
@@ -656,7 +813,7 @@ static void forward_layers(Model *m, ActStore *st, int B, int T, int for_backwar
         act_fwd_layer(st, l, &a);
         weights_acquire(m, l, l + 1 < L ? l + 1 : -1);
         layer_forward(m, l, &a, act_fwd_output(st, l), B, T, act_tile_rows(st));
-        weights_release(m, l);
+        weights_release(m, l, 0);
         act_fwd_done(st, l, for_backward);
     }
 }
@@ -679,14 +836,16 @@ static void backward_layers(Model *m, int B, int T) {
                 if (j < l) act_bwd_layer(st, j + 1, &next);  // in the segment: no fetch
                 weights_acquire(m, j, j < l ? j + 1 : (l > s ? l - 1 : after));
                 layer_forward(m, j, &a, j < l ? next.xin : act_recompute_sink(st), B, T, act_tile_rows(st));
-                weights_release(m, j);
+                weights_release(m, j, 0);
             }
         for (int j = l; j >= s; j--) {
             act_bwd_layer(st, j, &a);
             weights_acquire(m, j, j > s ? j - 1 : after);
             if (m->pol.recompute == RC_SELECTIVE) recompute_cheap(m, j, &a, B * T);
+            if (m->opt.zero_stage >= 3)
+                m->bk->memzero(m->bk, m->z3_layer_grad, (unit_shard(&m->tab, j + 1) * m->opt.comm->world) * m->bk->act_bytes, NULL);
             layer_backward(m, j, &a, B, T, act_tile_rows(st));
-            weights_release(m, j);
+            weights_release(m, j, 1);
         }
         act_bwd_layer_done(st, s);
         l = s - 1;
@@ -700,6 +859,10 @@ double model_forward_backward(Model *m, int B, int T, float loss_scale) {
     const int N = B * T, C = c->hidden_size;
     if (B != m->B || T != m->T) fail("internal: batch %dx%d differs from the activations' %dx%d", B, T, m->B, m->T);
     int train = loss_scale > 0;
+    if (m->opt.zero_stage >= 3) {  // the embedding/norm/head unit stays gathered for the pass
+        z3_begin_pass(m);
+        if (train) bk->memzero(bk, m->z3_nl_grad, unit_shard(t, 0) * m->opt.comm->world * bk->act_bytes, NULL);
+    }
     forward_layers(m, m->store, B, T, train);
     void *res = act_final_residual(m->store);
     bk->rmsnorm_fwd(bk, m->final_ln, m->final_rstd, res, P(m, t->final_norm), N, C, c->rms_norm_eps);
@@ -713,6 +876,7 @@ double model_forward_backward(Model *m, int B, int T, float loss_scale) {
                     m->final_rstd, N, C);
     backward_layers(m, B, T);
     if (G(m, t->embed)) bk->embedding_bwd(bk, G(m, t->embed), m->d_res, m->tokens, N, C, c->vocab_size);
+    if (m->opt.zero_stage >= 3) z3_reduce(m, 0, m->z3_nl_grad);
     return loss;
 }
 
@@ -727,6 +891,7 @@ void model_last_logits(Model *m, int T, float *out) {
                        .tiled_mlp = m->pol.tiled_mlp, .mlp_shards = m->pol.mlp_shards};
         m->sample_store = actstore_create(bk, c, &p, 1, m->T);
     }
+    if (m->opt.zero_stage >= 3) z3_begin_pass(m);
     forward_layers(m, m->sample_store, 1, T, 0);
     void *res = act_final_residual(m->sample_store);
     bk->rmsnorm_fwd(bk, m->final_ln, m->final_rstd, res, P(m, m->tab.final_norm), T, C, c->rms_norm_eps);

@@ -72,6 +72,9 @@ typedef struct {
     size_t block_bytes;   // streamed block: act tensors, then (aligned) the quant region
     int world;            // the trainable range [0, shard * world) splits into world shards
     size_t shard;
+    size_t *units;        // [L + 2]: unit u covers trainable indices [units[u], units[u+1]);
+                          // unit 0 = embedding/final norm/head, unit 1 + l = layer l
+    size_t local3;        // ZeRO-3: elements of this rank's pieces of all units
     LoraConfig lora;
     float lora_scale;
     int embed, final_norm, lm_head;      // indices into specs (lm_head == embed when tied)
@@ -83,8 +86,11 @@ void model_config_defaults(ModelConfig *c);
 void model_config_validate(const ModelConfig *c, const char *source);
 // stream: frozen per-layer weights go to host blocks (layer_offloading); world: ranks that
 // shard the trainable range; quant: the frozen decoder linear weights are NF4 (QLoRA).
+// zero3: trainable tensors are kept as per-unit shards (see units).
 void param_table_build(ParamTable *t, const ModelConfig *c, const LoraConfig *lora, int stream,
-                       int world, int quant);
+                       int world, int quant, int zero3);
+// Elements of this rank's piece of unit u under ZeRO-3.
+size_t unit_shard(const ParamTable *t, int u);
 void param_table_free(ParamTable *t);
 // Spec index of a layer parameter, or -1.
 static inline int param_index(const ParamTable *t, int layer, int kind) {
@@ -104,6 +110,7 @@ typedef struct {
 
 struct ActStore;
 struct Comm;
+typedef struct { size_t g0, g1, local; } OwnedRange;
 
 // How the model's state is stored across processes and memories.
 typedef struct {
@@ -126,7 +133,15 @@ typedef struct {
     void *params, *grads;         // act precision
     float *master, *adam_m, *adam_v;  // fp32; master NULL when act precision is fp32 (and no offload)
     float *host_grads;            // offload_optimizer: gradients copied for the CPU update
-    size_t opt_lo, opt_hi;
+    // The trainable indices whose optimizer state this rank keeps: each range [g0, g1) maps to
+    // local index `local` onward (all of them; one shard under ZeRO-1; a piece of every unit
+    // under ZeRO-3). Gradients after the exchange and the state arrays use local indices.
+    OwnedRange *owned;
+    int nowned;
+    size_t local_n;
+    // ZeRO-3: gathered weights and full-size gradients of the unit in use.
+    void *z3_nl, *z3_nl_grad, *z3_slot[2], *z3_layer_grad, *z3_full;
+    int z3_slot_layer[2], z3_last;
     void *lora_tmp, *lora_dtmp, *lora_xd, *lora_dxd;  // LoRA scratch: [N, r] and [N, max in]
     // layer_offloading: frozen layer weights in pinned host blocks, two device slots.
     void *host_blocks;
@@ -161,6 +176,12 @@ void model_init_lora(Model *m, uint64_t seed);
 // Host fp32 <-> device parameter i of the table.
 void model_set_param(Model *m, int i, const float *src);
 void model_get_param(const Model *m, int i, float *dst);
+// ZeRO-3 keeps only pieces of the trainable weights: before reading whole tensors (saving),
+// every rank calls model_gather_all (collective), then model_gather_done. No-ops otherwise.
+void model_gather_all(Model *m);
+void model_gather_done(Model *m);
+// The part [a, b) of trainable tensor p that this rank optimizes, and its local index.
+int model_owned_part(const Model *m, const ParamSpec *p, size_t *a, size_t *b, size_t *local);
 struct Nf4Weight;
 // A weight already in NF4 (a bitsandbytes checkpoint) for a quantized table entry.
 void model_set_param_nf4(Model *m, int i, const void *nf4_weight);

@@ -34,15 +34,10 @@ double lr_at(const OptimConfig *oc, int s) {
 
 static int sharded(const Model *m) { return m->opt.comm && m->opt.comm->world > 1; }
 
-// Where trainable index j's gradient is after the gradient exchange.
-static void *grad_at(const Model *m, size_t j) {
-    return act_at(m->bk, m->grads, j - (m->opt.zero_stage >= 1 ? m->opt_lo : 0));
-}
-
-static int part(const Model *m, const ParamSpec *p, size_t *a, size_t *b) {
-    *a = p->goff > m->opt_lo ? p->goff : m->opt_lo;
-    *b = p->goff + p->numel < m->opt_hi ? p->goff + p->numel : m->opt_hi;
-    return p->trainable && *a < *b;
+// After the gradient exchange, gradients and optimizer state are indexed locally (see
+// Model.owned); the weights too under ZeRO-3, which keeps only its pieces.
+static void *param_at(const Model *m, size_t a, size_t local) {
+    return act_at(m->bk, m->params, m->opt.zero_stage >= 3 ? local : a);
 }
 
 double grad_norm(Model *m) {
@@ -50,15 +45,17 @@ double grad_norm(Model *m) {
     const size_t full = m->tab.shard * m->tab.world;
     // Data parallel: sum the ranks' gradients (each already scaled by the global token count),
     // everywhere (stage 0) or only into the owner's shard (stage 1, result at grads[0, shard)).
-    if (sharded(m) && full) {
+    // (ZeRO-3 already sent each unit's gradients to their owners during backward.)
+    if (sharded(m) && full && m->opt.zero_stage < 3) {
         if (m->opt.zero_stage >= 1) c->reduce_scatter_sum(c, m->grads, m->grads, m->tab.shard);
         else c->all_reduce_sum(c, m->grads, full);
     }
     // Per tensor, in table order; a tied head is one entry, so each gradient counts once.
     double ss = 0;
     for (int i = 0; i < (int)arrlen(m->tab.specs); i++) {
-        size_t a, b;
-        if (part(m, &m->tab.specs[i], &a, &b)) ss += m->bk->sumsq(m->bk, grad_at(m, a), b - a);
+        size_t a, b, loc;
+        if (model_owned_part(m, &m->tab.specs[i], &a, &b, &loc))
+            ss += m->bk->sumsq(m->bk, act_at(m->bk, m->grads, loc), b - a);
     }
     if (sharded(m) && m->opt.zero_stage >= 1) c->all_reduce_sum_f64(c, &ss, 1);
     return sqrt(ss);
@@ -72,29 +69,28 @@ float optim_step(Model *m, const OptimConfig *oc, double lr, double norm, int st
         double c = oc->max_grad_norm / (norm + 1e-6);
         if (c < 1.0) clip = (float)c;
     }
-    const size_t lo = m->opt_lo, n = m->opt_hi - m->opt_lo;
-    if (m->opt.offload_optimizer && n) {
-        bk->download_act(bk, m->host_grads, grad_at(m, lo), n);
-    }
+    const size_t n = m->local_n;
+    if (m->opt.offload_optimizer && n) bk->download_act(bk, m->host_grads, m->grads, n);
     for (int i = 0; i < (int)arrlen(m->tab.specs); i++) {
         const ParamSpec *p = &m->tab.specs[i];
-        size_t a, b;
-        if (!part(m, p, &a, &b)) continue;  // frozen, or another rank's
+        size_t a, b, loc;
+        if (!model_owned_part(m, p, &a, &b, &loc)) continue;  // frozen, or another rank's
         float wd = p->decay ? (float)oc->weight_decay : 0.0f;
         if (m->opt.offload_optimizer) {
             // ZeRO-Offload: the update runs on the host's threads on the fp32 master.
-            adamw_f32(m->master + (a - lo), m->host_grads + (a - lo), m->adam_m + (a - lo),
-                      m->adam_v + (a - lo), b - a, (float)lr, (float)oc->beta1, (float)oc->beta2,
-                      (float)oc->eps, wd, clip, step);
+            adamw_f32(m->master + loc, m->host_grads + loc, m->adam_m + loc, m->adam_v + loc, b - a,
+                      (float)lr, (float)oc->beta1, (float)oc->beta2, (float)oc->eps, wd, clip, step);
+            bk->upload_act(bk, param_at(m, a, loc), m->master + loc, b - a);
         } else {
-            bk->adamw(bk, act_at(bk, m->params, a), m->master ? m->master + (a - lo) : NULL,
-                      grad_at(m, a), m->adam_m + (a - lo), m->adam_v + (a - lo), b - a, (float)lr,
+            bk->adamw(bk, param_at(m, a, loc), m->master ? m->master + loc : NULL,
+                      act_at(bk, m->grads, loc), m->adam_m + loc, m->adam_v + loc, b - a, (float)lr,
                       (float)oc->beta1, (float)oc->beta2, (float)oc->eps, wd, clip, step);
         }
     }
-    if (m->opt.offload_optimizer && n) bk->upload_act(bk, act_at(bk, m->params, lo), m->master, n);
-    // Stage 1: every rank updated its shard; gather the new weights everywhere.
-    if (sharded(m) && m->opt.zero_stage >= 1 && m->tab.shard)
-        m->opt.comm->all_gather(m->opt.comm, m->params, act_at(bk, m->params, lo), m->tab.shard);
+    // Stage 1: every rank updated its shard; gather the new weights everywhere. (Stage 3
+    // gathers each unit when it is next used.)
+    if (sharded(m) && m->opt.zero_stage == 1 && m->tab.shard)
+        m->opt.comm->all_gather(m->opt.comm, m->params,
+                                act_at(bk, m->params, (size_t)m->opt.comm->rank * m->tab.shard), m->tab.shard);
     return clip;
 }
