@@ -127,14 +127,14 @@ ActStore *actstore_create(Backend *bk, const ModelConfig *c, const MemPolicy *p,
             int home = policy_home(&st->pol, L, l, s, st->bytes[s]);
             AT(st, home, l, s) = (unsigned char)home;
             if (home == HOME_DEVICE) AT(st, dev, l, s) = bk->dev_alloc(bk, st->bytes[s], "activations (kept)");
-            else kind_offloaded[s] = 1;
+            else kind_offloaded[s]++;  // layers whose tensor of kind s leaves the device
             if (home == HOME_HOST) AT(st, host, l, s) = bk->host_alloc(bk, st->bytes[s], "activations (host copy)");
         }
     for (int j = 0; j < st->sets; j++)
         for (int s = 0; s < S_COUNT; s++)
             if (need_scratch[j * S_COUNT + s]) st->scratch[j * S_COUNT + s] = bk->dev_alloc(bk, st->bytes[s], "activations (recompute)");
     free(need_scratch);
-    for (int s = 0; s < S_COUNT; s++) offloaded_kinds += kind_offloaded[s];
+    for (int s = 0; s < S_COUNT; s++) offloaded_kinds += kind_offloaded[s] > 0;
 
     // Stash depth: legacy copies synchronously (one buffer); the async tiers keep enough
     // buffers for max_stash copies in flight, and at least the two backward prefetch needs.
@@ -145,7 +145,10 @@ ActStore *actstore_create(Backend *bk, const ModelConfig *c, const MemPolicy *p,
         for (int s = 0; s < S_COUNT; s++) {
             if (!kind_offloaded[s]) continue;
             // A layer writes the next layer's input while reading its own: two at least.
-            st->kdepth[s] = s == S_XIN && st->depth < 2 ? 2 : st->depth;
+            // More buffers than tensors of the kind that ever leave would never be used.
+            int d = st->depth < kind_offloaded[s] ? st->depth : kind_offloaded[s];
+            int min_d = p->tier == TIER_HOST_SYNC ? (s == S_XIN ? 2 : 1) : 2;
+            st->kdepth[s] = d < min_d ? min_d : d;
             for (int k = 0; k < st->kdepth[s]; k++) {
                 st->stash[s][k] = bk->dev_alloc(bk, st->bytes[s], "activation offload stash");
                 st->stash_ev[s][k] = bk->event_create(bk);

@@ -19,14 +19,23 @@ struct DiskIO {
     pthread_mutex_t lock;
     pthread_cond_t wake, finished;
     DiskJob *queue[QCAP];
-    int head, tail, stop;
+    int head, tail, stop, abort;  // abort: the run failed; drop queued jobs
     long long fault_after;  // LLMC_FAULT_DISK_FULL_AFTER: simulate ENOSPC past this many bytes
     long long written;
 };
 
 static DiskIO *live_io;  // removed by the failure hook
 static void cleanup_on_fail(void) {
-    if (live_io) remove_tree(live_io->dir);
+    DiskIO *io = live_io;
+    if (!io) return;
+    // Stop the I/O thread before removing its directory: a queued write that lands after
+    // remove_tree would leave the directory behind.
+    pthread_mutex_lock(&io->lock);
+    io->stop = io->abort = 1;
+    pthread_cond_broadcast(&io->wake);
+    pthread_mutex_unlock(&io->lock);
+    pthread_join(io->thread, NULL);
+    remove_tree(io->dir);
 }
 
 static int write_all(int fd, const char *p, size_t n) {
@@ -90,8 +99,9 @@ static void *io_main(void *arg) {
         while (io->head == io->tail && !io->stop) pthread_cond_wait(&io->wake, &io->lock);
         if (io->head == io->tail) break;
         DiskJob *j = io->queue[io->head % QCAP];
+        int abort = io->abort;
         pthread_mutex_unlock(&io->lock);
-        int rc = run_job(io, j);
+        int rc = abort ? (errno = ECANCELED, -1) : run_job(io, j);
         int e = rc ? errno : 0;
         pthread_mutex_lock(&io->lock);
         io->head++;
