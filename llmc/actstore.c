@@ -61,11 +61,13 @@ size_t slot_bytes(const ModelConfig *c, const MemPolicy *p, int B, int T, int A,
     const size_t KD = (size_t)c->num_key_value_heads * c->head_dim;
     switch (s) {
     case S_XIN: case S_LN1: case S_XMID: case S_LN2: return N * C * A;
-    case S_RSTD1: case S_RSTD2: return N * sizeof(float);
+    case S_RSTD1: case S_RSTD2: return N * sizeof(float) * (c->arch == ARCH_GPT2 ? 2 : 1);  // (mean,) rstd
     case S_Q: case S_ATT: return N * QD * A;
     case S_K: case S_V: return N * KD * A;
     case S_LSE: return (size_t)B * c->num_attention_heads * T * sizeof(float);
-    case S_GATE: case S_UP: case S_H: return p->tiled_mlp ? 0 : N * I * A;
+    case S_UP: if (c->arch == ARCH_GPT2) return 0;  // GPT-2's MLP: fc (in gate) and gelu (h)
+        __attribute__((fallthrough));
+    case S_GATE: case S_H: return p->tiled_mlp ? 0 : N * I * A;
     }
     return 0;
 }

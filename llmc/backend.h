@@ -91,6 +91,19 @@ struct Backend {
     void (*rmsnorm_bwd)(Backend *, void *dx, void *dw, const void *dout, const void *x,
                         const void *w, const float *rstd_f32, int N, int C);
 
+    // GPT-2's LayerNorm: out = (x - mean) * rstd * w + b, saving mean_f32 and rstd_f32 [N].
+    // Backward: dx += ..., dw += ..., db += ... (dw/db NULL: frozen).
+    void (*layernorm_fwd)(Backend *, void *out, float *mean_f32, float *rstd_f32, const void *x,
+                          const void *w, const void *b, int N, int C, float eps);
+    void (*layernorm_bwd)(Backend *, void *dx, void *dw, void *db, const void *dout, const void *x,
+                          const void *w, const float *mean_f32, const float *rstd_f32, int N, int C);
+    // GELU (tanh approximation). gelu_bwd: dx = dout * gelu'(x); dx may alias dout.
+    void (*gelu_fwd)(Backend *, void *y, const void *x, size_t n);
+    void (*gelu_bwd)(Backend *, void *dx, const void *dout, const void *x, size_t n);
+    // Learned positions: out[b,t,:] += wpe[t,:]; pos_bwd: dwpe[t,:] += sum over b of dout[b,t,:].
+    void (*pos_fwd)(Backend *, void *out, const void *wpe, int B, int T, int C);
+    void (*pos_bwd)(Backend *, void *dwpe, const void *dout, int B, int T, int C);
+
     // In place on x [B,T,H,D] with position t = the row's index in its sequence; tables are
     // [T, D/2] (HF rotate_half pairs i and i + D/2). rope_bwd applies the inverse rotation.
     void (*rope_fwd)(Backend *, void *x, const float *cos_f32, const float *sin_f32, int B, int T,

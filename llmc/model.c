@@ -68,6 +68,36 @@ static int add_param(ParamTable *t, const char *name, int64_t d0, int64_t d1, in
     return (int)arrlen(t->specs) - 1;
 }
 
+// GPT-2 as llm.c has it; q/k/v are separate tensors here (llm.c's fused c_attn is split and
+// joined at load and save), so attention, LoRA and sharding need nothing GPT-2 specific.
+static void build_gpt2_table(ParamTable *t, const ModelConfig *c, size_t *off) {
+    const int64_t C = c->hidden_size, I = c->intermediate_size;
+    char n[96];
+    t->embed = add_param(t, "transformer.wte.weight", c->padded_vocab, C, -1, 1, off);
+    t->pos_embed = add_param(t, "transformer.wpe.weight", c->max_position_embeddings, C, -1, 1, off);
+    for (int l = 0; l < c->num_hidden_layers; l++) {
+        int *lp = t->layer_param + l * P_PER_LAYER;
+        for (int k = 0; k < P_PER_LAYER; k++) lp[k] = -1;
+        static const struct { int kind; const char *suffix; int rows, cols; } layout[] = {
+            {P_LN1, "ln_1.weight", 1, 0}, {P_LN1B, "ln_1.bias", 1, 0},
+            {P_WQ, "attn.q_proj.weight", 1, 1}, {P_BQ, "attn.q_proj.bias", 1, 0},
+            {P_WK, "attn.k_proj.weight", 1, 1}, {P_BK, "attn.k_proj.bias", 1, 0},
+            {P_WV, "attn.v_proj.weight", 1, 1}, {P_BV, "attn.v_proj.bias", 1, 0},
+            {P_WO, "attn.c_proj.weight", 1, 1}, {P_BO, "attn.c_proj.bias", 1, 0},
+            {P_LN2, "ln_2.weight", 1, 0}, {P_LN2B, "ln_2.bias", 1, 0},
+            {P_WUP, "mlp.c_fc.weight", 4, 1}, {P_BUP, "mlp.c_fc.bias", 4, 0},
+            {P_WDOWN, "mlp.c_proj.weight", 1, 4}, {P_BDOWN, "mlp.c_proj.bias", 1, 0}};
+        for (size_t i = 0; i < sizeof layout / sizeof layout[0]; i++) {
+            snprintf(n, sizeof n, "transformer.h.%d.%s", l, layout[i].suffix);
+            int64_t d0 = layout[i].rows == 4 ? I : C, d1 = layout[i].cols == 0 ? 0 : layout[i].cols == 4 ? I : C;
+            lp[layout[i].kind] = add_param(t, n, d0, d1, l, d1 != 0, off);
+        }
+    }
+    t->final_norm = add_param(t, "transformer.ln_f.weight", C, 0, -1, 0, off);
+    t->final_norm_bias = add_param(t, "transformer.ln_f.bias", C, 0, -1, 0, off);
+    t->lm_head = t->embed;
+}
+
 size_t unit_shard(const ParamTable *t, int u) {
     return (t->units[u + 1] - t->units[u] + t->world - 1) / t->world;
 }
@@ -85,8 +115,12 @@ void param_table_build(ParamTable *t, const ModelConfig *c, const LoraConfig *lo
     char n[96];
     // HF Llama's attention_bias biases all four projections; Qwen2 only q, k and v.
     const int o_bias = c->attention_bias && strcmp(c->model_type, "qwen2") != 0;
-    t->embed = add_param(t, "model.embed_tokens.weight", V, C, -1, 1, &off);
+    t->pos_embed = t->final_norm_bias = -1;
     t->layer_param = xmalloc(sizeof(int) * L * P_PER_LAYER);
+    if (c->arch == ARCH_GPT2) {
+        build_gpt2_table(t, c, &off);
+    } else {
+    t->embed = add_param(t, "model.embed_tokens.weight", V, C, -1, 1, &off);
     for (int l = 0; l < L; l++) {
         int *lp = t->layer_param + l * P_PER_LAYER;
         for (int k = 0; k < P_PER_LAYER; k++) lp[k] = -1;
@@ -110,15 +144,17 @@ void param_table_build(ParamTable *t, const ModelConfig *c, const LoraConfig *lo
     }
     t->final_norm = add_param(t, "model.norm.weight", C, 0, -1, 0, &off);
     t->lm_head = c->tie_word_embeddings ? t->embed : add_param(t, "lm_head.weight", V, C, -1, 1, &off);
+    }
     // Adapters come last, so the base keeps the layout of a full fine-tuning run.
     const int r = t->lora.r;
     if (r > 0) {
         static const int weight_of[LORA_TARGETS] = {P_WQ, P_WK, P_WV, P_WO, P_WGATE, P_WUP, P_WDOWN};
         for (int l = 0; l < L; l++)
             for (int k = 0; k < LORA_TARGETS; k++) {
-                if (!(t->lora.targets >> k & 1)) continue;
+                if (!(t->lora.targets >> k & 1) || t->layer_param[l * P_PER_LAYER + weight_of[k]] < 0) continue;
                 const ParamSpec *w = &t->specs[t->layer_param[l * P_PER_LAYER + weight_of[k]]];
                 const char *proj = k < LORA_GATE ? "self_attn" : "mlp";
+                if (c->arch == ARCH_GPT2) proj = k < LORA_GATE ? "attn" : "mlp";
                 int64_t out = w->shape[0], in = w->shape[1];
                 snprintf(n, sizeof n, "model.layers.%d.%s.%s.lora_A.weight", l, proj, LORA_TARGET_NAMES[k]);
                 t->layer_param[l * P_PER_LAYER + P_LORA_A + k] = add_param(t, n, r, in, l, 1, &off);
@@ -312,7 +348,7 @@ void model_alloc_acts(Model *m, int B, int T, const MemPolicy *pol) {
     m->store = actstore_create(bk, c, pol, B, T);
     const size_t tile = (size_t)act_tile_rows(m->store);
     m->final_ln = bk->dev_alloc(bk, N * C * A, "final norm output");
-    m->final_rstd = bk->dev_alloc(bk, N * sizeof(float), "final norm rstd");
+    m->final_rstd = bk->dev_alloc(bk, 2 * N * sizeof(float), "final norm statistics");
     m->losses = bk->dev_alloc(bk, N * sizeof(float), "token losses");
     m->tokens = bk->dev_alloc(bk, N * sizeof(int32_t), "token ids");
     m->targets = bk->dev_alloc(bk, N * sizeof(int32_t), "target ids");
@@ -651,6 +687,10 @@ static void linear_bwd(Backend *bk, void *dx, void *dW, void *db, const void *dy
     if (db) bk->bias_grad(bk, db, dy, N, out);
 }
 
+static void *opt_param_global(const Model *m, int i, int grad) {
+    return i < 0 ? NULL : grad ? G(m, i) : P(m, i);
+}
+
 static void *opt_param(const Model *m, int l, int k, int grad) {
     int i = param_index(&m->tab, l, k);
     return i < 0 ? NULL : grad ? G(m, i) : P(m, i);
@@ -703,7 +743,23 @@ static void lora_bwd(Model *m, int l, int t, void *dx, const void *dy, const voi
     }
 }
 
-// gate/up/h of rows [r0, r0+n): into the tile buffers when tiled, else into the full tensors.
+// RMSNorm (Llama) or LayerNorm with bias (GPT-2); stats holds rstd, or mean then rstd.
+static void norm_fwd(Model *m, void *out, float *stats, const void *x, const void *w, const void *b, int N) {
+    Backend *bk = m->bk;
+    const ModelConfig *c = &m->cfg;
+    if (c->arch == ARCH_GPT2) bk->layernorm_fwd(bk, out, stats, stats + N, x, w, b, N, c->hidden_size, c->rms_norm_eps);
+    else bk->rmsnorm_fwd(bk, out, stats, x, w, N, c->hidden_size, c->rms_norm_eps);
+}
+
+static void norm_bwd(Model *m, void *dx, void *dw, void *db, const void *dout, const void *x, const void *w,
+                     const float *stats, int N) {
+    Backend *bk = m->bk;
+    if (m->cfg.arch == ARCH_GPT2) bk->layernorm_bwd(bk, dx, dw, db, dout, x, w, stats, stats + N, N, m->cfg.hidden_size);
+    else bk->rmsnorm_bwd(bk, dx, dw, dout, x, w, stats, N, m->cfg.hidden_size);
+}
+
+// The MLP's first half for rows [r0, r0+n), into the tile buffers when tiled, else into the
+// full tensors: Llama h = silu(gate) * up; GPT-2 h = gelu(fc), fc kept in the gate buffer.
 static void mlp_tile_fwd(Model *m, int l, const LayerActs *a, int r0, int n) {
     const int tiled = m->pol.tiled_mlp;
     Backend *bk = m->bk;
@@ -711,6 +767,12 @@ static void mlp_tile_fwd(Model *m, int l, const LayerActs *a, int r0, int n) {
     const size_t off = tiled ? 0 : (size_t)r0 * I;
     const void *ln2 = act_at(bk, a->ln2, (size_t)r0 * C);
     void *gate = act_at(bk, a->gate, off), *up = act_at(bk, a->up, off), *h = act_at(bk, a->h, off);
+    if (m->cfg.arch == ARCH_GPT2) {
+        linear_fwd(bk, gate, ln2, LP(m, l, P_WUP), opt_param(m, l, P_BUP, 0), n, C, I);
+        lora_fwd(m, l, LORA_UP, gate, ln2, r0, n, C, I);
+        bk->gelu_fwd(bk, h, gate, (size_t)n * I);
+        return;
+    }
     linear_fwd(bk, gate, ln2, LP(m, l, P_WGATE), NULL, n, C, I);
     lora_fwd(m, l, LORA_GATE, gate, ln2, r0, n, C, I);
     linear_fwd(bk, up, ln2, LP(m, l, P_WUP), NULL, n, C, I);
@@ -723,27 +785,29 @@ static void layer_forward(Model *m, int l, const LayerActs *a, void *out, int B,
     const ModelConfig *c = &m->cfg;
     const int N = B * T, C = c->hidden_size, I = c->intermediate_size, D = c->head_dim;
     const int Hq = c->num_attention_heads, Hkv = c->num_key_value_heads;
-    bk->rmsnorm_fwd(bk, a->ln1, a->rstd1, a->xin, LP(m, l, P_LN1), N, C, c->rms_norm_eps);
+    norm_fwd(m, a->ln1, a->rstd1, a->xin, LP(m, l, P_LN1), opt_param(m, l, P_LN1B, 0), N);
     linear_fwd(bk, a->q, a->ln1, LP(m, l, P_WQ), opt_param(m, l, P_BQ, 0), N, C, Hq * D);
     lora_fwd(m, l, LORA_Q, a->q, a->ln1, 0, N, C, Hq * D);
     linear_fwd(bk, a->k, a->ln1, LP(m, l, P_WK), opt_param(m, l, P_BK, 0), N, C, Hkv * D);
     lora_fwd(m, l, LORA_K, a->k, a->ln1, 0, N, C, Hkv * D);
     linear_fwd(bk, a->v, a->ln1, LP(m, l, P_WV), opt_param(m, l, P_BV, 0), N, C, Hkv * D);
     lora_fwd(m, l, LORA_V, a->v, a->ln1, 0, N, C, Hkv * D);
-    bk->rope_fwd(bk, a->q, m->rope_cos, m->rope_sin, B, T, Hq, D);
-    bk->rope_fwd(bk, a->k, m->rope_cos, m->rope_sin, B, T, Hkv, D);
+    if (c->arch == ARCH_LLAMA) {  // GPT-2 has learned positions instead
+        bk->rope_fwd(bk, a->q, m->rope_cos, m->rope_sin, B, T, Hq, D);
+        bk->rope_fwd(bk, a->k, m->rope_cos, m->rope_sin, B, T, Hkv, D);
+    }
     bk->attention_fwd(bk, a->att, a->lse, a->q, a->k, a->v, B, T, Hq, Hkv, D);
     linear_fwd(bk, a->x_mid, a->att, LP(m, l, P_WO), opt_param(m, l, P_BO, 0), N, Hq * D, C);
     lora_fwd(m, l, LORA_O, a->x_mid, a->att, 0, N, Hq * D, C);
     bk->accumulate(bk, a->x_mid, a->xin, (size_t)N * C);
-    bk->rmsnorm_fwd(bk, a->ln2, a->rstd2, a->x_mid, LP(m, l, P_LN2), N, C, c->rms_norm_eps);
+    norm_fwd(m, a->ln2, a->rstd2, a->x_mid, LP(m, l, P_LN2), opt_param(m, l, P_LN2B, 0), N);
     // The MLP runs over row tiles (one tile unless tiled_mlp): T x I never exists whole.
     for (int r0 = 0; r0 < N; r0 += tile) {
         int n = N - r0 < tile ? N - r0 : tile;
         mlp_tile_fwd(m, l, a, r0, n);
         const void *h = m->pol.tiled_mlp ? a->h : act_at(bk, a->h, (size_t)r0 * I);
         void *o = act_at(bk, out, (size_t)r0 * C);
-        linear_fwd(bk, o, h, LP(m, l, P_WDOWN), NULL, n, I, C);
+        linear_fwd(bk, o, h, LP(m, l, P_WDOWN), opt_param(m, l, P_BDOWN, 0), n, I, C);
         lora_fwd(m, l, LORA_DOWN, o, h, r0, n, I, C);
     }
     bk->accumulate(bk, out, a->x_mid, (size_t)N * C);
@@ -753,10 +817,11 @@ static void layer_forward(Model *m, int l, const LayerActs *a, void *out, int B,
 static void recompute_cheap(Model *m, int l, const LayerActs *a, int N) {
     Backend *bk = m->bk;
     const ModelConfig *c = &m->cfg;
-    const int C = c->hidden_size;
-    bk->rmsnorm_fwd(bk, a->ln1, a->rstd1, a->xin, LP(m, l, P_LN1), N, C, c->rms_norm_eps);
-    bk->rmsnorm_fwd(bk, a->ln2, a->rstd2, a->x_mid, LP(m, l, P_LN2), N, C, c->rms_norm_eps);
-    if (!m->pol.tiled_mlp) bk->swiglu_fwd(bk, a->h, a->gate, a->up, (size_t)N * c->intermediate_size);
+    norm_fwd(m, a->ln1, a->rstd1, a->xin, LP(m, l, P_LN1), opt_param(m, l, P_LN1B, 0), N);
+    norm_fwd(m, a->ln2, a->rstd2, a->x_mid, LP(m, l, P_LN2), opt_param(m, l, P_LN2B, 0), N);
+    if (m->pol.tiled_mlp) return;
+    if (c->arch == ARCH_GPT2) bk->gelu_fwd(bk, a->h, a->gate, (size_t)N * c->intermediate_size);
+    else bk->swiglu_fwd(bk, a->h, a->gate, a->up, (size_t)N * c->intermediate_size);
 }
 
 // On entry m->d_res holds dLoss/d(layer output); on exit dLoss/d(layer input).
@@ -774,23 +839,31 @@ static void layer_backward(Model *m, int l, const LayerActs *a, int B, int T, in
         const void *dy = act_at(bk, m->d_res, (size_t)r0 * C), *ln2 = act_at(bk, a->ln2, (size_t)r0 * C);
         void *dln2 = act_at(bk, m->d_ln, (size_t)r0 * C);
         const void *h = act_at(bk, a->h, off);
-        linear_bwd(bk, m->d_ff1, LG(m, l, P_WDOWN), NULL, dy, h, LP(m, l, P_WDOWN), n, I, C, 0);
+        linear_bwd(bk, m->d_ff1, LG(m, l, P_WDOWN), opt_param(m, l, P_BDOWN, 1), dy, h, LP(m, l, P_WDOWN), n, I, C, 0);
         lora_bwd(m, l, LORA_DOWN, m->d_ff1, dy, h, r0, n, I, C);
+        if (c->arch == ARCH_GPT2) {
+            bk->gelu_bwd(bk, m->d_ff1, m->d_ff1, act_at(bk, a->gate, off), (size_t)n * I);
+            linear_bwd(bk, dln2, LG(m, l, P_WUP), opt_param(m, l, P_BUP, 1), m->d_ff1, ln2, LP(m, l, P_WUP), n, C, I, 0);
+            lora_bwd(m, l, LORA_UP, dln2, m->d_ff1, ln2, r0, n, C, I);
+            continue;
+        }
         bk->swiglu_bwd(bk, m->d_ff1, m->d_ff2, m->d_ff1, act_at(bk, a->gate, off), act_at(bk, a->up, off), (size_t)n * I);
         linear_bwd(bk, dln2, LG(m, l, P_WGATE), NULL, m->d_ff1, ln2, LP(m, l, P_WGATE), n, C, I, 0);
         lora_bwd(m, l, LORA_GATE, dln2, m->d_ff1, ln2, r0, n, C, I);
         linear_bwd(bk, dln2, LG(m, l, P_WUP), NULL, m->d_ff2, ln2, LP(m, l, P_WUP), n, C, I, 1);
         lora_bwd(m, l, LORA_UP, dln2, m->d_ff2, ln2, r0, n, C, I);
     }
-    bk->rmsnorm_bwd(bk, m->d_res, LG(m, l, P_LN2), m->d_ln, a->x_mid, LP(m, l, P_LN2), a->rstd2, N, C);
+    norm_bwd(m, m->d_res, LG(m, l, P_LN2), opt_param(m, l, P_LN2B, 1), m->d_ln, a->x_mid, LP(m, l, P_LN2), a->rstd2, N);
     // Attention: x_mid = x + o_proj(att); d_res now holds d(x_mid), which is also part of d(x).
     linear_bwd(bk, m->d_att, LG(m, l, P_WO), opt_param(m, l, P_BO, 1), m->d_res, a->att,
                LP(m, l, P_WO), N, Hq * D, C, 0);
     lora_bwd(m, l, LORA_O, m->d_att, m->d_res, a->att, 0, N, Hq * D, C);
     bk->attention_bwd(bk, m->d_q, m->d_k, m->d_v, m->d_att, a->q, a->k, a->v, a->att, a->lse, B, T,
                       Hq, Hkv, D);
-    bk->rope_bwd(bk, m->d_q, m->rope_cos, m->rope_sin, B, T, Hq, D);
-    bk->rope_bwd(bk, m->d_k, m->rope_cos, m->rope_sin, B, T, Hkv, D);
+    if (c->arch == ARCH_LLAMA) {
+        bk->rope_bwd(bk, m->d_q, m->rope_cos, m->rope_sin, B, T, Hq, D);
+        bk->rope_bwd(bk, m->d_k, m->rope_cos, m->rope_sin, B, T, Hkv, D);
+    }
     linear_bwd(bk, m->d_ln, LG(m, l, P_WQ), opt_param(m, l, P_BQ, 1), m->d_q, a->ln1,
                LP(m, l, P_WQ), N, C, Hq * D, 0);
     lora_bwd(m, l, LORA_Q, m->d_ln, m->d_q, a->ln1, 0, N, C, Hq * D);
@@ -800,14 +873,16 @@ static void layer_backward(Model *m, int l, const LayerActs *a, int B, int T, in
     linear_bwd(bk, m->d_ln, LG(m, l, P_WV), opt_param(m, l, P_BV, 1), m->d_v, a->ln1,
                LP(m, l, P_WV), N, C, Hkv * D, 1);
     lora_bwd(m, l, LORA_V, m->d_ln, m->d_v, a->ln1, 0, N, C, Hkv * D);
-    bk->rmsnorm_bwd(bk, m->d_res, LG(m, l, P_LN1), m->d_ln, a->xin, LP(m, l, P_LN1), a->rstd1, N, C);
+    norm_bwd(m, m->d_res, LG(m, l, P_LN1), opt_param(m, l, P_LN1B, 1), m->d_ln, a->xin, LP(m, l, P_LN1), a->rstd1, N);
 }
 
 // Forward through every layer; each layer's kept tensors go where the store says.
 static void forward_layers(Model *m, ActStore *st, int B, int T, int for_backward) {
     Backend *bk = m->bk;
     const int N = B * T, L = m->cfg.num_hidden_layers;
-    bk->embedding_fwd(bk, act_fwd_output(st, -1), m->tokens, P(m, m->tab.embed), N, m->cfg.hidden_size);
+    void *x0 = act_fwd_output(st, -1);
+    bk->embedding_fwd(bk, x0, m->tokens, P(m, m->tab.embed), N, m->cfg.hidden_size);
+    if (m->tab.pos_embed >= 0) bk->pos_fwd(bk, x0, P(m, m->tab.pos_embed), B, T, m->cfg.hidden_size);
     for (int l = 0; l < L; l++) {
         LayerActs a;
         act_fwd_layer(st, l, &a);
@@ -865,17 +940,18 @@ double model_forward_backward(Model *m, int B, int T, float loss_scale) {
     }
     forward_layers(m, m->store, B, T, train);
     void *res = act_final_residual(m->store);
-    bk->rmsnorm_fwd(bk, m->final_ln, m->final_rstd, res, P(m, t->final_norm), N, C, c->rms_norm_eps);
+    norm_fwd(m, m->final_ln, m->final_rstd, res, P(m, t->final_norm), opt_param_global(m, t->final_norm_bias, 0), N);
     // The fused classifier produces d(final_ln) and the head's gradient in the same pass.
     bk->classifier_ce(bk, m->losses, train ? m->d_ln : NULL, train ? G(m, t->lm_head) : NULL,
                       m->final_ln, P(m, t->lm_head), m->targets, N, c->vocab_size, C, loss_scale);
     double loss = bk->sum_f32(bk, m->losses, N);
     if (!train) return loss;
     bk->memzero(bk, m->d_res, (size_t)N * C * bk->act_bytes, NULL);
-    bk->rmsnorm_bwd(bk, m->d_res, G(m, t->final_norm), m->d_ln, res, P(m, t->final_norm),
-                    m->final_rstd, N, C);
+    norm_bwd(m, m->d_res, G(m, t->final_norm), opt_param_global(m, t->final_norm_bias, 1), m->d_ln, res,
+             P(m, t->final_norm), m->final_rstd, N);
     backward_layers(m, B, T);
     if (G(m, t->embed)) bk->embedding_bwd(bk, G(m, t->embed), m->d_res, m->tokens, N, C, c->vocab_size);
+    if (t->pos_embed >= 0 && G(m, t->pos_embed)) bk->pos_bwd(bk, G(m, t->pos_embed), m->d_res, B, T, C);
     if (m->opt.zero_stage >= 3) z3_reduce(m, 0, m->z3_nl_grad);
     return loss;
 }
@@ -894,7 +970,7 @@ void model_last_logits(Model *m, int T, float *out) {
     if (m->opt.zero_stage >= 3) z3_begin_pass(m);
     forward_layers(m, m->sample_store, 1, T, 0);
     void *res = act_final_residual(m->sample_store);
-    bk->rmsnorm_fwd(bk, m->final_ln, m->final_rstd, res, P(m, m->tab.final_norm), T, C, c->rms_norm_eps);
+    norm_fwd(m, m->final_ln, m->final_rstd, res, P(m, m->tab.final_norm), opt_param_global(m, m->tab.final_norm_bias, 0), T);
     bk->matmul(bk, m->logits, act_at(bk, m->final_ln, (size_t)(T - 1) * C), P(m, m->tab.lm_head),
                1, c->vocab_size, C, 0, 1, 1.0f, 0.0f);
     bk->download_act(bk, out, m->logits, c->vocab_size);

@@ -7,9 +7,14 @@
 #include "mempolicy.h"
 
 enum { ROPE_DEFAULT = 0, ROPE_LLAMA3 = 1 };
+// The block family: Llama (RMSNorm, RoPE, GQA, SwiGLU) or GPT-2 (LayerNorm with bias, learned
+// positions, GELU MLP, biases on every linear, tied head over a padded vocabulary).
+enum { ARCH_LLAMA = 0, ARCH_GPT2 = 1 };
 
 // Hugging Face config.json fields of the Llama family (Llama 2/3, Mistral, Qwen2, SmolLM).
 typedef struct {
+    int arch;                 // ARCH_LLAMA or ARCH_GPT2
+    int padded_vocab;         // GPT-2: rows of the embedding (vocab_size rounded up to 128)
     char model_type[32];      // "llama", "mistral", "qwen2", ...
     int vocab_size;
     int hidden_size;          // C
@@ -34,6 +39,7 @@ typedef struct {
 enum { LORA_Q, LORA_K, LORA_V, LORA_O, LORA_GATE, LORA_UP, LORA_DOWN, LORA_TARGETS };
 enum {
     P_LN1, P_WQ, P_BQ, P_WK, P_BK, P_WV, P_BV, P_WO, P_BO, P_LN2, P_WGATE, P_WUP, P_WDOWN,
+    P_LN1B, P_LN2B, P_BUP, P_BDOWN,  // GPT-2: LayerNorm biases, fc (in P_WUP) and proj biases
     P_LORA_A, P_LORA_B = P_LORA_A + LORA_TARGETS, P_PER_LAYER = P_LORA_B + LORA_TARGETS
 };
 extern const char *const LORA_TARGET_NAMES[LORA_TARGETS];  // "q_proj", ..., "down_proj"
@@ -78,6 +84,7 @@ typedef struct {
     LoraConfig lora;
     float lora_scale;
     int embed, final_norm, lm_head;      // indices into specs (lm_head == embed when tied)
+    int pos_embed, final_norm_bias;      // GPT-2 only (-1 otherwise)
     int *layer_param;                    // [L * P_PER_LAYER] spec index, -1 if absent (biases)
 } ParamTable;
 

@@ -25,6 +25,7 @@ def tests(build):
         ("bad_inputs", [PY, "test/test_bad_inputs.py", "--bin", bin_]),
         ("resume", [PY, "test/test_resume.py", "--bin", bin_]),
         ("torch_ref", [PY, "test/test_torch_ref.py", "--bin", bin_]),
+        ("gpt2_ref", [PY, "test/test_gpt2_ref.py", "--bin", os.path.join(build, "train_gpt")]),
         ("lora_ref", [PY, "test/test_lora_ref.py", "--bin", bin_]),
         ("train_smoke", [PY, "test/test_train_smoke.py", "--bin", bin_]),
         ("memory_modes", [PY, "test/test_memory_modes.py", "--bin", bin_]),

@@ -128,6 +128,30 @@ static void cpu_rmsnorm_bwd(Backend *bk, void *dx, void *dw, const void *dy, con
     (void)bk;
     rmsnorm_bwd_f32(dx, dw, dy, x, w, rstd, N, C);
 }
+static void cpu_layernorm_fwd(Backend *bk, void *out, float *mean, float *rstd, const void *x,
+                              const void *w, const void *b, int N, int C, float eps) {
+    (void)bk;
+    layernorm_fwd_f32(out, mean, rstd, x, w, b, N, C, eps);
+}
+static void cpu_layernorm_bwd(Backend *bk, void *dx, void *dw, void *db, const void *dy,
+                              const void *x, const void *w, const float *mean, const float *rstd,
+                              int N, int C) {
+    (void)bk;
+    layernorm_bwd_f32(dx, dw, db, dy, x, w, mean, rstd, N, C);
+}
+static void cpu_gelu_fwd(Backend *bk, void *y, const void *x, size_t n) { (void)bk; gelu_fwd_f32(y, x, n); }
+static void cpu_gelu_bwd(Backend *bk, void *dx, const void *dy, const void *x, size_t n) {
+    (void)bk;
+    gelu_bwd_f32(dx, dy, x, n);
+}
+static void cpu_pos_fwd(Backend *bk, void *out, const void *wpe, int B, int T, int C) {
+    (void)bk;
+    pos_fwd_f32(out, wpe, B, T, C);
+}
+static void cpu_pos_bwd(Backend *bk, void *dwpe, const void *dout, int B, int T, int C) {
+    (void)bk;
+    pos_bwd_f32(dwpe, dout, B, T, C);
+}
 static void cpu_rope_fwd(Backend *bk, void *x, const float *c, const float *s, int B, int T, int H,
                          int D) {
     (void)bk;
@@ -239,6 +263,12 @@ Backend *backend_cpu_create(int threads) {
     bk->embedding_bwd = cpu_embedding_bwd;
     bk->rmsnorm_fwd = cpu_rmsnorm_fwd;
     bk->rmsnorm_bwd = cpu_rmsnorm_bwd;
+    bk->layernorm_fwd = cpu_layernorm_fwd;
+    bk->layernorm_bwd = cpu_layernorm_bwd;
+    bk->gelu_fwd = cpu_gelu_fwd;
+    bk->gelu_bwd = cpu_gelu_bwd;
+    bk->pos_fwd = cpu_pos_fwd;
+    bk->pos_bwd = cpu_pos_bwd;
     bk->rope_fwd = cpu_rope_fwd;
     bk->rope_bwd = cpu_rope_bwd;
     bk->attention_fwd = cpu_attention_fwd;

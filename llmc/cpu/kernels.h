@@ -17,6 +17,14 @@
     void rmsnorm_fwd_##S(R *out, R *rstd, const R *x, const R *w, int N, int C, R eps);          \
     void rmsnorm_bwd_##S(R *dx, R *dw, const R *dy, const R *x, const R *w, const R *rstd,       \
                          int N, int C);                                                          \
+    void layernorm_fwd_##S(R *out, float *mean, float *rstd, const R *x, const R *w, const R *b,   \
+                           int N, int C, R eps);                                                 \
+    void layernorm_bwd_##S(R *dx, R *dw, R *db, const R *dy, const R *x, const R *w,             \
+                           const float *mean, const float *rstd, int N, int C);                  \
+    void gelu_fwd_##S(R *y, const R *x, size_t n);                                               \
+    void gelu_bwd_##S(R *dx, const R *dy, const R *x, size_t n);                                 \
+    void pos_fwd_##S(R *out, const R *wpe, int B, int T, int C);                                 \
+    void pos_bwd_##S(R *dwpe, const R *dout, int B, int T, int C);                               \
     void rope_fwd_##S(R *x, const float *cosv, const float *sinv, int B, int T, int H, int D);   \
     void rope_bwd_##S(R *dx, const float *cosv, const float *sinv, int B, int T, int H, int D);  \
     void attention_fwd_##S(R *out, float *lse, const R *q, const R *k, const R *v, int B,        \
