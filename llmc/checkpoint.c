@@ -10,6 +10,7 @@
 #include <string.h>
 #include <unistd.h>
 #include "comm.h"
+#include "gpt2_io.h"
 #include "hf.h"
 #include "nf4.h"
 #include "safetensors.h"
@@ -158,6 +159,10 @@ static int write_tensors(const Model *m, const char *path, const int *sels, int 
 
 int save_hf_model(const Model *m, const char *dir, int merge) {
     char path[4096];
+    if (m->cfg.arch == ARCH_GPT2) {  // llm.c's file, which llm.c loads as it is
+        join_path(path, sizeof path, dir, "model.bin");
+        return gpt2_save(m, path);
+    }
     const int sel[] = {SEL_BASE};
     join_path(path, sizeof path, dir, "model.safetensors");
     if (write_tensors(m, path, sel, 1, merge) != 0) return -1;
@@ -388,6 +393,12 @@ void checkpoint_load(Model *m, LoopState *ls, const char *dir) {
 }
 
 static void load_model_checkpoint(Model *m, const char *dir) {
+    if (m->cfg.arch == ARCH_GPT2) {
+        char path[4096];
+        join_path(path, sizeof path, dir, "model.bin");
+        gpt2_load(m, path);
+        return;
+    }
     ModelConfig saved;
     load_hf_config(dir, &saved);
     const ModelConfig *c = &m->cfg;

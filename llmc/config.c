@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <yaml.h>
+#include "gpt2_io.h"
 #include "util.h"
 
 typedef enum { T_INT, T_FLOAT, T_BOOL, T_STR, T_ENUM, T_SIZE, T_LIST } KeyType;
@@ -251,6 +252,12 @@ static void load_mapping(Config *cfg, yaml_document_t *doc, yaml_node_t *map, co
         for (yaml_node_pair_t *q = map->data.mapping.pairs.start; q < p; q++)
             if (!strcmp(scalar(yaml_document_get_node(doc, q->key)), scalar(kn)))
                 fail("%s: key '%s' appears twice", origin, key);
+        if (!*prefix && !strcmp(key, "model") && vn->type == YAML_SCALAR_NODE && cfg->arch == ARCH_GPT2) {
+            if (!gpt2_descriptor(scalar(vn), &cfg->model))
+                fail("%s: model '%s' is not a GPT-2 descriptor (d12, d24, d36, d48) or a mapping", origin, scalar(vn));
+            cfg->has_model_block = 1;
+            continue;
+        }
         if (!*prefix && !strcmp(key, "model")) {
             if (vn->type != YAML_MAPPING_NODE)
                 fail("%s: key 'model' expects a mapping of model fields (hidden_size: ...)", origin);
@@ -320,6 +327,7 @@ void config_finish(Config *cfg) {
     if (!cfg->train_data[0]) fail("%s: key 'train_data' is required (a token shard path or glob)", src);
     if (cfg->has_model_block) {
         ModelConfig *m = &cfg->model;
+        if (cfg->arch == ARCH_GPT2) gpt2_complete_config(m);  // 4C MLP, MHA, padded vocab
         const char *need[] = {"hidden_size", "intermediate_size", "num_hidden_layers",
                               "num_attention_heads"};
         int vals[] = {m->hidden_size, m->intermediate_size, m->num_hidden_layers,
@@ -354,8 +362,9 @@ void config_print_help(FILE *f) {
     }
 }
 
-void config_from_args(Config *cfg, int argc, char **argv) {
+void config_from_args(Config *cfg, int argc, char **argv, int arch) {
     set_defaults(cfg);
+    cfg->arch = arch;
     const char *path = NULL;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {

@@ -38,12 +38,13 @@ typedef struct {
     // runtime
     char device[16];
     int num_threads;
-    // where the YAML came from, for messages
+    // where the YAML came from, for messages; the architecture the program trains
     char path[1024];
+    int arch;
 } Config;
 
 // Parse argv (-c FILE, --set k=v..., --help). Fails with a one-line message on any bad input.
-void config_from_args(Config *cfg, int argc, char **argv);
+void config_from_args(Config *cfg, int argc, char **argv, int arch);
 void config_load_yaml(Config *cfg, const char *path);
 void config_set(Config *cfg, const char *key, const char *value, const char *origin);
 void config_finish(Config *cfg);  // cross-key checks after all sources are applied

@@ -27,8 +27,10 @@ def tests(build):
         ("torch_ref", [PY, "test/test_torch_ref.py", "--bin", bin_]),
         ("gpt2_ref", [PY, "test/test_gpt2_ref.py", "--bin", os.path.join(build, "train_gpt")]),
         ("lora_ref", [PY, "test/test_lora_ref.py", "--bin", bin_]),
+        ("qlora", [PY, "test/test_qlora.py", "--bin", bin_]),
         ("train_smoke", [PY, "test/test_train_smoke.py", "--bin", bin_]),
         ("memory_modes", [PY, "test/test_memory_modes.py", "--bin", bin_]),
+        ("sharding", [PY, "test/test_sharding.py", "--bin", bin_]),
         ("cuda", [PY, "test/test_cuda.py", "--bin", bin_]),
     ]
 

@@ -20,6 +20,9 @@ compares with the reference:
   e_random_init          a `model:` block (random init): model.bin header and padding, and
                          the reference's loss on the saved model.bin equals the loss of the
                          next step of a run one step longer
+  e_random_init_values   llm.c's GPT-2 init, read back after a learning_rate 0 step:
+                         LayerNorm weights 1, biases 0, padded wte rows 0, N(0, 0.02) weights
+                         with the residual projections scaled by 1/sqrt(2 L)
 For a-d: every step's loss (1e-5 relative), lr (1e-6), grad_norm (1e-4), final weights read
 back from output_dir/model.bin (max abs diff <= 1e-4 * max(1, max|w|) per tensor), padded wte
 rows unchanged, and the reference's loss on the trainer's saved weights equals the reference's
@@ -429,6 +432,46 @@ def check_random_init():
     return errs, summary
 
 
+def check_init_values():
+    """(e') llm.c's GPT-2 init, read back from a run with learning_rate 0 (model.bin = the
+    initial weights): LayerNorm weights 1, biases 0, padded wte rows 0, matmul weights, wte and
+    wpe ~ N(0, 0.02), the residual projections (attprojw, fcprojw) ~ N(0, 0.02 / sqrt(2 L))."""
+    name = "e_random_init_values"
+    work = os.path.join(ROOT, name)
+    os.makedirs(work)
+    cfg = G.make_config(vocab_size=97, hidden_size=32, num_layers=2, num_heads=4, max_seq_len=32)
+    shard = os.path.join(work, "train.bin")
+    G.write_shard(shard, G.random_tokens(200, 97, seed=6))
+    tc = train_config(sequence_len=16, micro_batch_size=2, max_steps=1, learning_rate=0.0,
+                      lr_scheduler="constant", warmup_steps=0, weight_decay=0.1, seed=7)
+    tc["model"] = G.model_block(cfg)
+    tc["train_data"] = shard
+    errs = []
+    rows, _, out_bin, _ = run_trainer(work, "z", tc)
+    try:
+        gcfg, w, _ = G.read_checkpoint(out_bin)
+    except (OSError, ValueError) as e:
+        return [f"model.bin: {e}"], ""
+    V, L = cfg["vocab_size"], cfg["num_layers"]
+    stats = []
+    for k in ("ln1w", "ln2w", "lnfw"):
+        if not np.all(w[k] == 1.0):
+            errs.append(f"{k} not all 1 (mean {w[k].mean():.4f}, std {w[k].std():.4f})")
+    for k in ("ln1b", "ln2b", "lnfb", "qkvb", "attprojb", "fcb", "fcprojb"):
+        if not np.all(w[k] == 0.0):
+            errs.append(f"{k} not all 0 (max |b| {np.abs(w[k]).max():.4f})")
+    if not np.all(w["wte"][V:] == 0.0):
+        errs.append(f"padded wte rows not 0 (std {w['wte'][V:].std():.4f})")
+    for k, a in (("wte[:V]", w["wte"][:V]), ("wpe", w["wpe"]), ("qkvw", w["qkvw"]),
+                 ("fcw", w["fcw"]), ("attprojw", w["attprojw"]), ("fcprojw", w["fcprojw"])):
+        want = 0.02 / math.sqrt(2 * L) if k in ("attprojw", "fcprojw") else 0.02
+        sd = float(a.std())
+        stats.append(f"{k} {sd:.4f}")
+        if abs(sd / want - 1) > 0.15 or abs(float(a.mean())) > 0.2 * want:
+            errs.append(f"{k} std {sd:.4f} mean {float(a.mean()):.4f}, expected N(0, {want:.4f})")
+    return errs, "std " + ", ".join(stats)
+
+
 def main():
     global ARGS, ROOT
     ap = argparse.ArgumentParser(description=__doc__,
@@ -458,6 +501,7 @@ def main():
     t0 = time.time()
     todo = [(c["name"], (lambda c=c: check_case(c))) for c in cases()]
     todo.append(("e_random_init", check_random_init))
+    todo.append(("e_random_init_values", check_init_values))
     try:
         for name, fn in todo:
             if ARGS.only and ARGS.only not in name:

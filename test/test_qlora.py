@@ -51,7 +51,6 @@ Checks (each prints PASS/FAIL; the last line is "N passed, M failed"; exit 1 on 
 """
 import argparse
 import concurrent.futures
-import hashlib
 import json
 import math
 import os
@@ -98,11 +97,6 @@ def report(name, errs, summary=""):
 
 # ---------------------------------------------------------------------------------------------
 # files
-
-
-def sha(path):
-    with open(path, "rb") as f:
-        return hashlib.sha256(f.read()).hexdigest()
 
 
 def st_raw(path):
@@ -400,7 +394,6 @@ def compare_quantized(qfile, weights, json_dtype, errs):
         elif not np.array_equal(as_f32(gdt, graw).view(np.uint32),
                                 np.ascontiguousarray(weights[k], np.float32).reshape(-1).view(np.uint32)):
             errs.append("%s: values changed" % k)
-    # the linear weights come in bitsandbytes' state-dict order, one weight after another
     return n_lin, len(got)
 
 

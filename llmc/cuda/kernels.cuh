@@ -1,0 +1,127 @@
+// kernels.cuh: the CUDA kernels' host-side launchers, one group per file:
+//   matmul.cu       cuBLASLt GEMMs (row-major, transposes, alpha/beta)
+//   elementwise.cu  add, accumulate, scale, bias, SwiGLU, dropout
+//   reduce.cu       sumsq, sum_f32 (deterministic, in double)
+//   embedding.cu    embedding forward / deterministic backward
+//   norms.cu        RMSNorm forward / backward (dw reduced in a fixed order)
+//   rope.cu         rotary embeddings
+//   attention.cu    causal GQA flash attention forward / backward
+//   classifier.cu   fused chunked classifier + cross-entropy
+//   adamw.cu        fused AdamW (fp32 master for bf16 params)
+//   nf4.cu          NF4 dequantization of a device region
+// Each launcher enqueues on ctx->stream and reads the act precision from ctx->bf16; the
+// semantics are those of the same-named op in backend.h (the CPU kernels in
+// llmc/cpu/kernels.inc are the reference). NOT YET RUN ON A GPU: see common.cuh.
+#pragma once
+#include "common.cuh"
+#ifndef LLMC_EMU
+#include <cublasLt.h>
+#endif
+
+// Scratch buffers the kernels need beyond their arguments. They belong to the backend, grow on
+// demand (stream-ordered: the old one is freed after the stream drains) and are not counted
+// against the device-memory budget, just as the CPU kernels' malloc'd scratch is not.
+enum {
+    SCR_PARTIAL,    // reduction partials (rmsnorm dw, bias grad, sums)
+    SCR_CE_LOGITS,  // classifier chunk logits (fp32)
+    SCR_CE_GRAD,    // classifier chunk gradient (act precision, bf16 mode only)
+    SCR_ATT_D,      // attention backward: rowsum(dO * O) per (b, h, t)
+    SCR_EMB,        // embedding backward: counts/cursors [V] and the sorted order [N]
+    SCR_COUNT
+};
+
+struct LtCache;
+
+struct CudaCtx {
+    cudaStream_t stream;  // the compute stream
+    int bf16;             // act precision: 1 bf16, 0 float
+    int device, num_sms;
+    size_t smem_optin;    // most dynamic shared memory a block may ask for
+    int force_generic_attention;  // tests: use the scalar attention path even where WMMA fits
+    void *scratch[SCR_COUNT];
+    size_t scratch_bytes[SCR_COUNT];
+    double *host_result;  // pinned, for reductions returned to the host
+    double *dev_result;
+    cublasLtHandle_t lt;
+    void *workspace;
+    size_t workspace_bytes;
+    LtCache *cache;
+};
+
+// Creates the context on `device` (cudaSetDevice, streams, cuBLASLt, pinned result slot).
+CudaCtx *cuda_ctx_create(int bf16, int device);
+void cuda_ctx_destroy(CudaCtx *c);
+// Scratch slot `slot` with at least `bytes` bytes.
+void *ctx_scratch(CudaCtx *c, int slot, size_t bytes);
+// Bytes of scratch currently held (for reports).
+size_t ctx_scratch_total(const CudaCtx *c);
+static inline size_t act_size(const CudaCtx *c) { return c->bf16 ? 2 : 4; }
+
+// ---- matmul.cu ---------------------------------------------------------------------------
+// C[M,N] = alpha op(A) op(B) + beta C, row-major, in act precision (backend.h's matmul).
+void k_matmul(CudaCtx *c, void *C, const void *A, const void *B, int M, int N, int K, int ta,
+              int tb, float alpha, float beta);
+// The same with C (and the output) in float whatever the act precision (classifier logits).
+void k_matmul_f32out(CudaCtx *c, float *C, const void *A, const void *B, int M, int N, int K,
+                     int ta, int tb, float alpha, float beta);
+void lt_cache_free(LtCache *cache);
+
+// ---- elementwise.cu ------------------------------------------------------------------------
+void k_add(CudaCtx *c, void *y, const void *a, const void *b, size_t n);
+void k_accumulate(CudaCtx *c, void *y, const void *x, size_t n);
+void k_scale(CudaCtx *c, void *y, float s, size_t n);
+void k_add_bias(CudaCtx *c, void *y, const void *bias, int N, int D);
+void k_bias_grad(CudaCtx *c, void *dbias, const void *dy, int N, int D);
+void k_swiglu_fwd(CudaCtx *c, void *h, const void *gate, const void *up, size_t n);
+void k_swiglu_bwd(CudaCtx *c, void *dgate, void *dup, const void *dh, const void *gate,
+                  const void *up, size_t n);
+void k_dropout(CudaCtx *c, void *y, const void *x, size_t n, float p, uint64_t seed, size_t first);
+// float <-> act conversion on the device (src and dst may not overlap).
+void k_f32_to_act(CudaCtx *c, void *dst, const float *src, size_t n);
+void k_act_to_f32(CudaCtx *c, float *dst, const void *src, size_t n);
+
+// ---- reduce.cu -------------------------------------------------------------------------------
+// Sums in double with a fixed grid, so the result does not depend on the GPU; synchronises.
+double k_sumsq(CudaCtx *c, const void *x, size_t n);
+double k_sum_f32(CudaCtx *c, const float *x, size_t n);
+
+// ---- embedding.cu ----------------------------------------------------------------------------
+void k_embedding_fwd(CudaCtx *c, void *out, const int32_t *tokens, const void *table, int N, int C);
+void k_embedding_bwd(CudaCtx *c, void *dtable, const void *dout, const int32_t *tokens, int N,
+                     int C, int V);
+
+// ---- norms.cu --------------------------------------------------------------------------------
+void k_rmsnorm_fwd(CudaCtx *c, void *out, float *rstd, const void *x, const void *w, int N, int C,
+                   float eps);
+void k_rmsnorm_bwd(CudaCtx *c, void *dx, void *dw, const void *dout, const void *x, const void *w,
+                   const float *rstd, int N, int C);
+
+// ---- rope.cu ---------------------------------------------------------------------------------
+// sign +1: forward rotation; -1: the inverse (backward).
+void k_rope(CudaCtx *c, void *x, const float *cosv, const float *sinv, int B, int T, int H, int D,
+            int sign);
+
+// ---- attention.cu ----------------------------------------------------------------------------
+void k_attention_fwd(CudaCtx *c, void *out, float *lse, const void *q, const void *k, const void *v,
+                     int B, int T, int Hq, int Hkv, int D);
+void k_attention_bwd(CudaCtx *c, void *dq, void *dk, void *dv, const void *dout, const void *q,
+                     const void *k, const void *v, const void *out, const float *lse, int B, int T,
+                     int Hq, int Hkv, int D);
+// Which path a shape takes ("wmma-bf16" or "generic"), for tests and reports.
+const char *k_attention_path(const CudaCtx *c, int D);
+
+// ---- classifier.cu ---------------------------------------------------------------------------
+void k_classifier_ce(CudaCtx *c, float *losses, void *dx, void *dW, const void *x, const void *W,
+                     const int32_t *targets, int N, int V, int C, float scale);
+// Rows per chunk for a vocabulary of V (the chunk's logits are at most CE_CHUNK_ELEMS).
+#define CE_CHUNK_ELEMS ((size_t)1 << 24)
+
+// ---- adamw.cu --------------------------------------------------------------------------------
+void k_adamw(CudaCtx *c, void *params, float *master, const void *grads, float *m, float *v,
+             size_t n, float lr, float beta1, float beta2, float eps, float wd, float grad_scale,
+             int t);
+
+// ---- nf4.cu ----------------------------------------------------------------------------------
+void k_nf4_dequantize(CudaCtx *c, void *out, const void *region, size_t n);
+// Copies the 16 NF4 values into constant memory (once per context).
+void k_nf4_init(void);

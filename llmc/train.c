@@ -1,0 +1,367 @@
+// train.c: the training program shared by train_llama (Llama family) and train_gpt (GPT-2);
+// the architecture is data (ModelConfig.arch), not a fork. Read top to bottom:
+//   config -> backend -> model (HF directory or random init) -> data -> [resume] -> loop
+//   { batches of the step -> forward+backward per micro-batch -> norm, clip, AdamW -> log,
+//     eval, sample, checkpoint } -> final model.
+// Usage: ./train_llama -c cfg.yaml [--set key=value]... (see --help); ./train_gpt likewise.
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include "actstore.h"
+#include "checkpoint.h"
+#include "comm.h"
+#include "config.h"
+#include "data.h"
+#include "model.h"
+#include "optim.h"
+#include "plan.h"
+#include "quantize.h"
+#include "gpt2_io.h"
+#include "train.h"
+#include "util.h"
+#include "stb_ds.h"
+
+static Backend *make_backend(const Config *cfg) {
+    if (!strcmp(cfg->device, "cuda"))
+        fail("device: cuda was asked for, but this build has no CUDA backend yet; use device: cpu");
+    return backend_cpu_create(cfg->num_threads);
+}
+
+static void print_box(const Config *cfg, const Model *m, const Backend *bk, size_t acts_bytes) {
+    const ModelConfig *c = &m->cfg;
+    char a[48], b[48], d[48];
+    long long tokens = (long long)cfg->micro_batch_size * cfg->sequence_len * cfg->gradient_accumulation_steps;
+    printf("+-----------------------------------------------------------------+\n");
+    printf("| train_llama                                                     |\n");
+    printf("+-----------------------------------------------------------------+\n");
+    printf("| model        %-50s |\n", cfg->base_model[0] ? cfg->base_model : "random init (model: block)");
+    char np[96];
+    snprintf(np, sizeof np, "%zu (trainable %zu)", m->tab.num_params, m->tab.num_trainable);
+    printf("| parameters   %-50s |\n", np);
+    if (m->tab.lora.r) {
+        char lr[128];
+        snprintf(lr, sizeof lr, "LoRA r=%d alpha=%g dropout=%g scale=%g targets=0x%x", m->tab.lora.r,
+                 m->tab.lora.alpha, m->tab.lora.dropout, m->tab.lora_scale, m->tab.lora.targets);
+        printf("| adapter      %-50s |\n", lr);
+    }
+    char shape[128];
+    snprintf(shape, sizeof shape, "L=%d C=%d I=%d heads=%d/%d D=%d V=%d%s", c->num_hidden_layers,
+             c->hidden_size, c->intermediate_size, c->num_attention_heads, c->num_key_value_heads,
+             c->head_dim, c->vocab_size, c->tie_word_embeddings ? " tied" : "");
+    printf("| shape        %-50s |\n", shape);
+    char tok[128];
+    snprintf(tok, sizeof tok, "%lld (B=%d x T=%d x accum %d)", tokens, cfg->micro_batch_size,
+             cfg->sequence_len, cfg->gradient_accumulation_steps);
+    printf("| tokens/step  %-50s |\n", tok);
+    char opt[128];
+    snprintf(opt, sizeof opt, "AdamW lr %.3g %s warmup %d wd %g clip %g", cfg->learning_rate,
+             cfg->lr_scheduler, cfg->warmup_steps, cfg->weight_decay, cfg->max_grad_norm);
+    printf("| optimizer    %-50s |\n", opt);
+    char dev[128];
+    snprintf(dev, sizeof dev, "%s, %d threads", bk->name, bk->threads);
+    printf("| device       %-50s |\n", dev);
+    size_t pbytes = m->tab.num_params * bk->act_bytes, gbytes = m->tab.num_trainable * bk->act_bytes;
+    format_bytes(a, sizeof a, (double)(pbytes + gbytes));
+    format_bytes(b, sizeof b, (double)m->tab.num_trainable * sizeof(float) * (m->master ? 3 : 2));
+    format_bytes(d, sizeof d, (double)acts_bytes);
+    char mem[192];
+    snprintf(mem, sizeof mem, "params+grads %s, optimizer %s, activations %s", a, b, d);
+    printf("| memory       %-50s |\n", mem);
+    char pol[160];
+    mem_policy_describe(&m->pol, pol, sizeof pol);
+    printf("| memory mode  %-50s |\n", pol);
+    format_bytes(a, sizeof a, (double)bk->mem.in_use);
+    format_bytes(b, sizeof b, (double)bk->mem.host_in_use);
+    char tot[128];
+    snprintf(tot, sizeof tot, "device %s, host %s", a, b);
+    printf("| allocated    %-50s |\n", tot);
+    printf("+-----------------------------------------------------------------+\n");
+}
+
+// Metrics: one JSON object per line. On resume, lines past the checkpoint are dropped so the
+// file reads as one unbroken run.
+static FILE *open_metrics(const char *dir, int resume_step) {
+    char path[4096];
+    join_path(path, sizeof path, dir, "metrics.jsonl");
+    char *kept = NULL;
+    size_t kept_len = 0;
+    if (resume_step > 0) {
+        size_t len;
+        char *old = read_file(path, &len);
+        if (old) {
+            kept = xmalloc(len + 1);
+            for (char *line = strtok(old, "\n"); line; line = strtok(NULL, "\n")) {
+                int step;
+                if (sscanf(line, "{\"step\": %d", &step) == 1 && step > resume_step) continue;
+                size_t n = strlen(line);
+                memcpy(kept + kept_len, line, n);
+                kept[kept_len + n] = '\n';
+                kept_len += n + 1;
+            }
+            free(old);
+        }
+    }
+    FILE *f = fopen(path, "w");
+    if (!f) fail("%s: cannot write metrics: %s", path, strerror(errno));
+    if (kept) fwrite(kept, 1, kept_len, f), free(kept);
+    return f;
+}
+
+// Mean validation loss; with several ranks each evaluates its rows of every global batch.
+static double evaluate(Model *m, DataLoader *val, int batches, int32_t *tok, int32_t *tgt, Comm *c) {
+    const int T = val->T, B = val->B / c->world;
+    const size_t mine = (size_t)c->rank * B * T;
+    double sum = 0;
+    loader_reset(val);
+    for (int i = 0; i < batches; i++) {
+        loader_next(val, tok, tgt);
+        model_set_batch(m, tok + mine, tgt + mine, B, T);
+        sum += model_forward_backward(m, B, T, 0.0f);
+    }
+    c->all_reduce_sum_f64(c, &sum, 1);
+    return sum / ((double)batches * val->B * T);
+}
+
+// Byte-level sample: temperature-1 sampling from a newline, window capped at T.
+static void print_sample(Model *m, int T, int ntok, Rng *rng) {
+    const int V = m->cfg.vocab_size;
+    int32_t *ctx = xmalloc(sizeof(int32_t) * (ntok + 1));
+    float *logits = xmalloc(sizeof(float) * V);
+    int n = 0;
+    ctx[n++] = '\n';
+    printf("---- sample ----\n");
+    for (int i = 0; i < ntok; i++) {
+        int start = n > T ? n - T : 0, len = n - start;
+        model_set_batch(m, ctx + start, NULL, 1, len);
+        model_last_logits(m, len, logits);
+        double mx = -INFINITY, sum = 0;
+        for (int v = 0; v < V; v++) if (logits[v] > mx) mx = logits[v];
+        for (int v = 0; v < V; v++) sum += exp(logits[v] - mx);
+        double r = rng_uniform(rng) * sum, acc = 0;
+        int pick = V - 1;
+        for (int v = 0; v < V; v++) {
+            acc += exp(logits[v] - mx);
+            if (acc > r) { pick = v; break; }
+        }
+        ctx[n++] = pick;
+        putchar(pick == '\n' || (pick >= 32 && pick < 127) ? pick : '?');
+    }
+    printf("\n----------------\n");
+    free(ctx);
+    free(logits);
+}
+
+// The final weights: the model (full fine-tuning or merge_lora) and/or the adapter, written
+// to a temporary directory first and moved into place.
+static void save_final(const Model *m, const Config *cfg) {
+    const char *output_dir = cfg->output_dir;
+    char tmp[4096], name[64], src[4096], dst[4096];
+    snprintf(name, sizeof name, ".final.tmp-%d", (int)getpid());
+    join_path(tmp, sizeof tmp, output_dir, name);
+    int lora = m->tab.lora.r > 0, model = !lora || cfg->merge_lora, gpt2 = m->cfg.arch == ARCH_GPT2;
+    int rc = mkdir_p(tmp);
+    if (rc == 0 && model) rc = save_hf_model(m, tmp, lora);
+    if (rc == 0 && lora) rc = save_adapter(m, tmp, cfg->base_model);
+    if (rc != 0) {
+        int e = errno;
+        remove_tree(tmp);
+        fail("%s: writing the final model failed: %s", output_dir, strerror(e));
+    }
+    const char *files[4];
+    int nf = 0;
+    if (model && gpt2) files[nf++] = "model.bin";  // llm.c's layout: llm.c loads it as it is
+    else if (model) files[nf++] = "model.safetensors", files[nf++] = "config.json";
+    if (lora) files[nf++] = "adapter_model.safetensors", files[nf++] = "adapter_config.json";
+    for (int i = 0; i < nf; i++) {
+        join_path(src, sizeof src, tmp, files[i]);
+        join_path(dst, sizeof dst, output_dir, files[i]);
+        if (rename(src, dst) != 0) fail("%s: cannot move into place: %s", dst, strerror(errno));
+    }
+    remove_tree(tmp);
+}
+
+int train_main(int argc, char **argv, int arch) {
+    backend_cpu_preinit(argv);
+    if (argc == 4 && !strcmp(argv[1], "--quantize")) {  // a tool, not a training run
+        quantize_model(argv[2], argv[3]);
+        return 0;
+    }
+    Comm *comm = comm_create(&argc, &argv);
+    const int world = comm->world, rank = comm->rank;
+    if (world > 1) {
+        static char prefix[32];
+        snprintf(prefix, sizeof prefix, "rank %d: ", rank);
+        fail_prefix = prefix;  // every rank's failure is reported, and says whose it is
+        if (rank != 0 && !freopen("/dev/null", "w", stdout)) fail("cannot silence stdout");
+    }
+    Config cfg;
+    config_from_args(&cfg, argc, argv, arch);
+    Backend *bk = make_backend(&cfg);
+    const int B = cfg.micro_batch_size, T = cfg.sequence_len, accum = cfg.gradient_accumulation_steps;
+
+    // ---- model
+    ModelConfig mc = cfg.model;
+    if (cfg.base_model[0] && arch == ARCH_GPT2) gpt2_read_config(cfg.base_model, &mc);
+    else if (cfg.base_model[0]) load_hf_config(cfg.base_model, &mc);
+    if (T > mc.max_position_embeddings)
+        fail("sequence_len %d exceeds the model's max_position_embeddings %d", T, mc.max_position_embeddings);
+    // ---- memory plan: --plan prints it; auto picks from it; a limit names what would fit
+    MemPolicy pol;
+    config_mem_policy(&cfg, &pol);
+    ModelOptions mo = {.stream = pol.stream_frozen, .comm = comm, .zero_stage = cfg.zero_stage,
+                       .offload_optimizer = cfg.offload_optimizer, .load_in_4bit = cfg.load_in_4bit};
+    PlanRow rows[32];
+    int nrows = 0;
+    char fitting[1024] = "";
+    int is_auto = !strcmp(cfg.activation_offloading, "auto");
+    if (cfg.plan_only || is_auto || cfg.device_memory_limit) {
+        nrows = plan_rows(&cfg, &mc, bk, &mo, rows, 32);
+        plan_fitting_names(rows, nrows, fitting, sizeof fitting);
+    }
+    if (cfg.plan_only) {
+        plan_print(rows, nrows, (size_t)cfg.device_memory_limit, stdout);
+        return 0;
+    }
+    if (is_auto) {
+        const PlanRow *best = plan_pick(rows, nrows);
+        if (!best) fail("activation_offloading: auto: no mode fits device_memory_limit; see --plan");
+        pol = best->pol;
+        printf("activation_offloading: auto picked '%s'\n", best->name);
+    }
+    bk->mem.limit = (size_t)cfg.device_memory_limit;
+    if (fitting[0]) bk->oom_hint = fitting;
+    LoraConfig lora;
+    config_lora(&cfg, &lora);
+    if (!strcmp(cfg.adapter, "qlora") && !cfg.load_in_4bit)
+        fail("adapter: qlora needs load_in_4bit: true (the frozen base in NF4)");
+    if (cfg.load_in_4bit && !lora.r)
+        fail("load_in_4bit: a 4-bit base can only be trained through adapters (adapter: qlora)");
+    if (cfg.layer_offloading && !lora.r)
+        fail("layer_offloading streams frozen weights; a full fine-tuning run has none (use adapter: lora)");
+    Model model;
+    model_create(&model, bk, &mc, &lora, &mo);
+    if (cfg.base_model[0] && arch == ARCH_GPT2) gpt2_load(&model, cfg.base_model);
+    else if (cfg.base_model[0]) load_hf_weights(&model, cfg.base_model);
+    else model_init_random(&model, (uint64_t)cfg.seed);
+    if (lora.r && cfg.lora_model_dir[0]) load_adapter(&model, cfg.lora_model_dir);
+    else if (lora.r) model_init_lora(&model, (uint64_t)cfg.seed);
+    size_t before = bk->mem.in_use;
+    model_alloc_acts(&model, B, T, &pol);
+    size_t acts_bytes = bk->mem.in_use - before;
+
+    // ---- data: every rank reads the global batch (world x B rows) and trains on its rows, so
+    // N ranks see exactly the tokens one rank sees with micro batch N x B.
+    DataLoader train, val;
+    loader_open(&train, cfg.train_data, world * B, T, mc.vocab_size, cfg.shuffle, (uint64_t)cfg.seed, "train_data");
+    int have_val = cfg.val_data[0] != 0;
+    if (have_val) loader_open(&val, cfg.val_data, world * B, T, mc.vocab_size, 0, 0, "val_data");
+    if (cfg.eval_steps && !have_val) fail("eval_steps is %d but no val_data is set", cfg.eval_steps);
+
+    // ---- output and resume
+    if (mkdir_p(cfg.output_dir) != 0) fail("%s: cannot create output_dir: %s", cfg.output_dir, strerror(errno));
+    if (rank == 0) checkpoint_clean_debris(cfg.output_dir);
+    comm->barrier(comm);
+    LoopState ls = {0};
+    rng_seed(&ls.sample_rng, (uint64_t)cfg.seed ^ 0x5A5A5A5AULL);
+    if (cfg.resume_from_checkpoint[0]) {
+        char dir[4096];
+        snprintf(dir, sizeof dir, "%s", cfg.resume_from_checkpoint);
+        if (!strcmp(dir, "auto")) checkpoint_find_latest(cfg.output_dir, dir, sizeof dir);
+        if (dir[0]) {
+            if (!path_exists(dir)) fail("resume_from_checkpoint: '%s' does not exist", dir);
+            checkpoint_load(&model, &ls, dir);
+            loader_seek(&train, ls.data_epoch, ls.data_next);
+            printf("resumed from %s at step %d\n", dir, ls.step);
+        } else {
+            printf("resume_from_checkpoint: auto found no checkpoint in %s; starting fresh\n", cfg.output_dir);
+        }
+    }
+    FILE *metrics = rank == 0 ? open_metrics(cfg.output_dir, ls.step) : fopen("/dev/null", "w");
+    print_box(&cfg, &model, bk, acts_bytes);
+
+    OptimConfig oc = {cfg.learning_rate, cfg.adam_beta1, cfg.adam_beta2, cfg.adam_epsilon,
+                      cfg.weight_decay, cfg.max_grad_norm, cfg.warmup_steps, cfg.max_steps,
+                      schedule_from_name(cfg.lr_scheduler)};
+    const size_t BT = (size_t)B * T, GBT = BT * world;  // this rank's rows, the global batch
+    int32_t *tok = xmalloc(sizeof(int32_t) * GBT * accum), *tgt = xmalloc(sizeof(int32_t) * GBT * accum);
+    const size_t grad_bytes = (cfg.zero_stage >= 3 ? model.local_n : model.tab.shard * model.tab.world) * bk->act_bytes;
+
+    for (int step = ls.step; step < cfg.max_steps; step++) {
+        double t0 = now_ms();
+        bk->mem.peak = bk->mem.in_use;  // peaks are per step
+        bk->mem.host_peak = bk->mem.host_in_use;
+        bk->mem.disk_peak = bk->mem.disk_in_use;
+        // Load the whole step first: the loss is a mean over all its valid targets.
+        long long count = 0;
+        for (int a = 0; a < accum; a++) loader_next(&train, tok + a * GBT, tgt + a * GBT);
+        for (size_t i = 0; i < GBT * accum; i++) count += tgt[i] >= 0;
+        float scale = count ? (float)(1.0 / (double)count) : 0.0f;
+        bk->memzero(bk, model.grads, grad_bytes, NULL);
+        double loss_sum = 0;
+        for (int a = 0; a < accum; a++) {
+            model_set_batch(&model, tok + a * GBT + rank * BT, tgt + a * GBT + rank * BT, B, T);
+            // Dropout masks depend only on (seed, micro-batch): recompute and resume agree.
+            Rng dr;
+            rng_seed(&dr, ((uint64_t)cfg.seed * 1000003ULL + (uint64_t)step * accum + a) * 65537ULL + rank);
+            model.dropout_seed = rng_next(&dr);
+            loss_sum += model_forward_backward(&model, B, T, scale);
+        }
+        comm->all_reduce_sum_f64(comm, &loss_sum, 1);
+        float loss = (float)(loss_sum * scale);
+        double norm = grad_norm(&model);
+        double lr = lr_at(&oc, step);
+        optim_step(&model, &oc, lr, norm, step + 1);
+        bk->sync(bk);
+        double ms = now_ms() - t0;
+        double tps = (double)GBT * accum / (ms / 1000.0);
+        ls.step = step + 1;
+        ls.data_epoch = train.epoch;
+        ls.data_next = train.next;
+        char peak[32], hpeak[32], dpeak[32];
+        format_bytes(peak, sizeof peak, (double)bk->mem.peak);
+        format_bytes(hpeak, sizeof hpeak, (double)bk->mem.host_peak);
+        format_bytes(dpeak, sizeof dpeak, (double)bk->mem.disk_peak);
+        if (!isfinite(loss)) fail("step %d: loss is %f; stopping (lower learning_rate?)", ls.step, loss);
+        if (ls.step % cfg.log_steps == 0 || ls.step == cfg.max_steps || ls.step == 1)
+            printf("step %5d/%d | loss %.6f | lr %.3e | norm %.4f | %.1f ms | %.0f tok/s | dev %s host %s disk %s\n",
+                   ls.step, cfg.max_steps, loss, lr, norm, ms, tps, peak, hpeak, dpeak);
+        fprintf(metrics,
+                "{\"step\": %d, \"loss\": %.9g, \"lr\": %.9g, \"grad_norm\": %.9g, \"ms\": %.3f, "
+                "\"tokens_per_sec\": %.1f, \"device_peak_bytes\": %zu, \"host_peak_bytes\": %zu, "
+                "\"disk_peak_bytes\": %zu}\n",
+                ls.step, loss, lr, norm, ms, tps, bk->mem.peak, bk->mem.host_peak, bk->mem.disk_peak);
+        fflush(metrics);
+        fflush(stdout);
+        if (cfg.eval_steps && (ls.step % cfg.eval_steps == 0 || ls.step == cfg.max_steps)) {
+            double vl = evaluate(&model, &val, cfg.eval_batches, tok, tgt, comm);
+            printf("step %5d/%d | val_loss %.6f\n", ls.step, cfg.max_steps, vl);
+            fprintf(metrics, "{\"step\": %d, \"val_loss\": %.9g}\n", ls.step, vl);
+            fflush(metrics);
+        }
+        // Every rank runs the sampler (ZeRO-3 gathers are collective); only rank 0 prints.
+        if (cfg.sample_steps && mc.vocab_size == 256 &&
+            (ls.step % cfg.sample_steps == 0 || ls.step == cfg.max_steps))
+            print_sample(&model, T, cfg.sample_tokens, &ls.sample_rng);
+        if ((cfg.save_steps && ls.step % cfg.save_steps == 0) || ls.step == cfg.max_steps) {
+            checkpoint_save(&model, &ls, cfg.output_dir);
+            printf("saved %s/checkpoint-%d\n", cfg.output_dir, ls.step);
+        }
+    }
+    model_gather_all(&model);  // ZeRO-3: every rank sends its pieces; rank 0 writes
+    if (rank == 0) save_final(&model, &cfg);
+    model_gather_done(&model);
+    printf("final %s: %s\n", lora.r ? "adapter" : "model", cfg.output_dir);
+    fclose(metrics);
+    free(tok);
+    free(tgt);
+    loader_close(&train);
+    if (have_val) loader_close(&val);
+    model_free(&model);
+    bk->destroy(bk);
+    comm->barrier(comm);
+    comm->destroy(comm);
+    return 0;
+}
