@@ -490,6 +490,9 @@ def main():
     ap.add_argument("-v", "--verbose", action="store_true")
     ARGS = ap.parse_args()
     torch.manual_seed(0)
+    # tiny tensors: torch's worker threads only add overhead, and their spin-waiting after
+    # each parallel region competes with the trainer's threads for the cores
+    torch.set_num_threads(1)
     if not ARGS.self_check:
         ARGS.bin = os.path.abspath(ARGS.bin)
         if not os.access(ARGS.bin, os.X_OK):

@@ -1066,6 +1066,144 @@ static void test_threads(void) {
     free(in);
 }
 
+// ---- GPT-2 ops: LayerNorm, GELU, learned positions; LoRA dropout ---------------------------
+
+typedef struct {
+    int N, C;
+    double eps, *x, *w, *b, *wt, *y;
+    float *mean, *rstd;
+} LnCtx;
+
+static long double ln_loss(void *p) {
+    LnCtx *c = p;
+    layernorm_fwd_f64(c->y, c->mean, c->rstd, c->x, c->w, c->b, c->N, c->C, c->eps);
+    return dot_wt(c->y, c->wt, (size_t)c->N * c->C);
+}
+
+static void test_layernorm(void) {
+    LnCtx c = {.N = 5, .C = 24, .eps = 1e-5};
+    size_t n = (size_t)c.N * c.C;
+    c.x = randn(n, 1), c.w = randn(c.C, 1), c.b = randn(c.C, 1), c.wt = randn(n, 1), c.y = zeros(n);
+    c.mean = xcalloc(c.N, sizeof(float)), c.rstd = xcalloc(c.N, sizeof(float));
+    ln_loss(&c);
+    Cmp e = {0};
+    for (int r = 0; r < c.N; r++) {
+        long double mu = 0, var = 0;
+        for (int i = 0; i < c.C; i++) mu += c.x[r * c.C + i];
+        mu /= c.C;
+        for (int i = 0; i < c.C; i++) var += (c.x[r * c.C + i] - mu) * (c.x[r * c.C + i] - mu);
+        long double rs = 1 / sqrtl(var / c.C + c.eps);
+        for (int i = 0; i < c.C; i++)
+            cmp_rel(&e, "y", (size_t)r * c.C + i, c.y[r * c.C + i],
+                    (double)((c.x[r * c.C + i] - mu) * rs * c.w[i] + c.b[i]));
+    }
+    // mean/rstd are stored as float, so the forward agrees to float precision.
+    report(&e, 1e-6, "layernorm fwd vs direct");
+    double *dx = zeros(n), *dw = zeros(c.C), *db = zeros(c.C);
+    layernorm_bwd_f64(dx, dw, db, c.wt, c.x, c.w, c.mean, c.rstd, c.N, c.C);
+    // The backward uses the float statistics; finite differences see the exact ones: 1e-5.
+    e = (Cmp){0};
+    fd_check(&e, "dx", dx, c.x, n, 200, FD_H, ln_loss, &c);
+    report(&e, 1e-5, "layernorm bwd dx vs finite differences");
+    e = (Cmp){0};
+    fd_check(&e, "dw", dw, c.w, c.C, 200, FD_H, ln_loss, &c);
+    fd_check(&e, "db", db, c.b, c.C, 200, FD_H, ln_loss, &c);
+    report(&e, 1e-5, "layernorm bwd dw, db vs finite differences");
+    ln_loss(&c);
+    double *bx = randn(n, 1), *bw = randn(c.C, 1), *bb = randn(c.C, 1);
+    double *ax = dup_arr(bx, n), *aw = dup_arr(bw, c.C), *ab = dup_arr(bb, c.C);
+    layernorm_bwd_f64(ax, aw, ab, c.wt, c.x, c.w, c.mean, c.rstd, c.N, c.C);
+    e = (Cmp){0};
+    accum_cmp(&e, "dx", ax, bx, dx, n);
+    accum_cmp(&e, "dw", aw, bw, dw, c.C);
+    accum_cmp(&e, "db", ab, bb, db, c.C);
+    report(&e, ACC_TOL, "layernorm bwd dx, dw, db accumulate");
+    free(c.x), free(c.w), free(c.b), free(c.wt), free(c.y), free(c.mean), free(c.rstd);
+    free(dx), free(dw), free(db), free(bx), free(bw), free(bb), free(ax), free(aw), free(ab);
+}
+
+typedef struct { size_t n; double *x, *wt, *y; } GeluCtx;
+
+static long double gelu_loss(void *p) {
+    GeluCtx *c = p;
+    gelu_fwd_f64(c->y, c->x, c->n);
+    return dot_wt(c->y, c->wt, c->n);
+}
+
+static void test_gelu(void) {
+    GeluCtx c = {.n = 300};
+    c.x = randn(c.n, 2), c.wt = randn(c.n, 1), c.y = zeros(c.n);
+    gelu_loss(&c);
+    Cmp e = {0};
+    for (size_t i = 0; i < c.n; i++) {
+        long double v = c.x[i];
+        cmp_rel(&e, "y", i, c.y[i], (double)(0.5L * v * (1 + tanhl(sqrtl(2 / M_PI) * (v + 0.044715L * v * v * v)))));
+    }
+    report(&e, 1e-9, "gelu fwd vs the tanh formula");  // 1 + tanh cancels for x << 0
+    double *dx = zeros(c.n);
+    gelu_bwd_f64(dx, c.wt, c.x, c.n);
+    e = (Cmp){0};
+    fd_check(&e, "dx", dx, c.x, c.n, 300, FD_H, gelu_loss, &c);
+    report(&e, FD_TOL, "gelu bwd vs finite differences");
+    double *al = dup_arr(c.wt, c.n);
+    gelu_bwd_f64(al, al, c.x, c.n);  // dx may alias dout
+    e = (Cmp){0};
+    for (size_t i = 0; i < c.n; i++) cmp_rel(&e, "alias", i, al[i], dx[i]);
+    report(&e, 0, "gelu bwd with dx aliasing dout");
+    free(c.x), free(c.wt), free(c.y), free(dx), free(al);
+}
+
+typedef struct { int B, T, C; double *base, *wpe, *wt, *y; } PosCtx;
+
+static long double pos_loss(void *p) {
+    PosCtx *c = p;
+    size_t n = (size_t)c->B * c->T * c->C;
+    memcpy(c->y, c->base, n * sizeof(double));
+    pos_fwd_f64(c->y, c->wpe, c->B, c->T, c->C);
+    return dot_wt(c->y, c->wt, n);
+}
+
+static void test_pos(void) {
+    PosCtx c = {.B = 3, .T = 7, .C = 5};
+    size_t n = (size_t)c.B * c.T * c.C, np = (size_t)c.T * c.C;
+    c.base = randn(n, 1), c.wpe = randn(np, 1), c.wt = randn(n, 1), c.y = zeros(n);
+    pos_loss(&c);
+    Cmp e = {0};
+    for (int b = 0; b < c.B; b++)
+        for (size_t i = 0; i < np; i++)
+            cmp_rel(&e, "y", b * np + i, c.y[b * np + i], c.base[b * np + i] + c.wpe[i]);
+    report(&e, 0, "position embedding fwd adds wpe[t]");
+    double *d = zeros(np);
+    pos_bwd_f64(d, c.wt, c.B, c.T, c.C);
+    e = (Cmp){0};
+    fd_check(&e, "dwpe", d, c.wpe, np, 200, FD_H, pos_loss, &c);
+    report(&e, FD_TOL, "position embedding bwd vs finite differences");
+    free(c.base), free(c.wpe), free(c.wt), free(c.y), free(d);
+}
+
+static void test_dropout(void) {
+    const size_t n = 20000;
+    const float p = 0.25f;
+    double *x = randn(n, 1), *y = zeros(n), *tail = zeros(n / 2);
+    dropout_f64(y, x, n, p, 42, 0);
+    size_t kept = 0;
+    Cmp e = {0};
+    for (size_t i = 0; i < n; i++) {
+        if (y[i] != 0) kept++, cmp_rel(&e, "scale", i, y[i], x[i] / (1 - p));
+    }
+    report(&e, 1e-15, "dropout keeps x / (1 - p)");
+    double frac = (double)kept / n;
+    char detail[64];
+    snprintf(detail, sizeof detail, "kept %.4f", frac);
+    check(fabs(frac - (1 - p)) < 0.02, detail, "dropout keeps 1 - p of the elements");
+    // A tile starting at element n/2 draws the mask the whole tensor has there.
+    dropout_f64(tail, x + n / 2, n / 2, p, 42, n / 2);
+    e = (Cmp){0};
+    for (size_t i = 0; i < n / 2; i++) cmp_rel(&e, "tile", i, tail[i], y[n / 2 + i]);
+    report(&e, 0, "dropout mask of a tile equals the whole tensor's (first offset)");
+    free(x), free(y), free(tail);
+}
+
 int main(void) {
     rng_seed(&rng, 1234);
     test_matmul_fwd();
@@ -1101,6 +1239,11 @@ int main(void) {
     test_f32_ce();
     test_f32_rmsnorm();
     test_threads();
+    // GPT-2's ops and LoRA's dropout (after the rest, so their random inputs stay as they were).
+    test_layernorm();
+    test_gelu();
+    test_pos();
+    test_dropout();
 
     printf("%d passed, %d failed\n", n_pass, n_fail);
     return n_fail ? 1 : 0;

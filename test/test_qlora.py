@@ -256,7 +256,7 @@ class Run:
             self.rc, self.err.strip()[-500:], " | ".join(self.stdout.splitlines()[-3:]))
 
 
-def run_trainer(name, tc, args=None, check=True):
+def run_trainer(name, tc, check=True):
     """Writes TMP/name.yaml (output_dir TMP/name unless tc has one), runs the trainer."""
     tc = dict(tc)
     tc.setdefault("output_dir", os.path.join(TMP, "runs", name))
@@ -264,8 +264,7 @@ def run_trainer(name, tc, args=None, check=True):
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "w") as f:
         f.write(yaml_text(tc))
-    cmd = [ARGS.bin] + (args if args is not None else ["-c", path])
-    p = subprocess.run(cmd, cwd=TMP, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    p = subprocess.run([ARGS.bin, "-c", path], cwd=TMP, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                        timeout=ARGS.timeout)
     r = Run()
     r.name, r.out, r.rc = name, tc["output_dir"], p.returncode
@@ -281,7 +280,7 @@ def run_trainer(name, tc, args=None, check=True):
 def run_many(jobs, check=True):
     """jobs: {name: tc}; runs them ARGS.jobs at a time; returns {name: Run}."""
     with concurrent.futures.ThreadPoolExecutor(ARGS.jobs) as ex:
-        futs = {k: ex.submit(run_trainer, k, tc, None, check) for k, tc in jobs.items()}
+        futs = {k: ex.submit(run_trainer, k, tc, check) for k, tc in jobs.items()}
         return {k: f.result() for k, f in futs.items()}
 
 
