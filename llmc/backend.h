@@ -156,6 +156,14 @@ struct Backend {
 };
 
 Backend *backend_cpu_create(int threads);
+// CUDA backend (llmc/cuda/): act tensors in bf16 (dtype_bf16 1; fp32 master weights and
+// moments) or float (0, to compare with the CPU backend) on GPU device_index. Fails with one
+// line when no usable GPU is there. backend_cuda_available returns 1 when a GPU can run this
+// build's kernels, else 0 with the reason in why (no GPU, no driver, a GPU the build has no
+// code for, or a build without CUDA: then the Makefile compiled llmc/cuda/backend_cuda_stub.c
+// and LLMC_CUDA is not defined).
+Backend *backend_cuda_create(int dtype_bf16, int device_index);
+int backend_cuda_available(char *why, size_t cap);
 // Call first thing in main: on virtual machines that hide the CPU model, OpenBLAS falls back
 // to its generic SSE3 (Prescott) kernels, 2-3x slower; this re-executes the program with
 // OPENBLAS_CORETYPE naming the kernels the CPU's features support. No-op when already set.

@@ -81,6 +81,10 @@ static void load_params(Model *m, const char *where, const StTensor *(*find)(con
         }
         const StTensor *t = find(src, name);
         if (!t) fail("%s: missing tensor '%s'", where, name);
+        char qs[200];
+        snprintf(qs, sizeof qs, "%s.quant_state.bitsandbytes__nf4", name);
+        if (!p->quant && find(src, qs))
+            fail("%s: tensor '%s' is 4-bit (bitsandbytes); set adapter: qlora and load_in_4bit: true", where, name);
         check_shape(t, p, where);
         if (strcmp(t->dtype, "F32") && strcmp(t->dtype, "BF16") && strcmp(t->dtype, "F16"))
             fail("%s: tensor '%s' has dtype %s; expected F32, BF16 or F16", where, name, t->dtype);

@@ -511,7 +511,8 @@ void model_set_param_nf4(Model *m, int i, const void *nf4_weight) {
     const Nf4Weight *q = nf4_weight;
     const ParamSpec *p = &m->tab.specs[i];
     size_t bytes = nf4_region_bytes(q->n, q->blocksize, q->nested);
-    if (!p->quant || q->n != p->numel || bytes != nf4_region_bytes(p->numel, 64, 1))
+    if (!p->quant || q->n != p->numel || q->blocksize != 64 || !q->nested || q->nested_blocksize != 256 ||
+        bytes != nf4_region_bytes(p->numel, 64, 1))
         fail("%s: 4-bit weight layout (blocksize %d, nested %d) is not the NF4 blocksize 64 with double "
              "quantization this trainer stores", p->name, q->blocksize, q->nested);
     if (m->streamer) {

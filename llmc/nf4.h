@@ -115,8 +115,9 @@ int nf4_load(Nf4Weight *q, const char *name, Nf4FindFn find, void *ctx);
 typedef struct {
     uint64_t n, nblocks, nested_nblocks;
     int32_t blocksize, nested, nested_blocksize, pad;
-    float offset, pad2[3];
+    float offset, pad2;
 } Nf4RegionHeader;  // 48 bytes, so the arrays after it stay 16-byte aligned
+_Static_assert(sizeof(Nf4RegionHeader) == 48, "Nf4RegionHeader must stay 48 bytes");
 
 size_t nf4_region_bytes(size_t n, int blocksize, int nested);
 // Writes q into region (nf4_region_bytes(q->n, q->blocksize, q->nested) bytes, host memory).

@@ -20,6 +20,7 @@ Main entry points:
     make_config(vocab_size, hidden_size, num_layers, num_heads, max_seq_len) -> cfg dict
     param_shapes(cfg)                  -> ordered {name: shape} (llm.c order and layout)
     init_weights(cfg, seed)            -> {name: float32 ndarray}, padded wte rows zero
+    init_llmc(cfg, seed)               -> weights distributed as llm.c's GPT-2 init
     write_checkpoint(path, cfg, w, version=3) / read_checkpoint(path) -> (cfg, w, version)
     bf16_round(a)                      -> float32 array rounded to bf16 (round to nearest even)
     RefGPT2(cfg, weights)(idx)         -> logits [B, T, V]
@@ -100,10 +101,11 @@ def num_params(cfg):
     return sum(int(np.prod(s)) for s in param_shapes(cfg).values())
 
 
-def init_weights(cfg, seed=0, std=0.05, wte_std=0.2, wpe_std=0.1, qk_std=0.25, bias_std=0.05,
-                 ln_jitter=0.1):
+def init_weights(cfg, seed=0, std=0.05, wte_std=0.2, wpe_std=0.1, qk_std=0.25, fc_std=0.2,
+                 bias_std=0.05, ln_jitter=0.1):
     """Seeded random float32 weights. LayerNorm weights are 1 + jitter and biases non-zero so
-    that every parameter matters; q/k rows get qk_std so attention is far from uniform. The
+    that every parameter matters; q/k rows get qk_std so attention is far from uniform, fcw
+    gets fc_std so the GELU inputs reach |x| ~ 3 (where the tanh form is far from erf). The
     padded rows of wte (>= V) are zero, as llm.c writes them."""
     rng = np.random.default_rng(seed)
     V, C = cfg["vocab_size"], cfg["channels"]
@@ -118,11 +120,34 @@ def init_weights(cfg, seed=0, std=0.05, wte_std=0.2, wpe_std=0.1, qk_std=0.25, b
             a = 1.0 + ln_jitter * rng.standard_normal(shape)
         elif name in ("ln1b", "ln2b", "lnfb") or name.endswith("b"):
             a = bias_std * rng.standard_normal(shape)
+        elif name == "fcw":
+            a = fc_std * rng.standard_normal(shape)
         elif name == "qkvw":
             a = std * rng.standard_normal(shape)
             a[:, :2 * C, :] = qk_std * rng.standard_normal((shape[0], 2 * C, C))
         else:
             a = std * rng.standard_normal(shape)
+        w[name] = a.astype(np.float32)
+    return w
+
+
+def init_llmc(cfg, seed=42):
+    """GPT-2's initialisation as llm.c does it (not its random stream): LayerNorm weights 1,
+    biases 0, wte (real rows), wpe and matmul weights ~ N(0, 0.02), the projections back into
+    the residual stream (attprojw, fcprojw) ~ N(0, 0.02 / sqrt(2 L)), padded wte rows 0."""
+    rng = np.random.default_rng(seed)
+    V, L = cfg["vocab_size"], cfg["num_layers"]
+    w = {}
+    for name, shape in param_shapes(cfg).items():
+        if name in ("ln1w", "ln2w", "lnfw"):
+            a = np.ones(shape)
+        elif name in ("wte", "wpe", "qkvw", "fcw", "attprojw", "fcprojw"):
+            std = 0.02 / math.sqrt(2 * L) if name in ("attprojw", "fcprojw") else 0.02
+            a = std * rng.standard_normal(shape)
+            if name == "wte":
+                a[V:] = 0.0
+        else:
+            a = np.zeros(shape)
         w[name] = a.astype(np.float32)
     return w
 

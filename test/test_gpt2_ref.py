@@ -23,6 +23,7 @@ compares with the reference:
   e_random_init_values   llm.c's GPT-2 init, read back after a learning_rate 0 step:
                          LayerNorm weights 1, biases 0, padded wte rows 0, N(0, 0.02) weights
                          with the residual projections scaled by 1/sqrt(2 L)
+The trainer runs with num_threads 1 (2 in case b): quick and steady on a loaded machine.
 For a-d: every step's loss (1e-5 relative), lr (1e-6), grad_norm (1e-4), final weights read
 back from output_dir/model.bin (max abs diff <= 1e-4 * max(1, max|w|) per tensor), padded wte
 rows unchanged, and the reference's loss on the trainer's saved weights equals the reference's
@@ -84,7 +85,7 @@ def cases():
                              max_steps=6, learning_rate=5e-3, lr_scheduler="linear",
                              warmup_steps=2, weight_decay=0.1, max_grad_norm=0.3,
                              adam_beta2=0.95, adam_epsilon=1e-6),
-             version=3, shard_version=2, n_tokens=100, expect_clip=True),
+             version=3, shard_version=2, n_tokens=100, expect_clip=True, threads=2),
         dict(name="c_bf16_ckpt",
              cfg=G.make_config(vocab_size=97, hidden_size=32, num_layers=2, num_heads=2,
                                max_seq_len=20),
@@ -102,12 +103,20 @@ def cases():
     ]
 
 
+# (tag, settings, the metrics peak that shows the mode was in effect: "device" below the plain
+# run's, or "host" / "disk" above zero)
 MEMORY_MODES = [
-    ("ckpt_true", {"gradient_checkpointing": True}),
-    ("ckpt_selective", {"gradient_checkpointing": "selective"}),
-    ("offload_hidden_states", {"activation_offloading": "hidden_states", "min_offload_size": 0}),
-    ("offload_disk", {"activation_offloading": "disk", "min_offload_size": 0}),
+    ("ckpt_true", {"gradient_checkpointing": True}, "device"),
+    ("ckpt_selective", {"gradient_checkpointing": "selective"}, "device"),
+    ("offload_hidden_states", {"activation_offloading": "hidden_states", "min_offload_size": 0},
+     "host"),
+    ("offload_disk", {"activation_offloading": "disk", "min_offload_size": 0}, "disk"),
 ]
+
+
+def peak(rows, kind):
+    v = [r.get(kind + "_peak_bytes") for r in rows]
+    return max(v) if v and all(isinstance(x, (int, float)) for x in v) else None
 
 
 def rel(a, b):
@@ -153,14 +162,19 @@ def fake_trainer(tc):
         m = tc["model"]
         cfg = G.make_config(m["vocab_size"], m["hidden_size"], m["num_hidden_layers"],
                             m["num_attention_heads"], m["max_position_embeddings"])
-        w = G.init_weights(cfg, seed=int(tc.get("seed", 42)))
+        w = G.init_llmc(cfg, seed=int(tc.get("seed", 42)))
     tokens = G.read_shard(tc["train_data"])
     ref = G.train_reference(cfg, w, tokens, tc, dtype=torch.float32)
     os.makedirs(tc["output_dir"], exist_ok=True)
     with open(os.path.join(tc["output_dir"], "metrics.jsonl"), "w") as f:
         for i, (l, lr, g) in enumerate(zip(ref["losses"], ref["lrs"], ref["grad_norms"])):
+            ckpt = str(tc.get("gradient_checkpointing", False)).lower() != "false"
+            off = str(tc.get("activation_offloading", False)).lower()
             f.write(json.dumps({"step": i + 1, "loss": float("%.9g" % l), "lr": lr,
-                                "grad_norm": float("%.9g" % g)}) + "\n")
+                                "grad_norm": float("%.9g" % g),
+                                "device_peak_bytes": 900 if ckpt or off == "hidden_states" else 1000,
+                                "host_peak_bytes": 10 if off in ("hidden_states", "disk") else 0,
+                                "disk_peak_bytes": 10 if off == "disk" else 0}) + "\n")
     G.write_checkpoint(os.path.join(tc["output_dir"], "model.bin"), cfg,
                        {k: v.astype(np.float32) for k, v in ref["weights"].items()})
 
@@ -175,8 +189,7 @@ def run_trainer(work, tag, tc):
     if ARGS.self_check:
         fake_trainer(tc)
     else:
-        if ARGS.threads is not None:
-            tc["num_threads"] = ARGS.threads
+        tc["num_threads"] = ARGS.threads if ARGS.threads is not None else tc.get("num_threads", 1)
         path = os.path.join(work, tag + ".yaml")
         write_config(path, tc)
         p = subprocess.run([ARGS.bin, "-c", path], cwd=work, stdout=subprocess.PIPE,
@@ -270,8 +283,8 @@ def check_saved(path, cfg, init_w, errs, what="model.bin"):
     V = cfg["vocab_size"]
     pad_got, pad_want = gw["wte"][V:], np.asarray(init_w["wte"], dtype=np.float32)[V:]
     if not np.array_equal(pad_got, pad_want):
-        errs.append(f"{what}: padded wte rows {V}..{cfg['padded_vocab_size'] - 1} changed "
-                    f"(max |diff| {float(np.max(np.abs(pad_got - pad_want))):.3e})")
+        errs.append(f"{what}: padded wte rows {V}..{cfg['padded_vocab_size'] - 1} not their "
+                    f"initial zeros (max |diff| {float(np.max(np.abs(pad_got - pad_want))):.3e})")
     return gw, ver
 
 
@@ -305,7 +318,7 @@ def check_case(case):
     G.write_shard(shard, G.random_tokens(case["n_tokens"], cfg["vocab_size"], seed=len(name)),
                   version=case["shard_version"])
     tokens = G.read_shard(shard)
-    tc.update(base_model=ckpt, train_data=shard)
+    tc.update(base_model=ckpt, train_data=shard, num_threads=case.get("threads", 1))
 
     ref = G.train_reference(cfg, weights, tokens, tc)
     nsteps = int(tc["max_steps"])
@@ -344,7 +357,7 @@ def mode_checks(work, cfg, tc, tokens, raw, out_bin, got_w, rows, errs, notes):
     """(c) memory modes bit-identical to the plain run; (b) strict: one step longer."""
     plain_bytes = open(out_bin, "rb").read() if os.path.exists(out_bin) else None
     want = [(r["step"], r.get("loss"), r.get("grad_norm")) for r in raw]
-    for tag, over in MEMORY_MODES:
+    for tag, over, shows in MEMORY_MODES:
         mtc = dict(tc)
         mtc.update(over)
         if "disk" in tag:
@@ -354,10 +367,15 @@ def mode_checks(work, cfg, tc, tokens, raw, out_bin, got_w, rows, errs, notes):
         if ARGS.perturb_mode_lr != 1.0:
             mtc["learning_rate"] = mtc["learning_rate"] * ARGS.perturb_mode_lr
         try:
-            _, mraw, mbin, _ = run_trainer(work, tag, mtc)
+            mrows, mraw, mbin, _ = run_trainer(work, tag, mtc)
         except Exception as e:  # noqa: BLE001
             errs.append(f"{tag}: {type(e).__name__}: {e}")
             continue
+        p_mode, p_plain = peak(mrows, shows), peak(rows, shows)
+        if p_mode is None:
+            errs.append(f"{tag}: metrics.jsonl has no {shows}_peak_bytes")
+        elif (shows == "device" and not p_mode < p_plain) or (shows != "device" and not p_mode > 0):
+            errs.append(f"{tag}: {shows}_peak_bytes {p_mode} (plain {p_plain}): mode not in effect")
         got = [(r["step"], r.get("loss"), r.get("grad_norm")) for r in mraw]
         if got != want:
             diff = [f"step {a[0]}: loss {a[1]} gn {a[2]} vs plain {b[1]} {b[2]}"
@@ -477,7 +495,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--bin", default="build/train_gpt", help="trainer binary")
-    ap.add_argument("--threads", type=int, default=None, help="num_threads for the trainer")
+    ap.add_argument("--threads", type=int, default=None,
+                    help="num_threads for every trainer run (default: 1, and 2 in case b)")
     ap.add_argument("--timeout", type=float, default=120.0, help="seconds per trainer run")
     ap.add_argument("--only", default=None, help="run only cases whose name contains this")
     ap.add_argument("--keep", action="store_true", help="keep the temp dir")
