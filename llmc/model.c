@@ -495,13 +495,20 @@ void model_get_param(const Model *m, int i, float *dst) {
 void model_init_random(Model *m, uint64_t seed) {
     Rng rng;
     rng_seed(&rng, seed);
+    const int gpt2 = m->cfg.arch == ARCH_GPT2;
+    // GPT-2 (as llm.c initialises it) scales the residual projections by 1/sqrt(2L).
+    const float proj_std = gpt2 ? 0.02f / sqrtf(2.0f * m->cfg.num_hidden_layers) : 0.02f;
     for (int i = 0; i < (int)arrlen(m->tab.specs); i++) {
         const ParamSpec *p = &m->tab.specs[i];
-        float *w = xmalloc(sizeof(float) * p->numel);
         if (strstr(p->name, ".lora_")) continue;  // adapters: model_init_lora
-        int is_norm = strstr(p->name, "norm") != NULL, is_bias = strstr(p->name, ".bias") != NULL;
+        // Vectors are norm weights (ones) or biases (zeros); matrices are N(0, std).
+        int is_bias = p->ndim == 1 && strstr(p->name, ".bias") != NULL, is_norm = p->ndim == 1 && !is_bias;
+        float std = gpt2 && (strstr(p->name, "attn.c_proj.weight") || strstr(p->name, "mlp.c_proj.weight")) ? proj_std : 0.02f;
+        // GPT-2's padded vocabulary rows stay zero: they never produce a logit.
+        size_t live = i == m->tab.embed && gpt2 ? (size_t)m->cfg.vocab_size * p->shape[1] : p->numel;
+        float *w = xmalloc(sizeof(float) * p->numel);
         for (size_t j = 0; j < p->numel; j++)
-            w[j] = is_norm ? 1.0f : is_bias ? 0.0f : 0.02f * rng_normal(&rng);
+            w[j] = is_norm ? 1.0f : is_bias || j >= live ? 0.0f : std * rng_normal(&rng);
         model_set_param(m, i, w);
         free(w);
     }

@@ -18,7 +18,8 @@ warmup + cosine, weight decay, validation every 2 steps, num_threads 1 per rank.
                  resident optimizer; device_peak_bytes lower by at least the AdamW moments
                  (2 x 4 B x trainable params) and host_peak_bytes higher by at least that;
                  zero_stage 1 (and 3) + offload on 2 ranks matches 1 process to 1e-6; ZeRO-1
-                 halves the per-rank moments (device peak of stage 1 below stage 0's).
+                 halves the per-rank moments (device peak of stage 1 below stage 0's); ZeRO-3
+                 shards the parameters too (8 layers: device peak below stage 1's).
   ckpt_z1/z3     2 ranks, save_steps 2: checkpoint-2 holds a readable full model.safetensors
                  equal to the 1-process checkpoint (1e-6), config.json, trainer_state.json
                  (world_size 2, zero_stage), one optimizer-rankR-of-2 shard per rank and no
@@ -155,7 +156,9 @@ class Run:
         self.rc, self.out, self.err, self.dir, self.timed_out = rc, out, err, out_dir, timed_out
 
     def tail(self):
-        e = " | ".join(l for l in self.err.strip().splitlines()[-4:])
+        lines = self.err.strip().splitlines()
+        picked = [l for l in lines if l.startswith("error:")][:2] or lines[-4:]  # not mpirun's box
+        e = " | ".join(picked)
         return "rc %s%s; stderr: %s" % (self.rc, " (timed out)" if self.timed_out else "", e[-500:])
 
 
@@ -472,6 +475,28 @@ def zero1_memory(errs):
                     (d0, d1, d0 - d1, 4 * n))
 
 
+@case("zero3_shards_device_memory")
+def zero3_memory(errs):
+    """ZeRO-3 keeps half the parameters and gradients per rank (plus gathered copies of the
+    embedding/head and two layers): on an 8-layer model rank 0's device peak must be below
+    stage 1's by at least N bytes (a quarter of the fp32 parameters; the halving saves ~2.2 N)."""
+    model = dict(MODEL, num_hidden_layers=8)
+    a_tc = train_cfg("mem3_z1", model=model, micro=2, zero_stage=1, save_steps=0, eval_steps=0, max_steps=2)
+    b_tc = train_cfg("mem3_z3", model=model, micro=2, zero_stage=3, save_steps=0, eval_steps=0, max_steps=2)
+    ra = run(a_tc, ranks=2)
+    ok_or_raise(ra, "zero_stage 1 run")
+    rb = run(b_tc, ranks=2)
+    stage3_guard(rb)
+    ok_or_raise(rb, "zero_stage 3 run")
+    n = trainable_count(ra.out)
+    (d1, _), (d3, _) = peaks(a_tc["output_dir"]), peaks(b_tc["output_dir"])
+    if d1 - d3 < n:
+        errs.append("device_peak_bytes zero_stage 1 %d vs 3 %d: lower by %d, expected >= %d "
+                    "(parameters not sharded?)" % (d1, d3, d1 - d3, n))
+    if ARGS.verbose:
+        print("   zero3_shards_device_memory: N %d, device %d -> %d (-%.2f N)" % (n, d1, d3, (d1 - d3) / n))
+
+
 # ---------------------------------------------------------------------------------------------
 # 3. checkpoints
 
@@ -740,7 +765,7 @@ def main():
     cases = ["layout_%s_%s_%s" % (v, l, m) for v in ("full", "lora") for l in LAYOUTS for m in MEMORY]
     cases += ["layout_odd_tied_%s_plain" % l for l in ("z1", "z3")]
     cases += ["offload_single_full", "offload_single_lora", "offload_z1_2ranks", "offload_z3_2ranks",
-              "zero1_shards_device_memory", "ckpt_z1", "ckpt_z3", "rank_dies", "rank_hangs",
+              "zero1_shards_device_memory", "zero3_shards_device_memory", "ckpt_z1", "ckpt_z3", "rank_dies", "rank_hangs",
               "shuffle_z0", "shuffle_z1"]
     if not shutil.which("mpirun"):
         for c in cases:
@@ -781,6 +806,7 @@ def main():
         offload_sharded_case("z1")
         offload_sharded_case("z3")
         zero1_memory()
+        zero3_memory()
         ckpt_case(1)
         ckpt_case(3)
         failure_case(signal.SIGKILL)
