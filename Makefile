@@ -1,4 +1,5 @@
-# Makefile: make (train_llama), make test, make test-asan, make native, make bench.
+# Makefile: make (train_llama), make test, make test-asan, make native, make bench,
+#           make test-cuda (GPU), make test-cuda-emu (the CUDA kernels on the CPU emulator).
 CC ?= gcc
 BLAS_INC := /usr/include/x86_64-linux-gnu/openblas-openmp
 BLAS_LIB := /usr/lib/x86_64-linux-gnu/openblas-openmp
@@ -15,8 +16,32 @@ LIB_SRC := llmc/util.c llmc/config.c llmc/model.c llmc/actstore.c llmc/diskio.c 
            llmc/safetensors.c llmc/hf.c llmc/nf4.c llmc/stb_ds_impl.c llmc/cpu/backend_cpu.c \
            llmc/cpu/kernels_f32.c llmc/cpu/kernels_f64.c
 LIB_OBJ := $(LIB_SRC:%.c=$(BUILD)/%.o)
+C_LIB_OBJ := $(LIB_OBJ)
 HDRS := $(wildcard llmc/*.h llmc/cpu/*.h llmc/cpu/*.inc)
 TESTS := $(BUILD)/test_ops $(BUILD)/test_safetensors $(BUILD)/test_nf4
+
+# ---- CUDA backend (llmc/cuda), built into the same binary when nvcc is found ----------------
+# USE_CUDA=0 forces a CPU-only build (test-asan does: sanitizers and nvcc objects do not mix);
+# without CUDA the program links llmc/cuda/backend_cuda_stub.c, whose backend_cuda_available()
+# says why there is no GPU backend. CUDA_GENCODE picks the GPU architectures (default: sm_90
+# machine code plus compute_90 PTX; add e.g. -gencode arch=compute_80,code=sm_80 for A100).
+NVCC ?= $(shell command -v nvcc 2>/dev/null || echo /usr/local/cuda/bin/nvcc)
+USE_CUDA ?= $(if $(wildcard $(NVCC)),1,0)
+CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(realpath $(NVCC)))
+CUDA_LIB ?= $(CUDA_HOME)/lib64
+CUDA_GENCODE ?= -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90
+NVCCFLAGS ?= -O3 -std=c++17 $(CUDA_GENCODE)
+CU_SRC := $(wildcard llmc/cuda/*.cu)
+CU_HDRS := $(wildcard llmc/cuda/*.cuh)
+DEV_CUDA := $(patsubst dev/cuda/%.cu,%,$(wildcard dev/cuda/*.cu))
+BASE_LDLIBS := $(LDLIBS)
+ifeq ($(USE_CUDA),1)
+LIB_OBJ += $(CU_SRC:%.cu=$(BUILD)/%.o)
+override CFLAGS += -DLLMC_CUDA
+LDLIBS += -L$(CUDA_LIB) -Wl,-rpath,$(CUDA_LIB) -lcublasLt -lcudart -lstdc++
+else
+LIB_OBJ += $(BUILD)/llmc/cuda/backend_cuda_stub.o
+endif
 
 all: train_llama train_gpt
 train_llama: $(BUILD)/train_llama
@@ -42,6 +67,52 @@ $(BUILD)/train_llama: $(BUILD)/train_llama.o $(LIB_OBJ)
 $(BUILD)/test_%: $(BUILD)/test/test_%.o $(LIB_OBJ)
 	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
 
+$(BUILD)/llmc/cuda/%.o: llmc/cuda/%.cu $(CU_HDRS) $(HDRS)
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCCFLAGS) -I. -Illmc -c $< -o $@
+
+# dev/cuda: one test + benchmark program per kernel (see dev/cuda/README.md); they need a GPU.
+$(BUILD)/dev/cuda/%.o: dev/cuda/%.cu dev/cuda/dev_common.cuh $(CU_HDRS) $(HDRS)
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCCFLAGS) -I. -Illmc -c $< -o $@
+
+$(BUILD)/dev/cuda/%: $(BUILD)/dev/cuda/%.o $(LIB_OBJ)
+	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
+
+cuda-dev: $(DEV_CUDA:%=$(BUILD)/dev/cuda/%)
+
+test-cuda:
+	@if [ "$(USE_CUDA)" != 1 ]; then echo "test-cuda: nvcc not found ($(NVCC)); no CUDA build"; exit 1; fi
+	$(MAKE) cuda-dev
+	@st=0; for t in $(DEV_CUDA); do echo "== dev/cuda/$$t"; $(BUILD)/dev/cuda/$$t $(CUDA_TEST_ARGS) || st=1; done; exit $$st
+
+# The CUDA kernels and dev/cuda programs compiled by g++ against dev/cuda/emu (a SIMT emulator
+# on CPU threads) and run with --quick: checks kernel logic without a GPU (not speed, not
+# tensor-core layouts, not real cuBLASLt). Needs the CUDA headers only.
+EMU := build-emu
+CXX ?= g++
+EMU_CXXFLAGS := -std=c++17 -O2 -g -pthread -fno-strict-aliasing -DLLMC_EMU -Wall -Wno-unknown-pragmas -Wno-unused-function \
+                -I. -Illmc -Idev/cuda/emu -I$(CUDA_HOME)/include -I$(BLAS_INC)
+EMU_OBJ := $(CU_SRC:llmc/cuda/%.cu=$(EMU)/cuda/%.o) $(EMU)/cuda/cuda_emu.o
+
+$(EMU)/cuda/%.o: llmc/cuda/%.cu $(CU_HDRS) $(HDRS) dev/cuda/emu/cuda_emu.h
+	@mkdir -p $(dir $@)
+	$(CXX) $(EMU_CXXFLAGS) -x c++ -c $< -o $@
+
+$(EMU)/cuda/cuda_emu.o: dev/cuda/emu/cuda_emu.cpp dev/cuda/emu/cuda_emu.h
+	@mkdir -p $(dir $@)
+	$(CXX) $(EMU_CXXFLAGS) -c $< -o $@
+
+$(EMU)/dev/%.o: dev/cuda/%.cu dev/cuda/dev_common.cuh $(CU_HDRS) dev/cuda/emu/cuda_emu.h
+	@mkdir -p $(dir $@)
+	$(CXX) $(EMU_CXXFLAGS) -x c++ -c $< -o $@
+
+$(EMU)/dev/%: $(EMU)/dev/%.o $(EMU_OBJ) $(C_LIB_OBJ)
+	$(CXX) -fopenmp -pthread $^ -o $@ $(BASE_LDLIBS)
+
+test-cuda-emu: $(DEV_CUDA:%=$(EMU)/dev/%)
+	@st=0; for t in $(DEV_CUDA); do echo "== emulated dev/cuda/$$t"; $(EMU)/dev/$$t --quick || st=1; done; exit $$st
+
 # -march=native only on request: the default binary must run on any x86-64.
 native:
 	$(MAKE) BUILD=build-native CFLAGS="-O3 -g -march=native" build-native/train_llama
@@ -52,7 +123,7 @@ test: $(BUILD)/train_llama $(BUILD)/train_gpt $(TESTS)
 
 # The whole suite under AddressSanitizer + UndefinedBehaviorSanitizer.
 test-asan:
-	$(MAKE) BUILD=build-asan CFLAGS="-O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined" \
+	$(MAKE) BUILD=build-asan USE_CUDA=0 CFLAGS="-O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined" \
 	  build-asan/train_llama build-asan/train_gpt $(subst $(BUILD),build-asan,$(TESTS))
 	ASAN_OPTIONS=detect_leaks=0 /usr/bin/python3 test/run_tests.py --build build-asan --asan
 
@@ -60,7 +131,7 @@ bench: train_llama
 	bash dev/bench_cpu.sh
 
 clean:
-	rm -rf build build-asan build-native train_llama train_gpt
+	rm -rf build build-asan build-native build-emu train_llama train_gpt
 
-.PHONY: all native test test-asan bench clean train_llama train_gpt
+.PHONY: all native test test-asan test-cuda test-cuda-emu cuda-dev bench clean train_llama train_gpt
 .SECONDARY:

@@ -715,7 +715,7 @@ static uint64_t lora_seed(const Model *m, int l, int t) {
 static const void *lora_input(Model *m, int l, int t, const void *x, int row0, int N, int in) {
     if (m->tab.lora.dropout <= 0) return x;
     m->bk->dropout(m->bk, m->lora_xd, x, (size_t)N * in, m->tab.lora.dropout, lora_seed(m, l, t),
-                   (size_t)row0 * in);
+                   (m->row_base + (size_t)row0) * in);
     return m->lora_xd;
 }
 
@@ -746,7 +746,7 @@ static void lora_bwd(Model *m, int l, int t, void *dx, const void *dy, const voi
     } else {
         bk->matmul(bk, m->lora_dxd, m->lora_dtmp, LP(m, l, P_LORA_A + t), N, in, r, 0, 0, 1.0f, 0.0f);
         bk->dropout(bk, m->lora_dxd, m->lora_dxd, (size_t)N * in, m->tab.lora.dropout, lora_seed(m, l, t),
-                    (size_t)row0 * in);
+                    (m->row_base + (size_t)row0) * in);
         bk->accumulate(bk, dx, m->lora_dxd, (size_t)N * in);
     }
 }

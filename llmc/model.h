@@ -158,6 +158,8 @@ typedef struct {
     void *deq;                    // dequantized linear weights of one layer
     int deq_layer;                // which layer deq holds (-1: none)
     uint64_t dropout_seed;        // per micro-batch; set by the training loop
+    size_t row_base;              // this rank's first row in the global micro-batch: dropout
+                                  // masks follow global rows, so N ranks match one process
     // Activations, sized for B x T at model_alloc_acts, kept/offloaded/recomputed as the
     // activation store's policy says.
     int B, T;

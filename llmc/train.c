@@ -305,8 +305,9 @@ int train_main(int argc, char **argv, int arch) {
             model_set_batch(&model, tok + a * GBT + rank * BT, tgt + a * GBT + rank * BT, B, T);
             // Dropout masks depend only on (seed, micro-batch): recompute and resume agree.
             Rng dr;
-            rng_seed(&dr, ((uint64_t)cfg.seed * 1000003ULL + (uint64_t)step * accum + a) * 65537ULL + rank);
+            rng_seed(&dr, (uint64_t)cfg.seed * 1000003ULL + (uint64_t)step * accum + a);
             model.dropout_seed = rng_next(&dr);
+            model.row_base = (size_t)rank * BT;
             loss_sum += model_forward_backward(&model, B, T, scale);
         }
         comm->all_reduce_sum_f64(comm, &loss_sum, 1);

@@ -22,12 +22,17 @@ const char *fail_prefix = "";
 
 void fail(const char *fmt, ...) {
     fflush(stdout);
-    fprintf(stderr, "error: %s", fail_prefix);
+    // One write for the whole line, so lines of ranks failing together do not interleave.
+    char line[4096];
+    int n = snprintf(line, sizeof line, "error: %s", fail_prefix);
     va_list ap;
     va_start(ap, fmt);
-    vfprintf(stderr, fmt, ap);
+    if (n >= 0 && n < (int)sizeof line) vsnprintf(line + n, sizeof line - n, fmt, ap);
     va_end(ap);
-    fputc('\n', stderr);
+    size_t len = strlen(line);
+    if (len + 1 < sizeof line) line[len++] = '\n', line[len] = 0;
+    fwrite(line, 1, len, stderr);
+    fflush(stderr);
     for (int i = n_fail_hooks - 1; i >= 0; i--) fail_hooks[i]();
     exit(1);
 }

@@ -25,8 +25,9 @@ warmup + cosine, weight decay, validation every 2 steps, num_threads 1 per rank.
                  (world_size 2, zero_stage), one optimizer-rankR-of-2 shard per rank and no
                  optimizer.safetensors; the shards' values (padding aside) are the 1-process
                  AdamW moments (1e-6); resuming on 2 ranks gives the unbroken run's steps 3-4
-                 exactly and byte-identical final weights; resuming on 1 process (and on 2 ranks with
-                 another zero_stage) is refused with one 'error:' line naming the layout.
+                 exactly and byte-identical final weights; resuming on 1 process (and on 2
+                 ranks with another zero_stage) is refused with one 'error:' line naming the
+                 layout, before any step.
   rank_dies      LLMC_COMM_TIMEOUT=5, rank 1 SIGKILLed after step 1 is logged: the job ends
                  (non-zero) within 30 s with an error message and leaves no rank behind.
   rank_hangs     the same with rank 1 SIGSTOPped (alive, silent): rank 0's watchdog aborts the
@@ -43,9 +44,10 @@ Why adam_epsilon is 1e-2 in cross-layout cases: 2 ranks sum each gradient in ano
 than 1 process (two partial sums + MPI vs one sum), so gradients differ by float32 rounding;
 with adam_epsilon 1e-8, AdamW's g / (sqrt(v) + eps) turns the rounding of near-zero gradient
 elements into update differences of up to ~lr (measured: 4e-4 of max|w| after 4 steps, at
-eps 1e-4 still 3e-6). With eps 1e-2 the update is smooth in g and the weights agree to ~1e-8,
-while any real sharding error (a missing rank, a wrong shard, a wrong norm) still moves them by
-~1e-3. Single-process comparisons (offload) use the default epsilon and must be bit-identical.
+eps 1e-4 still 3e-6). With eps 1e-2 the update is smooth in g and the weights agree to
+~2e-7 of max|w| (a fifth of the tolerance), while a real sharding error (a missing rank, a
+wrong shard, a wrong norm) still moves them by ~1e-3, and a learning rate off by 1e-4 fails.
+Single-process comparisons (offload) use the default epsilon and must be bit-identical.
 
 Prints PASS/FAIL/SKIP per case and "N passed, M failed[, K skipped]"; exits 1 on failure.
 """
@@ -105,7 +107,7 @@ def skip(name, reason):
 def case(name):
     """Decorator: runs the case unless -k excludes it; exceptions become FAIL (Skip: SKIP)."""
     def wrap(fn):
-        def run(*a, **kw):
+        def runner(*a, **kw):
             if ARGS.k and ARGS.k not in name:
                 return
             errs = []
@@ -117,7 +119,7 @@ def case(name):
             except Exception as e:  # noqa: BLE001 - a crash is a failure with its reason
                 errs.append("%s: %s" % (type(e).__name__, e))
             report(name, errs)
-        return run
+        return runner
     return wrap
 
 
@@ -376,6 +378,8 @@ def layout_case(layout, variant, mem):
                 errs.append("trainer_state.json world_size %s zero_stage %s, expected 2 and %d" %
                             (st.get("world_size"), st.get("zero_stage"), want))
         compare_metrics(tc["output_dir"], ref_tc["output_dir"], errs)
+        if mem == "hs" and peaks(tc["output_dir"])[1] == 0:
+            errs.append("activation_offloading: hidden_states put nothing in host memory")
         wf = weights_file(tc)
         if wf == "adapter_model.safetensors" and os.path.exists(os.path.join(tc["output_dir"], "model.safetensors")):
             errs.append("an adapter run wrote model.safetensors")
