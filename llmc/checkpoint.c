@@ -37,6 +37,28 @@ static void check_shape(const StTensor *t, const ParamSpec *p, const char *where
     }
 }
 
+// Parses a JSON file; fails naming it.
+static cJSON *read_json(const char *path) {
+    char *txt = read_file(path, NULL);
+    if (!txt) fail("%s: cannot read: %s", path, strerror(errno));
+    cJSON *o = cJSON_Parse(txt);
+    free(txt);
+    if (!o) fail("%s: not valid JSON", path);
+    return o;
+}
+
+// Writes (and frees) a JSON object, flushed to disk; 0 or -1 with errno.
+static int write_json(const char *path, cJSON *o) {
+    char *txt = cJSON_Print(o);
+    cJSON_Delete(o);
+    FILE *f = fopen(path, "w");
+    int ok = f && fputs(txt, f) >= 0 && fputc('\n', f) != EOF;
+    if (f && (fflush(f) != 0 || fsync(fileno(f)) != 0)) ok = 0;
+    if (f && fclose(f) != 0) ok = 0;
+    free(txt);
+    return ok ? 0 : -1;
+}
+
 // Which tensors of the table a file holds, and under which names: the base weights (HF
 // names), the LoRA adapters (PEFT names), or one AdamW moment of every trainable tensor.
 enum { SEL_BASE, SEL_ADAPTER, SEL_EXP_AVG, SEL_EXP_AVG_SQ };
@@ -195,25 +217,14 @@ int save_adapter(const Model *m, const char *dir, const char *base_model) {
     cJSON_AddBoolToObject(o, "fan_in_fan_out", 0);
     cJSON_AddBoolToObject(o, "inference_mode", 1);
     cJSON_AddStringToObject(o, "base_model_name_or_path", base_model ? base_model : "");
-    char *txt = cJSON_Print(o);
-    cJSON_Delete(o);
     join_path(path, sizeof path, dir, "adapter_config.json");
-    FILE *f = fopen(path, "w");
-    int ok = f && fputs(txt, f) >= 0 && fputc('\n', f) != EOF;
-    if (f && fclose(f) != 0) ok = 0;
-    free(txt);
-    return ok ? 0 : -1;
+    return write_json(path, o);
 }
 
 void load_adapter(Model *m, const char *dir) {
     char path[4096];
     join_path(path, sizeof path, dir, "adapter_config.json");
-    size_t len;
-    char *txt = read_file(path, &len);
-    if (!txt) fail("%s: cannot read: %s", path, strerror(errno));
-    cJSON *o = cJSON_Parse(txt);
-    free(txt);
-    if (!o) fail("%s: not valid JSON", path);
+    cJSON *o = read_json(path);
     const LoraConfig *lc = &m->tab.lora;
     cJSON *r = cJSON_GetObjectItemCaseSensitive(o, "r"), *a = cJSON_GetObjectItemCaseSensitive(o, "lora_alpha");
     cJSON *tm = cJSON_GetObjectItemCaseSensitive(o, "target_modules");
@@ -254,14 +265,7 @@ static int write_state(const LoopState *ls, const Model *m, const char *path) {
         snprintf(buf, sizeof buf, "%" PRIu64, ls->sample_rng.s[i]);
         cJSON_AddItemToArray(r, cJSON_CreateString(buf));
     }
-    char *txt = cJSON_Print(o);
-    cJSON_Delete(o);
-    FILE *f = fopen(path, "w");
-    int ok = f && fputs(txt, f) >= 0 && fputc('\n', f) != EOF;
-    if (f && (fflush(f) != 0 || fsync(fileno(f)) != 0)) ok = 0;
-    if (f && fclose(f) != 0) ok = 0;
-    free(txt);
-    return ok ? 0 : -1;
+    return write_json(path, o);
 }
 
 static char tmp_dir[4096];  // a checkpoint being written; removed if the run fails meanwhile
@@ -419,12 +423,7 @@ static void load_model_checkpoint(Model *m, const char *dir) {
 static void load_state(LoopState *ls, const Model *m, const char *dir) {
     char path[4096];
     join_path(path, sizeof path, dir, "trainer_state.json");
-    size_t len;
-    char *txt = read_file(path, &len);
-    if (!txt) fail("%s: cannot read: %s", path, strerror(errno));
-    cJSON *o = cJSON_Parse(txt);
-    free(txt);
-    if (!o) fail("%s: not valid JSON", path);
+    cJSON *o = read_json(path);
     cJSON *step = cJSON_GetObjectItemCaseSensitive(o, "step");
     if (!cJSON_IsNumber(step) || step->valueint < 0) fail("%s: key 'step' missing or invalid", path);
     ls->step = step->valueint;
