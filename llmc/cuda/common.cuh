@@ -29,7 +29,8 @@ extern "C" {
 //   LAUNCH(grid, block, smem, stream, my_kernel<float, 4>)(args...);
 #define LAUNCH(g, b, s, st, ...) __VA_ARGS__<<<(g), (b), (s), (st)>>>
 // Dynamically sized shared memory of a kernel.
-#define DYNAMIC_SMEM(name) extern __shared__ __align__(16) unsigned char name[]
+#define DYNAMIC_SMEM(name) extern __shared__ __align__(128) unsigned char name[]
+#define EMU_CHECK_ALIGN(p, n) ((void)0)
 #endif
 
 typedef __nv_bfloat16 bf16;
@@ -58,13 +59,20 @@ template <> __device__ __forceinline__ bf16 from_f<bf16>(float x) { return __flo
 template <class T> struct VecWidth { static constexpr int value = 16 / (int)sizeof(T); };
 
 struct __align__(16) Raw16 { uint32_t w[4]; };
+// The same 16 bytes seen as elements (a union: the type pun both nvcc and g++ define).
+template <class T> union Pack16 {
+    Raw16 raw;
+    T e[16 / sizeof(T)];
+    __host__ __device__ Pack16() {}
+};
 
 template <int V, class T> __device__ __forceinline__ void load_f(float *out, const T *p) {
     if constexpr (V * sizeof(T) == 16) {
-        Raw16 r = *reinterpret_cast<const Raw16 *>(p);
-        const T *e = reinterpret_cast<const T *>(&r);
+        EMU_CHECK_ALIGN(p, 16);
+        Pack16<T> pk;
+        pk.raw = *reinterpret_cast<const Raw16 *>(p);
 #pragma unroll
-        for (int k = 0; k < V; k++) out[k] = to_f<T>(e[k]);
+        for (int k = 0; k < V; k++) out[k] = to_f<T>(pk.e[k]);
     } else {
 #pragma unroll
         for (int k = 0; k < V; k++) out[k] = to_f<T>(p[k]);
@@ -73,11 +81,11 @@ template <int V, class T> __device__ __forceinline__ void load_f(float *out, con
 
 template <int V, class T> __device__ __forceinline__ void store_f(T *p, const float *in) {
     if constexpr (V * sizeof(T) == 16) {
-        Raw16 r;
-        T *e = reinterpret_cast<T *>(&r);
+        EMU_CHECK_ALIGN(p, 16);
+        Pack16<T> pk;
 #pragma unroll
-        for (int k = 0; k < V; k++) e[k] = from_f<T>(in[k]);
-        *reinterpret_cast<Raw16 *>(p) = r;
+        for (int k = 0; k < V; k++) pk.e[k] = from_f<T>(in[k]);
+        *reinterpret_cast<Raw16 *>(p) = pk.raw;
     } else {
 #pragma unroll
         for (int k = 0; k < V; k++) p[k] = from_f<T>(in[k]);

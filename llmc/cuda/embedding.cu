@@ -23,10 +23,14 @@ template <class T, int V> __global__ void embedding_fwd_kernel(T *out, const int
         size_t n = i / cv, c = (i % cv) * V;
         const T *src = table + (size_t)tok[n] * C + c;
         T *dst = out + n * C + c;
-        if constexpr (V * sizeof(T) == 16) *reinterpret_cast<Raw16 *>(dst) = *reinterpret_cast<const Raw16 *>(src);
-        else
+        if constexpr (V * sizeof(T) == 16) {
+            EMU_CHECK_ALIGN(src, 16);
+            EMU_CHECK_ALIGN(dst, 16);
+            *reinterpret_cast<Raw16 *>(dst) = *reinterpret_cast<const Raw16 *>(src);
+        } else {
 #pragma unroll
             for (int k = 0; k < V; k++) dst[k] = src[k];
+        }
     }
 }
 

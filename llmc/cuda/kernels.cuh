@@ -4,6 +4,7 @@
 //   reduce.cu       sumsq, sum_f32 (deterministic, in double)
 //   embedding.cu    embedding forward / deterministic backward
 //   norms.cu        RMSNorm forward / backward (dw reduced in a fixed order)
+//   gpt2.cu         LayerNorm, GELU, learned positions (GPT-2)
 //   rope.cu         rotary embeddings
 //   attention.cu    causal GQA flash attention forward / backward
 //   classifier.cu   fused chunked classifier + cross-entropy
@@ -95,6 +96,16 @@ void k_rmsnorm_fwd(CudaCtx *c, void *out, float *rstd, const void *x, const void
                    float eps);
 void k_rmsnorm_bwd(CudaCtx *c, void *dx, void *dw, const void *dout, const void *x, const void *w,
                    const float *rstd, int N, int C);
+
+// ---- gpt2.cu (GPT-2's ops) ------------------------------------------------------------------
+void k_layernorm_fwd(CudaCtx *c, void *out, float *mean, float *rstd, const void *x, const void *w, const void *b,
+                     int N, int C, float eps);
+void k_layernorm_bwd(CudaCtx *c, void *dx, void *dw, void *db, const void *dout, const void *x, const void *w,
+                     const float *mean, const float *rstd, int N, int C);
+void k_gelu_fwd(CudaCtx *c, void *y, const void *x, size_t n);
+void k_gelu_bwd(CudaCtx *c, void *dx, const void *dout, const void *x, size_t n);
+void k_pos_fwd(CudaCtx *c, void *out, const void *wpe, int B, int T, int C);
+void k_pos_bwd(CudaCtx *c, void *dwpe, const void *dout, int B, int T, int C);
 
 // ---- rope.cu ---------------------------------------------------------------------------------
 // sign +1: forward rotation; -1: the inverse (backward).

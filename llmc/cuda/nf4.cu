@@ -7,13 +7,16 @@
 // round once and could differ from the CPU in the last bit). The fp32 result is exact to the
 // CPU's; in bf16 mode it is then rounded to bf16.
 #include "kernels.cuh"
+#ifndef _Static_assert
+#define _Static_assert static_assert  // nf4.h is C11
+#endif
 extern "C" {
 #include "../nf4.h"
 }
 
 __constant__ float d_nf4_code[16];
 
-static inline size_t al16(size_t x) { return (x + 15) & ~(size_t)15; }
+static __host__ __device__ inline size_t al16(size_t x) { return (x + 15) & ~(size_t)15; }
 
 // One thread per packed byte (elements 2i and 2i+1; blocksize is even, so both share a block).
 template <class T> __global__ void nf4_kernel(T *out, const unsigned char *region) {

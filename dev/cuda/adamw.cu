@@ -1,0 +1,67 @@
+// dev/cuda/adamw.cu: fused AdamW (PyTorch semantics: clip scale, decoupled decay, moments, bias
+// correction) against a double reference over three steps: float params in place, and bf16
+// params with an fp32 master (the master is checked at fp32 tolerance, the bf16 copy must be
+// the master rounded to bf16); then GB/s.
+#include "dev_common.cuh"
+
+int main(int argc, char **argv) {
+    dev_init(argc, argv);
+    for (int bf = 0; bf < 2; bf++) {
+        CudaCtx *c = cuda_ctx_create(bf, 0);
+        const size_t n = 1003;
+        const float lr = 1e-2f, b1 = 0.9f, b2 = 0.95f, eps = 1e-8f, wd = 0.1f, gs = 0.5f;
+        std::vector<float> p = randn(n), m0(n, 0.0f), v0(n, 0.0f);
+        std::vector<double> rp = to_d(p), rm(n, 0), rv(n, 0);
+        void *dp = up_act(p, bf), *dmaster = bf ? up_act(p, 0) : NULL;
+        float *dm = (float *)up_act(m0, 0), *dv = (float *)up_act(v0, 0);
+        if (bf) {  // the bf16 params start as the master rounded
+            std::vector<float> pr = p;
+            round_act(pr, 1);
+            CUDA_CHECK(cudaMemcpy(dp, up_act(pr, 1), n * 2, cudaMemcpyDeviceToDevice));
+        }
+        for (int t = 1; t <= 3; t++) {
+            std::vector<float> g = randn(n);
+            round_act(g, bf);
+            void *dg = up_act(g, bf);
+            k_adamw(c, dp, (float *)dmaster, dg, dm, dv, n, lr, b1, b2, eps, wd, gs, t);
+            const double bc1 = 1 - pow(b1, t), bc2 = 1 - pow(b2, t);
+            for (size_t i = 0; i < n; i++) {
+                double gr = g[i] * (double)gs, w = rp[i] * (1 - (double)lr * wd);
+                rm[i] = b1 * rm[i] + (1 - (double)b1) * gr;
+                rv[i] = b2 * rv[i] + (1 - (double)b2) * gr * gr;
+                rp[i] = w - lr / bc1 * rm[i] / (sqrt(rv[i]) / sqrt(bc2) + eps);
+            }
+            cudaFree(dg);
+        }
+        char name[64];
+        snprintf(name, sizeof name, "adamw %s m after 3 steps", prec(bf));
+        check(name, down_f32(dm, n), rm, 1e-5);
+        snprintf(name, sizeof name, "adamw %s v after 3 steps", prec(bf));
+        check(name, down_f32(dv, n), rv, 1e-5);
+        if (bf) {
+            std::vector<float> master = down_f32((float *)dmaster, n), pb = down_act(dp, n, 1), mr = master;
+            check("adamw bf16 fp32 master after 3 steps", master, rp, 1e-5);
+            round_act(mr, 1);
+            check_true("adamw bf16 params are the master rounded", !memcmp(mr.data(), pb.data(), n * 4), "differ");
+        } else {
+            check("adamw fp32 params after 3 steps", down_act(dp, n, 0), rp, 1e-5);
+        }
+        if (!g_quick) {
+            const size_t N = (size_t)1 << 27, es = bf ? 2 : 4;
+            void *P = dmalloc(N * es), *G = dmalloc(N * es), *M = dmalloc(N * 4), *Vv = dmalloc(N * 4),
+                 *Ms = bf ? dmalloc(N * 4) : NULL;
+            CUDA_CHECK(cudaMemset(P, 0, N * es));
+            CUDA_CHECK(cudaMemset(G, 0, N * es));
+            CUDA_CHECK(cudaMemset(M, 0, N * 4));
+            CUDA_CHECK(cudaMemset(Vv, 0, N * 4));
+            if (Ms) CUDA_CHECK(cudaMemset(Ms, 0, N * 4));
+            snprintf(name, sizeof name, "adamw %s n=2^27", prec(bf));
+            report_bw(name, bench_ms(c, 10, [&] { k_adamw(c, P, (float *)Ms, G, (float *)M, (float *)Vv, N, lr, b1, b2, eps, wd, gs, 5); }),
+                      (double)N * (2 * es + 16 + (bf ? 8 : 0)));
+            cudaFree(P), cudaFree(G), cudaFree(M), cudaFree(Vv), cudaFree(Ms);
+        }
+        cudaFree(dp), cudaFree(dmaster), cudaFree(dm), cudaFree(dv);
+        cuda_ctx_destroy(c);
+    }
+    return dev_finish("adamw");
+}

@@ -1,0 +1,76 @@
+// dev/cuda/classifier.cu: fused chunked classifier + cross-entropy against a double reference:
+// per-token losses (0 for ignored targets), dx = scale dL/dx, dW += scale dL/dW (onto a nonzero
+// dW), with V large enough that the rows are processed in several chunks; then time per call.
+#include "dev_common.cuh"
+
+static void one(CudaCtx *c, int N, int V, int C) {
+    const int bf = c->bf16;
+    char name[128];
+    std::vector<float> x = randn((size_t)N * C), W = randn((size_t)V * C, 0.3), dW0 = randn((size_t)V * C, 0.01);
+    round_act(x, bf), round_act(W, bf), round_act(dW0, bf);
+    std::vector<int32_t> tgt(N);
+    int valid = 0;
+    for (int n = 0; n < N; n++) tgt[n] = n % 7 == 3 ? -1 : (int)(urand() * V), valid += tgt[n] >= 0;
+    const double scale = 1.0 / valid;
+    std::vector<double> loss(N), dx((size_t)N * C, 0), dW = to_d(dW0), z(V);
+    for (int n = 0; n < N; n++) {
+        double mx = -INFINITY, s = 0;
+        for (int v = 0; v < V; v++) {
+            double d = 0;
+            for (int k = 0; k < C; k++) d += (double)x[(size_t)n * C + k] * W[(size_t)v * C + k];
+            z[v] = d, mx = fmax(mx, d);
+        }
+        for (int v = 0; v < V; v++) s += exp(z[v] - mx);
+        const double lz = mx + log(s);
+        loss[n] = tgt[n] < 0 ? 0 : lz - z[tgt[n]];
+        if (tgt[n] < 0) continue;
+        for (int v = 0; v < V; v++) {
+            double g = (exp(z[v] - lz) - (v == tgt[n])) * scale;
+            for (int k = 0; k < C; k++) {
+                dx[(size_t)n * C + k] += g * W[(size_t)v * C + k];
+                dW[(size_t)v * C + k] += g * x[(size_t)n * C + k];
+            }
+        }
+    }
+    const size_t es = bf ? 2 : 4;
+    void *dxin = up_act(x, bf), *dWin = up_act(W, bf), *ddW = up_act(dW0, bf), *ddx = dmalloc((size_t)N * C * es);
+    void *dt = up_bytes(tgt.data(), N * 4);
+    float *dl = (float *)dmalloc(N * 4);
+    k_classifier_ce(c, dl, ddx, ddW, dxin, dWin, (const int32_t *)dt, N, V, C, (float)scale);
+    size_t rows = CE_CHUNK_ELEMS / V;
+    snprintf(name, sizeof name, "classifier_ce %s N=%d V=%d C=%d (%zu chunks)", prec(bf), N, V, C,
+             (N + (rows < 1 ? 1 : rows) - 1) / (rows < 1 ? 1 : rows));
+    std::string base(name);
+    check((base + " losses").c_str(), down_f32(dl, N), loss, bf ? 2e-3 : 1e-5);
+    check((base + " dx").c_str(), down_act(ddx, (size_t)N * C, bf), dx, tol_for(bf));
+    check((base + " dW").c_str(), down_act(ddW, (size_t)V * C, bf), dW, tol_for(bf));
+    k_classifier_ce(c, dl, NULL, NULL, dxin, dWin, (const int32_t *)dt, N, V, C, (float)scale);  // eval: losses only
+    check((base + " losses (no grad)").c_str(), down_f32(dl, N), loss, bf ? 2e-3 : 1e-5);
+    cudaFree(dxin), cudaFree(dWin), cudaFree(ddW), cudaFree(ddx), cudaFree(dt), cudaFree(dl);
+}
+
+int main(int argc, char **argv) {
+    dev_init(argc, argv);
+    for (int bf = 0; bf < 2; bf++) {
+        CudaCtx *c = cuda_ctx_create(bf, 0);
+        one(c, 37, 300, 32);
+        one(c, 40, 420000, 4);  // N*V > CE_CHUNK_ELEMS: two chunks
+        if (!g_quick) {
+            const int N = 8192, V = 128256, C = 4096;
+            const size_t es = bf ? 2 : 4;
+            void *x = dmalloc((size_t)N * C * es), *W = dmalloc((size_t)V * C * es), *dx = dmalloc((size_t)N * C * es),
+                 *dW = dmalloc((size_t)V * C * es), *t = dmalloc(N * 4);
+            float *l = (float *)dmalloc(N * 4);
+            CUDA_CHECK(cudaMemset(x, 0, (size_t)N * C * es));
+            CUDA_CHECK(cudaMemset(W, 0, (size_t)V * C * es));
+            CUDA_CHECK(cudaMemset(t, 0, N * 4));
+            char name[96];
+            snprintf(name, sizeof name, "classifier_ce %s N=%d V=%d C=%d (3 GEMMs)", prec(bf), N, V, C);
+            report_flops(name, bench_ms(c, 3, [&] { k_classifier_ce(c, l, dx, dW, x, W, (const int32_t *)t, N, V, C, 1.0f); }),
+                         3 * 2.0 * N * V * C);
+            cudaFree(x), cudaFree(W), cudaFree(dx), cudaFree(dW), cudaFree(t), cudaFree(l);
+        }
+        cuda_ctx_destroy(c);
+    }
+    return dev_finish("classifier");
+}

@@ -1,0 +1,210 @@
+// cuda_emu.h: a small SIMT emulator, so that llmc/cuda/*.cu can run on a machine without a GPU.
+//
+// With -DLLMC_EMU, llmc/cuda/common.cuh includes this header instead of the CUDA headers and
+// g++ compiles the kernels as ordinary C++. A launch runs one OS thread per CUDA thread of a
+// block (a persistent pool), the blocks of the grid one after another; __syncthreads is a
+// barrier over the block's threads, __syncwarp and the shuffles a barrier over the warp's 32
+// threads, __shared__ variables are function statics (one block runs at a time), dynamic
+// shared memory is a buffer filled with NaN bytes before each block. WMMA fragments hold the
+// whole 16x16 tile in every lane (load/mma/store follow the documented row/col-major meaning;
+// the real per-lane layout is never needed by code that only loads, multiplies and stores).
+// The CUDA runtime and cuBLASLt calls the backend makes are implemented on host memory in
+// cuda_emu.cpp (cuBLASLt's column-major semantics, from its documentation, over OpenBLAS).
+//
+// What this checks: indexing, bounds, barriers (a missing barrier can show as a wrong result
+// or, under -fsanitize=thread, a reported race), vector-access and WMMA alignment, shared
+// memory limits, the row-major -> column-major cuBLASLt mapping. What it cannot check:
+// timing, the real tensor-core fragment layouts and accumulation order, real cuBLASLt
+// algorithms, warp-synchronous code that relies on lockstep (none is written on purpose),
+// device-memory limits, stream concurrency (the emulator runs every stream in issue order).
+#pragma once
+#include <cuda_runtime_api.h>
+#include <cuda_bf16.h>
+#include <cublasLt.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <functional>
+#include <tuple>
+#include <utility>
+
+// host_defines.h already maps __global__/__device__/__host__/__constant__ to nothing for a host
+// compiler; shared memory must be per block and shared by the block's threads:
+#undef __shared__
+#define __shared__ static
+#define __launch_bounds__(...)
+#define __restrict__ __restrict
+
+namespace emu {
+extern thread_local dim3 tl_thread, tl_block;
+extern dim3 g_bdim, g_gdim;
+extern unsigned char *g_dyn_smem;
+void syncthreads();
+void syncwarp();
+uint64_t shfl_bits(uint64_t bits, int src_lane);
+int lane_id();
+void check_align(const void *p, unsigned bytes, const char *what);
+void fatal(const char *fmt, ...) __attribute__((noreturn, format(printf, 1, 2)));
+
+// Launch: runs body() as every thread of every block.
+void launch(const void *fn, dim3 grid, dim3 block, size_t smem, const std::function<void()> &body);
+size_t smem_limit(const void *fn);
+void set_smem_limit(const void *fn, size_t bytes);
+
+template <class... P> struct Launcher {
+    void (*fn)(P...);
+    dim3 grid, block;
+    size_t smem;
+    template <class... A> void operator()(A &&...a) const {
+        std::tuple<typename std::decay<P>::type...> args(std::forward<A>(a)...);
+        auto f = fn;
+        launch((const void *)fn, grid, block, smem, [&]() { std::apply(f, args); });
+    }
+};
+template <class... P> Launcher<P...> make_launcher(dim3 g, dim3 b, size_t s, void (*fn)(P...)) {
+    return Launcher<P...>{fn, g, b, s};
+}
+}  // namespace emu
+
+#define threadIdx (emu::tl_thread)
+#define blockIdx (emu::tl_block)
+#define blockDim (emu::g_bdim)
+#define gridDim (emu::g_gdim)
+#define LAUNCH(g, b, s, st, ...) emu::make_launcher(dim3(g), dim3(b), (size_t)(s), __VA_ARGS__)
+#define DYNAMIC_SMEM(name) unsigned char *name = emu::g_dyn_smem
+#define EMU_CHECK_ALIGN(p, n) emu::check_align((p), (n), "vector access")
+
+inline void __syncthreads() { emu::syncthreads(); }
+inline void __syncwarp(unsigned mask = 0xffffffffu) {
+    if (mask != 0xffffffffu) emu::fatal("emu: __syncwarp with a partial mask is not emulated");
+    emu::syncwarp();
+}
+template <class T> inline T emu_shfl(T v, int src) {
+    static_assert(sizeof(T) <= 8, "shuffle of a type wider than 8 bytes");
+    uint64_t b = 0;
+    memcpy(&b, &v, sizeof(T));
+    b = emu::shfl_bits(b, src & 31);
+    T r;
+    memcpy(&r, &b, sizeof(T));
+    return r;
+}
+template <class T> inline T __shfl_sync(unsigned, T v, int src) { return emu_shfl(v, src); }
+template <class T> inline T __shfl_xor_sync(unsigned, T v, int m) { return emu_shfl(v, emu::lane_id() ^ m); }
+template <class T> inline T __shfl_down_sync(unsigned, T v, unsigned d) {
+    int s = emu::lane_id() + (int)d;
+    T r = emu_shfl(v, s < 32 ? s : emu::lane_id());
+    return r;
+}
+inline int atomicAdd(int *p, int v) { return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST); }
+inline float __fmul_rn(float a, float b) {
+    volatile float r = a * b;
+    return r;
+}
+inline float __fadd_rn(float a, float b) {
+    volatile float r = a + b;
+    return r;
+}
+inline float __expf(float x) { return expf(x); }
+
+// Runtime entry points that cuda_runtime.h provides as C++ templates.
+template <class T> cudaError_t cudaFuncSetAttribute(T *fn, cudaFuncAttribute attr, int value) {
+    if (attr == cudaFuncAttributeMaxDynamicSharedMemorySize) emu::set_smem_limit((const void *)fn, (size_t)value);
+    return cudaSuccess;
+}
+template <class T> cudaError_t cudaFuncGetAttributes(cudaFuncAttributes *a, T *fn) {
+    (void)fn;
+    memset(a, 0, sizeof *a);
+    a->maxThreadsPerBlock = 1024;
+    return cudaSuccess;
+}
+template <class T> cudaError_t cudaMemcpyToSymbol(T &symbol, const void *src, size_t count, size_t offset = 0,
+                                                  cudaMemcpyKind kind = cudaMemcpyHostToDevice) {
+    (void)kind;
+    memcpy((char *)&symbol + offset, src, count);
+    return cudaSuccess;
+}
+
+// ---- WMMA -----------------------------------------------------------------------------------
+namespace nvcuda {
+namespace wmma {
+struct row_major {};
+struct col_major {};
+struct matrix_a {};
+struct matrix_b {};
+struct accumulator {};
+enum layout_t { mem_row_major, mem_col_major };
+
+// The logical 16x16 tile, element (r, c) at v[r * 16 + c], held whole by every lane.
+template <class Use, int M, int N, int K, class T, class Layout = void> struct fragment {
+    static_assert(M == 16 && N == 16 && K == 16, "the emulator knows m16n16k16 only");
+    float v[256];
+};
+
+template <class Use, class T, class L>
+inline void fill_fragment(fragment<Use, 16, 16, 16, T, L> &f, float x) {
+    for (int i = 0; i < 256; i++) f.v[i] = x;
+}
+
+template <class T> inline float emu_val(const T &x);
+template <> inline float emu_val<float>(const float &x) { return x; }
+template <> inline float emu_val<__nv_bfloat16>(const __nv_bfloat16 &x) { return __bfloat162float(x); }
+
+inline void check_frag_ptr(const void *p, unsigned ldm, size_t elem) {
+    emu::check_align(p, 32, "WMMA pointer (must be 256-bit aligned)");
+    if ((ldm * elem) % 16) emu::fatal("emu: WMMA ldm %u is not a multiple of 16 bytes", ldm);
+}
+
+// matrix_a (16 x K): row_major a(r,k) = p[r*ldm + k]; col_major a(r,k) = p[k*ldm + r]
+// matrix_b (K x 16): row_major b(k,n) = p[k*ldm + n]; col_major b(k,n) = p[n*ldm + k]
+template <class T> inline void load_matrix_sync(fragment<matrix_a, 16, 16, 16, T, row_major> &f, const T *p, unsigned ldm) {
+    check_frag_ptr(p, ldm, sizeof(T));
+    for (int r = 0; r < 16; r++)
+        for (int c = 0; c < 16; c++) f.v[r * 16 + c] = emu_val<T>(p[(size_t)r * ldm + c]);
+}
+template <class T> inline void load_matrix_sync(fragment<matrix_a, 16, 16, 16, T, col_major> &f, const T *p, unsigned ldm) {
+    check_frag_ptr(p, ldm, sizeof(T));
+    for (int r = 0; r < 16; r++)
+        for (int c = 0; c < 16; c++) f.v[r * 16 + c] = emu_val<T>(p[(size_t)c * ldm + r]);
+}
+template <class T> inline void load_matrix_sync(fragment<matrix_b, 16, 16, 16, T, row_major> &f, const T *p, unsigned ldm) {
+    check_frag_ptr(p, ldm, sizeof(T));
+    for (int k = 0; k < 16; k++)
+        for (int n = 0; n < 16; n++) f.v[k * 16 + n] = emu_val<T>(p[(size_t)k * ldm + n]);
+}
+template <class T> inline void load_matrix_sync(fragment<matrix_b, 16, 16, 16, T, col_major> &f, const T *p, unsigned ldm) {
+    check_frag_ptr(p, ldm, sizeof(T));
+    for (int k = 0; k < 16; k++)
+        for (int n = 0; n < 16; n++) f.v[k * 16 + n] = emu_val<T>(p[(size_t)n * ldm + k]);
+}
+inline void load_matrix_sync(fragment<accumulator, 16, 16, 16, float> &f, const float *p, unsigned ldm, layout_t l) {
+    check_frag_ptr(p, ldm, sizeof(float));
+    for (int r = 0; r < 16; r++)
+        for (int c = 0; c < 16; c++) f.v[r * 16 + c] = l == mem_row_major ? p[(size_t)r * ldm + c] : p[(size_t)c * ldm + r];
+}
+// Only lane 0 writes (every lane holds the same tile), so a reader in another lane that skips
+// the __syncwarp the real code needs is a data race the thread sanitizer can see.
+inline void store_matrix_sync(float *p, const fragment<accumulator, 16, 16, 16, float> &f, unsigned ldm, layout_t l) {
+    check_frag_ptr(p, ldm, sizeof(float));
+    if (emu::lane_id() != 0) return;
+    for (int r = 0; r < 16; r++)
+        for (int c = 0; c < 16; c++) {
+            if (l == mem_row_major) p[(size_t)r * ldm + c] = f.v[r * 16 + c];
+            else p[(size_t)c * ldm + r] = f.v[r * 16 + c];
+        }
+}
+template <class T, class LA, class LB>
+inline void mma_sync(fragment<accumulator, 16, 16, 16, float> &d, const fragment<matrix_a, 16, 16, 16, T, LA> &a,
+                     const fragment<matrix_b, 16, 16, 16, T, LB> &b, const fragment<accumulator, 16, 16, 16, float> &c) {
+    float out[256];
+    for (int r = 0; r < 16; r++)
+        for (int n = 0; n < 16; n++) {
+            float s = c.v[r * 16 + n];
+            for (int k = 0; k < 16; k++) s += a.v[r * 16 + k] * b.v[k * 16 + n];
+            out[r * 16 + n] = s;
+        }
+    memcpy(d.v, out, sizeof out);
+}
+}  // namespace wmma
+}  // namespace nvcuda

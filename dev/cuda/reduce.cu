@@ -1,0 +1,45 @@
+// dev/cuda/reduce.cu: k_sumsq and k_sum_f32 (double, fixed-order) against a double sum
+// (relative 1e-12: only the order of double additions differs), and bit-identical repeats.
+#include "dev_common.cuh"
+
+int main(int argc, char **argv) {
+    dev_init(argc, argv);
+    for (int bf = 0; bf < 2; bf++) {
+        CudaCtx *c = cuda_ctx_create(bf, 0);
+        const size_t sizes[] = {1, 1000, 100003, (size_t)1 << 20};
+        for (size_t n : sizes) {
+            std::vector<float> x = randn(n, 3.0);
+            round_act(x, bf);
+            void *dx = up_act(x, bf);
+            double ss = 0, s = 0;
+            for (float v : x) ss += (double)v * v, s += v;
+            double g1 = k_sumsq(c, dx, n), g2 = k_sumsq(c, dx, n);
+            char name[96];
+            snprintf(name, sizeof name, "sumsq %s n=%zu", prec(bf), n);
+            check(name, {(float)(g1 / ss - 1.0)}, {0.0}, 1e-12);
+            snprintf(name, sizeof name, "sumsq %s n=%zu repeat is bit-identical", prec(bf), n);
+            check_true(name, !memcmp(&g1, &g2, 8), "two runs differ");
+            if (!bf) {
+                void *fx = up_act(x, 0);
+                double a = k_sum_f32(c, (const float *)fx, n), b = k_sum_f32(c, (const float *)fx, n);
+                snprintf(name, sizeof name, "sum_f32 n=%zu", n);
+                check(name, {(float)(a - s)}, {0.0}, 1e-9 * (fabs(s) + 1));
+                snprintf(name, sizeof name, "sum_f32 n=%zu repeat is bit-identical", n);
+                check_true(name, !memcmp(&a, &b, 8), "two runs differ");
+                cudaFree(fx);
+            }
+            cudaFree(dx);
+        }
+        if (!g_quick) {
+            const size_t n = (size_t)1 << 28, es = bf ? 2 : 4;
+            void *x = dmalloc(n * es);
+            CUDA_CHECK(cudaMemset(x, 0, n * es));
+            char name[64];
+            snprintf(name, sizeof name, "sumsq %s n=2^28 (incl. host sync)", prec(bf));
+            report_bw(name, bench_ms(c, 10, [&] { k_sumsq(c, x, n); }), (double)n * es);
+            cudaFree(x);
+        }
+        cuda_ctx_destroy(c);
+    }
+    return dev_finish("reduce");
+}

@@ -1,0 +1,604 @@
+// attention.cu: causal grouped-query flash attention, forward and backward.
+// NOT YET RUN ON A GPU (see common.cuh).
+//
+// Semantics (backend.h): q [B,T,Hq,D], k/v [B,T,Hkv,D], out like q, lse [B,Hq,T] = natural
+// log-sum-exp of the scaled scores (scale 1/sqrt(D)); query head h reads kv head h/(Hq/Hkv)
+// straight from k/v (no replicated K/V in memory). Only lse is saved for the backward, which
+// recomputes each score tile: P = exp(S - lse), dP = dO V^T, dS = P (dP - rowsum(dO O)),
+// dQ = scale dS K, dK = scale dS^T Q, dV = P^T dO.
+//
+// Determinism: no atomics. The backward runs two kernels: one owns a (batch, kv head, key tile)
+// and walks every query head of its group and every query tile at or below the diagonal,
+// accumulating dK and dV in shared memory; the other owns a (batch, query head, query tile) and
+// accumulates dQ. Scores are recomputed in both (7 tile GEMMs instead of 5), the price of a
+// fixed summation order without a float atomicAdd on dQ.
+//
+// Two paths:
+//  - wmma (bf16, head_dim a multiple of 16 up to 128, 16-byte aligned tensors): 64 x 64 tiles,
+//    4 warps, each warp owns 16 rows; the tile products run on tensor cores through WMMA
+//    (bf16 inputs, fp32 accumulation); the running output and gradient accumulators live in
+//    shared memory as fp32, where the softmax rescaling is done by ordinary threads (WMMA's
+//    fragment layout is opaque, so per-row scaling cannot be done in registers portably).
+//  - generic (float mode, or any other shape): 32 x 32 tiles in shared memory as float, scalar
+//    FMAs. It is the reference path of this file and the fp32 path the CPU backend is compared
+//    with.
+// Work per block grows with the query-tile index (causal), so the forward and dQ grids are
+// walked heaviest tile first, and the dK/dV grid (heaviest = key tile 0) in natural order.
+#include "kernels.cuh"
+
+static inline float att_scale(int D) { return (float)(1.0 / sqrt((double)D)); }
+
+// ==== generic path ========================================================================
+#define GB 32   // query and key rows per tile
+#define GT 128  // threads per block
+
+template <class T> __device__ __forceinline__ float ldf(const T *p) { return to_f<T>(*p); }
+
+template <class T>
+__global__ void __launch_bounds__(GT) att_fwd_generic(T *out, float *lse, const T *q, const T *k, const T *v,
+                                                     int T_, int Hq, int Hkv, int D, float scale) {
+    DYNAMIC_SMEM(smem);
+    const int qb = gridDim.x - 1 - blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+    const int hk = h / (Hq / Hkv), i0 = qb * GB, ldq = Hq * D, ldk = Hkv * D, DK = D + 1;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    float *sQ = (float *)smem, *sK = sQ + GB * D, *sV = sK + GB * DK, *sO = sV + GB * D;
+    float *sS = sO + GB * D, *sM = sS + GB * (GB + 1), *sL = sM + GB, *sC = sL + GB;
+    for (int e = tid; e < GB * D; e += GT) {
+        const int r = e / D, d = e % D, i = i0 + r;
+        sQ[e] = i < T_ ? ldf(q + ((size_t)b * T_ + i) * ldq + (size_t)h * D + d) : 0.0f;
+        sO[e] = 0.0f;
+    }
+    if (tid < GB) sM[tid] = -INFINITY, sL[tid] = 0.0f;
+    __syncthreads();
+    const int jend = i0 + GB < T_ ? i0 + GB : T_;
+    for (int j0 = 0; j0 < jend; j0 += GB) {
+        for (int e = tid; e < GB * D; e += GT) {
+            const int r = e / D, d = e % D, j = j0 + r;
+            const size_t o = ((size_t)b * T_ + j) * ldk + (size_t)hk * D + d;
+            sK[r * DK + d] = j < T_ ? ldf(k + o) : 0.0f;
+            sV[e] = j < T_ ? ldf(v + o) : 0.0f;
+        }
+        __syncthreads();
+        for (int e = tid; e < GB * GB; e += GT) {
+            const int r = e / GB, cc = e % GB, i = i0 + r, j = j0 + cc;
+            float s = -INFINITY;
+            if (j <= i && j < T_) {
+                float acc = 0.0f;
+                for (int d = 0; d < D; d++) acc += sQ[r * D + d] * sK[cc * DK + d];
+                s = acc * scale;
+            }
+            sS[r * (GB + 1) + cc] = s;
+        }
+        __syncthreads();
+        for (int r = warp; r < GB; r += GT / 32) {  // a warp per row, a lane per key
+            const float s = sS[r * (GB + 1) + lane];
+            const float mold = sM[r], mnew = fmaxf(mold, warp_max(s));
+            const float p = s == -INFINITY ? 0.0f : expf(s - mnew);
+            const float sum = warp_sum(p);
+            sS[r * (GB + 1) + lane] = p;
+            if (lane == 0) {
+                const float corr = expf(mold - mnew);
+                sC[r] = corr;
+                sL[r] = sL[r] * corr + sum;
+                sM[r] = mnew;
+            }
+        }
+        __syncthreads();
+        for (int e = tid; e < GB * D; e += GT) {
+            const int r = e / D, d = e % D;
+            float acc = sO[e] * sC[r];
+            for (int cc = 0; cc < GB; cc++) acc += sS[r * (GB + 1) + cc] * sV[cc * D + d];
+            sO[e] = acc;
+        }
+        __syncthreads();
+    }
+    for (int e = tid; e < GB * D; e += GT) {
+        const int r = e / D, d = e % D, i = i0 + r;
+        if (i < T_) out[((size_t)b * T_ + i) * ldq + (size_t)h * D + d] = from_f<T>(sO[e] * (1.0f / sL[r]));
+    }
+    if (tid < GB && i0 + tid < T_) lse[((size_t)b * Hq + h) * T_ + i0 + tid] = sM[tid] + logf(sL[tid]);
+}
+
+static size_t generic_fwd_smem(int D) { return sizeof(float) * ((size_t)GB * (4 * D + 1) + GB * (GB + 1) + 3 * GB); }
+
+// Di[b,h,i] = sum_d dO * O: a warp per (b, i, h) row.
+template <class T>
+__global__ void att_bwd_dot(float *Di, const T *dout, const T *out, int B, int T_, int Hq, int D) {
+    const size_t row = (size_t)blockIdx.x * (blockDim.x / 32) + (threadIdx.x >> 5);
+    const int lane = threadIdx.x & 31;
+    if (row >= (size_t)B * T_ * Hq) return;
+    const T *g = dout + row * D, *o = out + row * D;
+    float s = 0.0f;
+    for (int d = lane; d < D; d += 32) s += to_f<T>(g[d]) * to_f<T>(o[d]);
+    s = warp_sum(s);
+    const int h = (int)(row % Hq), i = (int)((row / Hq) % T_), b = (int)(row / ((size_t)Hq * T_));
+    if (lane == 0) Di[((size_t)b * Hq + h) * T_ + i] = s;
+}
+
+// dK, dV for one key tile of one kv head, summed over the group's query heads and query tiles.
+template <class T>
+__global__ void __launch_bounds__(GT) att_bwd_dkdv_generic(T *dk, T *dv, const T *dout, const T *q, const T *k,
+                                                          const T *v, const float *lse, const float *Di,
+                                                          int T_, int Hq, int Hkv, int D, float scale) {
+    DYNAMIC_SMEM(smem);
+    const int kb = blockIdx.x, hk = blockIdx.y, b = blockIdx.z, group = Hq / Hkv;
+    const int j0 = kb * GB, ldq = Hq * D, ldk = Hkv * D, DK = D + 1, tid = threadIdx.x;
+    float *sK = (float *)smem, *sV = sK + GB * DK, *sdK = sV + GB * DK, *sdV = sdK + GB * D;
+    float *sQ = sdV + GB * D, *sdO = sQ + GB * D, *sP = sdO + GB * D, *sdS = sP + GB * (GB + 1);
+    float *sL = sdS + GB * (GB + 1), *sDi = sL + GB;
+    for (int e = tid; e < GB * D; e += GT) {
+        const int r = e / D, d = e % D, j = j0 + r;
+        const size_t o = ((size_t)b * T_ + j) * ldk + (size_t)hk * D + d;
+        sK[r * DK + d] = j < T_ ? ldf(k + o) : 0.0f;
+        sV[r * DK + d] = j < T_ ? ldf(v + o) : 0.0f;
+        sdK[e] = sdV[e] = 0.0f;
+    }
+    for (int h = hk * group; h < (hk + 1) * group; h++)
+        for (int i0 = j0; i0 < T_; i0 += GB) {
+            __syncthreads();  // the previous tile's readers are done
+            for (int e = tid; e < GB * D; e += GT) {
+                const int r = e / D, d = e % D, i = i0 + r;
+                const size_t o = ((size_t)b * T_ + i) * ldq + (size_t)h * D + d;
+                sQ[e] = i < T_ ? ldf(q + o) : 0.0f;
+                sdO[e] = i < T_ ? ldf(dout + o) : 0.0f;
+            }
+            if (tid < GB) {
+                const int i = i0 + tid;
+                sL[tid] = i < T_ ? lse[((size_t)b * Hq + h) * T_ + i] : 0.0f;
+                sDi[tid] = i < T_ ? Di[((size_t)b * Hq + h) * T_ + i] : 0.0f;
+            }
+            __syncthreads();
+            for (int e = tid; e < GB * GB; e += GT) {
+                const int r = e / GB, cc = e % GB, i = i0 + r, j = j0 + cc;
+                float p = 0.0f, ds = 0.0f;
+                if (i < T_ && j <= i) {
+                    float s = 0.0f, dp = 0.0f;
+                    for (int d = 0; d < D; d++) {
+                        s += sQ[r * D + d] * sK[cc * DK + d];
+                        dp += sdO[r * D + d] * sV[cc * DK + d];
+                    }
+                    p = expf(s * scale - sL[r]);
+                    ds = p * (dp - sDi[r]);
+                }
+                sP[r * (GB + 1) + cc] = p;
+                sdS[r * (GB + 1) + cc] = ds * scale;
+            }
+            __syncthreads();
+            for (int e = tid; e < GB * D; e += GT) {
+                const int cc = e / D, d = e % D;
+                float av = 0.0f, ak = 0.0f;
+                for (int r = 0; r < GB; r++) {
+                    av += sP[r * (GB + 1) + cc] * sdO[r * D + d];
+                    ak += sdS[r * (GB + 1) + cc] * sQ[r * D + d];
+                }
+                sdV[e] += av;
+                sdK[e] += ak;
+            }
+        }
+    __syncthreads();
+    for (int e = tid; e < GB * D; e += GT) {
+        const int r = e / D, d = e % D, j = j0 + r;
+        if (j < T_) {
+            const size_t o = ((size_t)b * T_ + j) * ldk + (size_t)hk * D + d;
+            dk[o] = from_f<T>(sdK[e]);
+            dv[o] = from_f<T>(sdV[e]);
+        }
+    }
+}
+
+static size_t generic_dkdv_smem(int D) {
+    return sizeof(float) * ((size_t)2 * GB * (D + 1) + 4 * (size_t)GB * D + 2 * GB * (GB + 1) + 2 * GB);
+}
+
+// dQ for one query tile of one query head, summed over the key tiles at or below the diagonal.
+template <class T>
+__global__ void __launch_bounds__(GT) att_bwd_dq_generic(T *dq, const T *dout, const T *q, const T *k, const T *v,
+                                                        const float *lse, const float *Di, int T_, int Hq,
+                                                        int Hkv, int D, float scale) {
+    DYNAMIC_SMEM(smem);
+    const int qb = gridDim.x - 1 - blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+    const int hk = h / (Hq / Hkv), i0 = qb * GB, ldq = Hq * D, ldk = Hkv * D, DK = D + 1;
+    const int tid = threadIdx.x;
+    float *sQ = (float *)smem, *sdO = sQ + GB * D, *sdQ = sdO + GB * D, *sK = sdQ + GB * D;
+    float *sV = sK + GB * DK, *sdS = sV + GB * DK, *sL = sdS + GB * (GB + 1), *sDi = sL + GB;
+    for (int e = tid; e < GB * D; e += GT) {
+        const int r = e / D, d = e % D, i = i0 + r;
+        const size_t o = ((size_t)b * T_ + i) * ldq + (size_t)h * D + d;
+        sQ[e] = i < T_ ? ldf(q + o) : 0.0f;
+        sdO[e] = i < T_ ? ldf(dout + o) : 0.0f;
+        sdQ[e] = 0.0f;
+    }
+    if (tid < GB) {
+        const int i = i0 + tid;
+        sL[tid] = i < T_ ? lse[((size_t)b * Hq + h) * T_ + i] : 0.0f;
+        sDi[tid] = i < T_ ? Di[((size_t)b * Hq + h) * T_ + i] : 0.0f;
+    }
+    const int jend = i0 + GB < T_ ? i0 + GB : T_;
+    for (int j0 = 0; j0 < jend; j0 += GB) {
+        __syncthreads();
+        for (int e = tid; e < GB * D; e += GT) {
+            const int r = e / D, d = e % D, j = j0 + r;
+            const size_t o = ((size_t)b * T_ + j) * ldk + (size_t)hk * D + d;
+            sK[r * DK + d] = j < T_ ? ldf(k + o) : 0.0f;
+            sV[r * DK + d] = j < T_ ? ldf(v + o) : 0.0f;
+        }
+        __syncthreads();
+        for (int e = tid; e < GB * GB; e += GT) {
+            const int r = e / GB, cc = e % GB, i = i0 + r, j = j0 + cc;
+            float ds = 0.0f;
+            if (i < T_ && j <= i) {
+                float s = 0.0f, dp = 0.0f;
+                for (int d = 0; d < D; d++) {
+                    s += sQ[r * D + d] * sK[cc * DK + d];
+                    dp += sdO[r * D + d] * sV[cc * DK + d];
+                }
+                const float p = expf(s * scale - sL[r]);
+                ds = p * (dp - sDi[r]);
+            }
+            sdS[r * (GB + 1) + cc] = ds * scale;
+        }
+        __syncthreads();
+        for (int e = tid; e < GB * D; e += GT) {
+            const int r = e / D, d = e % D;
+            float acc = 0.0f;
+            for (int cc = 0; cc < GB; cc++) acc += sdS[r * (GB + 1) + cc] * sK[cc * DK + d];
+            sdQ[e] += acc;
+        }
+    }
+    __syncthreads();
+    for (int e = tid; e < GB * D; e += GT) {
+        const int r = e / D, d = e % D, i = i0 + r;
+        if (i < T_) dq[((size_t)b * T_ + i) * ldq + (size_t)h * D + d] = from_f<T>(sdQ[e]);
+    }
+}
+
+static size_t generic_dq_smem(int D) {
+    return sizeof(float) * ((size_t)3 * GB * D + 2 * GB * (D + 1) + GB * (GB + 1) + 2 * GB);
+}
+
+// ==== WMMA path (bf16) =====================================================================
+#define WB 64   // rows per tile
+#define WT 128  // 4 warps; warp w owns rows [16w, 16w + 16) of its tile
+using namespace nvcuda;
+typedef wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::row_major> FragA;
+typedef wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::col_major> FragAT;
+typedef wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::row_major> FragB;
+typedef wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::col_major> FragBT;
+typedef wmma::fragment<wmma::accumulator, 16, 16, 16, float> FragC;
+
+// Padded leading dimensions (elements): bf16 tiles D+8, float score tiles WB+4, bf16 P tiles
+// WB+8, float accumulators D+4. Every fragment pointer is then 32-byte aligned and each ldm a
+// multiple of 16 bytes, as WMMA requires; the padding also staggers rows across banks.
+struct WLayout {
+    int ldh, lds, ldp, ldo;
+};
+static __host__ __device__ inline WLayout wlayout(int D) { return WLayout{D + 8, WB + 4, WB + 8, D + 4}; }
+
+// Copies rows [r0, r0 + WB) of one head (row stride ld elements, head offset col) into a
+// padded bf16 tile; rows at or past T are zero. 16-byte vectors.
+__device__ __forceinline__ void load_tile(bf16 *dst, int ldh, const bf16 *src, size_t row0, int r0, int T_,
+                                          size_t ld, size_t col, int D) {
+    const int per = D / 8;
+    for (int e = threadIdx.x; e < WB * per; e += WT) {
+        const int r = e / per, c8 = (e % per) * 8;
+        Raw16 val = {{0u, 0u, 0u, 0u}};
+        if (r0 + r < T_) {
+            EMU_CHECK_ALIGN(src + (row0 + r) * ld + col + c8, 16);
+            val = *reinterpret_cast<const Raw16 *>(src + (row0 + r) * ld + col + c8);
+        }
+        EMU_CHECK_ALIGN(dst + r * ldh + c8, 16);
+        *reinterpret_cast<Raw16 *>(dst + r * ldh + c8) = val;
+    }
+}
+
+// dst[16 x 64] (float, ld lds) = A[16 x D] B^T where A rows are at a (ld ldh) and B rows at b.
+__device__ __forceinline__ void tile_qkT(float *dst, int lds, const bf16 *a, const bf16 *b, int ldh, int D) {
+    for (int nt = 0; nt < WB / 16; nt++) {
+        FragC acc;
+        wmma::fill_fragment(acc, 0.0f);
+        for (int kk = 0; kk < D / 16; kk++) {
+            FragA fa;
+            FragBT fb;
+            wmma::load_matrix_sync(fa, a + kk * 16, ldh);
+            wmma::load_matrix_sync(fb, b + nt * 16 * ldh + kk * 16, ldh);
+            wmma::mma_sync(acc, fa, fb, acc);
+        }
+        wmma::store_matrix_sync(dst + nt * 16, acc, lds, wmma::mem_row_major);
+    }
+}
+
+__global__ void __launch_bounds__(WT) att_fwd_wmma(bf16 *out, float *lse, const bf16 *q, const bf16 *k,
+                                                  const bf16 *v, int T_, int Hq, int Hkv, int D, float scale) {
+    DYNAMIC_SMEM(smem);
+    const WLayout L = wlayout(D);
+    const int qb = gridDim.x - 1 - blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+    const int hk = h / (Hq / Hkv), i0 = qb * WB, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const size_t ldq = (size_t)Hq * D, ldk = (size_t)Hkv * D;
+    bf16 *sQ = (bf16 *)smem, *sK = sQ + WB * L.ldh, *sV = sK + WB * L.ldh;
+    float *sS = (float *)(sV + WB * L.ldh);
+    bf16 *sP = (bf16 *)(sS + WB * L.lds);
+    float *sO = (float *)(sP + WB * L.ldp);
+    load_tile(sQ, L.ldh, q, (size_t)b * T_ + i0, i0, T_, ldq, (size_t)h * D, D);
+    for (int e = threadIdx.x; e < WB * L.ldo; e += WT) sO[e] = 0.0f;
+    // running max and sum of row 16*warp + lane live in lane `lane` (< 16) of the owning warp
+    float m_run = -INFINITY, l_run = 0.0f;
+    const int r0 = 16 * warp;
+    const int jend = i0 + WB < T_ ? i0 + WB : T_;
+    for (int j0 = 0; j0 < jend; j0 += WB) {
+        __syncthreads();  // previous K/V readers are done (and, first time, sQ/sO are ready)
+        load_tile(sK, L.ldh, k, (size_t)b * T_ + j0, j0, T_, ldk, (size_t)hk * D, D);
+        load_tile(sV, L.ldh, v, (size_t)b * T_ + j0, j0, T_, ldk, (size_t)hk * D, D);
+        __syncthreads();
+        tile_qkT(sS + r0 * L.lds, L.lds, sQ + r0 * L.ldh, sK, L.ldh, D);
+        __syncwarp();
+        for (int rr = 0; rr < 16; rr++) {
+            const int r = r0 + rr, i = i0 + r;
+            const int ja = j0 + lane, jb = j0 + lane + 32;
+            const bool va = ja <= i && ja < T_, vb = jb <= i && jb < T_;
+            const float sa = sS[r * L.lds + lane] * scale, sb = sS[r * L.lds + lane + 32] * scale;
+            const float mx = warp_max(fmaxf(va ? sa : -INFINITY, vb ? sb : -INFINITY));
+            const float mold = __shfl_sync(0xffffffffu, m_run, rr), lold = __shfl_sync(0xffffffffu, l_run, rr);
+            const float mnew = fmaxf(mold, mx);
+            const float pa = va ? expf(sa - mnew) : 0.0f, pb = vb ? expf(sb - mnew) : 0.0f;
+            const float sum = warp_sum(pa + pb);
+            const float corr = expf(mold - mnew);
+            sP[r * L.ldp + lane] = __float2bfloat16_rn(pa);
+            sP[r * L.ldp + lane + 32] = __float2bfloat16_rn(pb);
+            if (lane == rr) m_run = mnew, l_run = lold * corr + sum;
+            for (int d = lane; d < D; d += 32) sO[r * L.ldo + d] *= corr;
+        }
+        __syncwarp();
+        for (int nt = 0; nt < D / 16; nt++) {
+            FragC acc;
+            wmma::load_matrix_sync(acc, sO + r0 * L.ldo + nt * 16, L.ldo, wmma::mem_row_major);
+            for (int kk = 0; kk < WB / 16; kk++) {
+                FragA fa;
+                FragB fb;
+                wmma::load_matrix_sync(fa, sP + r0 * L.ldp + kk * 16, L.ldp);
+                wmma::load_matrix_sync(fb, sV + kk * 16 * L.ldh + nt * 16, L.ldh);
+                wmma::mma_sync(acc, fa, fb, acc);
+            }
+            wmma::store_matrix_sync(sO + r0 * L.ldo + nt * 16, acc, L.ldo, wmma::mem_row_major);
+        }
+    }
+    __syncwarp();
+    for (int rr = 0; rr < 16; rr++) {
+        const int r = r0 + rr, i = i0 + r;
+        const float l = __shfl_sync(0xffffffffu, l_run, rr), m = __shfl_sync(0xffffffffu, m_run, rr);
+        if (i >= T_) continue;
+        const float inv = 1.0f / l;
+        bf16 *o = out + ((size_t)b * T_ + i) * ldq + (size_t)h * D;
+        for (int d = lane; d < D; d += 32) o[d] = __float2bfloat16_rn(sO[r * L.ldo + d] * inv);
+        if (lane == 0) lse[((size_t)b * Hq + h) * T_ + i] = m + logf(l);
+    }
+}
+
+static size_t wmma_fwd_smem(int D) {
+    const WLayout L = wlayout(D);
+    return (size_t)WB * (3 * L.ldh * 2 + L.lds * 4 + L.ldp * 2 + L.ldo * 4);
+}
+
+// P and scale*dS of a warp's 16 query rows against a 64-key tile, from the score and dP tiles.
+__device__ __forceinline__ void wmma_probs(bf16 *sP, bf16 *sdS, const float *sS, const float *sdP, const float *sL,
+                                           const float *sDi, WLayout L, int r0, int i0, int j0, int T_,
+                                           float scale) {
+    const int lane = threadIdx.x & 31;
+    for (int e = lane; e < 16 * WB; e += 32) {
+        const int r = r0 + e / WB, cc = e % WB, i = i0 + r, j = j0 + cc;
+        float p = 0.0f, ds = 0.0f;
+        if (i < T_ && j <= i) {
+            p = expf(sS[r * L.lds + cc] * scale - sL[r]);
+            ds = p * (sdP[r * L.lds + cc] - sDi[r]);
+        }
+        if (sP) sP[r * L.ldp + cc] = __float2bfloat16_rn(p);
+        sdS[r * L.ldp + cc] = __float2bfloat16_rn(ds * scale);
+    }
+}
+
+__global__ void __launch_bounds__(WT) att_bwd_dkdv_wmma(bf16 *dk, bf16 *dv, const bf16 *dout, const bf16 *q,
+                                                       const bf16 *k, const bf16 *v, const float *lse,
+                                                       const float *Di, int T_, int Hq, int Hkv, int D,
+                                                       float scale) {
+    DYNAMIC_SMEM(smem);
+    const WLayout L = wlayout(D);
+    const int kb = blockIdx.x, hk = blockIdx.y, b = blockIdx.z, group = Hq / Hkv;
+    const int j0 = kb * WB, warp = threadIdx.x >> 5, r0 = 16 * warp;
+    const size_t ldq = (size_t)Hq * D, ldk = (size_t)Hkv * D;
+    bf16 *sK = (bf16 *)smem, *sV = sK + WB * L.ldh, *sQ = sV + WB * L.ldh, *sdO = sQ + WB * L.ldh;
+    float *sdK = (float *)(sdO + WB * L.ldh), *sdV = sdK + WB * L.ldo;
+    float *sS = sdV + WB * L.ldo, *sdP = sS + WB * L.lds;
+    bf16 *sP = (bf16 *)(sdP + WB * L.lds), *sdS = sP + WB * L.ldp;
+    float *sL = (float *)(sdS + WB * L.ldp), *sDi = sL + WB;
+    load_tile(sK, L.ldh, k, (size_t)b * T_ + j0, j0, T_, ldk, (size_t)hk * D, D);
+    load_tile(sV, L.ldh, v, (size_t)b * T_ + j0, j0, T_, ldk, (size_t)hk * D, D);
+    for (int e = threadIdx.x; e < WB * L.ldo; e += WT) sdK[e] = sdV[e] = 0.0f;
+    for (int h = hk * group; h < (hk + 1) * group; h++)
+        for (int i0 = j0; i0 < T_; i0 += WB) {
+            __syncthreads();  // the previous tile's readers are done
+            load_tile(sQ, L.ldh, q, (size_t)b * T_ + i0, i0, T_, ldq, (size_t)h * D, D);
+            load_tile(sdO, L.ldh, dout, (size_t)b * T_ + i0, i0, T_, ldq, (size_t)h * D, D);
+            if (threadIdx.x < WB) {
+                const int i = i0 + threadIdx.x;
+                sL[threadIdx.x] = i < T_ ? lse[((size_t)b * Hq + h) * T_ + i] : 0.0f;
+                sDi[threadIdx.x] = i < T_ ? Di[((size_t)b * Hq + h) * T_ + i] : 0.0f;
+            }
+            __syncthreads();
+            // this warp's 16 query rows: S = Q K^T, dP = dO V^T
+            tile_qkT(sS + r0 * L.lds, L.lds, sQ + r0 * L.ldh, sK, L.ldh, D);
+            tile_qkT(sdP + r0 * L.lds, L.lds, sdO + r0 * L.ldh, sV, L.ldh, D);
+            __syncwarp();
+            wmma_probs(sP, sdS, sS, sdP, sL, sDi, L, r0, i0, j0, T_, scale);
+            __syncthreads();  // the products below read every warp's rows of P and dS
+            // this warp's 16 key rows: dV += P^T dO, dK += dS^T Q
+            for (int nt = 0; nt < D / 16; nt++) {
+                FragC av, ak;
+                wmma::load_matrix_sync(av, sdV + r0 * L.ldo + nt * 16, L.ldo, wmma::mem_row_major);
+                wmma::load_matrix_sync(ak, sdK + r0 * L.ldo + nt * 16, L.ldo, wmma::mem_row_major);
+                for (int kk = 0; kk < WB / 16; kk++) {
+                    FragAT fp, fs;
+                    FragB fo, fq;
+                    wmma::load_matrix_sync(fp, sP + kk * 16 * L.ldp + r0, L.ldp);
+                    wmma::load_matrix_sync(fo, sdO + kk * 16 * L.ldh + nt * 16, L.ldh);
+                    wmma::mma_sync(av, fp, fo, av);
+                    wmma::load_matrix_sync(fs, sdS + kk * 16 * L.ldp + r0, L.ldp);
+                    wmma::load_matrix_sync(fq, sQ + kk * 16 * L.ldh + nt * 16, L.ldh);
+                    wmma::mma_sync(ak, fs, fq, ak);
+                }
+                wmma::store_matrix_sync(sdV + r0 * L.ldo + nt * 16, av, L.ldo, wmma::mem_row_major);
+                wmma::store_matrix_sync(sdK + r0 * L.ldo + nt * 16, ak, L.ldo, wmma::mem_row_major);
+            }
+        }
+    __syncthreads();
+    for (int e = threadIdx.x; e < WB * D; e += WT) {
+        const int r = e / D, d = e % D, j = j0 + r;
+        if (j < T_) {
+            const size_t o = ((size_t)b * T_ + j) * ldk + (size_t)hk * D + d;
+            dk[o] = __float2bfloat16_rn(sdK[r * L.ldo + d]);
+            dv[o] = __float2bfloat16_rn(sdV[r * L.ldo + d]);
+        }
+    }
+}
+
+static size_t wmma_dkdv_smem(int D) {
+    const WLayout L = wlayout(D);
+    return (size_t)WB * (4 * L.ldh * 2 + 2 * L.ldo * 4 + 2 * L.lds * 4 + 2 * L.ldp * 2 + 2 * 4);
+}
+
+__global__ void __launch_bounds__(WT) att_bwd_dq_wmma(bf16 *dq, const bf16 *dout, const bf16 *q, const bf16 *k,
+                                                     const bf16 *v, const float *lse, const float *Di, int T_,
+                                                     int Hq, int Hkv, int D, float scale) {
+    DYNAMIC_SMEM(smem);
+    const WLayout L = wlayout(D);
+    const int qb = gridDim.x - 1 - blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+    const int hk = h / (Hq / Hkv), i0 = qb * WB, warp = threadIdx.x >> 5, r0 = 16 * warp;
+    const size_t ldq = (size_t)Hq * D, ldk = (size_t)Hkv * D;
+    bf16 *sQ = (bf16 *)smem, *sdO = sQ + WB * L.ldh, *sK = sdO + WB * L.ldh, *sV = sK + WB * L.ldh;
+    float *sdQ = (float *)(sV + WB * L.ldh), *sS = sdQ + WB * L.ldo, *sdP = sS + WB * L.lds;
+    bf16 *sdS = (bf16 *)(sdP + WB * L.lds);
+    float *sL = (float *)(sdS + WB * L.ldp), *sDi = sL + WB;
+    load_tile(sQ, L.ldh, q, (size_t)b * T_ + i0, i0, T_, ldq, (size_t)h * D, D);
+    load_tile(sdO, L.ldh, dout, (size_t)b * T_ + i0, i0, T_, ldq, (size_t)h * D, D);
+    for (int e = threadIdx.x; e < WB * L.ldo; e += WT) sdQ[e] = 0.0f;
+    if (threadIdx.x < WB) {
+        const int i = i0 + threadIdx.x;
+        sL[threadIdx.x] = i < T_ ? lse[((size_t)b * Hq + h) * T_ + i] : 0.0f;
+        sDi[threadIdx.x] = i < T_ ? Di[((size_t)b * Hq + h) * T_ + i] : 0.0f;
+    }
+    const int jend = i0 + WB < T_ ? i0 + WB : T_;
+    for (int j0 = 0; j0 < jend; j0 += WB) {
+        __syncthreads();
+        load_tile(sK, L.ldh, k, (size_t)b * T_ + j0, j0, T_, ldk, (size_t)hk * D, D);
+        load_tile(sV, L.ldh, v, (size_t)b * T_ + j0, j0, T_, ldk, (size_t)hk * D, D);
+        __syncthreads();
+        tile_qkT(sS + r0 * L.lds, L.lds, sQ + r0 * L.ldh, sK, L.ldh, D);
+        tile_qkT(sdP + r0 * L.lds, L.lds, sdO + r0 * L.ldh, sV, L.ldh, D);
+        __syncwarp();
+        wmma_probs(nullptr, sdS, sS, sdP, sL, sDi, L, r0, i0, j0, T_, scale);
+        __syncwarp();
+        for (int nt = 0; nt < D / 16; nt++) {
+            FragC acc;
+            wmma::load_matrix_sync(acc, sdQ + r0 * L.ldo + nt * 16, L.ldo, wmma::mem_row_major);
+            for (int kk = 0; kk < WB / 16; kk++) {
+                FragA fa;
+                FragB fb;
+                wmma::load_matrix_sync(fa, sdS + r0 * L.ldp + kk * 16, L.ldp);
+                wmma::load_matrix_sync(fb, sK + kk * 16 * L.ldh + nt * 16, L.ldh);
+                wmma::mma_sync(acc, fa, fb, acc);
+            }
+            wmma::store_matrix_sync(sdQ + r0 * L.ldo + nt * 16, acc, L.ldo, wmma::mem_row_major);
+        }
+    }
+    __syncwarp();
+    for (int e = threadIdx.x & 31; e < 16 * D; e += 32) {
+        const int r = r0 + e / D, d = e % D, i = i0 + r;
+        if (i < T_) dq[((size_t)b * T_ + i) * ldq + (size_t)h * D + d] = __float2bfloat16_rn(sdQ[r * L.ldo + d]);
+    }
+}
+
+static size_t wmma_dq_smem(int D) {
+    const WLayout L = wlayout(D);
+    return (size_t)WB * (4 * L.ldh * 2 + L.ldo * 4 + 2 * L.lds * 4 + L.ldp * 2 + 2 * 4);
+}
+
+// ==== dispatch ===============================================================================
+static int use_wmma(const CudaCtx *c, int D, const void *const *ptrs, int np) {
+    if (!c->bf16 || c->force_generic_attention || D % 16 != 0 || D > 128) return 0;
+    for (int i = 0; i < np; i++)
+        if (ptr_align(ptrs[i]) < 16) return 0;
+    return wmma_dkdv_smem(D) <= c->smem_optin;  // the largest of the three
+}
+
+const char *k_attention_path(const CudaCtx *c, int D) {
+    const void *dummy[1] = {(const void *)(uintptr_t)256};
+    return use_wmma(c, D, dummy, 1) ? "wmma-bf16" : "generic";
+}
+
+// Raises a kernel's dynamic shared-memory limit when it needs more than the default 48 KiB.
+template <class K> static void smem_optin(CudaCtx *c, K kernel, size_t bytes, int D) {
+    if (bytes > c->smem_optin)
+        fail("attention: head_dim %d needs %zu bytes of shared memory per block; this GPU allows %zu",
+             D, bytes, c->smem_optin);
+    if (bytes > 48 * 1024)
+        CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
+}
+
+void k_attention_fwd(CudaCtx *c, void *out, float *lse, const void *q, const void *k, const void *v,
+                     int B, int T, int Hq, int Hkv, int D) {
+    if (B <= 0 || T <= 0) return;
+    const float scale = att_scale(D);
+    const void *ptrs[] = {out, q, k, v};
+    if (use_wmma(c, D, ptrs, 4)) {
+        const size_t sm = wmma_fwd_smem(D);
+        smem_optin(c, att_fwd_wmma, sm, D);
+        dim3 g((T + WB - 1) / WB, Hq, B);
+        LAUNCH(g, WT, sm, c->stream, att_fwd_wmma)((bf16 *)out, lse, (const bf16 *)q, (const bf16 *)k, (const bf16 *)v, T, Hq, Hkv, D, scale);
+    } else {
+        const size_t sm = generic_fwd_smem(D);
+        dim3 g((T + GB - 1) / GB, Hq, B);
+        if (c->bf16) {
+            smem_optin(c, att_fwd_generic<bf16>, sm, D);
+            LAUNCH(g, GT, sm, c->stream, att_fwd_generic<bf16>)((bf16 *)out, lse, (const bf16 *)q, (const bf16 *)k, (const bf16 *)v, T, Hq, Hkv, D, scale);
+        } else {
+            smem_optin(c, att_fwd_generic<float>, sm, D);
+            LAUNCH(g, GT, sm, c->stream, att_fwd_generic<float>)((float *)out, lse, (const float *)q, (const float *)k, (const float *)v, T, Hq, Hkv, D, scale);
+        }
+    }
+    LAUNCH_CHECK("attention_fwd");
+}
+
+void k_attention_bwd(CudaCtx *c, void *dq, void *dk, void *dv, const void *dout, const void *q,
+                     const void *k, const void *v, const void *out, const float *lse, int B, int T,
+                     int Hq, int Hkv, int D) {
+    if (B <= 0 || T <= 0) return;
+    const float scale = att_scale(D);
+    float *Di = (float *)ctx_scratch(c, SCR_ATT_D, (size_t)B * Hq * T * sizeof(float));
+    const size_t rows = (size_t)B * T * Hq;
+    const unsigned dot_blocks = (unsigned)((rows + 7) / 8);
+    if (c->bf16) LAUNCH(dot_blocks, 256, 0, c->stream, att_bwd_dot<bf16>)(Di, (const bf16 *)dout, (const bf16 *)out, B, T, Hq, D);
+    else LAUNCH(dot_blocks, 256, 0, c->stream, att_bwd_dot<float>)(Di, (const float *)dout, (const float *)out, B, T, Hq, D);
+    LAUNCH_CHECK("attention_bwd dot");
+    const void *ptrs[] = {dq, dk, dv, dout, q, k, v};
+    if (use_wmma(c, D, ptrs, 7)) {
+        const size_t s1 = wmma_dkdv_smem(D), s2 = wmma_dq_smem(D);
+        smem_optin(c, att_bwd_dkdv_wmma, s1, D);
+        smem_optin(c, att_bwd_dq_wmma, s2, D);
+        dim3 g1((T + WB - 1) / WB, Hkv, B), g2((T + WB - 1) / WB, Hq, B);
+        LAUNCH(g1, WT, s1, c->stream, att_bwd_dkdv_wmma)((bf16 *)dk, (bf16 *)dv, (const bf16 *)dout, (const bf16 *)q, (const bf16 *)k, (const bf16 *)v, lse, Di, T, Hq, Hkv, D, scale);
+        LAUNCH(g2, WT, s2, c->stream, att_bwd_dq_wmma)((bf16 *)dq, (const bf16 *)dout, (const bf16 *)q, (const bf16 *)k, (const bf16 *)v, lse, Di, T, Hq, Hkv, D, scale);
+    } else {
+        const size_t s1 = generic_dkdv_smem(D), s2 = generic_dq_smem(D);
+        dim3 g1((T + GB - 1) / GB, Hkv, B), g2((T + GB - 1) / GB, Hq, B);
+        if (c->bf16) {
+            smem_optin(c, att_bwd_dkdv_generic<bf16>, s1, D);
+            smem_optin(c, att_bwd_dq_generic<bf16>, s2, D);
+            LAUNCH(g1, GT, s1, c->stream, att_bwd_dkdv_generic<bf16>)((bf16 *)dk, (bf16 *)dv, (const bf16 *)dout, (const bf16 *)q, (const bf16 *)k, (const bf16 *)v, lse, Di, T, Hq, Hkv, D, scale);
+            LAUNCH(g2, GT, s2, c->stream, att_bwd_dq_generic<bf16>)((bf16 *)dq, (const bf16 *)dout, (const bf16 *)q, (const bf16 *)k, (const bf16 *)v, lse, Di, T, Hq, Hkv, D, scale);
+        } else {
+            smem_optin(c, att_bwd_dkdv_generic<float>, s1, D);
+            smem_optin(c, att_bwd_dq_generic<float>, s2, D);
+            LAUNCH(g1, GT, s1, c->stream, att_bwd_dkdv_generic<float>)((float *)dk, (float *)dv, (const float *)dout, (const float *)q, (const float *)k, (const float *)v, lse, Di, T, Hq, Hkv, D, scale);
+            LAUNCH(g2, GT, s2, c->stream, att_bwd_dq_generic<float>)((float *)dq, (const float *)dout, (const float *)q, (const float *)k, (const float *)v, lse, Di, T, Hq, Hkv, D, scale);
+        }
+    }
+    LAUNCH_CHECK("attention_bwd");
+}
