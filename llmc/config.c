@@ -105,7 +105,10 @@ static const KeyDef KEYS[] = {
     NUM("zero_stage", T_INT, zero_stage, "0", 0, 3, "0: all-reduce gradients; 1: shard optimizer state; 3: fsdp"),
     NUM("offload_optimizer", T_BOOL, offload_optimizer, "false", 0, 1,
         "fp32 master and AdamW moments in host memory, updated on the CPU"),
-    ENUM("device", device, "auto", "auto|cpu|cuda", "backend"),
+    ENUM("device", device, "auto", "auto|cpu|cuda",
+         "backend; auto = CUDA when a GPU is present ($LLMC_DEVICE sets the default)"),
+    ENUM("dtype", precision, "bfloat16", "bfloat16|float32",
+         "GPU compute precision (fp32 master weights either way); the CPU computes in float32"),
     NUM("num_threads", T_INT, num_threads, "0", 0, 4096, "CPU threads; 0 = all cores"),
 };
 #define NKEYS (sizeof KEYS / sizeof KEYS[0])
@@ -230,6 +233,8 @@ static void set_defaults(Config *cfg) {
     for (size_t i = 0; i < NKEYS; i++)
         if (KEYS[i].def) config_set(cfg, KEYS[i].name, KEYS[i].def, "default");
     cfg->has_model_block = 0;
+    const char *dev = getenv("LLMC_DEVICE");  // e.g. the test suite pins the CPU backend
+    if (dev && *dev) config_set(cfg, "device", dev, "$LLMC_DEVICE");
 }
 
 static const char *scalar(yaml_node_t *n) { return (const char *)n->data.scalar.value; }

@@ -36,7 +36,7 @@ typedef struct {
     // sharding
     int fsdp, zero_stage, offload_optimizer;
     // runtime
-    char device[16];
+    char device[16], precision[16];
     int num_threads;
     // where the YAML came from, for messages; the architecture the program trains
     char path[1024];

@@ -42,6 +42,8 @@ def main():
     ap.add_argument("-k", default="")
     args = ap.parse_args()
     env = dict(os.environ)
+    # The suite checks the CPU backend; the CUDA tests pick their device themselves.
+    env.setdefault("LLMC_DEVICE", "cpu")
     if args.asan:
         env.setdefault("ASAN_OPTIONS", "detect_leaks=0")
         env["UBSAN_OPTIONS"] = "print_stacktrace=1:halt_on_error=1"
