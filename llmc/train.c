@@ -22,6 +22,7 @@
 #include "gpt2_io.h"
 #include "train.h"
 #include "util.h"
+#include "weights.h"
 #include "stb_ds.h"
 
 // device: cuda, or auto when a usable GPU is present, runs the CUDA backend (which has not yet
@@ -302,6 +303,7 @@ int train_main(int argc, char **argv, int arch) {
         bk->mem.peak = bk->mem.in_use;  // peaks are per step
         bk->mem.host_peak = bk->mem.host_in_use;
         bk->mem.disk_peak = bk->mem.disk_in_use;
+        double streamed0 = model.streamer ? streamer_bytes_loaded(model.streamer) : 0;
         // Load the whole step first: the loss is a mean over all its valid targets.
         long long count = 0;
         for (int a = 0; a < accum; a++) loader_next(&train, tok + a * GBT, tgt + a * GBT);
@@ -340,8 +342,9 @@ int train_main(int argc, char **argv, int arch) {
         fprintf(metrics,
                 "{\"step\": %d, \"loss\": %.9g, \"lr\": %.9g, \"grad_norm\": %.9g, \"ms\": %.3f, "
                 "\"tokens_per_sec\": %.1f, \"device_peak_bytes\": %zu, \"host_peak_bytes\": %zu, "
-                "\"disk_peak_bytes\": %zu}\n",
-                ls.step, loss, lr, norm, ms, tps, bk->mem.peak, bk->mem.host_peak, bk->mem.disk_peak);
+                "\"disk_peak_bytes\": %zu, \"streamed_weight_bytes\": %.0f}\n",
+                ls.step, loss, lr, norm, ms, tps, bk->mem.peak, bk->mem.host_peak, bk->mem.disk_peak,
+                model.streamer ? streamer_bytes_loaded(model.streamer) - streamed0 : 0.0);
         fflush(metrics);
         fflush(stdout);
         if (cfg.eval_steps && (ls.step % cfg.eval_steps == 0 || ls.step == cfg.max_steps)) {
