@@ -38,7 +38,7 @@ BASE_LDLIBS := $(LDLIBS)
 ifeq ($(USE_CUDA),1)
 LIB_OBJ += $(CU_SRC:%.cu=$(BUILD)/%.o)
 override CFLAGS += -DLLMC_CUDA
-LDLIBS += -L$(CUDA_LIB) -Wl,-rpath,$(CUDA_LIB) -lcublasLt -lcudart -lstdc++
+LDLIBS += -L$(CUDA_LIB) -Wl,-rpath,$(CUDA_LIB) -lcublasLt -lcudart -lnccl -lstdc++
 else
 LIB_OBJ += $(BUILD)/llmc/cuda/backend_cuda_stub.o
 endif

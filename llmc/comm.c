@@ -12,13 +12,13 @@
 #include "util.h"
 
 // ---- single process: every collective is the identity -----------------------------------
-static void s_allreduce(Comm *c, float *b, size_t n) { (void)c, (void)b, (void)n; }
+static void s_allreduce(Comm *c, void *b, size_t n) { (void)c, (void)b, (void)n; }
 static void s_allreduce64(Comm *c, double *b, size_t n) { (void)c, (void)b, (void)n; }
-static void s_reduce_scatter(Comm *c, float *r, const float *s, size_t n) {
+static void s_reduce_scatter(Comm *c, void *r, const void *s, size_t n) {
     (void)c;
     if (r != s) memmove(r, s, n * sizeof(float));
 }
-static void s_all_gather(Comm *c, float *r, const float *s, size_t n) {
+static void s_all_gather(Comm *c, void *r, const void *s, size_t n) {
     (void)c;
     if (r != s) memmove(r, s, n * sizeof(float));
 }
@@ -79,10 +79,10 @@ static void leave(Comm *c, int rc) {
     const char *op = mi->op;
     mi->op = NULL;
     pthread_mutex_unlock(&mi->lock);
-    if (rc != MPI_SUCCESS) fail("rank %d: MPI %s failed (code %d)", c->rank, op, rc);
+    if (rc != MPI_SUCCESS) fail("MPI %s failed (code %d)", op, rc);
 }
 
-static void m_allreduce(Comm *c, float *b, size_t n) {
+static void m_allreduce(Comm *c, void *b, size_t n) {
     enter(c, "all-reduce");
     leave(c, MPI_Allreduce(MPI_IN_PLACE, b, (int)n, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD));
 }
@@ -90,16 +90,16 @@ static void m_allreduce64(Comm *c, double *b, size_t n) {
     enter(c, "all-reduce");
     leave(c, MPI_Allreduce(MPI_IN_PLACE, b, (int)n, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD));
 }
-static void m_reduce_scatter(Comm *c, float *r, const float *s, size_t n) {
+static void m_reduce_scatter(Comm *c, void *r, const void *s, size_t n) {
     enter(c, "reduce-scatter");
     // In place: the input is all of r and the result lands in its first n elements.
     leave(c, MPI_Reduce_scatter_block(s == r ? MPI_IN_PLACE : s, r, (int)n, MPI_FLOAT, MPI_SUM,
                                       MPI_COMM_WORLD));
 }
-static void m_all_gather(Comm *c, float *r, const float *s, size_t n) {
+static void m_all_gather(Comm *c, void *r, const void *s, size_t n) {
     enter(c, "all-gather");
     // In place when the send block already sits at this rank's place in recv.
-    const void *src = s == r + (size_t)c->rank * n ? MPI_IN_PLACE : s;
+    const void *src = (const float *)s == (float *)r + (size_t)c->rank * n ? MPI_IN_PLACE : s;
     leave(c, MPI_Allgather(src, (int)n, MPI_FLOAT, r, (int)n, MPI_FLOAT, MPI_COMM_WORLD));
 }
 static void m_broadcast(Comm *c, void *b, size_t n, int root) {
@@ -127,8 +127,31 @@ static int launched_by_mpi(void) {
     return getenv("OMPI_COMM_WORLD_SIZE") || getenv("PMI_SIZE") || getenv("PMIX_RANK");
 }
 
+// Launcher-free: rank and world from the environment; collectives need NCCL, which
+// comm_nccl_create brings once the CUDA backend exists.
+static void e_none(Comm *c) { (void)c; fail("launcher-free runs (WORLD_SIZE) need the CUDA backend and NCCL; use mpirun for CPU processes"); }
+static void e_allreduce(Comm *c, void *b, size_t n) { (void)b, (void)n; e_none(c); }
+static void e_allreduce64(Comm *c, double *b, size_t n) { (void)b, (void)n; e_none(c); }
+static void e_rs(Comm *c, void *r, const void *s, size_t n) { (void)r, (void)s, (void)n; e_none(c); }
+static void e_bcast(Comm *c, void *b, size_t n, int root) { (void)b, (void)n, (void)root; e_none(c); }
+
+static Comm *comm_env(void) {
+    Comm *c = comm_single();
+    c->name = "env";
+    c->rank = atoi(getenv("RANK") ? getenv("RANK") : "0");
+    c->world = atoi(getenv("WORLD_SIZE"));
+    c->local_rank = getenv("LOCAL_RANK") ? atoi(getenv("LOCAL_RANK")) : c->rank;
+    if (c->rank < 0 || c->rank >= c->world) fail("RANK %d is outside WORLD_SIZE %d", c->rank, c->world);
+    c->all_reduce_sum = e_allreduce, c->all_reduce_sum_f64 = e_allreduce64;
+    c->reduce_scatter_sum = e_rs, c->all_gather = e_rs, c->broadcast = e_bcast, c->barrier = e_none;
+    return c;
+}
+
 Comm *comm_create(int *argc, char ***argv) {
-    if (!launched_by_mpi()) return comm_single();
+    if (!launched_by_mpi()) {
+        const char *ws = getenv("WORLD_SIZE");
+        return ws && atoi(ws) > 1 ? comm_env() : comm_single();
+    }
     int provided;
     if (MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided) != MPI_SUCCESS)
         fail("MPI_Init failed");

@@ -26,14 +26,15 @@
 #include "stb_ds.h"
 
 // device: cuda, or auto when a usable GPU is present, runs the CUDA backend (which has not yet
-// run on a real GPU; see README); otherwise the CPU backend.
-static Backend *make_backend(const Config *cfg, const Comm *comm) {
+// run on a real GPU; see README), with NCCL between ranks; otherwise the CPU backend (MPI).
+static Backend *make_backend(const Config *cfg, Comm **comm) {
     char why[256] = "";
     const int want = !strcmp(cfg->device, "cuda");
     if ((want || !strcmp(cfg->device, "auto")) && backend_cuda_available(why, sizeof why)) {
-        if (comm->world > 1)
-            fail("several ranks on the CUDA backend need NCCL, which is not implemented yet; use device: cpu");
-        return backend_cuda_create(strcmp(cfg->precision, "float32") != 0, comm->local_rank);
+        Comm *c = *comm;
+        Backend *bk = backend_cuda_create(strcmp(cfg->precision, "float32") != 0, c->local_rank);
+        if (c->world > 1) *comm = comm_nccl_create(c, c->rank, c->world, c->local_rank, bk);
+        return bk;
     }
     if (want) fail("device: cuda was asked for, but %s; use device: cpu", why);
     return backend_cpu_create(cfg->num_threads);
@@ -208,7 +209,7 @@ int train_main(int argc, char **argv, int arch) {
     }
     Config cfg;
     config_from_args(&cfg, argc, argv, arch);
-    Backend *bk = make_backend(&cfg, comm);
+    Backend *bk = make_backend(&cfg, &comm);
     const int B = cfg.micro_batch_size, T = cfg.sequence_len, accum = cfg.gradient_accumulation_steps;
 
     // ---- model

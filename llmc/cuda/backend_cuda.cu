@@ -538,3 +538,6 @@ extern "C" Backend *backend_cuda_create(int dtype_bf16, int device_index) {
     bk->destroy = cu_destroy;
     return bk;
 }
+
+// The compute stream, for collectives that must be ordered with the compute (NCCL).
+extern "C" void *backend_cuda_stream(Backend *bk) { return (void *)ctx_of(bk)->stream; }

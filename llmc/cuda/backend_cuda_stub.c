@@ -2,6 +2,7 @@
 // build time, or USE_CUDA=0 as in `make test-asan`), so the program needs no #ifdef to ask.
 #include <stdio.h>
 #include "../backend.h"
+#include "../comm.h"
 #include "../util.h"
 
 int backend_cuda_available(char *why, size_t cap) {
@@ -12,4 +13,9 @@ int backend_cuda_available(char *why, size_t cap) {
 Backend *backend_cuda_create(int dtype_bf16, int device_index) {
     (void)dtype_bf16, (void)device_index;
     fail("device: cuda: this build has no CUDA support (nvcc was not found when it was built); use device: cpu");
+}
+
+Comm *comm_nccl_create(Comm *boot, int rank, int world, int local_rank, struct Backend *bk) {
+    (void)boot, (void)rank, (void)world, (void)local_rank, (void)bk;
+    fail("several GPU ranks need NCCL: this build has no CUDA support");
 }
