@@ -73,11 +73,13 @@ static void enter(Comm *c, const char *op) {
     pthread_mutex_unlock(&mi->lock);
 }
 
+
 static void leave(Comm *c, int rc) {
     MpiImpl *mi = c->impl;
     pthread_mutex_lock(&mi->lock);
     const char *op = mi->op;
     mi->op = NULL;
+    c->busy_ms += now_ms() - mi->started;
     pthread_mutex_unlock(&mi->lock);
     if (rc != MPI_SUCCESS) fail("MPI %s failed (code %d)", op, rc);
 }

@@ -12,6 +12,7 @@ struct Comm {
     const char *name;  // "single", "mpi", "env" (launcher-free, before NCCL), "nccl"
     int rank, world, local_rank;
     double timeout_s;  // a collective that takes longer aborts the run with a clear message
+    double busy_ms;    // wall time spent inside collectives so far (for the step report)
     void *impl;
     void (*all_reduce_sum)(Comm *, void *buf, size_t n);
     void (*all_reduce_sum_f64)(Comm *, double *buf, size_t n);

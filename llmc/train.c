@@ -33,7 +33,8 @@ static Backend *make_backend(const Config *cfg, Comm **comm) {
     if ((want || !strcmp(cfg->device, "auto")) && backend_cuda_available(why, sizeof why)) {
         Comm *c = *comm;
         Backend *bk = backend_cuda_create(strcmp(cfg->precision, "float32") != 0, c->local_rank);
-        if (c->world > 1) *comm = comm_nccl_create(c, c->rank, c->world, c->local_rank, bk);
+        // LLMC_FORCE_NCCL=1 sends even a world of one through NCCL (to check that path on one GPU).
+        if (c->world > 1 || getenv("LLMC_FORCE_NCCL")) *comm = comm_nccl_create(c, c->rank, c->world, c->local_rank, bk);
         return bk;
     }
     if (want) fail("device: cuda was asked for, but %s; use device: cpu", why);
@@ -305,6 +306,7 @@ int train_main(int argc, char **argv, int arch) {
         bk->mem.host_peak = bk->mem.host_in_use;
         bk->mem.disk_peak = bk->mem.disk_in_use;
         double streamed0 = model.streamer ? streamer_bytes_loaded(model.streamer) : 0;
+        double comm0 = comm->busy_ms;
         // Load the whole step first: the loss is a mean over all its valid targets.
         long long count = 0;
         for (int a = 0; a < accum; a++) loader_next(&train, tok + a * GBT, tgt + a * GBT);
@@ -343,9 +345,9 @@ int train_main(int argc, char **argv, int arch) {
         fprintf(metrics,
                 "{\"step\": %d, \"loss\": %.9g, \"lr\": %.9g, \"grad_norm\": %.9g, \"ms\": %.3f, "
                 "\"tokens_per_sec\": %.1f, \"device_peak_bytes\": %zu, \"host_peak_bytes\": %zu, "
-                "\"disk_peak_bytes\": %zu, \"streamed_weight_bytes\": %.0f}\n",
+                "\"disk_peak_bytes\": %zu, \"streamed_weight_bytes\": %.0f, \"comm_ms\": %.3f}\n",
                 ls.step, loss, lr, norm, ms, tps, bk->mem.peak, bk->mem.host_peak, bk->mem.disk_peak,
-                model.streamer ? streamer_bytes_loaded(model.streamer) - streamed0 : 0.0);
+                model.streamer ? streamer_bytes_loaded(model.streamer) - streamed0 : 0.0, comm->busy_ms - comm0);
         fflush(metrics);
         fflush(stdout);
         if (cfg.eval_steps && (ls.step % cfg.eval_steps == 0 || ls.step == cfg.max_steps)) {

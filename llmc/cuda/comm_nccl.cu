@@ -35,7 +35,10 @@ static void finish(Comm *c, const char *op, ncclResult_t r) {
     double t0 = now_ms();
     for (;;) {
         cudaError_t e = cudaStreamQuery(ni(c)->stream);
-        if (e == cudaSuccess) return;
+        if (e == cudaSuccess) {  // includes compute queued before the collective
+            c->busy_ms += now_ms() - t0;
+            return;
+        }
         if (e != cudaErrorNotReady) fail("%s: %s", op, cudaGetErrorString(e));
         if ((now_ms() - t0) / 1e3 > c->timeout_s) {
             ncclCommAbort(ni(c)->nccl);
@@ -99,7 +102,8 @@ static void n_destroy(Comm *c) {
 // The unique id: over the bootstrap comm, or through a file rank 0 writes (renamed into
 // place so a reader never sees half of it).
 static void share_id(Comm *boot, int rank, ncclUniqueId *id) {
-    if (boot && boot->world > 1) {
+    if (!boot || boot->world == 1) return;  // a world of one (LLMC_FORCE_NCCL) keeps its own id
+    if (boot->world > 1 && strcmp(boot->name, "env") != 0) {
         boot->broadcast(boot, id, sizeof *id, 0);
         return;
     }
