@@ -48,6 +48,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import gpt2_ref as G  # noqa: E402
+import harness  # noqa: E402
 
 LOSS_RTOL = 1e-5
 LR_RTOL = 1e-6
@@ -527,22 +528,7 @@ def main():
     todo.append(("e_random_init", check_random_init))
     todo.append(("e_random_init_values", check_init_values))
     try:
-        for name, fn in todo:
-            if ARGS.only and ARGS.only not in name:
-                continue
-            try:
-                errs, summary = fn()
-            except Exception as e:  # noqa: BLE001  a crash or unreadable output is a failure
-                errs, summary = [f"{type(e).__name__}: {e}"], ""
-            if errs:
-                failed += 1
-                print(f"FAIL {name}: " + "; ".join(errs[:6]))
-                if summary:
-                    print(f"     {summary}")
-            else:
-                passed += 1
-                print(f"PASS {name}" + (f"  ({summary})" if ARGS.verbose else ""))
-            sys.stdout.flush()
+        passed, failed = harness.run_cases(todo, ARGS.only, ARGS.verbose)
     finally:
         if ARGS.keep:
             print(f"kept {ROOT}")

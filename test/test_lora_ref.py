@@ -47,6 +47,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import harness  # noqa: E402
 import llama_ref as R  # noqa: E402
 
 LOSS_RTOL = 1e-5
@@ -619,23 +620,8 @@ def main():
         cases.append((name, lambda r, a=(name, tweaks, sets, at, pats): run_bad(r, *a)))
     passed = failed = 0
     try:
-        for name, fn in cases:
-            if ARGS.only and ARGS.only not in name:
-                continue
-            t0 = time.time()
-            try:
-                errs, summary = fn(root)
-            except Exception as e:  # a crash of the trainer or unreadable output is a failure
-                errs, summary = [f"{type(e).__name__}: {e}"], ""
-            summary = (summary + f"; {time.time() - t0:.1f}s").lstrip("; ")
-            if errs:
-                failed += 1
-                print(f"FAIL {name}: " + "; ".join(errs[:6]))
-                print(f"     {summary}")
-            else:
-                passed += 1
-                print(f"PASS {name}" + (f"  ({summary})" if ARGS.verbose else ""))
-            sys.stdout.flush()
+        passed, failed = harness.run_cases(((n, lambda f=f: f(root)) for n, f in cases), ARGS.only,
+                                           ARGS.verbose, timed=True)
     finally:
         if ARGS.keep:
             print(f"kept {root}")

@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import harness  # noqa: E402
 import llama_ref as R  # noqa: E402
 
 LOSS_RTOL = 1e-5
@@ -252,22 +253,8 @@ def main():
     root = tempfile.mkdtemp(prefix="test_torch_ref_")
     passed = failed = 0
     try:
-        for case in cases():
-            if args.only and args.only not in case["name"]:
-                continue
-            try:
-                errs, summary = check_case(case, args, root)
-            except Exception as e:  # a crash of the trainer or unreadable output is a failure
-                errs, summary = [f"{type(e).__name__}: {e}"], ""
-            if errs:
-                failed += 1
-                print(f"FAIL {case['name']}: " + "; ".join(errs[:6]))
-                if summary:
-                    print(f"     {summary}")
-            else:
-                passed += 1
-                print(f"PASS {case['name']}" + (f"  ({summary})" if args.verbose else ""))
-            sys.stdout.flush()
+        passed, failed = harness.run_cases(
+            ((c["name"], lambda c=c: check_case(c, args, root)) for c in cases()), args.only, args.verbose)
     finally:
         if args.keep:
             print(f"kept {root}")
