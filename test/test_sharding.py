@@ -355,6 +355,8 @@ def reference(key, **kw):
 LAYOUTS = {"z0": dict(zero_stage=0), "z1": dict(zero_stage=1), "z3": dict(zero_stage=3),
            "fsdp": dict(fsdp=True)}
 VARIANTS = {"full": dict(), "lora": dict(LORA, max_grad_norm=0.05),
+            # Dropout masks follow global rows: 2 ranks must draw what one process draws.
+            "lora_dropout": dict(LORA, lora_dropout=0.2, max_grad_norm=0.05),
             "odd_tied": dict(model=ODD_MODEL)}
 MEMORY = {"plain": dict(), "hs": dict(activation_offloading="hidden_states")}
 
@@ -767,7 +769,7 @@ def main():
     ARGS.bin = os.path.abspath(ARGS.bin)
 
     cases = ["layout_%s_%s_%s" % (v, l, m) for v in ("full", "lora") for l in LAYOUTS for m in MEMORY]
-    cases += ["layout_odd_tied_%s_plain" % l for l in ("z1", "z3")]
+    cases += ["layout_odd_tied_%s_plain" % l for l in ("z1", "z3")] + ["layout_lora_dropout_z1_plain"]
     cases += ["offload_single_full", "offload_single_lora", "offload_z1_2ranks", "offload_z3_2ranks",
               "zero1_shards_device_memory", "zero3_shards_device_memory", "ckpt_z1", "ckpt_z3", "rank_dies", "rank_hangs",
               "shuffle_z0", "shuffle_z1"]
@@ -798,6 +800,7 @@ def main():
         spec = R.lora_spec(hf, LORA["lora_r"], LORA["lora_alpha"], list(R.LORA_TARGETS), seed=5)
         R.save_adapter_dir(os.path.join(ARGS.work, "adapter0"), spec)
         VARIANTS["lora"]["lora_model_dir"] = os.path.join(ARGS.work, "adapter0")
+        VARIANTS["lora_dropout"]["lora_model_dir"] = os.path.join(ARGS.work, "adapter0")
 
         for variant in ("full", "lora"):
             for layout in LAYOUTS:
@@ -805,6 +808,7 @@ def main():
                     layout_case(layout, variant, mem)
         for layout in ("z1", "z3"):
             layout_case(layout, "odd_tied", "plain")
+        layout_case("z1", "lora_dropout", "plain")
         offload_single_case("full")
         offload_single_case("lora")
         offload_sharded_case("z1")
