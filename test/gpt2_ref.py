@@ -319,21 +319,8 @@ class RefTrainer:
         for p in self.all_params:  # every parameter has a (possibly zero) gradient
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
-        n_total = self.B * self.T * self.accum
-        loss_sum = 0.0
-        for _ in range(self.accum):
-            x, y = self.loader.next()
-            logits = self.model(x)
-            l = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1),
-                                reduction="sum")
-            (l / n_total).backward()
-            loss_sum += l.item()
-        loss = loss_sum / n_total
-        mgn = float(tc.get("max_grad_norm", 0.0) or 0.0)
-        if mgn > 0:
-            gn = float(torch.nn.utils.clip_grad_norm_(self.all_params, mgn))
-        else:
-            gn = float(torch.sqrt(sum((p.grad.double() ** 2).sum() for p in self.all_params)))
+        loss = LR.accumulate_loss(self.model, self.loader, self.B * self.T * self.accum, self.accum)
+        gn = LR.grad_norm_clip(self.all_params, float(tc.get("max_grad_norm", 0.0) or 0.0))
         lr = self.base_lr * lr_factor(self.s, tc.get("lr_scheduler", "cosine"),
                                       int(tc.get("warmup_steps", 0)), int(tc["max_steps"]))
         for g in self.opt.param_groups:

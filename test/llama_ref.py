@@ -472,6 +472,25 @@ def _rotate_half(x):
     return torch.cat((-x[..., h:], x[..., :h]), dim=-1)
 
 
+def accumulate_loss(model, loader, n_total, accum):
+    """Gradients of the mean token loss over accum micro-batches; returns that mean loss."""
+    loss_sum = 0.0
+    for _ in range(accum):
+        x, y = loader.next()
+        logits = model(x)
+        l = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1), reduction="sum")
+        (l / n_total).backward()
+        loss_sum += l.item()
+    return loss_sum / n_total
+
+
+def grad_norm_clip(params, max_norm):
+    """Pre-clip global gradient norm; clips in place when max_norm > 0 (clip_grad_norm_)."""
+    if max_norm > 0:
+        return float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+    return float(torch.sqrt(sum((p.grad.double() ** 2).sum() for p in params if p.grad is not None)))
+
+
 class RefLlama(torch.nn.Module):
     """lora: a lora_spec dict; then the base is frozen (requires_grad False) and the adapted
     projections add scale * B(A(x))."""
@@ -655,22 +674,8 @@ class RefTrainer:
         """One optimizer step; returns (loss, lr, pre-clip grad norm)."""
         tc = self.tc
         self.opt.zero_grad(set_to_none=True)
-        n_total = self.B * self.T * self.accum
-        loss_sum = 0.0
-        for _ in range(self.accum):
-            x, y = self.loader.next()
-            logits = self.model(x)
-            l = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1),
-                                reduction="sum")
-            (l / n_total).backward()
-            loss_sum += l.item()
-        loss = loss_sum / n_total
-        mgn = float(tc.get("max_grad_norm", 0.0) or 0.0)
-        if mgn > 0:
-            gn = float(torch.nn.utils.clip_grad_norm_(self.all_params, mgn))
-        else:
-            gn = float(torch.sqrt(sum((p.grad.double() ** 2).sum() for p in self.all_params
-                                      if p.grad is not None)))
+        loss = accumulate_loss(self.model, self.loader, self.B * self.T * self.accum, self.accum)
+        gn = grad_norm_clip(self.all_params, float(tc.get("max_grad_norm", 0.0) or 0.0))
         lr = self.base_lr * lr_factor(self.s, tc["lr_scheduler"], int(tc["warmup_steps"]),
                                       int(tc["max_steps"]))
         for g in self.opt.param_groups:
