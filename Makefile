@@ -1,5 +1,6 @@
 # Makefile: make (train_llama), make test, make test-asan, make native, make bench,
-#           make test-cuda (GPU), make test-cuda-emu (the CUDA kernels on the CPU emulator).
+#           make test-cuda (GPU), make test-cuda-emu (the CUDA kernels on the CPU emulator),
+#           make fuzz / make fuzz-quick (libFuzzer targets in fuzz/, needs clang).
 CC ?= gcc
 BLAS_INC := /usr/include/x86_64-linux-gnu/openblas-openmp
 BLAS_LIB := /usr/lib/x86_64-linux-gnu/openblas-openmp
@@ -12,7 +13,7 @@ override CFLAGS += $(MPI_CFLAGS)
 LDLIBS := -L$(BLAS_LIB) -Wl,-rpath,$(BLAS_LIB) -lopenblas -lyaml -lcjson -lm $(MPI_LIBS)
 BUILD ?= build
 
-LIB_SRC := llmc/util.c llmc/config.c llmc/model.c llmc/actstore.c llmc/diskio.c llmc/plan.c llmc/weights.c llmc/comm.c llmc/quantize.c llmc/gpt2_io.c llmc/train.c llmc/optim.c llmc/data.c llmc/checkpoint.c \
+LIB_SRC := llmc/util.c llmc/json.c llmc/metrics.c llmc/config.c llmc/model.c llmc/actstore.c llmc/diskio.c llmc/plan.c llmc/weights.c llmc/comm.c llmc/quantize.c llmc/gpt2_io.c llmc/train.c llmc/optim.c llmc/data.c llmc/checkpoint.c \
            llmc/safetensors.c llmc/hf.c llmc/nf4.c llmc/stb_ds_impl.c llmc/cpu/backend_cpu.c \
            llmc/cpu/kernels_f32.c llmc/cpu/kernels_f64.c
 LIB_OBJ := $(LIB_SRC:%.c=$(BUILD)/%.o)
@@ -127,11 +128,36 @@ test-asan:
 	  build-asan/train_llama build-asan/train_gpt $(subst $(BUILD),build-asan,$(TESTS))
 	ASAN_OPTIONS=detect_leaks=0 /usr/bin/python3 test/run_tests.py --build build-asan --asan
 
+# ---- Fuzzing (clang + libFuzzer under ASan + UBSan; README.md, "Fuzzing") ------------------
+# make fuzz [FUZZ_SECONDS=600]: each target for FUZZ_SECONDS; make fuzz-quick: 20 s each.
+# Objects and fuzzers go to build/fuzz; crashes land in build/fuzz/crashes/TARGET/.
+FUZZ_CC ?= clang
+FUZZ_BUILD := build/fuzz
+FUZZ_SECONDS ?= 60
+FUZZ_TARGETS := safetensors hf_config yaml_config shard trainer_state adapter_config
+FUZZ_CFLAGS := -O1 -g -fsanitize=fuzzer-no-link,address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
+
+$(BUILD)/fuzz/%.o: fuzz/%.c $(wildcard fuzz/*.h) $(HDRS)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -c $< -o $@
+
+$(BUILD)/fuzz_%: $(BUILD)/fuzz/fuzz_%.o $(LIB_OBJ)
+	$(CC) $(CFLAGS) -fsanitize=fuzzer $^ -o $@ $(LDLIBS)
+
+fuzz-build:
+	$(MAKE) BUILD=$(FUZZ_BUILD) USE_CUDA=0 CC=$(FUZZ_CC) CFLAGS="$(FUZZ_CFLAGS)" $(FUZZ_TARGETS:%=$(FUZZ_BUILD)/fuzz_%)
+
+fuzz: fuzz-build
+	bash fuzz/run.sh $(FUZZ_BUILD) $(FUZZ_SECONDS) $(FUZZ_TARGETS)
+
+fuzz-quick: fuzz-build
+	bash fuzz/run.sh $(FUZZ_BUILD) 20 $(FUZZ_TARGETS)
+
 bench: train_llama
 	bash dev/bench_cpu.sh
 
 clean:
 	rm -rf build build-asan build-native build-emu train_llama train_gpt
 
-.PHONY: all native test test-asan test-cuda test-cuda-emu cuda-dev bench clean train_llama train_gpt
+.PHONY: all native test test-asan test-cuda test-cuda-emu cuda-dev bench clean train_llama train_gpt fuzz fuzz-quick fuzz-build
 .SECONDARY:

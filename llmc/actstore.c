@@ -48,9 +48,9 @@ struct ActStore {
 #define AT(st, arr, l, s) ((st)->arr[(size_t)(l) * S_COUNT + (s)])
 
 int mlp_tile_rows(const ModelConfig *c, const MemPolicy *p, int B, int T) {
-    int N = B * T;
+    int N = B * T;  // model_alloc_acts checked that it fits an int
     if (!p->tiled_mlp) return N;
-    int shards = p->mlp_shards > 0 ? p->mlp_shards : (T + c->hidden_size - 1) / c->hidden_size;
+    int shards = p->mlp_shards > 0 ? p->mlp_shards : (int)(((int64_t)T + c->hidden_size - 1) / c->hidden_size);
     if (shards < 1) shards = 1;
     return (N + shards - 1) / shards;
 }

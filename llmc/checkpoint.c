@@ -6,12 +6,15 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include "comm.h"
 #include "gpt2_io.h"
 #include "hf.h"
+#include "json.h"
 #include "nf4.h"
 #include "safetensors.h"
 #include "stb_ds.h"
@@ -37,20 +40,11 @@ static void check_shape(const StTensor *t, const ParamSpec *p, const char *where
     }
 }
 
-// Parses a JSON file; fails naming it.
-static cJSON *read_json(const char *path) {
-    char *txt = read_file(path, NULL);
-    if (!txt) fail("%s: cannot read: %s", path, strerror(errno));
-    cJSON *o = cJSON_Parse(txt);
-    free(txt);
-    if (!o) fail("%s: not valid JSON", path);
-    return o;
-}
-
 // Writes (and frees) a JSON object, flushed to disk; 0 or -1 with errno.
 static int write_json(const char *path, cJSON *o) {
-    char *txt = cJSON_Print(o);
+    char *txt = o ? cJSON_Print(o) : NULL;
     cJSON_Delete(o);
+    if (!txt) { errno = ENOMEM; return -1; }  // cJSON's out-of-memory: no file rather than a bad one
     FILE *f = fopen(path, "w");
     int ok = f && fputs(txt, f) >= 0 && fputc('\n', f) != EOF;
     if (f && (fflush(f) != 0 || fsync(fileno(f)) != 0)) ok = 0;
@@ -111,6 +105,10 @@ static void load_params(Model *m, const char *where, const StTensor *(*find)(con
         if (strcmp(t->dtype, "F32") && strcmp(t->dtype, "BF16") && strcmp(t->dtype, "F16"))
             fail("%s: tensor '%s' has dtype %s; expected F32, BF16 or F16", where, name, t->dtype);
         st_to_f32(t, buf);
+        long long bad = first_nonfinite(buf, p->numel);
+        if (bad >= 0)  // training would only skip every step; say which weight is broken
+            fail("%s: tensor '%s' element %lld is %g; refusing to load non-finite values", where,
+                 name, bad, buf[bad]);
         if (sel == SEL_BASE || sel == SEL_ADAPTER) {
             model_set_param(m, i, buf);
         } else {
@@ -174,6 +172,10 @@ static int write_tensors(const Model *m, const char *path, const int *sels, int 
                 m->bk->copy_d2h(m->bk, bufs[j], moment(m, sels[k]) + p->goff, p->numel * sizeof(float), NULL);
                 m->bk->sync(m->bk);
             }
+            long long bad = first_nonfinite(bufs[j], p->numel);
+            if (bad >= 0)  // never publish NaN weights; the last good checkpoint stays as it is
+                fail("%s: refusing to write '%s': element %lld is %g (the weights or optimizer "
+                     "state went non-finite)", path, names[j], bad, bufs[j][bad]);
             items[j] = (StWriteItem){names[j], bufs[j], p->ndim, {p->shape[0], p->shape[1]}};
         }
     const char *meta[] = {"format", "pt", NULL};
@@ -224,7 +226,7 @@ int save_adapter(const Model *m, const char *dir, const char *base_model) {
 void load_adapter(Model *m, const char *dir) {
     char path[4096];
     join_path(path, sizeof path, dir, "adapter_config.json");
-    cJSON *o = read_json(path);
+    cJSON *o = json_read_file(path);
     const LoraConfig *lc = &m->tab.lora;
     cJSON *r = cJSON_GetObjectItemCaseSensitive(o, "r"), *a = cJSON_GetObjectItemCaseSensitive(o, "lora_alpha");
     cJSON *tm = cJSON_GetObjectItemCaseSensitive(o, "target_modules");
@@ -254,6 +256,7 @@ static int write_state(const LoopState *ls, const Model *m, const char *path) {
     cJSON *o = cJSON_CreateObject();
     char buf[32];
     cJSON_AddNumberToObject(o, "step", ls->step);
+    cJSON_AddNumberToObject(o, "skipped_steps", ls->skipped);
     cJSON_AddNumberToObject(o, "world_size", m->opt.comm ? m->opt.comm->world : 1);
     cJSON_AddNumberToObject(o, "zero_stage", m->opt.zero_stage);
     snprintf(buf, sizeof buf, "%" PRIu64, ls->data_epoch);
@@ -265,6 +268,10 @@ static int write_state(const LoopState *ls, const Model *m, const char *path) {
         snprintf(buf, sizeof buf, "%" PRIu64, ls->sample_rng.s[i]);
         cJSON_AddItemToArray(r, cJSON_CreateString(buf));
     }
+    if (ls->run) {
+        cJSON *run = cJSON_AddObjectToObject(o, "run");
+        for (int i = 0; i < ls->run->n; i++) cJSON_AddStringToObject(run, ls->run->key[i], ls->run->val[i]);
+    }
     return write_json(path, o);
 }
 
@@ -273,9 +280,43 @@ static void remove_tmp_dir(void) {
     if (tmp_dir[0]) remove_tree(tmp_dir);
 }
 
-static void fsync_dir(const char *dir) {
+int fsync_dir(const char *dir) {
     int fd = open(dir, O_RDONLY | O_DIRECTORY);
-    if (fd >= 0) fsync(fd), close(fd);
+    if (fd < 0) return -1;
+    int rc = fsync(fd);
+    if (rc != 0 && errno == EINVAL) rc = 0;  // a file system that cannot sync directories
+    int e = errno;
+    close(fd);
+    errno = e;
+    return rc;
+}
+
+static int fsync_path(const char *path) {
+    int fd = open(path, O_RDONLY);
+    if (fd < 0) return -1;
+    int rc = fsync(fd), e = errno;
+    close(fd);
+    errno = e;
+    return rc;
+}
+
+// Whatever wrote the files (safetensors, JSON, llm.c's model.bin), their data reaches the disk
+// before the rename that makes them visible: a crash never publishes an empty checkpoint.
+int fsync_dir_files(const char *dir) {
+    DIR *d = opendir(dir);
+    if (!d) return -1;
+    struct dirent *e;
+    int rc = 0;
+    char path[4096];
+    while (rc == 0 && (e = readdir(d))) {
+        struct stat st;
+        join_path(path, sizeof path, dir, e->d_name);
+        if (stat(path, &st) == 0 && S_ISREG(st.st_mode)) rc = fsync_path(path);
+    }
+    int err = errno;
+    closedir(d);
+    errno = err;
+    return rc == 0 ? fsync_dir(dir) : rc;
 }
 
 // ZeRO-1 shards its optimizer state: each rank writes (and later reads) its own flat slice.
@@ -349,6 +390,7 @@ void checkpoint_save(Model *m, const LoopState *ls, const char *output_dir) {
     if (rc == 0 && sharded_opt(m)) {
         shard_file(m, tmp_dir, path, sizeof path);
         rc = write_shard(m, path);
+        if (rc == 0) rc = fsync_path(path);  // each rank syncs its own shard (rank 0 the rest)
     } else if (rc == 0 && rank == 0) {
         const int moments[] = {SEL_EXP_AVG, SEL_EXP_AVG_SQ};
         join_path(path, sizeof path, tmp_dir, "optimizer.safetensors");
@@ -358,14 +400,182 @@ void checkpoint_save(Model *m, const LoopState *ls, const char *output_dir) {
     model_gather_done(m);
     c->barrier(c);
     if (rank == 0) {
-        fsync_dir(tmp_dir);
+        if (fsync_dir_files(tmp_dir) != 0)
+            fail("%s: cannot sync checkpoint to disk: %s (earlier checkpoints are intact)", final, strerror(errno));
         if (path_exists(final)) remove_tree(final);  // a rerun of the same step replaces it whole
         if (rename(tmp_dir, final) != 0) fail("%s: cannot rename checkpoint into place: %s", final, strerror(errno));
-        fsync_dir(output_dir);
+        tmp_dir[0] = 0;
+        if (fsync_dir(output_dir) != 0) fail("%s: cannot sync output_dir: %s", output_dir, strerror(errno));
     }
     tmp_dir[0] = 0;
     c->barrier(c);
     if (!m->opt.comm) c->destroy(c);
+}
+
+// ---- run identity: what a checkpoint was trained with (see RunIdentity in checkpoint.h)
+
+static void id_add(RunIdentity *id, const char *key, const char *fmt, ...) {
+    if (id->n >= RUN_KEYS) fail("internal: too many run identity keys");
+    snprintf(id->key[id->n], sizeof id->key[0], "%s", key);
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(id->val[id->n], sizeof id->val[0], fmt, ap);
+    va_end(ap);
+    id->n++;
+}
+
+// The shortest decimal that reads back as the same double: 0.01, not 0.010000000000000000208.
+static void id_num(RunIdentity *id, const char *key, double x) {
+    char buf[40];
+    for (int prec = 6; prec <= 17; prec++) {
+        snprintf(buf, sizeof buf, "%.*g", prec, x);
+        if (strtod(buf, NULL) == x) break;
+    }
+    id_add(id, key, "%s", buf);
+}
+
+static uint64_t fnv(uint64_t h, const void *p, size_t n) {
+    const unsigned char *b = p;
+    for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 0x100000001b3ULL;
+    return h;
+}
+
+// Hashes the file's name, size, its first `head` bytes (all of it if head is 0) and 16 blocks
+// of 4 KiB spread over the rest: two models of one shape differ there, and it reads 64 KiB.
+static uint64_t hash_file(uint64_t h, const char *path, const char *name, size_t head) {
+    struct stat st;
+    FILE *f = fopen(path, "rb");
+    if (!f || fstat(fileno(f), &st) != 0) {
+        if (f) fclose(f);
+        return fnv(h, "?", 1);
+    }
+    uint64_t size = (uint64_t)st.st_size;
+    h = fnv(h, name, strlen(name) + 1);
+    h = fnv(h, &size, sizeof size);
+    size_t n = head && head < size ? head : (size_t)size;
+    if (n > (64u << 20)) n = 64u << 20;
+    enum { BLOCKS = 16, BLOCK = 4096 };
+    char *buf = xmalloc(n > BLOCK ? n : BLOCK);
+    n = fread(buf, 1, n, f);
+    h = fnv(h, buf, n);
+    const uint64_t rest = size > n ? size - n : 0;
+    for (int b = 0; rest && b < BLOCKS; b++) {
+        uint64_t at = n + rest / BLOCKS * (uint64_t)b;
+        size_t got = fseeko(f, (off_t)at, SEEK_SET) == 0 ? fread(buf, 1, BLOCK, f) : 0;
+        h = fnv(h, buf, got);
+    }
+    free(buf);
+    fclose(f);
+    return h;
+}
+
+static int by_name(const struct dirent **a, const struct dirent **b) { return strcmp((*a)->d_name, (*b)->d_name); }
+
+// A cheap identity of a base model that survives moving or copying it but not editing or
+// replacing it: a directory's config.json bytes and each safetensors file's name, size,
+// header (every tensor's name, dtype, shape and offset) and sampled data; a single file's
+// (llm.c's model.bin) size, 1 KiB header and sampled data.
+static uint64_t model_identity(const char *path) {
+    uint64_t h = 0xcbf29ce484222325ULL;
+    struct stat st;
+    if (stat(path, &st) != 0) return 0;
+    if (!S_ISDIR(st.st_mode)) return hash_file(h, path, "", 1024);
+    struct dirent **ents;
+    int n = scandir(path, &ents, NULL, by_name);
+    for (int i = 0; i < n; i++) {
+        const char *name = ents[i]->d_name;
+        size_t len = strlen(name);
+        char full[4096];
+        join_path(full, sizeof full, path, name);
+        if (!strcmp(name, "config.json")) {
+            h = hash_file(h, full, name, 0);
+        } else if (len > 12 && !strcmp(name + len - 12, ".safetensors")) {
+            uint64_t hdr = 0;  // little-endian header length, then the JSON header
+            FILE *f = fopen(full, "rb");
+            if (f && fread(&hdr, 8, 1, f) != 1) hdr = 0;
+            if (f) fclose(f);
+            h = hash_file(h, full, name, hdr < (64u << 20) ? 8 + (size_t)hdr : (64u << 20));
+        }
+        free(ents[i]);
+    }
+    if (n >= 0) free(ents);
+    return h;
+}
+
+void run_identity(RunIdentity *id, const Config *cfg, const Model *m) {
+    const ModelConfig *c = &m->cfg;
+    memset(id, 0, sizeof *id);
+    id_add(id, "model", "%s L=%d C=%d I=%d heads=%d/%d D=%d V=%d positions=%d%s%s rope_theta=%g eps=%g",
+           c->arch == ARCH_GPT2 ? "gpt2" : c->model_type[0] ? c->model_type : "llama",
+           c->num_hidden_layers, c->hidden_size, c->intermediate_size, c->num_attention_heads,
+           c->num_key_value_heads, c->head_dim, c->vocab_size, c->max_position_embeddings,
+           c->tie_word_embeddings ? " tied" : "", c->attention_bias ? " bias" : "", c->rope_theta,
+           (double)c->rms_norm_eps);
+    id_add(id, "base_model", "%s", cfg->base_model);
+    if (cfg->base_model[0]) id_add(id, "base_model_id", "%016" PRIx64, model_identity(cfg->base_model));
+    else id_add(id, "base_model_id", "random init");
+    const LoraConfig *lc = &m->tab.lora;
+    id_add(id, "adapter", "%s", lc->r ? cfg->adapter : "none");
+    if (lc->r) {
+        id_add(id, "load_in_4bit", "%s", cfg->load_in_4bit ? "true" : "false");
+        id_add(id, "lora_r", "%d", lc->r);
+        id_num(id, "lora_alpha", lc->alpha);
+        id_num(id, "lora_dropout", lc->dropout);
+        char tm[256] = "";
+        for (int t = 0; t < LORA_TARGETS; t++)
+            if (lc->targets >> t & 1)
+                snprintf(tm + strlen(tm), sizeof tm - strlen(tm), "%s%s", tm[0] ? "," : "", LORA_TARGET_NAMES[t]);
+        id_add(id, "lora_target_modules", "%s", tm);
+        id_add(id, "use_rslora", "%s", lc->rslora ? "true" : "false");
+    }
+    id_add(id, "seed", "%lld", cfg->seed);
+    id_add(id, "sequence_len", "%d", cfg->sequence_len);
+    id_add(id, "micro_batch_size", "%d", cfg->micro_batch_size);
+    id_add(id, "gradient_accumulation_steps", "%d", cfg->gradient_accumulation_steps);
+    id_add(id, "shuffle", "%s", cfg->shuffle ? "true" : "false");
+    id_num(id, "learning_rate", cfg->learning_rate);
+    id_add(id, "lr_scheduler", "%s", cfg->lr_scheduler);
+    id_add(id, "warmup_steps", "%d", cfg->warmup_steps);
+    id_num(id, "weight_decay", cfg->weight_decay);
+    id_num(id, "max_grad_norm", cfg->max_grad_norm);
+    id_num(id, "adam_beta1", cfg->adam_beta1);
+    id_num(id, "adam_beta2", cfg->adam_beta2);
+    id_num(id, "adam_epsilon", cfg->adam_epsilon);
+}
+
+// The first key of this run that the checkpoint recorded differently stops the resume. The base
+// model is compared by identity (a moved copy is the same model), reported by path. A
+// checkpoint written before these checks (no "run") resumes with a note; keys it lacks are
+// not compared.
+static void check_run(cJSON *state, const RunIdentity *id, const char *dir) {
+    if (!id) return;
+    cJSON *run = cJSON_GetObjectItemCaseSensitive(state, "run");
+    if (!run) {
+        printf("note: %s predates resume checks (no 'run' in trainer_state.json); resuming without "
+               "checking that it was trained with this configuration\n", dir);
+        return;
+    }
+    if (!cJSON_IsObject(run)) fail("%s: key 'run' in trainer_state.json is not an object", dir);
+    for (int i = 0; i < id->n; i++) {
+        if (!strcmp(id->key[i], "base_model")) continue;  // compared through base_model_id
+        cJSON *v = cJSON_GetObjectItemCaseSensitive(run, id->key[i]);
+        if (!v) continue;
+        if (!cJSON_IsString(v)) fail("%s: key 'run.%s' in trainer_state.json is not a string", dir, id->key[i]);
+        if (!strcmp(v->valuestring, id->val[i])) continue;
+        if (!strcmp(id->key[i], "base_model_id")) {
+            cJSON *was = cJSON_GetObjectItemCaseSensitive(run, "base_model");
+            const char *wp = cJSON_IsString(was) && was->valuestring[0] ? was->valuestring : "(random init)";
+            const char *np = "(random init)";
+            for (int j = 0; j < id->n; j++)
+                if (!strcmp(id->key[j], "base_model") && id->val[j][0]) np = id->val[j];
+            if (strcmp(wp, np))
+                fail("%s: checkpoint was trained with base_model=%s, this run has base_model=%s", dir, wp, np);
+            fail("%s: checkpoint was trained with base_model=%s (identity %s), this run has base_model=%s "
+                 "(identity %s): its config.json or weights changed", dir, wp, v->valuestring, np, id->val[i]);
+        }
+        fail("%s: checkpoint was trained with %s=%s, this run has %s=%s", dir, id->key[i], v->valuestring,
+             id->key[i], id->val[i]);
+    }
 }
 
 static uint64_t json_u64(cJSON *o, const char *key, const char *path) {
@@ -382,12 +592,12 @@ static void load_state(LoopState *ls, const Model *m, const char *dir);
 
 void checkpoint_load(Model *m, LoopState *ls, const char *dir) {
     char path[4096];
+    load_state(ls, m, dir);  // first: a checkpoint of another run is refused before its weights load
     if (m->tab.lora.r) {
         load_adapter(m, dir);
     } else {
         load_model_checkpoint(m, dir);
     }
-    load_state(ls, m, dir);
     if (sharded_opt(m)) {
         shard_file(m, dir, path, sizeof path);
         read_shard(m, path);
@@ -423,10 +633,15 @@ static void load_model_checkpoint(Model *m, const char *dir) {
 static void load_state(LoopState *ls, const Model *m, const char *dir) {
     char path[4096];
     join_path(path, sizeof path, dir, "trainer_state.json");
-    cJSON *o = read_json(path);
+    cJSON *o = json_read_file(path);
     cJSON *step = cJSON_GetObjectItemCaseSensitive(o, "step");
     if (!cJSON_IsNumber(step) || step->valueint < 0) fail("%s: key 'step' missing or invalid", path);
     ls->step = step->valueint;
+    cJSON *sk = cJSON_GetObjectItemCaseSensitive(o, "skipped_steps");  // absent before it existed
+    if (sk && (!cJSON_IsNumber(sk) || sk->valuedouble < 0 || sk->valuedouble > ls->step ||
+               sk->valuedouble != (double)sk->valueint))
+        fail("%s: key 'skipped_steps' must be an integer in [0, step]", path);
+    ls->skipped = sk ? sk->valueint : 0;
     cJSON *ws = cJSON_GetObjectItemCaseSensitive(o, "world_size"), *zs = cJSON_GetObjectItemCaseSensitive(o, "zero_stage");
     int world = m->opt.comm ? m->opt.comm->world : 1;
     int saved_world = cJSON_IsNumber(ws) ? ws->valueint : 1, saved_zero = cJSON_IsNumber(zs) ? zs->valueint : 0;
@@ -436,6 +651,7 @@ static void load_state(LoopState *ls, const Model *m, const char *dir) {
             fail("%s: checkpoint was written by %d rank(s) with zero_stage %d; this run has %d with "
                  "zero_stage %d (resume with the same layout)", path, saved_world, saved_zero, world,
                  m->opt.zero_stage);
+    check_run(o, ls->run, dir);
     ls->data_epoch = json_u64(o, "data_epoch", path);
     ls->data_next = json_u64(o, "data_next", path);
     cJSON *r = cJSON_GetObjectItemCaseSensitive(o, "sample_rng");
@@ -469,18 +685,21 @@ void checkpoint_find_latest(const char *output_dir, char *out, size_t cap) {
     }
 }
 
+// Under output_dir's lock no other run writes here, so every temporary directory is a dead
+// run's, even one whose pid was reused since (by an unrelated process, or by this very run).
 void checkpoint_clean_debris(const char *output_dir) {
     DIR *d = opendir(output_dir);
     if (!d) return;
     struct dirent *e;
     while ((e = readdir(d))) {
         int step, pid;
-        if (sscanf(e->d_name, ".checkpoint-%d.tmp-%d", &step, &pid) != 2) continue;
-        if (pid != getpid() && kill(pid, 0) != 0 && errno == ESRCH) {
-            char path[4096];
-            join_path(path, sizeof path, output_dir, e->d_name);
-            remove_tree(path);
-        }
+        char tail;
+        if (sscanf(e->d_name, ".checkpoint-%d.tmp-%d%c", &step, &pid, &tail) != 2 &&
+            sscanf(e->d_name, ".final.tmp-%d%c", &pid, &tail) != 1)
+            continue;
+        char path[4096];
+        join_path(path, sizeof path, output_dir, e->d_name);
+        remove_tree(path);
     }
     closedir(d);
 }

@@ -3,15 +3,34 @@
 // temporary name and renamed, so it is complete or absent.
 #pragma once
 #include <stdint.h>
+#include "config.h"
 #include "model.h"
 #include "util.h"
 
+// What a run trains with: the keys that change the result of continuing it (model shape, base
+// model identity, adapter, seed, batch shape, optimizer and schedule), as "key" = "value"
+// strings in a fixed order. Written into every checkpoint's trainer_state.json ("run") and
+// compared on resume: the first key that differs stops the run. max_steps is not one of them
+// (a run may be extended or shortened).
+enum { RUN_KEYS = 32 };
+typedef struct {
+    int n;
+    char key[RUN_KEYS][32];
+    char val[RUN_KEYS][1280];
+} RunIdentity;
+
 typedef struct {
     int step;              // optimizer steps done
+    int skipped;           // of which skipped for a non-finite loss or gradient (not applied)
     uint64_t data_epoch;   // train loader position
     uint64_t data_next;
     Rng sample_rng;
+    const RunIdentity *run;  // written with each checkpoint and checked on resume (NULL: neither)
 } LoopState;
+
+// Fills id from the run's configuration and model (hashing the base model's config.json and
+// safetensors headers, or a GPT-2 file's header, as its identity).
+void run_identity(RunIdentity *id, const Config *cfg, const Model *m);
 
 // Reads DIR/config.json (Hugging Face) into cfg.
 void load_hf_config(const char *dir, ModelConfig *cfg);
@@ -30,5 +49,10 @@ void checkpoint_save(Model *m, const LoopState *ls, const char *output_dir);
 void checkpoint_load(Model *m, LoopState *ls, const char *dir);
 // "auto": the checkpoint-N with the largest N in output_dir, or "" if none.
 void checkpoint_find_latest(const char *output_dir, char *out, size_t cap);
-// Removes temporary checkpoint directories left by runs that died (owner pid gone).
+// Removes the temporary directories (.checkpoint-N.tmp-PID, .final.tmp-PID) left in output_dir
+// by runs that died. Call it holding output_dir's lock (no live run writes there then).
 void checkpoint_clean_debris(const char *output_dir);
+// fsyncs every regular file in dir, then dir itself: before a rename publishes it. 0 or -1.
+int fsync_dir_files(const char *dir);
+// fsyncs a directory (after a rename into it). 0 or -1.
+int fsync_dir(const char *dir);

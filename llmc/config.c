@@ -59,9 +59,9 @@ static const KeyDef KEYS[] = {
     NUM("warmup_steps", T_INT, warmup_steps, "0", 0, BIG, "linear warmup steps"),
     NUM("weight_decay", T_FLOAT, weight_decay, "0", 0, 10, "AdamW decoupled weight decay"),
     NUM("max_grad_norm", T_FLOAT, max_grad_norm, "1.0", 0, 1e30, "global-norm clipping; 0 disables"),
-    NUM("adam_beta1", T_FLOAT, adam_beta1, "0.9", 0, 0.999999999, "AdamW beta1"),
-    NUM("adam_beta2", T_FLOAT, adam_beta2, "0.999", 0, 0.999999999, "AdamW beta2"),
-    NUM("adam_epsilon", T_FLOAT, adam_epsilon, "1e-8", 0, 1, "AdamW epsilon"),
+    NUM("adam_beta1", T_FLOAT, adam_beta1, "0.9", 0, 1, "AdamW beta1, below 1 in float32"),
+    NUM("adam_beta2", T_FLOAT, adam_beta2, "0.999", 0, 1, "AdamW beta2, below 1 in float32"),
+    NUM("adam_epsilon", T_FLOAT, adam_epsilon, "1e-8", 0, 1, "AdamW epsilon, > 0 in float32"),
     NUM("seed", T_INT, seed, "42", 0, BIG, "seed for init, shuffling and sampling"),
     NUM("eval_steps", T_INT, eval_steps, "0", 0, BIG, "evaluate every N steps; 0 disables"),
     NUM("eval_batches", T_INT, eval_batches, "8", 1, BIG, "validation batches per evaluation"),
@@ -316,6 +316,14 @@ void config_load_yaml(Config *cfg, const char *path) {
         load_mapping(cfg, &doc, root, "", path);
     }
     yaml_document_delete(&doc);
+    // A second document ("---") would be silently ignored by a reader that loads one.
+    if (!yaml_parser_load(&parser, &doc))
+        fail("%s:%zu: invalid YAML: %s", path, parser.problem_mark.line + 1,
+             parser.problem ? parser.problem : "parse error");
+    if (yaml_document_get_root_node(&doc))
+        fail("%s:%zu: a second YAML document starts here; put every key in one document", path,
+             doc.start_mark.line + 1);
+    yaml_document_delete(&doc);
     yaml_parser_delete(&parser);
     free(text);
     snprintf(cfg->path, sizeof cfg->path, "%s", path);
@@ -327,6 +335,17 @@ void config_finish(Config *cfg) {
         fail("%s: set either base_model or a model: block, not both", src);
     if (!cfg->base_model[0] && !cfg->has_model_block)
         fail("%s: no model: set base_model (a Hugging Face directory) or a model: block", src);
+    // The optimizer runs in float32: a beta that rounds to 1 makes the bias correction 0/0 and
+    // an epsilon of 0 divides 0 by 0 for every weight whose gradient is 0.
+    const char *beta_key[2] = {"adam_beta1", "adam_beta2"};
+    const double beta[2] = {cfg->adam_beta1, cfg->adam_beta2};
+    for (int i = 0; i < 2; i++)
+        if (!((float)beta[i] < 1.0f))
+            fail("%s: key '%s' = %.10g is 1.0 in float32 (the optimizer's precision), which makes "
+                 "every update NaN; use at most 0.9999999", src, beta_key[i], beta[i]);
+    if (!((float)cfg->adam_epsilon > 0.0f))
+        fail("%s: key 'adam_epsilon' = %g is 0 in float32; it must be > 0 (a zero gradient "
+             "would divide 0 by 0); the usual value is 1e-8", src, cfg->adam_epsilon);
     if (cfg->fsdp) cfg->zero_stage = 3;
     if (cfg->zero_stage == 2) fail("%s: zero_stage 2 is not supported: use 1 (optimizer state) or 3 (fsdp)", src);
     if (!cfg->train_data[0]) fail("%s: key 'train_data' is required (a token shard path or glob)", src);

@@ -5,12 +5,24 @@
 #include <glob.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #define SHARD_MAGIC 20240520
 #define HEADER_BYTES (256 * sizeof(int32_t))
+
+// pread() until n bytes or end of file; the byte count, or -1 with errno set.
+static ssize_t read_at(int fd, void *buf, size_t n, uint64_t off) {
+    size_t got = 0;
+    while (got < n) {
+        ssize_t r = pread(fd, (char *)buf + got, n - got, (off_t)(off + got));
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0) return -1;
+        if (r == 0) break;
+        got += (size_t)r;
+    }
+    return (ssize_t)got;
+}
 
 static void shard_open(Shard *s, const char *path) {
     memset(s, 0, sizeof *s);
@@ -22,11 +34,16 @@ static void shard_open(Shard *s, const char *path) {
     if ((size_t)st.st_size < HEADER_BYTES)
         fail("%s: truncated token shard: %lld bytes, shorter than the 1024-byte header", path,
              (long long)st.st_size);
-    s->map_len = st.st_size;
-    s->map = mmap(NULL, s->map_len, PROT_READ, MAP_PRIVATE, fd, 0);
+    s->size = (uint64_t)st.st_size;
+    s->dev = (uint64_t)st.st_dev;
+    s->ino = (uint64_t)st.st_ino;
+    int32_t h[256];
+    ssize_t got = read_at(fd, h, HEADER_BYTES, 0);
+    int err = errno;
     close(fd);
-    if (s->map == MAP_FAILED) fail("%s: cannot map: %s", path, strerror(errno));
-    const int32_t *h = (const int32_t *)s->map;
+    if (got < 0) fail("%s: cannot read token shard header: %s", path, strerror(err));
+    if ((size_t)got < HEADER_BYTES)
+        fail("%s: token shard shrank while being opened: read %zd of the 1024 header bytes", path, got);
     if (h[0] != SHARD_MAGIC)
         fail("%s: bad magic %d in token shard header (expected %d)", path, h[0], SHARD_MAGIC);
     if (h[1] != 1 && h[1] != 2)
@@ -35,22 +52,33 @@ static void shard_open(Shard *s, const char *path) {
     s->version = h[1];
     s->ntok = (size_t)(uint32_t)h[2];
     size_t want = HEADER_BYTES + s->ntok * (s->version == 1 ? 2 : 4);
-    if (s->map_len < want)
-        fail("%s: truncated token shard: header says %zu tokens (%zu bytes), file has %zu bytes",
-             path, s->ntok, want, s->map_len);
-    madvise((void *)s->map, s->map_len, MADV_SEQUENTIAL);
+    if (s->size < want)
+        fail("%s: truncated token shard: header says %zu tokens (%zu bytes), file has %llu bytes",
+             path, s->ntok, want, (unsigned long long)s->size);
 }
 
-static uint32_t shard_token(const Shard *s, size_t i) {
-    const uint8_t *body = s->map + HEADER_BYTES;
-    if (s->version == 1) {
-        uint16_t t;
-        memcpy(&t, body + 2 * i, 2);
-        return t;
+// A descriptor for shard si, checked to still be the file loader_open saw, same size: a shard
+// replaced, truncated or extended while the run trains ends the run naming it. One descriptor
+// is kept open at a time, so any number of shards works under any open-file limit.
+static int shard_fd(DataLoader *dl, int si) {
+    const Shard *s = &dl->shards[si];
+    if (dl->fd_shard != si) {
+        if (dl->fd >= 0) close(dl->fd);
+        dl->fd = -1;
+        int fd = open(s->path, O_RDONLY | O_NONBLOCK);
+        if (fd < 0)
+            fail("%s: cannot reopen token shard while training: %s", s->path, strerror(errno));
+        dl->fd = fd, dl->fd_shard = si;
     }
-    uint32_t t;
-    memcpy(&t, body + 4 * i, 4);
-    return t;
+    struct stat st;
+    if (fstat(dl->fd, &st) != 0)
+        fail("%s: cannot stat token shard while training: %s", s->path, strerror(errno));
+    if ((uint64_t)st.st_dev != s->dev || (uint64_t)st.st_ino != s->ino)
+        fail("%s: token shard was replaced by another file while training", s->path);
+    if ((uint64_t)st.st_size != s->size)
+        fail("%s: token shard changed size while training: %llu bytes when opened, %llu now",
+             s->path, (unsigned long long)s->size, (unsigned long long)st.st_size);
+    return dl->fd;
 }
 
 static int cmp_str(const void *a, const void *b) {
@@ -82,6 +110,8 @@ void loader_open(DataLoader *dl, const char *pattern, int B, int T, int vocab, i
              "sequence_len %d + 1)", key, pattern, need, B, T);
     globfree(&g);
     dl->order = xmalloc(sizeof(size_t) * dl->total_windows);
+    dl->fd = -1, dl->fd_shard = -1;
+    dl->buf = xmalloc(((size_t)B * T + 1) * sizeof(uint32_t));
     loader_seek(dl, 0, 0);
 }
 
@@ -112,9 +142,26 @@ void loader_next(DataLoader *dl, int32_t *tokens, int32_t *targets) {
     int si = 0;
     while (w >= dl->shards[si].nwin) w -= dl->shards[si++].nwin;
     const Shard *s = &dl->shards[si];
-    const size_t BT = (size_t)dl->B * dl->T, start = w * BT;
+    const size_t BT = (size_t)dl->B * dl->T, start = w * BT, tsize = s->version == 1 ? 2 : 4;
+    const size_t nbytes = (BT + 1) * tsize;
+    const uint64_t off = HEADER_BYTES + (uint64_t)start * tsize;
+    ssize_t got = read_at(shard_fd(dl, si), dl->buf, nbytes, off);
+    if (got < 0)
+        fail("%s: cannot read token shard at byte %llu: %s", s->path, (unsigned long long)off,
+             strerror(errno));
+    if ((size_t)got < nbytes)
+        fail("%s: token shard shrank while training: read %zd of %zu bytes at byte %llu "
+             "(%llu bytes when opened)", s->path, got, nbytes, (unsigned long long)off,
+             (unsigned long long)s->size);
     for (size_t i = 0; i <= BT; i++) {
-        uint32_t t = shard_token(s, start + i);
+        uint32_t t;
+        if (tsize == 2) {
+            uint16_t t16;
+            memcpy(&t16, dl->buf + 2 * i, 2);
+            t = t16;
+        } else {
+            memcpy(&t, dl->buf + 4 * i, 4);
+        }
         if (t >= (uint32_t)dl->vocab)
             fail("%s: token %u at position %zu is out of range for vocab_size %d", s->path, t,
                  start + i, dl->vocab);
@@ -124,13 +171,13 @@ void loader_next(DataLoader *dl, int32_t *tokens, int32_t *targets) {
 }
 
 void loader_close(DataLoader *dl) {
-    for (int i = 0; i < dl->nshards; i++) {
-        munmap((void *)dl->shards[i].map, dl->shards[i].map_len);
-        free(dl->shards[i].path);
-    }
+    for (int i = 0; i < dl->nshards; i++) free(dl->shards[i].path);
+    if (dl->fd >= 0) close(dl->fd);
     free(dl->shards);
     free(dl->order);
+    free(dl->buf);
     memset(dl, 0, sizeof *dl);
+    dl->fd = -1;
 }
 
 int shard_write(const char *path, const uint32_t *tokens, size_t n, int version) {

@@ -6,6 +6,11 @@
 // floor((n-1)/(B*T)) of them. In order (shuffle false) the loader walks shards and windows
 // in order and wraps; shuffled, it visits all windows of all shards in a seeded random order
 // per epoch.
+//
+// Tokens are read with pread() one window at a time, never through a memory map: a shard that
+// is truncated or rewritten while the run reads it ends the run with one line naming the shard
+// (a map would turn the read past the new end of file into SIGBUS). Before each read the
+// loader checks the file is still the one it opened (device, inode, size).
 #pragma once
 #include <stddef.h>
 #include <stdint.h>
@@ -13,8 +18,8 @@
 
 typedef struct {
     char *path;
-    const uint8_t *map;  // whole file, mmapped
-    size_t map_len;
+    uint64_t size;       // file size at open; any change while training is an error
+    uint64_t dev, ino;   // identity of the file opened (a replaced file is an error)
     int version;         // 1: uint16, 2: uint32
     size_t ntok;
     size_t nwin;         // windows of B*T+1 at stride B*T
@@ -31,6 +36,9 @@ typedef struct {
     uint64_t epoch;
     size_t next;
     size_t *order;       // permutation of window ids for the current epoch (shuffle)
+    int fd;              // open descriptor of shards[fd_shard] (-1: none); one at a time
+    int fd_shard;
+    uint8_t *buf;        // one window's raw tokens: (B*T+1) x 4 bytes
 } DataLoader;
 
 // pattern is a path or a glob; fails naming the file on any problem.

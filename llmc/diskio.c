@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/file.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -14,6 +15,7 @@ enum { JOB_WRITE, JOB_READ };
 
 struct DiskIO {
     char dir[4096];
+    int lock_fd;  // the directory, flock'ed while this run lives: others never remove it
     MemStats *mem;
     pthread_t thread;
     pthread_mutex_t lock;
@@ -119,18 +121,23 @@ static void *io_main(void *arg) {
     return NULL;
 }
 
-// Directories "llmc-offload-<pid>-*" whose pid no longer runs belong to killed runs.
-static void remove_debris(const char *parent) {
+// Directories "llmc-offload-<pid>-*" of killed runs: their pid no longer runs (or is this
+// process's, reused), and nobody holds the directory's flock (a live run holds its own; that
+// also protects a live run whose pid this process cannot see, e.g. from another container).
+void diskio_clean_debris(const char *parent) {
     DIR *d = opendir(parent);
     if (!d) return;
     struct dirent *e;
     while ((e = readdir(d))) {
         int pid;
         if (sscanf(e->d_name, "llmc-offload-%d-", &pid) != 1) continue;
-        if (pid == getpid() || (kill(pid, 0) == 0 || errno != ESRCH)) continue;
+        if (pid != getpid() && (kill(pid, 0) == 0 || errno != ESRCH)) continue;
         char path[4096];
         join_path(path, sizeof path, parent, e->d_name);
-        remove_tree(path);
+        int fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        if (fd < 0) continue;
+        if (flock(fd, LOCK_EX | LOCK_NB) == 0) remove_tree(path);
+        close(fd);
     }
     closedir(d);
 }
@@ -141,12 +148,15 @@ DiskIO *diskio_create(const char *parent, MemStats *mem) {
     if (!parent || !parent[0]) parent = tmp && tmp[0] ? tmp : "/tmp";
     if (mkdir_p(parent) != 0)
         fail("activation_offloading_dir: cannot create '%s': %s", parent, strerror(errno));
-    remove_debris(parent);
+    diskio_clean_debris(parent);
     char name[64];
     snprintf(name, sizeof name, "llmc-offload-%d-XXXXXX", (int)getpid());
     join_path(io->dir, sizeof io->dir, parent, name);
     if (!mkdtemp(io->dir))
         fail("activation_offloading_dir: cannot create a directory in '%s': %s", parent, strerror(errno));
+    io->lock_fd = open(io->dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (io->lock_fd < 0 || flock(io->lock_fd, LOCK_EX | LOCK_NB) != 0)
+        fail("activation_offloading_dir: cannot lock '%s': %s", io->dir, strerror(errno));
     io->mem = mem;
     const char *f = getenv("LLMC_FAULT_DISK_FULL_AFTER");
     io->fault_after = f ? atoll(f) : -1;
@@ -167,6 +177,7 @@ void diskio_destroy(DiskIO *io) {
     pthread_mutex_unlock(&io->lock);
     pthread_join(io->thread, NULL);
     remove_tree(io->dir);
+    close(io->lock_fd);
     if (live_io == io) live_io = NULL;
     pthread_mutex_destroy(&io->lock);
     pthread_cond_destroy(&io->wake);

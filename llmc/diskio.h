@@ -19,7 +19,11 @@ typedef struct {
 
 // Creates "llmc-offload-<pid>-XXXXXX" under parent ("" = $TMPDIR or /tmp) after removing
 // such directories whose owner pid is dead. Disk bytes are counted in mem->disk_*.
+// The directory is flock'ed while the run lives.
 DiskIO *diskio_create(const char *parent, MemStats *mem);
+// Removes "llmc-offload-<pid>-*" directories under parent left by killed runs (a run that
+// does not use the disk tier calls it too, for its activation_offloading_dir).
+void diskio_clean_debris(const char *parent);
 void diskio_destroy(DiskIO *io);  // joins the thread and removes the directory
 const char *diskio_dir(const DiskIO *io);
 void diskio_write(DiskIO *io, DiskJob *job, const char *name, const void *buf, size_t bytes);

@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include "stb_ds.h"
 #include "util.h"
 
@@ -12,10 +13,18 @@
 void gpt2_complete_config(ModelConfig *c) {
     c->arch = ARCH_GPT2;
     snprintf(c->model_type, sizeof c->model_type, "gpt2");
-    if (!c->intermediate_size) c->intermediate_size = 4 * c->hidden_size;
+    // The derived widths are computed in 64 bits: 4 x hidden_size or the padded vocabulary of
+    // a huge config must be reported, not wrapped into a negative int.
+    const int64_t I = c->intermediate_size ? c->intermediate_size : 4 * (int64_t)c->hidden_size;
+    const int64_t Vp = ((int64_t)c->vocab_size + 127) / 128 * 128;
+    if (I > INT32_MAX || Vp > INT32_MAX)
+        model_fail_size(c, I, Vp, NULL, I > INT32_MAX ? "GPT-2's MLP width 4 x hidden_size is past the 2147483647 "
+                        "a tensor dimension holds" : "vocab_size padded to a multiple of 128 is past the "
+                        "2147483647 a tensor dimension holds");
+    c->intermediate_size = (int)I;
     c->num_key_value_heads = c->num_attention_heads;
     if (c->num_attention_heads > 0 && !c->head_dim) c->head_dim = c->hidden_size / c->num_attention_heads;
-    c->padded_vocab = (c->vocab_size + 127) / 128 * 128;
+    c->padded_vocab = (int)Vp;
     c->rms_norm_eps = 1e-5f;  // LayerNorm's epsilon
     c->tie_word_embeddings = 1;
     c->attention_bias = 1;
@@ -152,11 +161,16 @@ int gpt2_save(const Model *m, const char *path) {
         size_t o = source_offset(m, i, off);
         if (o != (size_t)-1) model_get_param(m, i, w + o);
     }
+    long long bad = first_nonfinite(w, total);
+    if (bad >= 0) fail("%s: refusing to write: weight %lld is %g (the weights went non-finite)", path, bad, w[bad]);
     int32_t h[256] = {GPT2_MAGIC, 3, c->max_position_embeddings, c->vocab_size, c->num_hidden_layers,
                       c->num_attention_heads, c->hidden_size, c->padded_vocab};
     FILE *f = fopen(path, "wb");
     int ok = f && fwrite(h, sizeof h, 1, f) == 1 && fwrite(w, sizeof(float), total, f) == total;
-    if (f && fclose(f) != 0) ok = 0;
+    if (ok && (fflush(f) != 0 || fsync(fileno(f)) != 0)) ok = 0;  // on disk before it is published
+    int e = errno;
+    if (f && fclose(f) != 0 && ok) ok = 0, e = errno;
     free(w);
+    errno = e;
     return ok ? 0 : -1;
 }

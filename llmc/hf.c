@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include "json.h"
 #include "util.h"
 
 // Absent and JSON null both mean "use the default", as in transformers.
@@ -80,7 +81,7 @@ static void read_rope(const char *path, const cJSON *r, const char *where, Model
         v[i] = x->valuedouble;
     }
     // HF divides by (high - low) and by each factor; reject what would make that meaningless.
-    if (!(v[0] > 0) || !(v[1] > 0) || !(v[2] > v[1]) || !(v[3] >= 1 && v[3] <= INT_MAX) ||
+    if (!isfinite(v[0]) || !isfinite(v[1]) || !isfinite(v[2]) || !(v[0] > 0) || !(v[1] > 0) || !(v[2] > v[1]) || !(v[3] >= 1 && v[3] <= INT_MAX) ||
         v[3] != (double)(int)v[3])
         fail("%s: '%s' has invalid llama3 values (factor %g, low_freq_factor %g, "
              "high_freq_factor %g, original_max_position_embeddings %g)",
@@ -92,16 +93,7 @@ static void read_rope(const char *path, const cJSON *r, const char *where, Model
 }
 
 void hf_read_config(const char *path, ModelConfig *c) {
-    size_t len;
-    char *text = read_file(path, &len);
-    if (!text) fail("%s: cannot read: %s", path, strerror(errno));
-    const char *end = NULL;
-    cJSON *root = cJSON_ParseWithLengthOpts(text, len, &end, 0);
-    if (!root) {
-        int line = 1;
-        for (const char *p = text; end && p < end; p++) line += *p == '\n';
-        fail("%s: not valid JSON (line %d)", path, line);
-    }
+    cJSON *root = json_read_file(path);
     if (!cJSON_IsObject(root)) fail("%s: not a JSON object", path);
 
     memset(c, 0, sizeof *c);
@@ -111,6 +103,10 @@ void hf_read_config(const char *path, ModelConfig *c) {
     if (strlen(model_type) >= sizeof c->model_type)
         fail("%s: model_type '%s' is too long", path, model_type);
     strcpy(c->model_type, model_type);
+    // Another family read as Llama would train the wrong model silently (Qwen3's q/k norms,
+    // Gemma's scaled embeddings, Phi-3's fused projections): refuse what is not implemented.
+    if (strcmp(model_type, "llama") && strcmp(model_type, "mistral") && strcmp(model_type, "qwen2"))
+        fail("%s: model_type '%s' is not supported (llama, mistral, qwen2)", path, model_type);
 
     c->vocab_size = req_int(path, root, "vocab_size");
     c->hidden_size = req_int(path, root, "hidden_size");
@@ -120,7 +116,11 @@ void hf_read_config(const char *path, ModelConfig *c) {
     c->num_key_value_heads = opt_int(path, root, "num_key_value_heads", c->num_attention_heads);
     c->head_dim = opt_int(path, root, "head_dim", c->hidden_size / c->num_attention_heads);
     c->max_position_embeddings = opt_int(path, root, "max_position_embeddings", 2048);
-    c->rms_norm_eps = (float)opt_num(path, root, "rms_norm_eps", 1e-6);
+    double eps = opt_num(path, root, "rms_norm_eps", 1e-6);
+    // Checked as the float the kernels use: 1e-50 would become 0, 1e300 infinity.
+    c->rms_norm_eps = (float)eps;
+    if (!(isfinite(c->rms_norm_eps) && c->rms_norm_eps > 0))
+        fail("%s: 'rms_norm_eps' must be a positive finite float32, got %g", path, eps);
     c->tie_word_embeddings = opt_bool(path, root, "tie_word_embeddings", 0);
     // transformers' Qwen2 attention always has q/k/v biases, whatever the config says.
     c->attention_bias = strcmp(c->model_type, "qwen2") == 0
@@ -141,6 +141,14 @@ void hf_read_config(const char *path, ModelConfig *c) {
         c->eos_token_id = opt_int(path, root, "eos_token_id", -1);
     }
 
+    // Mistral applies its window whenever one is set; Qwen2 only with use_sliding_window.
+    const cJSON *sw = get(root, "sliding_window");
+    if (sw && (!is_int(sw) || sw->valueint <= 0))
+        fail("%s: key 'sliding_window' must be a positive integer or null", path);
+    int sw_on = !strcmp(model_type, "mistral") ||
+                (!strcmp(model_type, "qwen2") && opt_bool(path, root, "use_sliding_window", 0));
+    c->sliding_window = sw && sw_on ? sw->valueint : 0;
+
     c->rope_theta = opt_num(path, root, "rope_theta", 10000.0);
     c->rope_type = ROPE_DEFAULT;
     c->rope_factor = 1.0;
@@ -152,9 +160,9 @@ void hf_read_config(const char *path, ModelConfig *c) {
         const cJSON *rs = get(root, "rope_scaling");
         if (rs) read_rope(path, rs, "rope_scaling", c);
     }
-    if (!(c->rope_theta > 0)) fail("%s: 'rope_theta' must be positive", path);
+    if (!(isfinite(c->rope_theta) && c->rope_theta > 0))
+        fail("%s: 'rope_theta' must be a positive finite number, got %g", path, c->rope_theta);
     cJSON_Delete(root);
-    free(text);
 }
 
 // Floats are written as Python would (shortest round-trip digits, always with a '.' or an
@@ -215,9 +223,12 @@ int hf_write_config(const char *path, const ModelConfig *c) {
     ADD(cJSON_AddBoolToObject(o, "attention_bias", c->attention_bias));
     ADD(cJSON_AddBoolToObject(o, "mlp_bias", 0));
     ADD(add_real(o, "attention_dropout", 0.0, 0));
-    // Mistral/Qwen2 default to sliding-window attention; this trainer attends to everything.
-    if (strcmp(mt, "mistral") == 0) ADD(cJSON_AddNullToObject(o, "sliding_window"));
-    if (strcmp(mt, "qwen2") == 0) ADD(cJSON_AddBoolToObject(o, "use_sliding_window", 0));
+    // The window is written back as read, so the saved model attends as the loaded one did.
+    if (!strcmp(mt, "mistral") || !strcmp(mt, "qwen2")) {
+        if (c->sliding_window) ADD(cJSON_AddNumberToObject(o, "sliding_window", c->sliding_window));
+        else ADD(cJSON_AddNullToObject(o, "sliding_window"));
+    }
+    if (!strcmp(mt, "qwen2")) ADD(cJSON_AddBoolToObject(o, "use_sliding_window", c->sliding_window > 0));
     ADD(cJSON_AddStringToObject(o, "hidden_act", "silu"));
     ADD(cJSON_AddStringToObject(o, "torch_dtype", "float32"));
     ADD(add_real(o, "initializer_range", 0.02, 0));

@@ -4,6 +4,8 @@
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <unistd.h>
 #include "stb_ds.h"
 #include "actstore.h"
 #include "nf4.h"
@@ -20,6 +22,64 @@ void model_config_defaults(ModelConfig *c) {
     c->bos_token_id = c->eos_token_id = -1;
 }
 
+// A ceiling far past any real model (Llama 3 405B has 4e11 parameters) and far below 64-bit
+// overflow: every byte size derived from a valid config fits in size_t with room to spare.
+#define MAX_PARAMS 10000000000000LL
+
+// Mirrors param_table_build (model_create checks that the two agree).
+void model_size(const ModelConfig *c, int64_t I, int64_t Vp, int lora_r, int lora_targets, ModelSize *s) {
+    const int64_t C = c->hidden_size, V = c->vocab_size;
+    const int gpt2 = c->arch == ARCH_GPT2;
+    // Output and input widths of the seven projections, in LORA_* order (GPT-2: q/k/v/o are
+    // C x C and there is no gate).
+    const Count QD = gpt2 ? count_of(C) : count_mul(count_of(c->num_attention_heads), count_of(c->head_dim));
+    const Count KD = gpt2 ? count_of(C) : count_mul(count_of(c->num_key_value_heads), count_of(c->head_dim));
+    const Count out[LORA_TARGETS] = {QD, KD, KD, count_of(C), count_of(I), count_of(I), count_of(C)};
+    const Count in[LORA_TARGETS] = {count_of(C), count_of(C), count_of(C), QD, count_of(C), count_of(C), count_of(I)};
+    Count layer = count_of(0), outside, tensors;
+    int layer_tensors;
+    for (int k = 0; k < LORA_TARGETS; k++)
+        if (!(gpt2 && k == LORA_GATE)) layer = count_add(layer, count_mul(out[k], in[k]));
+    if (gpt2) {
+        // Two LayerNorms with biases; q/k/v/o, fc and proj biases.
+        layer = count_add(layer, count_add(count_mul(count_of(9), count_of(C)), count_of(I)));
+        layer_tensors = 16;
+        outside = count_add(count_mul(count_add(count_of(Vp), count_of(c->max_position_embeddings)), count_of(C)),
+                            count_of(2 * C));
+        tensors = count_of(4);
+    } else {
+        const int bias = c->attention_bias != 0, o_bias = bias && strcmp(c->model_type, "qwen2") != 0;
+        layer = count_add(layer, count_of(2 * C + o_bias * C));  // two RMSNorms, o_proj bias
+        if (bias) layer = count_add(layer, count_add(QD, count_mul(count_of(2), KD)));
+        layer_tensors = 9 + 3 * bias + o_bias;
+        outside = count_add(count_mul(count_of(c->tie_word_embeddings ? V : 2 * V), count_of(C)), count_of(C));
+        tensors = count_of(c->tie_word_embeddings ? 2 : 3);
+    }
+    Count adapters = count_of(0);
+    if (lora_r > 0)
+        for (int k = 0; k < LORA_TARGETS; k++)
+            if (lora_targets >> k & 1 && !(gpt2 && k == LORA_GATE)) {
+                adapters = count_add(adapters, count_mul(count_of(lora_r), count_add(in[k], out[k])));
+                layer_tensors += 2;
+            }
+    const Count L = count_of(c->num_hidden_layers);
+    s->layer_params = count_add(layer, adapters);
+    s->params = count_add(outside, count_mul(L, s->layer_params));
+    s->trainable = lora_r > 0 ? count_mul(L, adapters) : s->params;
+    s->tensors = count_add(tensors, count_mul(L, count_of(layer_tensors)));
+}
+
+void model_fail_size(const ModelConfig *c, int64_t I, int64_t Vp, const char *src, const char *why) {
+    ModelSize s;
+    model_size(c, I, Vp, 0, 0, &s);
+    const int64_t V = c->arch == ARCH_GPT2 ? Vp : c->vocab_size;
+    fail("%s%smodel needs %.1f GiB for its %.3g parameters in 16 bits (num_hidden_layers %d x %.3g per layer "
+         "from hidden_size %d, intermediate_size %lld, %d heads of head_dim %d; vocab_size %lld x hidden_size %d); %s",
+         src ? src : "", src ? ": " : "", 2 * s.params.d / 1073741824.0, s.params.d, c->num_hidden_layers,
+         s.layer_params.d, c->hidden_size, (long long)I, c->num_attention_heads, c->head_dim, (long long)V,
+         c->hidden_size, why);
+}
+
 void model_config_validate(const ModelConfig *c, const char *src) {
     struct { const char *name; int v; } pos[] = {
         {"vocab_size", c->vocab_size}, {"hidden_size", c->hidden_size},
@@ -29,12 +89,23 @@ void model_config_validate(const ModelConfig *c, const char *src) {
         {"max_position_embeddings", c->max_position_embeddings}};
     for (size_t i = 0; i < sizeof pos / sizeof pos[0]; i++)
         if (pos[i].v <= 0) fail("%s: %s must be a positive integer, got %d", src, pos[i].name, pos[i].v);
-    // Bounds far past any real model keep every size computation below overflow.
-    if (c->num_hidden_layers > 100000) fail("%s: num_hidden_layers %d is implausibly large", src, c->num_hidden_layers);
-    double per_layer = (double)c->hidden_size * c->head_dim * (2.0 * c->num_attention_heads + 2.0 * c->num_key_value_heads) +
-                       3.0 * c->hidden_size * c->intermediate_size;
-    double total = per_layer * c->num_hidden_layers + 2.0 * c->vocab_size * c->hidden_size;
-    if (total > 1e13) fail("%s: the model has %.3g parameters, more than this trainer can address", src, total);
+    // The kernels take the attention widths as int.
+    const char *heads[2] = {"num_attention_heads", "num_key_value_heads"};
+    const int hv[2] = {c->num_attention_heads, c->num_key_value_heads};
+    for (int i = 0; i < 2; i++)
+        if ((int64_t)hv[i] * c->head_dim > INT32_MAX)
+            fail("%s: %s %d x head_dim %d = %lld is wider than the 2147483647 a tensor dimension holds", src,
+                 heads[i], hv[i], c->head_dim, (long long)hv[i] * c->head_dim);
+    if (c->arch == ARCH_GPT2 && c->padded_vocab < c->vocab_size)
+        fail("%s: padded vocab %d is smaller than vocab_size %d", src, c->padded_vocab, c->vocab_size);
+    ModelSize s;
+    model_size(c, c->intermediate_size, c->padded_vocab, 0, 0, &s);
+    if (s.params.n > MAX_PARAMS)
+        model_fail_size(c, c->intermediate_size, c->padded_vocab, src, "more than this trainer can address");
+    // Table entries and the per-layer index rows (layer x P_PER_LAYER) are indexed by an int.
+    if (count_mul(count_of(c->num_hidden_layers), count_of(P_PER_LAYER + 1)).n > INT32_MAX)
+        model_fail_size(c, c->intermediate_size, c->padded_vocab, src,
+                        "its parameter table would hold more tensors than an int indexes");
     if (c->num_attention_heads % c->num_key_value_heads)
         fail("%s: num_attention_heads (%d) must be a multiple of num_key_value_heads (%d)", src,
              c->num_attention_heads, c->num_key_value_heads);
@@ -167,17 +238,23 @@ void param_table_build(ParamTable *t, const ModelConfig *c, const LoraConfig *lo
     // Full fine-tuning trains everything; an adapter run trains only the adapters. Gradient
     // order groups the trainable tensors into units, each contiguous: the non-layer ones
     // (embedding, final norm, head), then each layer's. ZeRO-3 shards and gathers by unit.
-    size_t g = 0;
+    // One pass sizes the units, a prefix sum places them, a second pass places each tensor
+    // inside its unit in table order: linear in the number of tensors.
     t->units = xcalloc((size_t)L + 2, sizeof(size_t));
-    for (int u = 0; u <= L; u++) {
-        t->units[u] = g;
-        for (int i = 0; i < (int)arrlen(t->specs); i++) {
-            ParamSpec *p = &t->specs[i];
-            p->trainable = r == 0 || strstr(p->name, ".lora_") != NULL;
-            if (p->trainable && p->layer == u - 1) p->goff = g, g += p->numel;
-        }
+    size_t *fill = xcalloc((size_t)L + 1, sizeof(size_t));
+    for (int i = 0; i < (int)arrlen(t->specs); i++) {
+        ParamSpec *p = &t->specs[i];
+        p->trainable = r == 0 || strstr(p->name, ".lora_") != NULL;
+        if (p->trainable) t->units[p->layer + 2] += p->numel;  // unit p->layer + 1, shifted
     }
-    t->units[L + 1] = g;
+    for (int u = 1; u <= L + 1; u++) t->units[u] += t->units[u - 1];
+    memcpy(fill, t->units, ((size_t)L + 1) * sizeof(size_t));
+    for (int i = 0; i < (int)arrlen(t->specs); i++) {
+        ParamSpec *p = &t->specs[i];
+        if (p->trainable) p->goff = fill[p->layer + 1], fill[p->layer + 1] += p->numel;
+    }
+    free(fill);
+    const size_t g = t->units[L + 1];
     t->num_trainable = g;
     // Streaming: frozen layer tensors move to per-layer blocks; the rest pack the resident buffer.
     // The resident buffer starts with the trainable tensors in gradient order (so sharding
@@ -246,6 +323,53 @@ void rope_inv_freq(const ModelConfig *c, float *inv) {
 
 // ---- allocation -------------------------------------------------------------------------
 
+// Bytes this process can have: physical memory, or less under an address-space limit.
+static double host_capacity(void) {
+    double phys = (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGESIZE);
+    struct rlimit r;
+    if (getrlimit(RLIMIT_AS, &r) == 0 && r.rlim_cur != RLIM_INFINITY && (double)r.rlim_cur < phys)
+        phys = (double)r.rlim_cur;
+    return phys;
+}
+
+static int backend_is_host(const Backend *bk) { return !strcmp(bk->name, "cpu"); }
+
+static void fail_memory(const ModelConfig *c, const ModelSize *s, double need, double have, const char *what) {
+    fail("model needs %.1f GiB of host memory for %s (%.3g tensors, %.3g parameters: num_hidden_layers %d "
+         "x %.3g per layer from hidden_size %d and intermediate_size %d, vocab_size %d x hidden_size %d), "
+         "but this machine has %.1f GiB", need / 1073741824.0, what, s->tensors.d, s->params.d,
+         c->num_hidden_layers, s->layer_params.d, c->hidden_size, c->intermediate_size, c->vocab_size,
+         c->hidden_size, have / 1073741824.0);
+}
+
+void model_check_memory(const ModelConfig *c, const LoraConfig *lora, const ModelOptions *mo, const Backend *bk) {
+    ModelSize s;
+    model_size(c, c->intermediate_size, c->padded_vocab, lora ? lora->r : 0, lora ? lora->targets : 0, &s);
+    // Sizes passed model_config_validate (below 1e13 parameters), so doubles hold them exactly
+    // enough and sums of them cannot overflow.
+    const double L = c->num_hidden_layers, have = host_capacity();
+    // The table: a ParamSpec per tensor, and per layer its index row, unit bounds, block and
+    // quant offsets (param_table_build) and an owned range (model_create).
+    double table = s.tensors.d * sizeof(ParamSpec) +
+                   L * (P_PER_LAYER * sizeof(int) + 4 * sizeof(size_t) + sizeof(OwnedRange));
+    if (table > have) fail_memory(c, &s, table, have, "its parameter table");
+    if (bk->dry_run) return;  // the planner allocates nothing else
+    // A lower bound of the parameter state, so a run that could fit is never refused:
+    // weights (frozen ones NF4 at half a byte when quantized), gradients, AdamW moments,
+    // fp32 master weights; ZeRO divides the optimizer state (stage 3: everything) by the ranks.
+    const double A = bk->act_bytes, world = mo && mo->comm ? mo->comm->world : 1;
+    const int zero = mo ? mo->zero_stage : 0, offload = mo && mo->offload_optimizer;
+    const double trainable = s.trainable.d, frozen = s.params.d - trainable;
+    const double frozen_b = frozen * (mo && mo->load_in_4bit ? 0.5 : A);
+    const double train_b = trainable * 2 * A / (zero >= 3 ? world : 1);
+    const double opt_b = trainable * (8 + (A != 4 || offload ? 4 : 0) + (offload ? 4 : 0)) / (zero >= 1 ? world : 1);
+    double host = table;
+    if (backend_is_host(bk)) host += frozen_b + train_b + opt_b;  // "device" memory is host memory
+    else host += (mo && mo->stream ? frozen_b : 0) + (offload ? opt_b : 0);
+    if (host > have) fail_memory(c, &s, host, have, "its weights, gradients and optimizer state");
+}
+
+
 void model_create(Model *m, Backend *bk, const ModelConfig *cfg, const LoraConfig *lora,
                   const ModelOptions *opt) {
     memset(m, 0, sizeof *m);
@@ -254,8 +378,15 @@ void model_create(Model *m, Backend *bk, const ModelConfig *cfg, const LoraConfi
     if (opt) m->opt = *opt;
     const int world = m->opt.comm ? m->opt.comm->world : 1, rank = m->opt.comm ? m->opt.comm->rank : 0;
     const int zero3 = m->opt.zero_stage >= 3, L = cfg->num_hidden_layers;
+    model_check_memory(cfg, lora, &m->opt, bk);
     param_table_build(&m->tab, cfg, lora, m->opt.stream, world, m->opt.load_in_4bit, zero3);
     const ParamTable *t = &m->tab;
+    ModelSize s;
+    model_size(cfg, cfg->intermediate_size, cfg->padded_vocab, t->lora.r, t->lora.targets, &s);
+    if (s.params.n != (int64_t)t->num_params || s.tensors.n != (int64_t)arrlen(t->specs) ||
+        s.trainable.n != (int64_t)t->num_trainable)
+        fail("internal: model_size (%lld tensors, %lld parameters) disagrees with the table (%d, %zu)",
+             (long long)s.tensors.n, (long long)s.params.n, (int)arrlen(t->specs), t->num_params);
     const size_t n = t->num_resident, full = t->shard * world;
     // Which trainable indices this rank optimizes (see Model.owned).
     m->owned = xcalloc((size_t)L + 1, sizeof(*m->owned));
@@ -310,8 +441,10 @@ void model_create(Model *m, Backend *bk, const ModelConfig *cfg, const LoraConfi
         m->adam_v = bk->host_alloc(bk, g * sizeof(float), "AdamW second moments (host)");
         m->master = bk->host_alloc(bk, g * sizeof(float), "fp32 master weights (host)");
         m->host_grads = bk->host_alloc(bk, g * sizeof(float), "gradients (host)");
-        memset(m->adam_m, 0, g * sizeof(float));
-        memset(m->adam_v, 0, g * sizeof(float));
+        if (!bk->dry_run) {  // the planner's counting backend hands out fake addresses
+            memset(m->adam_m, 0, g * sizeof(float));
+            memset(m->adam_v, 0, g * sizeof(float));
+        }
     } else {
         m->adam_m = dev_alloc_zero(bk, g * sizeof(float), "AdamW first moments");
         m->adam_v = dev_alloc_zero(bk, g * sizeof(float), "AdamW second moments");
@@ -335,8 +468,40 @@ int model_owned_part(const Model *m, const ParamSpec *p, size_t *a, size_t *b, s
 
 static int unit_of(const ParamSpec *p) { return p->layer + 1; }
 
+// Kernels index the B x T rows of a micro-batch with int, and every activation's bytes must fit
+// in 64 bits; on the CPU backend the activations must also fit the host beside the model.
+static void check_acts(const Model *m, int B, int T, const MemPolicy *pol) {
+    const ModelConfig *c = &m->cfg;
+    const Backend *bk = m->bk;
+    const Count N = count_mul(count_of(B), count_of(T));
+    if (N.n > INT32_MAX)
+        fail("micro_batch_size %d x sequence_len %d = %lld tokens per micro-batch, past the 2147483647 "
+             "the kernels index", B, T, (long long)N.n);
+    int64_t QD = (int64_t)c->num_attention_heads * c->head_dim, wide = c->hidden_size;
+    const int64_t widths[] = {QD, c->intermediate_size, c->num_attention_heads, c->vocab_size};
+    for (size_t i = 0; i < sizeof widths / sizeof widths[0]; i++) wide = widths[i] > wide ? widths[i] : wide;
+    const Count biggest = count_mul(count_mul(N, count_of(wide)), count_of(8));
+    if (biggest.n == INT64_MAX)
+        fail("activations need %.3g GiB for one tensor (micro_batch_size %d x sequence_len %d x width %lld), "
+             "past 64-bit sizes", biggest.d / 1073741824.0, B, T, (long long)wide);
+    if (bk->dry_run || !backend_is_host(bk)) return;
+    // A lower bound: the kept tensors and the backward scratch model_alloc_acts itself holds.
+    ActStats as;
+    act_stats(c, pol, B, T, bk->act_bytes, &as);
+    const double A = bk->act_bytes, KD = (double)c->num_key_value_heads * c->head_dim;
+    const double acts = as.saved_bytes[HOME_DEVICE] + as.saved_bytes[HOME_HOST] +
+                        N.d * A * (3.0 * c->hidden_size + 2.0 * QD + 2.0 * KD);
+    const double model = (double)bk->mem.in_use + (double)bk->mem.host_in_use, have = host_capacity();
+    if (model + acts > have)
+        fail("activations need %.1f GiB of host memory (micro_batch_size %d x sequence_len %d x hidden_size %d "
+             "x %d layers) beside the model's %.1f GiB, but this machine has %.1f GiB; --plan shows modes "
+             "that keep less", acts / 1073741824.0, B, T, c->hidden_size, c->num_hidden_layers,
+             model / 1073741824.0, have / 1073741824.0);
+}
+
 void model_alloc_acts(Model *m, int B, int T, const MemPolicy *pol) {
     Backend *bk = m->bk;
+    check_acts(m, B, T, pol);
     const ModelConfig *c = &m->cfg;
     const size_t N = (size_t)B * T, C = c->hidden_size, I = c->intermediate_size;
     const size_t QD = (size_t)c->num_attention_heads * c->head_dim;
@@ -383,8 +548,8 @@ void model_alloc_acts(Model *m, int B, int T, const MemPolicy *pol) {
     for (int t = 0; t < T; t++)
         for (int i = 0; i < half; i++) {
             float ang = (float)t * inv[i];
-            cs[t * half + i] = (float)cos(ang);
-            sn[t * half + i] = (float)sin(ang);
+            cs[(size_t)t * half + i] = (float)cos(ang);
+            sn[(size_t)t * half + i] = (float)sin(ang);
         }
     bk->copy_h2d(bk, m->rope_cos, cs, sizeof(float) * T * half, NULL);
     bk->copy_h2d(bk, m->rope_sin, sn, sizeof(float) * T * half, NULL);

@@ -32,6 +32,9 @@ typedef struct {
     int tie_word_embeddings;
     int attention_bias;       // q/k/v biases, and o_proj's too unless model_type is qwen2
     int bos_token_id, eos_token_id;  // -1 if absent; written back to config.json
+    // Mistral/Qwen2 sliding-window attention: the window (0: none). Not implemented: a run
+    // whose sequence_len exceeds it is refused; the value is written back unchanged.
+    int sliding_window;
 } ModelConfig;
 
 // Per-layer parameters, in the order they appear in the flat table; then the LoRA adapters
@@ -89,6 +92,33 @@ typedef struct {
 } ParamTable;
 
 void model_config_defaults(ModelConfig *c);
+
+// Sizes are computed before anything is allocated. A count is kept exactly in 64 bits,
+// saturating at INT64_MAX (which every check treats as too large), and approximately in a
+// double, for messages about models past 64 bits.
+typedef struct { int64_t n; double d; } Count;
+static inline Count count_of(int64_t v) { return (Count){v, (double)v}; }
+static inline Count count_mul(Count a, Count b) {
+    int64_t r;
+    return (Count){__builtin_mul_overflow(a.n, b.n, &r) ? INT64_MAX : r, a.d * b.d};
+}
+static inline Count count_add(Count a, Count b) {
+    int64_t r;
+    return (Count){__builtin_add_overflow(a.n, b.n, &r) ? INT64_MAX : r, a.d + b.d};
+}
+// The parameter table's totals, computed from the config without building it.
+typedef struct {
+    Count tensors, params, trainable;
+    Count layer_params;  // one decoder layer, adapters included
+} ModelSize;
+// intermediate and padded_vocab are passed apart so that a GPT-2 config whose derived widths
+// overflow an int can still be measured (for its error message).
+void model_size(const ModelConfig *c, int64_t intermediate, int64_t padded_vocab, int lora_r,
+                int lora_targets, ModelSize *s);
+// Fails with "model needs X GiB for its N parameters (the keys that make it large); why".
+// src may be NULL.
+void model_fail_size(const ModelConfig *c, int64_t intermediate, int64_t padded_vocab,
+                     const char *src, const char *why) __attribute__((noreturn));
 // Checks the shape fields; on error fails naming `source` and the field.
 void model_config_validate(const ModelConfig *c, const char *source);
 // stream: frozen per-layer weights go to host blocks (layer_offloading); world: ranks that
@@ -174,6 +204,10 @@ typedef struct {
     void *logits;                 // [V] for sampling
 } Model;
 
+// Fails with "model needs X GiB of host memory ..." when the parameter table (and, unless bk
+// is the planner's dry run, a lower bound of the parameter state) cannot fit this machine.
+// model_create calls it before allocating anything.
+void model_check_memory(const ModelConfig *c, const LoraConfig *lora, const ModelOptions *mo, const Backend *bk);
 void model_create(Model *m, Backend *bk, const ModelConfig *cfg, const LoraConfig *lora,
                   const ModelOptions *opt);
 void model_alloc_acts(Model *m, int B, int T, const MemPolicy *policy);

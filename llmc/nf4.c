@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include "json.h"
 #include "util.h"
 
 const float nf4_code[16] = {
@@ -420,11 +421,10 @@ int nf4_load(Nf4Weight *q, const char *name, Nf4FindFn find, void *ctx) {
     if (!nam && nqm) fail("nf4: %s.nested_absmax: missing (nested_quant_map is present)", name);
     if (strcmp(qs->dtype, "U8") != 0) fail("nf4: %s: dtype %s, expected U8", qs->name, qs->dtype);
 
-    cJSON *js = cJSON_ParseWithLength((const char *)qs->data, qs->nbytes);
-    if (!js || !cJSON_IsObject(js)) {
-        cJSON_Delete(js);
-        fail("nf4: %s: not a JSON object", qs->name);
-    }
+    char why[512];
+    cJSON *js = json_parse_strict((const char *)qs->data, qs->nbytes, why, sizeof why);
+    if (!js) fail("nf4: %s: not a JSON object: %s", qs->name, why);
+    if (!cJSON_IsObject(js)) fail("nf4: %s: not a JSON object", qs->name);
     static const char *known[] = {"quant_type", "blocksize", "dtype", "shape", "nested_blocksize",
                                   "nested_dtype", "nested_offset"};
     for (const cJSON *e = js->child; e; e = e->next) {

@@ -4,27 +4,26 @@
 #include <stdlib.h>
 #include <string.h>
 #include "actstore.h"
-#define typeof __typeof__  // stb_ds hash maps use it; C11 spells it __typeof__
 #include "stb_ds.h"
 #include "util.h"
 
 // ---- a backend that only counts --------------------------------------------------------
-typedef struct { uintptr_t key; size_t value; } SizeEntry;
-typedef struct { SizeEntry *sizes; uintptr_t next; } CountImpl;
+// Allocation k gets the fake address (k + 1) * 4096, never dereferenced, so its size is found
+// by index: constant time per call, whatever the number of tensors.
+typedef struct { size_t *sizes; } CountImpl;  // stb_ds array: bytes of allocation k (0: freed)
 
 static void *count_alloc(Backend *bk, size_t bytes, size_t *in_use, size_t *peak) {
     CountImpl *ci = bk->impl;
-    uintptr_t p = (ci->next += 4096);  // a distinct fake address; never dereferenced
-    hmput(ci->sizes, p, bytes);
+    arrput(ci->sizes, bytes);
     *in_use += bytes;
     if (*in_use > *peak) *peak = *in_use;
-    return (void *)p;
+    return (void *)((uintptr_t)arrlen(ci->sizes) * 4096);
 }
 static size_t count_free(Backend *bk, void *p) {
     CountImpl *ci = bk->impl;
     if (!p) return 0;
-    size_t b = hmget(ci->sizes, (uintptr_t)p);
-    (void)hmdel(ci->sizes, (uintptr_t)p);
+    size_t k = (uintptr_t)p / 4096 - 1, b = ci->sizes[k];
+    ci->sizes[k] = 0;
     return b;
 }
 static void *c_dev_alloc(Backend *bk, size_t n, const char *w) { (void)w; return count_alloc(bk, n, &bk->mem.in_use, &bk->mem.peak); }
@@ -59,7 +58,7 @@ void plan_measure(const ModelConfig *c, const LoraConfig *lora, const ModelOptio
     act_stats(c, p, B, T, act_bytes, &as);
     *disk = (size_t)as.saved_bytes[HOME_DISK];
     model_free(&m);
-    hmfree(ci.sizes);
+    arrfree(ci.sizes);
 }
 
 // ---- modes ------------------------------------------------------------------------------
@@ -90,6 +89,9 @@ int plan_rows(const Config *cfg, const ModelConfig *c, const Backend *bk, const 
     config_mem_policy(cfg, &base);
     LoraConfig lora;
     config_lora(cfg, &lora);
+    // A run that plans first (auto, or a device limit) hears that the model cannot fit before
+    // sixteen plans of it are built.
+    if (bk && !cfg->plan_only) model_check_memory(c, &lora, mo, bk);
     double F, link, disk;
     rates(bk, &F, &link, &disk);
     const double fwd = forward_flops(c, B, T), accum = cfg->gradient_accumulation_steps;

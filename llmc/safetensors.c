@@ -12,6 +12,8 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include "json.h"
+#include "stb_ds.h"
 #include "util.h"
 
 #if __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
@@ -122,6 +124,37 @@ static void parse_tensor(const char *path, const cJSON *e, StTensor *t,
     t->data = data + b;
 }
 
+static int cmp_offset(const void *a, const void *b) {
+    const StTensor *x = *(const StTensor *const *)a, *y = *(const StTensor *const *)b;
+    const char *xa = x->data, *ya = y->data;
+    if (xa != ya) return xa < ya ? -1 : 1;
+    return x->nbytes < y->nbytes ? -1 : x->nbytes > y->nbytes;
+}
+
+// The format requires the tensors' byte ranges to tile the data exactly: no overlap (two
+// tensors aliasing one buffer), no holes and nothing after the last tensor (hidden payloads).
+static void check_layout(const StFile *f, const unsigned char *data, size_t data_len) {
+    const StTensor **by_off = xmalloc((size_t)(f->n ? f->n : 1) * sizeof *by_off);
+    for (int i = 0; i < f->n; i++) by_off[i] = &f->t[i];
+    qsort(by_off, (size_t)f->n, sizeof *by_off, cmp_offset);
+    size_t at = 0;
+    for (int i = 0; i < f->n; i++) {
+        const StTensor *t = by_off[i];
+        size_t b = (size_t)((const unsigned char *)t->data - data);
+        if (b < at)
+            fail("%s: tensor '%s' bytes [%zu, %zu) overlap tensor '%s'", f->path, t->name, b,
+                 b + t->nbytes, by_off[i - 1]->name);
+        if (b > at)
+            fail("%s: data bytes [%zu, %zu) before tensor '%s' belong to no tensor", f->path, at,
+                 b, t->name);
+        at = b + t->nbytes;
+    }
+    if (at != data_len)
+        fail("%s: %zu trailing data bytes after the last tensor (data is %zu bytes, tensors end at %zu)",
+             f->path, data_len - at, data_len, at);
+    free(by_off);
+}
+
 StFile *st_open(const char *path) {
     int fd = open(path, O_RDONLY | O_NONBLOCK);  // a FIFO must not block the open
     if (fd < 0) fail("%s: cannot open: %s", path, strerror(errno));
@@ -142,17 +175,11 @@ StFile *st_open(const char *path) {
         fail("%s: header length %llu is larger than the file (%zu bytes)", path,
              (unsigned long long)hlen, len);
     const char *hdr = (const char *)base + 8;
-    const char *end = NULL;
-    cJSON *root = cJSON_ParseWithLengthOpts(hdr, (size_t)hlen, &end, 0);
-    if (!root) {
-        long at = end ? (long)(end - hdr) : -1;
-        fail("%s: header is not valid JSON (near byte %ld of %llu)", path, at,
-             (unsigned long long)hlen);
-    }
-    // The reference writer pads with spaces; anything else after the object is corruption.
-    for (const char *p = end; p < hdr + hlen; p++)
-        if (*p != ' ' && *p != '\t' && *p != '\n' && *p != '\r')
-            fail("%s: header has trailing data after the JSON object", path);
+    // The reference writer pads with spaces; json_parse_strict refuses anything else after the
+    // object, duplicate keys and NUL characters in names.
+    char why[512];
+    cJSON *root = json_parse_strict(hdr, (size_t)hlen, why, sizeof why);
+    if (!root) fail("%s: header: %s", path, why);
     if (!cJSON_IsObject(root)) fail("%s: header is not a JSON object", path);
 
     StFile *f = xcalloc(1, sizeof *f);
@@ -184,6 +211,7 @@ StFile *st_open(const char *path) {
         f->n++;
     }
     cJSON_Delete(root);
+    check_layout(f, data, data_len);
 
     f->by_name = xmalloc((size_t)(f->n ? f->n : 1) * sizeof *f->by_name);
     for (int i = 0; i < f->n; i++) f->by_name[i] = &f->t[i];
@@ -299,11 +327,7 @@ StModel *st_open_model_dir(const char *dir) {
     join_path(ipath, sizeof ipath, dir, "model.safetensors.index.json");
     if (!path_exists(ipath))
         fail("%s: neither model.safetensors nor model.safetensors.index.json found", dir);
-    size_t len;
-    char *text = read_file(ipath, &len);
-    if (!text) fail("%s: cannot read: %s", ipath, strerror(errno));
-    cJSON *root = cJSON_ParseWithLength(text, len);
-    if (!root) fail("%s: not valid JSON", ipath);
+    cJSON *root = json_read_file(ipath);
     const cJSON *wm = cJSON_GetObjectItemCaseSensitive(root, "weight_map");
     if (!cJSON_IsObject(wm)) fail("%s: missing object 'weight_map'", ipath);
     if (!wm->child) fail("%s: 'weight_map' is empty", ipath);
@@ -339,7 +363,6 @@ StModel *st_open_model_dir(const char *dir) {
     }
     free(names);
     cJSON_Delete(root);
-    free(text);
     return model_from_files(dir, files, n_files);
 }
 
@@ -421,15 +444,17 @@ static int item_numel(const StWriteItem *it, size_t *numel) {
 
 int st_write(const char *path, const StWriteItem *items, int n, const char *const *metadata_kv) {
     if (n < 0 || (n && !items)) { errno = EINVAL; return -1; }
-    for (int i = 0; i < n; i++) {
+    // Names must be unique: a hash set keeps this linear for models with many layers.
+    struct { char *key; int value; } *seen = NULL;
+    int bad = 0;
+    for (int i = 0; i < n && !bad; i++) {
         size_t numel = 0;
-        if (!item_numel(&items[i], &numel) || strcmp(items[i].name, "__metadata__") == 0) {
-            errno = EINVAL;
-            return -1;
-        }
-        for (int j = 0; j < i; j++)
-            if (strcmp(items[i].name, items[j].name) == 0) { errno = EINVAL; return -1; }
+        bad = !item_numel(&items[i], &numel) || strcmp(items[i].name, "__metadata__") == 0 ||
+              shgeti(seen, items[i].name) >= 0;
+        if (!bad) shput(seen, items[i].name, i);
     }
+    shfree(seen);
+    if (bad) { errno = EINVAL; return -1; }
 
     Buf b = {0};
     char num[64];

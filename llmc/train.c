@@ -5,25 +5,32 @@
 //     eval, sample, checkpoint } -> final model.
 // Usage: ./train_llama -c cfg.yaml [--set key=value]... (see --help); ./train_gpt likewise.
 #include <errno.h>
+#include <fcntl.h>
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <unistd.h>
 #include "actstore.h"
 #include "checkpoint.h"
 #include "comm.h"
 #include "config.h"
 #include "data.h"
+#include "diskio.h"
 #include "model.h"
 #include "optim.h"
 #include "plan.h"
 #include "quantize.h"
 #include "gpt2_io.h"
+#include "metrics.h"
 #include "train.h"
 #include "util.h"
 #include "weights.h"
 #include "stb_ds.h"
+
+enum { MAX_BAD_STEPS = 3 };  // consecutive non-finite steps that stop a run
 
 // device: cuda, or auto when a usable GPU is present, runs the CUDA backend (which has not yet
 // run on a real GPU; see README), with NCCL between ranks; otherwise the CPU backend (MPI).
@@ -92,35 +99,6 @@ static void print_box(const Config *cfg, const Model *m, const Backend *bk, size
     printf("+-----------------------------------------------------------------+\n");
 }
 
-// Metrics: one JSON object per line. On resume, lines past the checkpoint are dropped so the
-// file reads as one unbroken run.
-static FILE *open_metrics(const char *dir, int resume_step) {
-    char path[4096];
-    join_path(path, sizeof path, dir, "metrics.jsonl");
-    char *kept = NULL;
-    size_t kept_len = 0;
-    if (resume_step > 0) {
-        size_t len;
-        char *old = read_file(path, &len);
-        if (old) {
-            kept = xmalloc(len + 1);
-            for (char *line = strtok(old, "\n"); line; line = strtok(NULL, "\n")) {
-                int step;
-                if (sscanf(line, "{\"step\": %d", &step) == 1 && step > resume_step) continue;
-                size_t n = strlen(line);
-                memcpy(kept + kept_len, line, n);
-                kept[kept_len + n] = '\n';
-                kept_len += n + 1;
-            }
-            free(old);
-        }
-    }
-    FILE *f = fopen(path, "w");
-    if (!f) fail("%s: cannot write metrics: %s", path, strerror(errno));
-    if (kept) fwrite(kept, 1, kept_len, f), free(kept);
-    return f;
-}
-
 // Mean validation loss; with several ranks each evaluates its rows of every global batch.
 static double evaluate(Model *m, DataLoader *val, int batches, int32_t *tok, int32_t *tgt, Comm *c) {
     const int T = val->T, B = val->B / c->world;
@@ -167,11 +145,17 @@ static void print_sample(Model *m, int T, int ntok, Rng *rng) {
 
 // The final weights: the model (full fine-tuning or merge_lora) and/or the adapter, written
 // to a temporary directory first and moved into place.
+static char final_tmp[4096];  // removed if the run fails while writing it
+static void remove_final_tmp(void) {
+    if (final_tmp[0]) remove_tree(final_tmp);
+}
+
 static void save_final(const Model *m, const Config *cfg) {
     const char *output_dir = cfg->output_dir;
-    char tmp[4096], name[64], src[4096], dst[4096];
+    char *tmp = final_tmp, name[64], src[4096], dst[4096];
     snprintf(name, sizeof name, ".final.tmp-%d", (int)getpid());
-    join_path(tmp, sizeof tmp, output_dir, name);
+    join_path(tmp, sizeof final_tmp, output_dir, name);
+    on_fail(remove_final_tmp);
     int lora = m->tab.lora.r > 0, model = !lora || cfg->merge_lora, gpt2 = m->cfg.arch == ARCH_GPT2;
     int rc = mkdir_p(tmp);
     if (rc == 0 && model) rc = save_hf_model(m, tmp, lora);
@@ -186,12 +170,87 @@ static void save_final(const Model *m, const Config *cfg) {
     if (model && gpt2) files[nf++] = "model.bin";  // llm.c's layout: llm.c loads it as it is
     else if (model) files[nf++] = "model.safetensors", files[nf++] = "config.json";
     if (lora) files[nf++] = "adapter_model.safetensors", files[nf++] = "adapter_config.json";
+    if (fsync_dir_files(tmp) != 0) fail("%s: cannot sync the final model to disk: %s", tmp, strerror(errno));
     for (int i = 0; i < nf; i++) {
         join_path(src, sizeof src, tmp, files[i]);
         join_path(dst, sizeof dst, output_dir, files[i]);
         if (rename(src, dst) != 0) fail("%s: cannot move into place: %s", dst, strerror(errno));
     }
+    if (fsync_dir(output_dir) != 0) fail("%s: cannot sync output_dir: %s", output_dir, strerror(errno));
     remove_tree(tmp);
+    final_tmp[0] = 0;
+}
+
+// ---- run lifecycle: one run per output_dir, a clean stop on SIGINT/SIGTERM
+
+// One run at a time per output_dir: rank 0 holds a flock on output_dir/.lock (which holds its
+// pid) for the whole run. The kernel drops the lock when the process dies, however it dies, so
+// a .lock file left by a killed run never blocks the next one.
+static void lock_output_dir(const char *dir, Comm *c) {
+    int holder = 0;  // 0: locked by us; > 0: the pid of the run that holds it; -1: unknown pid
+    if (c->rank == 0) {
+        if (mkdir_p(dir) != 0) fail("%s: cannot create output_dir: %s", dir, strerror(errno));
+        char path[4096];
+        join_path(path, sizeof path, dir, ".lock");
+        int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+        if (fd < 0) fail("%s: cannot create the lock file: %s", path, strerror(errno));
+        if (flock(fd, LOCK_EX | LOCK_NB) == 0) {  // fd stays open: the lock lives with the process
+            char pid[32];
+            int n = snprintf(pid, sizeof pid, "%d\n", (int)getpid());
+            if (ftruncate(fd, 0) != 0 || pwrite(fd, pid, (size_t)n, 0) != n)
+                fail("%s: cannot write the lock file: %s", path, strerror(errno));
+        } else if (errno == EWOULDBLOCK) {
+            holder = -1;
+            for (int i = 0; i < 100 && holder <= 0; i++) {  // the holder writes its pid just after locking
+                char buf[32] = "";
+                ssize_t r = pread(fd, buf, sizeof buf - 1, 0);
+                if (r > 0) buf[r] = 0, holder = atoi(buf) > 0 ? atoi(buf) : -1;
+                if (holder <= 0) usleep(1000);
+            }
+            close(fd);
+        } else {
+            fail("%s: cannot lock: %s", path, strerror(errno));
+        }
+    }
+    c->broadcast(c, &holder, sizeof holder, 0);
+    if (holder > 0) fail("%s is in use by another run (pid %d)", dir, holder);
+    if (holder) fail("%s is in use by another run (pid unknown)", dir);
+}
+
+// The first SIGINT or SIGTERM asks the run to stop after the current optimizer step with a
+// checkpoint; a second one exits at once (a checkpoint being written stays a hidden temporary
+// directory, which the next run removes).
+static volatile sig_atomic_t stop_signal;
+static void on_signal(int sig) {
+    if (stop_signal) {
+        static const char msg[] = "\nsecond signal: exiting now without a checkpoint\n";
+        ssize_t r = write(2, msg, sizeof msg - 1);
+        (void)r;
+        _exit(128 + sig);
+    }
+    stop_signal = sig;
+    static const char msg[] = "\nsignal received: finishing this step, then writing a checkpoint "
+                              "(send it again to exit at once)\n";
+    ssize_t r = write(2, msg, sizeof msg - 1);
+    (void)r;
+}
+
+static void install_signal_handlers(void) {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESTART;
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+}
+
+// 0, or the signal that stops the run. Every rank stops at the same step: a signal that reached
+// any rank stops them all (one small all-reduce per step when there are several).
+static int stop_requested(Comm *c) {
+    double s = stop_signal != 0;
+    if (c->world > 1) c->all_reduce_sum_f64(c, &s, 1);
+    return s == 0 ? 0 : stop_signal ? (int)stop_signal : SIGTERM;
 }
 
 int train_main(int argc, char **argv, int arch) {
@@ -217,6 +276,10 @@ int train_main(int argc, char **argv, int arch) {
     ModelConfig mc = cfg.model;
     if (cfg.base_model[0] && arch == ARCH_GPT2) gpt2_read_config(cfg.base_model, &mc);
     else if (cfg.base_model[0]) load_hf_config(cfg.base_model, &mc);
+    if (mc.sliding_window && T > mc.sliding_window)
+        fail("%s: sliding_window %d is shorter than sequence_len %d; sliding-window attention is "
+             "not implemented, so set sequence_len <= %d", cfg.base_model, mc.sliding_window, T,
+             mc.sliding_window);
     if (T > mc.max_position_embeddings)
         fail("sequence_len %d exceeds the model's max_position_embeddings %d", T, mc.max_position_embeddings);
     // ---- memory plan: --plan prints it; auto picks from it; a limit names what would fit
@@ -236,6 +299,8 @@ int train_main(int argc, char **argv, int arch) {
         plan_print(rows, nrows, (size_t)cfg.device_memory_limit, stdout);
         return 0;
     }
+    lock_output_dir(cfg.output_dir, comm);  // before anything is loaded: a second run stops at once
+    install_signal_handlers();
     if (is_auto) {
         const PlanRow *best = plan_pick(rows, nrows);
         if (!best) fail("activation_offloading: auto: no mode fits device_memory_limit; see --plan");
@@ -276,8 +341,12 @@ int train_main(int argc, char **argv, int arch) {
     // ---- output and resume
     if (mkdir_p(cfg.output_dir) != 0) fail("%s: cannot create output_dir: %s", cfg.output_dir, strerror(errno));
     if (rank == 0) checkpoint_clean_debris(cfg.output_dir);
+    if (cfg.activation_offloading_dir[0]) diskio_clean_debris(cfg.activation_offloading_dir);
     comm->barrier(comm);
+    static RunIdentity run_id;  // checked against a checkpoint we resume from, written into ours
+    run_identity(&run_id, &cfg, &model);
     LoopState ls = {0};
+    ls.run = &run_id;
     rng_seed(&ls.sample_rng, (uint64_t)cfg.seed ^ 0x5A5A5A5AULL);
     if (cfg.resume_from_checkpoint[0]) {
         char dir[4096];
@@ -292,7 +361,8 @@ int train_main(int argc, char **argv, int arch) {
             printf("resume_from_checkpoint: auto found no checkpoint in %s; starting fresh\n", cfg.output_dir);
         }
     }
-    FILE *metrics = rank == 0 ? open_metrics(cfg.output_dir, ls.step) : fopen("/dev/null", "w");
+    Metrics metrics;
+    metrics_open(&metrics, cfg.output_dir, ls.step, rank == 0);
     print_box(&cfg, &model, bk, acts_bytes);
 
     OptimConfig oc = {cfg.learning_rate, cfg.adam_beta1, cfg.adam_beta2, cfg.adam_epsilon,
@@ -302,7 +372,10 @@ int train_main(int argc, char **argv, int arch) {
     int32_t *tok = xmalloc(sizeof(int32_t) * GBT * accum), *tgt = xmalloc(sizeof(int32_t) * GBT * accum);
     const size_t grad_bytes = (cfg.zero_stage >= 3 ? model.local_n : model.tab.shard * model.tab.world) * bk->act_bytes;
 
-    for (int step = ls.step; step < cfg.max_steps; step++) {
+    int bad_in_row = 0;  // consecutive skipped (non-finite) steps
+    int stopped = stop_requested(comm), last_saved = -1;  // a signal: stop after this step
+    if (stopped) printf("interrupted by %s before the first step; nothing to save\n", strsignal(stopped));
+    for (int step = ls.step; step < cfg.max_steps && !stopped; step++) {
         double t0 = now_ms();
         bk->mem.peak = bk->mem.in_use;  // peaks are per step
         bk->mem.host_peak = bk->mem.host_in_use;
@@ -329,7 +402,20 @@ int train_main(int argc, char **argv, int arch) {
         float loss = (float)(loss_sum * scale);
         double norm = grad_norm(&model);
         double lr = lr_at(&oc, step);
-        optim_step(&model, &oc, lr, norm, step + 1);
+        // A non-finite loss or gradient must never reach the weights: the step is skipped (the
+        // batch is consumed) and, if it keeps happening, the run stops with the weights of the
+        // last good step untouched. The norm is global, so every rank skips alike.
+        const int skip = !isfinite(loss) || !isfinite(norm);
+        if (skip) {
+            ls.skipped++;
+            if (++bad_in_row < MAX_BAD_STEPS)
+                fprintf(stderr, "warning: step %d: loss %g, grad norm %g: not finite; step skipped, "
+                    "weights unchanged (%d in a row; %d stop the run)\n", step + 1, loss, norm,
+                    bad_in_row, MAX_BAD_STEPS);
+        } else {
+            bad_in_row = 0;
+            optim_step(&model, &oc, lr, norm, step + 1 - ls.skipped);  // AdamW counts updates
+        }
         bk->sync(bk);
         double ms = now_ms() - t0;
         double tps = (double)GBT * accum / (ms / 1000.0);
@@ -340,45 +426,66 @@ int train_main(int argc, char **argv, int arch) {
         format_bytes(peak, sizeof peak, (double)bk->mem.peak);
         format_bytes(hpeak, sizeof hpeak, (double)bk->mem.host_peak);
         format_bytes(dpeak, sizeof dpeak, (double)bk->mem.disk_peak);
-        if (!isfinite(loss)) fail("step %d: loss is %f; stopping (lower learning_rate?)", ls.step, loss);
         if (ls.step % cfg.log_steps == 0 || ls.step == cfg.max_steps || ls.step == 1)
-            printf("step %5d/%d | loss %.6f | lr %.3e | norm %.4f | %.1f ms | %.0f tok/s | dev %s host %s disk %s\n",
-                   ls.step, cfg.max_steps, loss, lr, norm, ms, tps, peak, hpeak, dpeak);
-        fprintf(metrics,
-                "{\"step\": %d, \"loss\": %.9g, \"lr\": %.9g, \"grad_norm\": %.9g, \"ms\": %.3f, "
-                "\"tokens_per_sec\": %.1f, \"device_peak_bytes\": %zu, \"host_peak_bytes\": %zu, "
-                "\"disk_peak_bytes\": %zu, \"streamed_weight_bytes\": %.0f, \"comm_ms\": %.3f}\n",
-                ls.step, loss, lr, norm, ms, tps, bk->mem.peak, bk->mem.host_peak, bk->mem.disk_peak,
-                model.streamer ? streamer_bytes_loaded(model.streamer) - streamed0 : 0.0, comm->busy_ms - comm0);
-        fflush(metrics);
+            printf("step %5d/%d | loss %.6f | lr %.3e | norm %.4f | %.1f ms | %.0f tok/s | dev %s host %s disk %s%s\n",
+                   ls.step, cfg.max_steps, loss, lr, norm, ms, tps, peak, hpeak, dpeak, skip ? " | skipped" : "");
+        char nl[32], nn[32];
+        metrics_line(&metrics,
+                     "\"step\": %d, \"loss\": %s, \"lr\": %.9g, \"grad_norm\": %s, \"ms\": %.3f, "
+                     "\"tokens_per_sec\": %.1f, \"device_peak_bytes\": %zu, \"host_peak_bytes\": %zu, "
+                     "\"disk_peak_bytes\": %zu, \"streamed_weight_bytes\": %.0f, \"comm_ms\": %.3f%s",
+                     ls.step, metrics_num(nl, sizeof nl, loss), lr, metrics_num(nn, sizeof nn, norm), ms,
+                     tps, bk->mem.peak, bk->mem.host_peak, bk->mem.disk_peak,
+                     model.streamer ? streamer_bytes_loaded(model.streamer) - streamed0 : 0.0,
+                     comm->busy_ms - comm0, skip ? ", \"skipped\": true" : "");
+        if (bad_in_row >= MAX_BAD_STEPS)
+            fail("step %d: loss %g, grad norm %g: %d consecutive non-finite steps; stopping "
+                 "(the last checkpoint holds the last good weights; lower learning_rate or "
+                 "set max_grad_norm)", ls.step, loss, norm, bad_in_row);
         fflush(stdout);
         if (cfg.eval_steps && (ls.step % cfg.eval_steps == 0 || ls.step == cfg.max_steps)) {
             double vl = evaluate(&model, &val, cfg.eval_batches, tok, tgt, comm);
             printf("step %5d/%d | val_loss %.6f\n", ls.step, cfg.max_steps, vl);
-            fprintf(metrics, "{\"step\": %d, \"val_loss\": %.9g}\n", ls.step, vl);
-            fflush(metrics);
+            metrics_line(&metrics, "\"step\": %d, \"val_loss\": %s", ls.step, metrics_num(nl, sizeof nl, vl));
         }
         // Every rank runs the sampler (ZeRO-3 gathers are collective); only rank 0 prints.
         if (cfg.sample_steps && mc.vocab_size == 256 &&
             (ls.step % cfg.sample_steps == 0 || ls.step == cfg.max_steps))
             print_sample(&model, T, cfg.sample_tokens, &ls.sample_rng);
-        if ((cfg.save_steps && ls.step % cfg.save_steps == 0) || ls.step == cfg.max_steps) {
+        // No checkpoint in the middle of a run of skipped steps: the last one stays the last
+        // good state to go back to. (The final model is written: its weights are unchanged.)
+        if (((cfg.save_steps && ls.step % cfg.save_steps == 0) || ls.step == cfg.max_steps) && !skip) {
             checkpoint_save(&model, &ls, cfg.output_dir);
             printf("saved %s/checkpoint-%d\n", cfg.output_dir, ls.step);
+            last_saved = ls.step;
+        }
+        // SIGINT/SIGTERM: this step is done; keep it in a checkpoint and stop (the last step
+        // goes on to write the final model instead).
+        if (ls.step < cfg.max_steps && (stopped = stop_requested(comm))) {
+            if (last_saved != ls.step) {
+                checkpoint_save(&model, &ls, cfg.output_dir);
+                printf("saved %s/checkpoint-%d\n", cfg.output_dir, ls.step);
+            }
+            printf("interrupted by %s at step %d/%d; resume with --set resume_from_checkpoint=auto "
+                   "(or =%s/checkpoint-%d)\n", strsignal(stopped), ls.step, cfg.max_steps,
+                   cfg.output_dir, ls.step);
         }
     }
-    model_gather_all(&model);  // ZeRO-3: every rank sends its pieces; rank 0 writes
-    if (rank == 0) save_final(&model, &cfg);
-    model_gather_done(&model);
-    printf("final %s: %s\n", lora.r ? "adapter" : "model", cfg.output_dir);
-    fclose(metrics);
+    if (!stopped) {
+        model_gather_all(&model);  // ZeRO-3: every rank sends its pieces; rank 0 writes
+        if (rank == 0) save_final(&model, &cfg);
+        model_gather_done(&model);
+        printf("final %s: %s\n", lora.r ? "adapter" : "model", cfg.output_dir);
+    }
+    fflush(stdout);
+    metrics_close(&metrics);
     free(tok);
     free(tgt);
     loader_close(&train);
     if (have_val) loader_close(&val);
     model_free(&model);
-    bk->destroy(bk);
+    bk->destroy(bk);  // model_free removed the disk tier's files
     comm->barrier(comm);
     comm->destroy(comm);
-    return 0;
+    return stopped ? 128 + stopped : 0;  // 130 for SIGINT, 143 for SIGTERM
 }

@@ -19,6 +19,7 @@ void on_fail(void (*fn)(void)) {
 }
 
 const char *fail_prefix = "";
+void (*fail_exit_hook)(void);
 
 void fail(const char *fmt, ...) {
     fflush(stdout);
@@ -34,6 +35,7 @@ void fail(const char *fmt, ...) {
     fwrite(line, 1, len, stderr);
     fflush(stderr);
     for (int i = n_fail_hooks - 1; i >= 0; i--) fail_hooks[i]();
+    if (fail_exit_hook) fail_exit_hook();
     exit(1);
 }
 
@@ -123,6 +125,12 @@ void join_path(char *out, size_t cap, const char *dir, const char *name) {
     size_t n = strlen(dir);
     if (n && dir[n - 1] == '/') snprintf(out, cap, "%s%s", dir, name);
     else snprintf(out, cap, "%s/%s", dir, name);
+}
+
+long long first_nonfinite(const float *x, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        if (!isfinite(x[i])) return (long long)i;
+    return -1;
 }
 
 long long parse_size(const char *s) {

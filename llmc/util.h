@@ -10,6 +10,9 @@ void fail(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
 // Register a function that runs before fail() exits (e.g. remove a half-written checkpoint).
 void on_fail(void (*fn)(void));
 extern const char *fail_prefix;  // e.g. "rank 1: " when several processes train together
+// Fuzzing only (fuzz/): when set, fail() calls it instead of exit(1), after printing its line
+// and running the on_fail functions. It must not return (the harness longjmps to the fuzzer).
+extern void (*fail_exit_hook)(void);
 
 void *xmalloc(size_t n);
 void *xcalloc(size_t n, size_t size);
@@ -21,6 +24,8 @@ int path_exists(const char *path);
 int mkdir_p(const char *path);           // 0 on success
 int remove_tree(const char *path);       // rm -rf; 0 on success
 void join_path(char *out, size_t cap, const char *dir, const char *name);
+// Index of the first NaN or infinity in x[0..n), or -1: guards every weight file we write.
+long long first_nonfinite(const float *x, size_t n);
 // Parse "2GiB", "512MiB", "100000" into bytes; -1 if malformed.
 long long parse_size(const char *s);
 void format_bytes(char *out, size_t cap, double bytes);

@@ -330,8 +330,15 @@ def offsets_out_of_range(h):
     h["model.norm.weight"]["data_offsets"] = [end + 64, end + 128]
 
 
-def drop_tensor(h):
-    del h["model.norm.weight"]
+def drop_tensor(mdir):
+    """model.norm.weight removed whole: header entry and bytes (a valid file without it)."""
+    p = os.path.join(mdir, "model.safetensors")
+    h, data = st_read(p)
+    b, e = h.pop("model.norm.weight")["data_offsets"]
+    for k, ent in h.items():
+        if k != "__metadata__" and ent["data_offsets"][0] >= e:
+            ent["data_offsets"] = [x - (e - b) for x in ent["data_offsets"]]
+    st_write(p, h, data[:b] + data[e:])
 
 
 def sharded_missing(mdir):
@@ -341,6 +348,107 @@ def sharded_missing(mdir):
     wm = {n: "model-0000%d-of-00002.safetensors" % (1 + i % 2) for i, n in enumerate(names)}
     with open(os.path.join(mdir, "model.safetensors.index.json"), "w") as f:
         json.dump({"metadata": {}, "weight_map": wm}, f)
+
+
+def raw_header_edit(fn):
+    """fn(header_text, data) -> (header_text, data): edits the raw JSON header and data."""
+    def mutate(mdir):
+        p = os.path.join(mdir, "model.safetensors")
+        h, data = st_read(p)
+        text, data = fn(json.dumps(h), data)
+        st_write(p, None, data, raw_header=text.encode())
+    return mutate
+
+
+def duplicate_metadata(text, data):
+    return '{"__metadata__": {"a": "b"}, ' + text[1:], data
+
+
+def duplicate_tensor(text, data):
+    h = json.loads(text)
+    entry = json.dumps(h["model.norm.weight"])
+    return text[:-1] + ', "model.norm.weight": ' + entry + "}", data
+
+
+def overlapping_offsets(h):
+    """The last tensor in the data points at an earlier tensor of the same size."""
+    ents = sorted((e["data_offsets"], k) for k, e in h.items() if k != "__metadata__")
+    (lb, le), last = ents[-1]
+    twin = next(k for (b, e), k in ents[:-1] if e - b == le - lb)
+    h[last]["data_offsets"] = list(h[twin]["data_offsets"])
+
+
+def hole_at_start(text, data):
+    h = json.loads(text)
+    for k, e in h.items():
+        if k != "__metadata__":
+            e["data_offsets"] = [e["data_offsets"][0] + 8, e["data_offsets"][1] + 8]
+    return json.dumps(h), b"\0" * 8 + data
+
+
+def nul_in_name(text, data):
+    return text.replace('"model.norm.weight"', '"model.norm.weight\\u0000x"'), data
+
+
+def edit_config_text(fn):
+    def mutate(mdir):
+        p = os.path.join(mdir, "config.json")
+        with open(p) as f:
+            t = f.read()
+        with open(p, "w") as f:
+            f.write(fn(t))
+    return mutate
+
+
+def config_set_raw(key, raw):
+    """Replaces key's value in config.json by a raw JSON token (e.g. 1e999)."""
+    def fn(t):
+        c = json.loads(t)
+        c[key] = "@@"
+        return json.dumps(c).replace('"@@"', raw)
+    return fn
+
+
+def nan_weight(mdir):
+    p = os.path.join(mdir, "model.safetensors")
+    h, data = st_read(p)
+    b = h["model.norm.weight"]["data_offsets"][0]
+    data = data[:b + 4] + struct.pack("<f", float("nan")) + data[b + 8:]
+    st_write(p, h, data)
+
+
+def sharded_duplicate_key(mdir):
+    h, _ = st_read(os.path.join(mdir, "model.safetensors"))
+    names = [k for k in h if k != "__metadata__"]
+    wm = ", ".join('"%s": "model.safetensors"' % n for n in names)
+    with open(os.path.join(mdir, "model.safetensors.index.json"), "w") as f:
+        f.write('{"weight_map": {%s, "%s": "model.safetensors"}}' % (wm, names[0]))
+    os.rename(os.path.join(mdir, "model.safetensors"), os.path.join(mdir, "shard.safetensors"))
+    with open(os.path.join(mdir, "model.safetensors.index.json")) as f:
+        t = f.read().replace('"model.safetensors"', '"shard.safetensors"')
+    with open(os.path.join(mdir, "model.safetensors.index.json"), "w") as f:
+        f.write(t)
+
+
+def state_text(fn):
+    def mutate(ck):
+        p = os.path.join(ck, "trainer_state.json")
+        with open(p) as f:
+            t = f.read()
+        with open(p, "w") as f:
+            f.write(fn(t))
+    return mutate
+
+
+def adapter_dup_key(env, d):
+    a = os.path.join(d, "adapter")
+    os.makedirs(a)
+    with open(os.path.join(a, "adapter_config.json"), "w") as f:
+        f.write('{"peft_type": "LORA", "r": 2, "lora_alpha": 4, "r": 8, '
+                '"target_modules": ["q_proj", "v_proj"]}')
+    cfg = base_cfg(env, d, adapter="lora", lora_r="2", lora_alpha="4",
+                   lora_target_modules="[q_proj, v_proj]", lora_model_dir=a)
+    return ["-c", cfg_file(d, cfg)], [os.path.join(a, "adapter_config.json"), "'r'"]
 
 
 def resume_case(mutate, culprits_fn):
@@ -448,6 +556,12 @@ CASES = [
     ("yaml_odd_head_dim", yaml_case(["head_dim"], model=with_model(hidden_size="6"))),
     ("yaml_odd_head_dim_explicit", yaml_case(["head_dim"], model=with_model(head_dim="3"))),
     ("yaml_too_many_layers", too_many_layers),
+    ("yaml_two_documents", raw_yaml_case(
+        lambda e, d: yaml_text(base_cfg(e, d)) + "---\nmax_steps: 5\n", lambda p: [p, "document"])),
+    ("yaml_adam_epsilon_zero", yaml_case(["adam_epsilon"], adam_epsilon="0")),
+    ("yaml_adam_epsilon_underflows", yaml_case(["adam_epsilon"], adam_epsilon="1e-50")),
+    ("yaml_adam_beta2_rounds_to_one", yaml_case(["adam_beta2", "float32"], adam_beta2="0.999999999")),
+    ("yaml_adam_beta1_one", yaml_case(["adam_beta1"], adam_beta1="1")),
     ("yaml_seq_len_over_max_pos", yaml_case(
         ["max_position_embeddings"], model=with_model(max_position_embeddings="4"))),
     # ---- token shards
@@ -504,7 +618,7 @@ CASES = [
     ("st_wrong_shape", hf_case(
         edit_tensors(set_entry("model.layers.0.mlp.gate_proj.weight", shape=[16, 32])),
         lambda m: ["model.layers.0.mlp.gate_proj.weight"])),
-    ("st_missing_tensor", hf_case(edit_tensors(drop_tensor), lambda m: ["model.norm.weight"])),
+    ("st_missing_tensor", hf_case(drop_tensor, lambda m: ["model.norm.weight"])),
     ("st_unsupported_dtype", hf_case(
         edit_tensors(set_entry("model.norm.weight", dtype="I32")),
         lambda m: ["model.norm.weight", "I32"])),
@@ -512,6 +626,53 @@ CASES = [
         edit_tensors(set_entry("model.norm.weight", dtype="F31")),
         lambda m: ["model.norm.weight", "F31"])),
     ("st_is_fifo", hf_case(fifo_safetensors, lambda m: ["model.safetensors"])),
+    ("st_duplicate_metadata", hf_case(
+        raw_header_edit(duplicate_metadata), lambda m: ["model.safetensors", "__metadata__", "twice"])),
+    ("st_duplicate_tensor", hf_case(
+        raw_header_edit(duplicate_tensor), lambda m: ["model.safetensors", "model.norm.weight", "twice"])),
+    ("st_offsets_overlap", hf_case(
+        edit_tensors(overlapping_offsets), lambda m: ["model.safetensors", "overlap"])),
+    ("st_offsets_hole", hf_case(
+        raw_header_edit(hole_at_start), lambda m: ["model.safetensors", "belong to no tensor"])),
+    ("st_trailing_bytes", hf_case(
+        raw_header_edit(lambda t, d: (t, d + b"\0" * 16)), lambda m: ["model.safetensors", "trailing"])),
+    ("st_nul_in_name", hf_case(
+        raw_header_edit(nul_in_name), lambda m: ["model.safetensors", "NUL"])),
+    ("st_header_trailing_garbage", hf_case(
+        raw_header_edit(lambda t, d: (t + "xyz", d)), lambda m: ["model.safetensors", "trailing"])),
+    ("st_nan_weight", hf_case(nan_weight, lambda m: ["model.norm.weight", "nan"])),
+    ("st_index_duplicate_key", hf_case(
+        sharded_duplicate_key, lambda m: ["model.safetensors.index.json", "twice"])),
+    ("hf_config_duplicate_key", hf_case(
+        edit_config_text(lambda t: '{"hidden_size": 16, ' + t.lstrip()[1:]),
+        lambda m: [os.path.join(m, "config.json"), "hidden_size", "twice"])),
+    ("hf_config_trailing_garbage", hf_case(
+        edit_config_text(lambda t: t + "\n{}"), lambda m: [os.path.join(m, "config.json"), "trailing"])),
+    ("hf_rope_theta_inf", hf_case(
+        edit_config_text(config_set_raw("rope_theta", "1e999")), lambda m: ["config.json", "rope_theta"])),
+    ("hf_rope_theta_negative", hf_case(
+        edit_config_json(lambda c: c.update(rope_theta=-1.0)), lambda m: ["config.json", "rope_theta"])),
+    ("hf_rms_norm_eps_zero", hf_case(
+        edit_config_json(lambda c: c.update(rms_norm_eps=0)), lambda m: ["config.json", "rms_norm_eps"])),
+    ("hf_rms_norm_eps_overflows_float", hf_case(
+        edit_config_json(lambda c: c.update(rms_norm_eps=1e300)), lambda m: ["config.json", "rms_norm_eps"])),
+    ("hf_rope_llama3_inf_factor", hf_case(
+        edit_config_text(config_set_raw("rope_scaling", '{"rope_type": "llama3", "factor": 1e999, '
+                                        '"low_freq_factor": 1.0, "high_freq_factor": 4.0, '
+                                        '"original_max_position_embeddings": 64}')),
+        lambda m: ["config.json", "llama3"])),
+    ("adapter_config_duplicate_key", adapter_dup_key),
+    ("hf_model_type_unsupported", hf_case(
+        edit_config_json(lambda c: c.update(model_type="qwen3")), lambda m: ["config.json", "qwen3"])),
+    ("hf_mistral_window_shorter_than_seq", hf_case(
+        edit_config_json(lambda c: c.update(model_type="mistral", sliding_window=4)),
+        lambda m: ["sliding_window", "sequence_len"])),
+    ("hf_qwen2_window_shorter_than_seq", hf_case(
+        edit_config_json(lambda c: c.update(model_type="qwen2", sliding_window=4, use_sliding_window=True)),
+        lambda m: ["sliding_window", "sequence_len"])),
+    ("hf_sliding_window_not_int", hf_case(
+        edit_config_json(lambda c: c.update(model_type="mistral", sliding_window="big")),
+        lambda m: ["config.json", "sliding_window"])),
     ("st_index_missing_shard", hf_case(
         sharded_missing, lambda m: ["model-00001-of-00002.safetensors"])),
     ("st_index_malformed", hf_case(
@@ -524,6 +685,11 @@ CASES = [
         ["no_ckpt"])),
     ("resume_corrupt_trainer_state", resume_case(
         corrupt_state, lambda ck: [os.path.join(ck, "trainer_state.json")])),
+    ("resume_state_duplicate_key", resume_case(
+        state_text(lambda t: '{"step": 7, ' + t.lstrip()[1:]),
+        lambda ck: [os.path.join(ck, "trainer_state.json"), "step", "twice"])),
+    ("resume_state_trailing_garbage", resume_case(
+        state_text(lambda t: t + "garbage"), lambda ck: [os.path.join(ck, "trainer_state.json"), "trailing"])),
     ("resume_missing_optimizer", resume_case(
         lambda ck: os.remove(os.path.join(ck, "optimizer.safetensors")),
         lambda ck: ["optimizer.safetensors"])),

@@ -307,6 +307,7 @@ static int config_equal(const ModelConfig *a, const ModelConfig *b) {
     SAME(num_attention_heads); SAME(num_key_value_heads); SAME(head_dim);
     SAME(max_position_embeddings); SAME(rms_norm_eps); SAME(rope_theta); SAME(rope_type);
     SAME(tie_word_embeddings); SAME(attention_bias); SAME(bos_token_id); SAME(eos_token_id);
+    SAME(sliding_window);
     if (a->rope_type == ROPE_LLAMA3) {
         SAME(rope_factor); SAME(rope_low_freq_factor); SAME(rope_high_freq_factor);
         SAME(rope_original_max_position_embeddings);
@@ -400,6 +401,27 @@ static void test_config(void) {
     check("config legacy rope_scaling 'type'",
           b.rope_type == ROPE_LLAMA3 && b.rope_theta == 20000.0 && b.rope_factor == 8.0,
           "type %d theta %g", b.rope_type, b.rope_theta);
+
+    // Mistral's window is read and written back; Qwen2's only counts with use_sliding_window.
+    write_text(path, "{\"model_type\":\"mistral\",\"vocab_size\":100,\"hidden_size\":64,"
+                     "\"intermediate_size\":128,\"num_hidden_layers\":2,"
+                     "\"num_attention_heads\":4,\"sliding_window\":4096}");
+    hf_read_config(path, &b);
+    a = b;
+    rc = hf_write_config(path, &a);
+    hf_read_config(path, &b);
+    text = read_file(path, NULL);
+    check("config mistral sliding_window round trip",
+          a.sliding_window == 4096 && rc == 0 && config_equal(&a, &b) && text &&
+              strstr(text, "\"sliding_window\":\t4096"),
+          "window %d -> %d: %s", a.sliding_window, b.sliding_window, text ? text : "");
+    free(text);
+    write_text(path, "{\"model_type\":\"qwen2\",\"vocab_size\":100,\"hidden_size\":64,"
+                     "\"intermediate_size\":128,\"num_hidden_layers\":2,"
+                     "\"num_attention_heads\":4,\"sliding_window\":4096,\"use_sliding_window\":false}");
+    hf_read_config(path, &b);
+    check("config qwen2 window off without use_sliding_window", b.sliding_window == 0, "window %d",
+          b.sliding_window);
 
     rc = hf_write_config(tpath("no/such/dir/config.json"), &a);
     check("hf_write_config I/O error returns -1", rc == -1 && errno == ENOENT, "rc %d errno %d",
