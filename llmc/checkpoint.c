@@ -125,6 +125,10 @@ static const StTensor *find_in_file(const void *s, const char *n) { return st_fi
 void load_hf_weights(Model *m, const char *dir) {
     StModel *sm = st_open_model_dir(dir);
     load_params(m, dir, find_in_model, sm, SEL_BASE);
+    // The final model is written in the base's dtype (save_dtype: auto): the embedding's.
+    const StTensor *e = st_model_find(sm, m->cfg.arch == ARCH_GPT2 ? "wte.weight" : "model.embed_tokens.weight");
+    const char *dt = !e ? "" : !strcmp(e->dtype, "BF16") ? "bfloat16" : !strcmp(e->dtype, "F16") ? "float16" : "float32";
+    snprintf(m->cfg.torch_dtype, sizeof m->cfg.torch_dtype, "%s", dt);
     st_model_close(sm);
 }
 
@@ -150,9 +154,88 @@ static void merged_weight(const Model *m, int i, float *w) {
     }
 }
 
-// Writes the selected tensors (several selections into one file) as F32.
-static int write_tensors(const Model *m, const char *path, const int *sels, int nsel, int merge) {
+// float -> bfloat16 / float16 with round-to-nearest-even, as torch's .to() does.
+static uint16_t to_bf16(float f) {
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    x += 0x7fffu + ((x >> 16) & 1);
+    return (uint16_t)(x >> 16);
+}
+
+static uint16_t to_f16(float f) {
+    _Float16 h = (_Float16)f;
+    uint16_t u;
+    memcpy(&u, &h, 2);
+    return u;
+}
+
+// Converts n floats at buf, in place, into the 16-bit dtype (BF16 or F16): value i moves from
+// bytes 4i to 2i, which it has already been read from. Returns -1, or the index of a value
+// that overflows the dtype (beyond 65504 in float16, say), which is left in *val: an infinity
+// must not be written where a number was. (memcpy: float and uint16_t views of one buffer.)
+static long long narrow(const char *dtype, void *buf, size_t n, float *val) {
+    const int bf = !strcmp(dtype, "BF16");
+    const uint16_t inf = bf ? 0x7f80 : 0x7c00;
+    char *b = buf;
+    for (size_t i = 0; i < n; i++) {
+        float x;
+        memcpy(&x, b + 4 * i, 4);
+        uint16_t h = bf ? to_bf16(x) : to_f16(x);
+        if ((h & inf) == inf) { *val = x; return (long long)i; }
+        memcpy(b + 2 * i, &h, 2);
+    }
+    return -1;
+}
+
+// Writes items into DIR/model.safetensors, or, above max_shard bytes, into
+// model-0000k-of-0000N.safetensors shards with model.safetensors.index.json as transformers
+// does: tensors in table order, a shard closed before the tensor that would overflow it.
+static int write_model_files(const char *dir, StWriteItem *items, int n, uint64_t max_shard) {
+    const char *meta[] = {"format", "pt", NULL};
+    char path[4096];
+    uint64_t total = 0, in_cur = 0;
+    int *shard_of = xcalloc((size_t)(n ? n : 1), sizeof(int)), nshards = n ? 1 : 0;
+    for (int i = 0; i < n; i++) {
+        if (in_cur && in_cur + items[i].nbytes > max_shard) nshards++, in_cur = 0;
+        shard_of[i] = nshards - 1;
+        in_cur += items[i].nbytes;
+        total += items[i].nbytes;
+    }
+    int rc = 0;
+    if (nshards <= 1) {
+        join_path(path, sizeof path, dir, "model.safetensors");
+        rc = st_write(path, items, n, meta);
+        free(shard_of);
+        return rc;
+    }
+    cJSON *index = cJSON_CreateObject(), *md = cJSON_AddObjectToObject(index, "metadata"),
+          *wm = cJSON_AddObjectToObject(index, "weight_map");
+    char total_s[32], name[64];
+    snprintf(total_s, sizeof total_s, "%llu", (unsigned long long)total);
+    cJSON_AddRawToObject(md, "total_size", total_s);
+    for (int k = 0, first = 0; k < nshards && rc == 0; k++) {
+        int last = first;
+        while (last < n && shard_of[last] == k) last++;
+        snprintf(name, sizeof name, "model-%05d-of-%05d.safetensors", k + 1, nshards);
+        join_path(path, sizeof path, dir, name);
+        rc = st_write(path, items + first, last - first, meta);
+        for (int i = first; i < last; i++) cJSON_AddStringToObject(wm, items[i].name, name);
+        first = last;
+    }
+    join_path(path, sizeof path, dir, "model.safetensors.index.json");
+    if (rc == 0) rc = write_json(path, index);
+    else cJSON_Delete(index);
+    free(shard_of);
+    return rc;
+}
+
+// Writes the selected tensors (several selections into one file). fmt NULL: one F32 file at
+// path (checkpoints: exact resume). Else path is a directory and the model is written in
+// fmt->dtype, sharded above fmt->max_shard bytes (the final model, as transformers saves it).
+static int write_tensors(const Model *m, const char *path, const int *sels, int nsel, int merge,
+                         const SaveFormat *fmt) {
     const ParamTable *t = &m->tab;
+    const char *dtype = fmt && fmt->dtype ? fmt->dtype : "F32";
     int n = (int)arrlen(t->specs), count = 0;
     StWriteItem *items = xcalloc((size_t)n * nsel, sizeof(StWriteItem));
     char **names = xcalloc((size_t)n * nsel, sizeof(char *));
@@ -176,26 +259,45 @@ static int write_tensors(const Model *m, const char *path, const int *sels, int 
             if (bad >= 0)  // never publish NaN weights; the last good checkpoint stays as it is
                 fail("%s: refusing to write '%s': element %lld is %g (the weights or optimizer "
                      "state went non-finite)", path, names[j], bad, bufs[j][bad]);
-            items[j] = (StWriteItem){names[j], bufs[j], p->ndim, {p->shape[0], p->shape[1]}};
+            size_t bytes = p->numel * sizeof(float);
+            if (strcmp(dtype, "F32")) {  // narrowed in place: the 16-bit values fit the buffer
+                float v;
+                bad = narrow(dtype, bufs[j], p->numel, &v);
+                if (bad >= 0)
+                    fail("%s: refusing to write '%s' as %s: element %lld (%g) overflows it; use "
+                         "save_dtype: float32", path, names[j], dtype, bad, v);
+                bytes = p->numel * 2;
+            }
+            items[j] = (StWriteItem){.name = names[j], .ndim = p->ndim, .shape = {p->shape[0], p->shape[1]},
+                                     .dtype = dtype, .raw = bufs[j], .nbytes = bytes};
         }
     const char *meta[] = {"format", "pt", NULL};
-    int rc = st_write(path, items, count, meta);
+    int rc = fmt ? write_model_files(path, items, count, fmt->max_shard) : st_write(path, items, count, meta);
     for (int j = 0; j < count; j++) free(names[j]), free(bufs[j]);
     free(items), free(names), free(bufs);
     return rc;
 }
 
-int save_hf_model(const Model *m, const char *dir, int merge) {
+int save_hf_model(const Model *m, const char *dir, int merge, const SaveFormat *fmt) {
     char path[4096];
     if (m->cfg.arch == ARCH_GPT2) {  // llm.c's file, which llm.c loads as it is
         join_path(path, sizeof path, dir, "model.bin");
         return gpt2_save(m, path);
     }
     const int sel[] = {SEL_BASE};
-    join_path(path, sizeof path, dir, "model.safetensors");
-    if (write_tensors(m, path, sel, 1, merge) != 0) return -1;
+    ModelConfig out = m->cfg;
+    if (fmt) {
+        if (write_tensors(m, dir, sel, 1, merge, fmt) != 0) return -1;
+        const char *dt = fmt->dtype ? fmt->dtype : "F32";
+        snprintf(out.torch_dtype, sizeof out.torch_dtype, "%s",
+                 !strcmp(dt, "BF16") ? "bfloat16" : !strcmp(dt, "F16") ? "float16" : "float32");
+    } else {
+        join_path(path, sizeof path, dir, "model.safetensors");
+        if (write_tensors(m, path, sel, 1, merge, NULL) != 0) return -1;
+        snprintf(out.torch_dtype, sizeof out.torch_dtype, "float32");
+    }
     join_path(path, sizeof path, dir, "config.json");
-    return hf_write_config(path, &m->cfg);
+    return hf_write_config(path, &out);
 }
 
 // PEFT layout: adapter_model.safetensors + adapter_config.json.
@@ -203,7 +305,7 @@ int save_adapter(const Model *m, const char *dir, const char *base_model) {
     char path[4096];
     const int sel[] = {SEL_ADAPTER};
     join_path(path, sizeof path, dir, "adapter_model.safetensors");
-    if (write_tensors(m, path, sel, 1, 0) != 0) return -1;
+    if (write_tensors(m, path, sel, 1, 0, NULL) != 0) return -1;
     const LoraConfig *lc = &m->tab.lora;
     cJSON *o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "peft_type", "LORA");
@@ -383,7 +485,7 @@ void checkpoint_save(Model *m, const LoopState *ls, const char *output_dir) {
     int rc = 0;
     if (rank == 0) {
         // An adapter run's checkpoint holds the adapter; the frozen base stays where it came from.
-        rc = m->tab.lora.r ? save_adapter(m, tmp_dir, NULL) : save_hf_model(m, tmp_dir, 0);
+        rc = m->tab.lora.r ? save_adapter(m, tmp_dir, NULL) : save_hf_model(m, tmp_dir, 0, NULL);
         join_path(path, sizeof path, tmp_dir, "trainer_state.json");
         if (rc == 0) rc = write_state(ls, m, path);
     }
@@ -394,7 +496,7 @@ void checkpoint_save(Model *m, const LoopState *ls, const char *output_dir) {
     } else if (rc == 0 && rank == 0) {
         const int moments[] = {SEL_EXP_AVG, SEL_EXP_AVG_SQ};
         join_path(path, sizeof path, tmp_dir, "optimizer.safetensors");
-        rc = write_tensors(m, path, moments, 2, 0);
+        rc = write_tensors(m, path, moments, 2, 0, NULL);
     }
     if (rc != 0) fail("%s: writing checkpoint failed: %s (earlier checkpoints are intact)", final, strerror(errno));
     model_gather_done(m);

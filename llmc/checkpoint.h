@@ -38,7 +38,11 @@ void load_hf_config(const char *dir, ModelConfig *cfg);
 void load_hf_weights(Model *m, const char *dir);
 // Writes DIR/model.safetensors and DIR/config.json (merge: adapters folded into the base
 // weights); returns 0 or -1 (errno set).
-int save_hf_model(const Model *m, const char *dir, int merge);
+// The final model's file format: dtype "F32", "BF16" or "F16" (NULL: F32), and the size above
+// which it is split into shards with an index.
+typedef struct { const char *dtype; uint64_t max_shard; } SaveFormat;
+// fmt NULL: one F32 model.safetensors, as checkpoints hold it (resume is bit-exact).
+int save_hf_model(const Model *m, const char *dir, int merge, const SaveFormat *fmt);
 // PEFT adapter: DIR/adapter_model.safetensors + adapter_config.json. 0 or -1.
 int save_adapter(const Model *m, const char *dir, const char *base_model);
 // Loads a PEFT adapter whose rank, alpha and targets must match the run's.

@@ -24,6 +24,8 @@ typedef struct {
     // evaluation, output, checkpoints
     int eval_steps, eval_batches, sample_steps, sample_tokens, save_steps, log_steps;
     char output_dir[1024], resume_from_checkpoint[1024];
+    char save_dtype[16];          // final model's dtype: auto (the input's), float32, bfloat16, float16
+    long long max_shard_size;     // final model split into indexed shards above this many bytes
     // memory (see mempolicy.h): recompute x tier, tiled MLP, a device budget
     char gradient_checkpointing[16], activation_offloading[16], activation_offloading_dir[1024];
     int gradient_checkpointing_every, max_fwd_stash_size, tiled_mlp, tiled_mlp_shards;

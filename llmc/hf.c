@@ -230,7 +230,7 @@ int hf_write_config(const char *path, const ModelConfig *c) {
     }
     if (!strcmp(mt, "qwen2")) ADD(cJSON_AddBoolToObject(o, "use_sliding_window", c->sliding_window > 0));
     ADD(cJSON_AddStringToObject(o, "hidden_act", "silu"));
-    ADD(cJSON_AddStringToObject(o, "torch_dtype", "float32"));
+    ADD(cJSON_AddStringToObject(o, "torch_dtype", c->torch_dtype[0] ? c->torch_dtype : "float32"));
     ADD(add_real(o, "initializer_range", 0.02, 0));
     ADD(cJSON_AddBoolToObject(o, "use_cache", 1));
     if (c->bos_token_id >= 0) ADD(cJSON_AddNumberToObject(o, "bos_token_id", c->bos_token_id));

@@ -35,6 +35,7 @@ typedef struct {
     // Mistral/Qwen2 sliding-window attention: the window (0: none). Not implemented: a run
     // whose sequence_len exceeds it is refused; the value is written back unchanged.
     int sliding_window;
+    char torch_dtype[12];     // the base's weights: "float32", "bfloat16", "float16" ("": float32)
 } ModelConfig;
 
 // Per-layer parameters, in the order they appear in the flat table; then the LoRA adapters

@@ -23,6 +23,7 @@
 #include "optim.h"
 #include "plan.h"
 #include "quantize.h"
+#include "export.h"
 #include "gpt2_io.h"
 #include "metrics.h"
 #include "train.h"
@@ -141,44 +142,6 @@ static void print_sample(Model *m, int T, int ntok, Rng *rng) {
     printf("\n----------------\n");
     free(ctx);
     free(logits);
-}
-
-// The final weights: the model (full fine-tuning or merge_lora) and/or the adapter, written
-// to a temporary directory first and moved into place.
-static char final_tmp[4096];  // removed if the run fails while writing it
-static void remove_final_tmp(void) {
-    if (final_tmp[0]) remove_tree(final_tmp);
-}
-
-static void save_final(const Model *m, const Config *cfg) {
-    const char *output_dir = cfg->output_dir;
-    char *tmp = final_tmp, name[64], src[4096], dst[4096];
-    snprintf(name, sizeof name, ".final.tmp-%d", (int)getpid());
-    join_path(tmp, sizeof final_tmp, output_dir, name);
-    on_fail(remove_final_tmp);
-    int lora = m->tab.lora.r > 0, model = !lora || cfg->merge_lora, gpt2 = m->cfg.arch == ARCH_GPT2;
-    int rc = mkdir_p(tmp);
-    if (rc == 0 && model) rc = save_hf_model(m, tmp, lora);
-    if (rc == 0 && lora) rc = save_adapter(m, tmp, cfg->base_model);
-    if (rc != 0) {
-        int e = errno;
-        remove_tree(tmp);
-        fail("%s: writing the final model failed: %s", output_dir, strerror(e));
-    }
-    const char *files[4];
-    int nf = 0;
-    if (model && gpt2) files[nf++] = "model.bin";  // llm.c's layout: llm.c loads it as it is
-    else if (model) files[nf++] = "model.safetensors", files[nf++] = "config.json";
-    if (lora) files[nf++] = "adapter_model.safetensors", files[nf++] = "adapter_config.json";
-    if (fsync_dir_files(tmp) != 0) fail("%s: cannot sync the final model to disk: %s", tmp, strerror(errno));
-    for (int i = 0; i < nf; i++) {
-        join_path(src, sizeof src, tmp, files[i]);
-        join_path(dst, sizeof dst, output_dir, files[i]);
-        if (rename(src, dst) != 0) fail("%s: cannot move into place: %s", dst, strerror(errno));
-    }
-    if (fsync_dir(output_dir) != 0) fail("%s: cannot sync output_dir: %s", output_dir, strerror(errno));
-    remove_tree(tmp);
-    final_tmp[0] = 0;
 }
 
 // ---- run lifecycle: one run per output_dir, a clean stop on SIGINT/SIGTERM
@@ -473,7 +436,7 @@ int train_main(int argc, char **argv, int arch) {
     }
     if (!stopped) {
         model_gather_all(&model);  // ZeRO-3: every rank sends its pieces; rank 0 writes
-        if (rank == 0) save_final(&model, &cfg);
+        if (rank == 0) export_final(&model, &cfg, arch == ARCH_GPT2 ? "" : cfg.base_model);
         model_gather_done(&model);
         printf("final %s: %s\n", lora.r ? "adapter" : "model", cfg.output_dir);
     }

@@ -13,7 +13,7 @@ checks:
                       model is untouched and no model.safetensors is written.
   subset_rslora_qwen2 targets as a YAML list, adapter_config listing them in another order,
                       tied head, use_rslora, Qwen2 q/k/v biases.
-  merge_lora          targets via --set (comma-separated); output_dir/model.safetensors is the
+  merge_lora          targets via --set (comma-separated); output_dir/merged/model.safetensors is the
                       merged W + scale * B @ A: the reference without adapter on it gives the
                       loss of base + adapter; untouched tensors are bit-identical; config.json.
   fresh_adapter_eval  no lora_model_dir: the seeded init (A in +-1/sqrt(in), B = 0) leaves the
@@ -319,15 +319,19 @@ def case_merge_lora(root):
     run_trainer(work, perturbed(tc), sets=["lora_target_modules=" + ",".join(targets)])
     out = tc["output_dir"]
     wl = compare_rows(rows_by_step(out), ref, range(1, 4), errs)
-    for f in ("model.safetensors", "config.json", "adapter_model.safetensors",
+    # Axolotl's layout: the adapter at the top, the merged model (alone) in merged/.
+    for f in ("merged/model.safetensors", "merged/config.json", "adapter_model.safetensors",
               "adapter_config.json"):
         if not os.path.exists(os.path.join(out, f)):
             errs.append(f"output_dir lacks {f}")
+    for f in ("model.safetensors", "merged/adapter_config.json"):
+        if os.path.exists(os.path.join(out, f)):
+            errs.append(f"output_dir has {f}: from_pretrained would load base + adapter")
     if errs:
         return errs, ""
     got = read_trainer_adapter(out, errs, spec)
     compare_tensors(got["weights"], ref["adapter"], errs, "final adapter")
-    merged = R.read_safetensors(os.path.join(out, "model.safetensors"))
+    merged = R.read_safetensors(os.path.join(out, "merged", "model.safetensors"))
     # the merge of the trainer's own adapter, in float64
     want = R.merge_lora(cfg, weights, got)
     wm = compare_tensors(merged, want, errs, "merged model", tol_rel=1e-5)
@@ -346,7 +350,7 @@ def case_merge_lora(root):
                     f"(rel {rel(l_merged, l_adapter):.2e})")
     if rel(l_adapter, l_base) < 1e-3:
         errs.append(f"test setup: the adapter barely changes the loss ({l_adapter} vs {l_base})")
-    with open(os.path.join(out, "config.json")) as f:
+    with open(os.path.join(out, "merged", "config.json")) as f:
         c = json.load(f)
     for k in ("model_type", "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
               "num_attention_heads", "num_key_value_heads", "head_dim", "tie_word_embeddings",
