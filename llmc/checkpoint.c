@@ -15,6 +15,7 @@
 #include "gpt2_io.h"
 #include "hf.h"
 #include "json.h"
+#include "peft.h"
 #include "nf4.h"
 #include "safetensors.h"
 #include "stb_ds.h"
@@ -306,21 +307,7 @@ int save_adapter(const Model *m, const char *dir, const char *base_model) {
     const int sel[] = {SEL_ADAPTER};
     join_path(path, sizeof path, dir, "adapter_model.safetensors");
     if (write_tensors(m, path, sel, 1, 0, NULL) != 0) return -1;
-    const LoraConfig *lc = &m->tab.lora;
-    cJSON *o = cJSON_CreateObject();
-    cJSON_AddStringToObject(o, "peft_type", "LORA");
-    cJSON_AddStringToObject(o, "task_type", "CAUSAL_LM");
-    cJSON_AddNumberToObject(o, "r", lc->r);
-    cJSON_AddNumberToObject(o, "lora_alpha", lc->alpha);
-    cJSON_AddNumberToObject(o, "lora_dropout", lc->dropout);
-    cJSON *tm = cJSON_AddArrayToObject(o, "target_modules");
-    for (int t = 0; t < LORA_TARGETS; t++)
-        if (lc->targets >> t & 1) cJSON_AddItemToArray(tm, cJSON_CreateString(LORA_TARGET_NAMES[t]));
-    cJSON_AddStringToObject(o, "bias", "none");
-    cJSON_AddBoolToObject(o, "use_rslora", lc->rslora);
-    cJSON_AddBoolToObject(o, "fan_in_fan_out", 0);
-    cJSON_AddBoolToObject(o, "inference_mode", 1);
-    cJSON_AddStringToObject(o, "base_model_name_or_path", base_model ? base_model : "");
+    cJSON *o = peft_adapter_config(&m->tab.lora, base_model);
     join_path(path, sizeof path, dir, "adapter_config.json");
     return write_json(path, o);
 }
@@ -331,7 +318,6 @@ void load_adapter(Model *m, const char *dir) {
     cJSON *o = json_read_file(path);
     const LoraConfig *lc = &m->tab.lora;
     cJSON *r = cJSON_GetObjectItemCaseSensitive(o, "r"), *a = cJSON_GetObjectItemCaseSensitive(o, "lora_alpha");
-    cJSON *tm = cJSON_GetObjectItemCaseSensitive(o, "target_modules");
     if (!cJSON_IsNumber(r) || r->valueint != lc->r)
         fail("%s: adapter rank r=%d differs from lora_r %d", path, cJSON_IsNumber(r) ? r->valueint : -1, lc->r);
     if (!cJSON_IsNumber(a) || (float)a->valuedouble != lc->alpha)
@@ -340,13 +326,15 @@ void load_adapter(Model *m, const char *dir) {
     if (cJSON_IsTrue(rs) != (lc->rslora != 0))
         fail("%s: adapter use_rslora is %s but use_rslora is %s", path, cJSON_IsTrue(rs) ? "true" : "false",
              lc->rslora ? "true" : "false");
-    int targets = 0;
-    cJSON *e;
-    cJSON_ArrayForEach(e, tm) {
-        for (int t = 0; t < LORA_TARGETS; t++)
-            if (cJSON_IsString(e) && !strcmp(e->valuestring, LORA_TARGET_NAMES[t])) targets |= 1 << t;
+    int targets = peft_read_targets(path, o, m->cfg.num_hidden_layers);
+    if (targets != lc->targets) {
+        char have[96] = "", want[96] = "";
+        for (int t = 0; t < LORA_TARGETS; t++) {
+            if (targets >> t & 1) snprintf(have + strlen(have), sizeof have - strlen(have), " %s", LORA_TARGET_NAMES[t]);
+            if (lc->targets >> t & 1) snprintf(want + strlen(want), sizeof want - strlen(want), " %s", LORA_TARGET_NAMES[t]);
+        }
+        fail("%s: the adapter's target_modules select%s; lora_target_modules is%s", path, have, want);
     }
-    if (targets != lc->targets) fail("%s: adapter target_modules differ from lora_target_modules", path);
     cJSON_Delete(o);
     join_path(path, sizeof path, dir, "adapter_model.safetensors");
     StFile *f = st_open(path);
