@@ -11,3 +11,11 @@ if [ -n "$missing" ]; then
     $SUDO apt-get update -q
     $SUDO apt-get install -y -q --no-install-recommends $missing
 fi
+# Data preparation (scripts/tokenize_hf.py and its test): Hugging Face tokenizers, pinned, into
+# Debian's python3 (python3-pip; Debian marks its Python as externally managed, hence the flag).
+PY_PKGS="tokenizers==0.22.2 transformers==4.57.6 jinja2==3.1.6"
+if ! /usr/bin/python3 -c "import tokenizers, transformers, jinja2" >/dev/null 2>&1; then
+    dpkg -s python3-pip >/dev/null 2>&1 || { export DEBIAN_FRONTEND=noninteractive; $SUDO apt-get update -q; \
+        $SUDO apt-get install -y -q --no-install-recommends python3-pip; }
+    $SUDO /usr/bin/python3 -m pip install -q --break-system-packages $PY_PKGS
+fi
