@@ -30,6 +30,7 @@ typedef struct {
     char gradient_checkpointing[16], activation_offloading[16], activation_offloading_dir[1024];
     int gradient_checkpointing_every, max_fwd_stash_size, tiled_mlp, tiled_mlp_shards;
     long long min_offload_size, device_memory_limit;
+    long long host_memory_limit;  // planning's host budget; 0: this machine's RAM
     int plan_only;  // --plan
     // adapters
     char adapter[16], lora_target_modules[256], lora_model_dir[1024];

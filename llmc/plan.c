@@ -3,7 +3,9 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include "actstore.h"
+#include "comm.h"
 #include "stb_ds.h"
 #include "util.h"
 
@@ -74,17 +76,50 @@ static const Mode MODES[] = {
     {"hidden_states", RC_FULL, TIER_HOST, 1},
 };
 
-// Rough rates for ranking modes: compute, host link and disk throughput of the backend kind.
-static void rates(const Backend *bk, double *flops, double *link, double *disk) {
-    int gpu = bk && strcmp(bk->name, "cpu") != 0;
-    *flops = gpu ? 300e12 : 100e9;
-    *link = gpu ? 20e9 : 8e9;
-    *disk = gpu ? 2e9 : 1e9;
+// ---- devices -----------------------------------------------------------------------------
+// H100 SXM: 989 TFLOP/s dense bf16 and 3.35 TB/s are NVIDIA's datasheet peaks; the sustained
+// rates below are assumptions for ranking modes and sizing runs (about 2/3 of peak for large
+// cuBLASLt GEMMs; our attention kernels are sm_80-style WMMA, so a third of that), PCIe Gen5
+// x16 at 50 of its 64 GB/s, one NVMe Gen4 drive at 5 GB/s. Fixed memory: a CUDA context of
+// about 0.5 GiB, the 32 MiB cuBLASLt workspace (backend_cuda.cu) and kernel scratch.
+static const PlanDevice DEVICES[] = {
+    {"H100 80GB (CUDA backend, bf16)", 2, 650e12, 0.33, 50e9, 5e9, 640.0 * (1 << 20),
+     256.0 * (1 << 20), "H100 SXM datasheet peaks; sustained fractions assumed, not measured here", 0},
+    {"H100 80GB (CUDA backend, fp32)", 4, 50e12, 0.33, 50e9, 5e9, 640.0 * (1 << 20),
+     256.0 * (1 << 20), "H100 SXM datasheet fp32 (non-tensor) peak 67 TFLOP/s; fractions assumed", 0},
+    {"CPU backend (float32)", 4, 100e9, 1.0, 8e9, 1e9, 0, 0,
+     "a 2-core x86-64 machine's order of magnitude; \"device\" memory is host memory", 1},
+};
+
+const PlanDevice *plan_device(const Config *cfg, const Backend *bk) {
+    if (!strcmp(cfg->device, "cuda") || (bk && strcmp(bk->name, "cpu")))
+        return &DEVICES[strcmp(cfg->precision, "float32") ? 0 : 1];
+    return &DEVICES[2];
+}
+
+void plan_print_assumptions(const PlanDevice *d, int world, FILE *f) {
+    char fixed[32], comm[32];
+    format_bytes(fixed, sizeof fixed, d->fixed_device_bytes);
+    format_bytes(comm, sizeof comm, world > 1 ? d->comm_device_bytes : 0);
+    fprintf(f, "assumptions (%s): %d-byte activations; GEMM %.0f TFLOP/s, attention at %.0f%% of "
+            "that; host link %.0f GB/s; disk %.1f GB/s; fixed device memory %s + collectives %s "
+            "per rank (included in the device peaks); %s\n", d->name, d->act_bytes,
+            d->gemm_flops / 1e12, d->attn_efficiency * 100, d->link_bytes_per_s / 1e9,
+            d->disk_bytes_per_s / 1e9, fixed, comm, d->source);
+}
+
+// Attention's share of the forward FLOPs (the T^2 term), which runs at its own rate.
+static double attention_flops(const ModelConfig *c, int B, int T) {
+    return 2.0 * B * c->num_attention_heads * (double)T * T * c->head_dim * c->num_hidden_layers;
 }
 
 int plan_rows(const Config *cfg, const ModelConfig *c, const Backend *bk, const ModelOptions *mo,
               PlanRow *rows, int max) {
-    const int B = cfg->micro_batch_size, T = cfg->sequence_len, A = bk ? bk->act_bytes : 4;
+    const PlanDevice *dev = plan_device(cfg, bk);
+    const size_t host_limit = plan_host_limit(cfg);
+    const int B = cfg->micro_batch_size, T = cfg->sequence_len, A = bk ? bk->act_bytes : dev->act_bytes;
+    const int world = mo && mo->comm ? mo->comm->world : 1;
+    const double fixed = dev->fixed_device_bytes + (world > 1 ? dev->comm_device_bytes : 0);
     MemPolicy base;
     config_mem_policy(cfg, &base);
     LoraConfig lora;
@@ -92,9 +127,11 @@ int plan_rows(const Config *cfg, const ModelConfig *c, const Backend *bk, const 
     // A run that plans first (auto, or a device limit) hears that the model cannot fit before
     // sixteen plans of it are built.
     if (bk && !cfg->plan_only) model_check_memory(c, &lora, mo, bk);
-    double F, link, disk;
-    rates(bk, &F, &link, &disk);
+    const double F = dev->gemm_flops, link = dev->link_bytes_per_s, disk = dev->disk_bytes_per_s;
     const double fwd = forward_flops(c, B, T), accum = cfg->gradient_accumulation_steps;
+    // Forward + backward is about 3 forwards; attention's part runs at its own, lower rate.
+    const double attn = attention_flops(c, B, T);
+    const double step_s = 3 * accum * ((fwd - attn) / F + attn / (F * dev->attn_efficiency));
     int n = 0;
     for (int tiled = 0; tiled < 2; tiled++)
         for (size_t i = 0; i < sizeof MODES / sizeof MODES[0] && n < max; i++) {
@@ -108,6 +145,7 @@ int plan_rows(const Config *cfg, const ModelConfig *c, const Backend *bk, const 
             r->pol.tiled_mlp = tiled;
             snprintf(r->name, sizeof r->name, "%s%s", MODES[i].name, tiled ? " + tiled MLP" : "");
             plan_measure(c, &lora, mo, &r->pol, B, T, A, &r->dev_peak, &r->host_peak, &r->disk_peak);
+            r->dev_peak += (size_t)fixed;
             ActStats as;
             act_stats(c, &r->pol, B, T, A, &as);
             r->recompute_flops = as.recompute_flops * accum;
@@ -115,16 +153,26 @@ int plan_rows(const Config *cfg, const ModelConfig *c, const Backend *bk, const 
             // Async copies mostly hide behind compute; count a quarter of their time.
             double bw = r->pol.tier == TIER_DISK ? disk : link;
             double hidden = r->pol.tier == TIER_HOST ? 0.25 : 1.0;
-            r->est_ms = 1e3 * ((3 * fwd * accum + r->recompute_flops) / F + hidden * r->moved_bytes / bw);
-            r->fits = !cfg->device_memory_limit || r->dev_peak <= (size_t)cfg->device_memory_limit;
+            r->est_ms = 1e3 * (step_s + r->recompute_flops / F + hidden * r->moved_bytes / bw);
+            // On the CPU backend "device" memory is host memory too.
+            size_t host_need = r->host_peak + (dev->host_backed ? r->dev_peak : 0);
+            r->fits = (!cfg->device_memory_limit || r->dev_peak <= (size_t)cfg->device_memory_limit) &&
+                      host_need <= host_limit;
         }
     return n;
 }
 
-void plan_print(const PlanRow *rows, int n, size_t limit, FILE *f) {
-    char lim[32] = "none";
+size_t plan_host_limit(const Config *cfg) {
+    if (cfg->host_memory_limit) return (size_t)cfg->host_memory_limit;
+    long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    return pages > 0 && page > 0 ? (size_t)pages * (size_t)page : SIZE_MAX;
+}
+
+void plan_print(const PlanRow *rows, int n, size_t limit, size_t host_limit, FILE *f) {
+    char lim[32] = "none", hlim[32] = "none";
     if (limit) format_bytes(lim, sizeof lim, (double)limit);
-    fprintf(f, "memory plan (device_memory_limit: %s)\n", lim);
+    if (host_limit && host_limit != SIZE_MAX) format_bytes(hlim, sizeof hlim, (double)host_limit);
+    fprintf(f, "memory plan (device_memory_limit: %s, host_memory_limit: %s)\n", lim, hlim);
     fprintf(f, "| %-32s | %12s | %12s | %12s | %14s | %14s | %9s | %4s |\n", "mode", "device peak",
             "host peak", "disk peak", "recompute GFLOP", "moved/step", "est. ms", "fits");
     fprintf(f, "|%s|%s|%s|%s|%s|%s|%s|%s|\n", "----------------------------------", "--------------",

@@ -4,12 +4,31 @@
 #pragma once
 #include "config.h"
 
+// What the step-time estimate and the fixed memory assume about the device. Every constant
+// is named in plan.c's table and printed under the plan; none is a measurement of this repo.
+typedef struct {
+    const char *name;
+    int act_bytes;               // activation/weight element size in compute precision
+    double gemm_flops;           // sustained dense GEMM rate in that precision
+    double attn_efficiency;      // attention FLOP rate as a fraction of gemm_flops
+    double link_bytes_per_s;     // host <-> device copies
+    double disk_bytes_per_s;     // the disk tier (NVMe)
+    double fixed_device_bytes;   // outside the allocator: context, GEMM workspace, scratch
+    double comm_device_bytes;    // collective buffers per rank when there are several
+    const char *source;          // where the figures come from, printed with them
+    int host_backed;             // "device" memory is host memory (the CPU backend)
+} PlanDevice;
+
+// The device a plan is for: the CUDA backend's (an H100 profile, precision from `dtype`) when
+// device is cuda (with or without a GPU here) or bk is a GPU backend; else the CPU backend's.
+const PlanDevice *plan_device(const Config *cfg, const Backend *bk);
+
 typedef struct {
     char name[48];
     MemPolicy pol;
     size_t dev_peak, host_peak, disk_peak;
     double recompute_flops, moved_bytes, est_ms;
-    int fits;
+    int fits;                  // within device_memory_limit and the host budget
 } PlanRow;
 
 // Device/host bytes of one mode, measured by building it on a counting backend.
@@ -20,7 +39,12 @@ void plan_measure(const ModelConfig *c, const LoraConfig *lora, const ModelOptio
 // mo: sharding and optimizer offload as the run will use them (NULL: one process, resident).
 int plan_rows(const Config *cfg, const ModelConfig *c, const Backend *bk, const ModelOptions *mo,
               PlanRow *rows, int max);
-void plan_print(const PlanRow *rows, int n, size_t limit, FILE *f);
+// limit / host_limit: the device and host budgets the rows were judged against (0: none).
+void plan_print(const PlanRow *rows, int n, size_t limit, size_t host_limit, FILE *f);
+// The host budget of a plan: host_memory_limit, else this machine's physical memory.
+size_t plan_host_limit(const Config *cfg);
+// The assumptions behind the estimate (device constants), printed under the plan.
+void plan_print_assumptions(const PlanDevice *d, int world, FILE *f);
 // The fastest row that fits, or NULL.
 const PlanRow *plan_pick(const PlanRow *rows, int n);
 // "hidden_states, gradient_checkpointing, ..." for an out-of-memory message.

@@ -38,6 +38,12 @@ enum { MAX_BAD_STEPS = 3 };  // consecutive non-finite steps that stop a run
 static Backend *make_backend(const Config *cfg, Comm **comm) {
     char why[256] = "";
     const int want = !strcmp(cfg->device, "cuda");
+    // Planning builds every mode on a counting backend: a plan for the GPU needs no GPU.
+    if (want && cfg->plan_only) {
+        if (!cfg->device_memory_limit)
+            fail("--plan with device: cuda needs device_memory_limit (the GPU's memory, e.g. 80GiB)");
+        return NULL;
+    }
     if ((want || !strcmp(cfg->device, "auto")) && backend_cuda_available(why, sizeof why)) {
         Comm *c = *comm;
         Backend *bk = backend_cuda_create(strcmp(cfg->precision, "float32") != 0, c->local_rank);
@@ -259,14 +265,15 @@ int train_main(int argc, char **argv, int arch) {
         plan_fitting_names(rows, nrows, fitting, sizeof fitting);
     }
     if (cfg.plan_only) {
-        plan_print(rows, nrows, (size_t)cfg.device_memory_limit, stdout);
+        plan_print(rows, nrows, (size_t)cfg.device_memory_limit, plan_host_limit(&cfg), stdout);
+        plan_print_assumptions(plan_device(&cfg, bk), world, stdout);
         return 0;
     }
     lock_output_dir(cfg.output_dir, comm);  // before anything is loaded: a second run stops at once
     install_signal_handlers();
     if (is_auto) {
         const PlanRow *best = plan_pick(rows, nrows);
-        if (!best) fail("activation_offloading: auto: no mode fits device_memory_limit; see --plan");
+        if (!best) fail("activation_offloading: auto: no mode fits device_memory_limit and the host memory; see --plan");
         pol = best->pol;
         printf("activation_offloading: auto picked '%s'\n", best->name);
     }

@@ -35,6 +35,7 @@ def tests(build):
         ("export", [PY, "test/test_export.py", "--bin", bin_]),
         ("peft_config", [PY, "test/test_peft_config.py", "--bin", bin_]),
         ("tokenize_hf", [PY, "test/test_tokenize_hf.py"]),
+        ("plan", [PY, "test/test_plan.py", "--bin", bin_]),
         ("train_smoke", [PY, "test/test_train_smoke.py", "--bin", bin_]),
         ("memory_modes", [PY, "test/test_memory_modes.py", "--bin", bin_]),
         ("sharding", [PY, "test/test_sharding.py", "--bin", bin_]),

@@ -1,0 +1,141 @@
+#!/usr/bin/python3
+"""Planning for the GPU on any machine, and the host budget (issue 12, items 1 and 2 in part).
+
+  * `--plan` with `device: cuda` runs without a GPU, needs device_memory_limit (one error line
+    naming it otherwise), and prints the device assumptions it used;
+  * the CUDA plan in float32 is the CPU plan plus the fixed device memory it states, row by
+    row (same allocations, same element size); in bfloat16 every row needs less device memory;
+  * host_memory_limit marks modes whose host peak exceeds it as not fitting (on the CPU backend,
+    where "device" memory is host memory, device + host must fit), and `auto` picks only among
+    modes that fit both budgets, or stops with an error when none does;
+  * the Llama-3.1-8B shape (config.json only: planning loads no weights) with QLoRA r16 at 131K
+    tokens on an 80 GB GPU has a fitting mode.
+Usage: /usr/bin/python3 test/test_plan.py --bin build/train_llama
+"""
+import argparse
+import json
+import os
+import re
+import shutil
+import struct
+import subprocess
+import sys
+import tempfile
+
+UNITS = {"B": 1, "KiB": 2 ** 10, "MiB": 2 ** 20, "GiB": 2 ** 30}
+results = []
+
+
+def check(name, ok, detail=""):
+    results.append(ok)
+    print(("PASS %s" % name) if ok else ("FAIL %s: %s" % (name, detail)), flush=True)
+
+
+def run(binary, cfg, *sets):
+    args = [binary, "-c", cfg]
+    for s in sets:
+        args += [s] if s.startswith("--") else ["--set", s]
+    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+    env.pop("LLMC_DEVICE", None)
+    p = subprocess.run(args, env=env, capture_output=True, text=True, timeout=300)
+    return p.returncode, p.stdout, p.stderr
+
+
+def rows(out):
+    """mode -> (device bytes, host bytes, fits) from a printed plan."""
+    got = {}
+    for line in out.splitlines():
+        m = re.match(r"\| (.+?) +\| +([\d.]+) (\w+) \| +([\d.]+) (\w+) \|.*\| +(yes|no) \|$", line)
+        if m:
+            got[m.group(1)] = (float(m.group(2)) * UNITS[m.group(3)], float(m.group(4)) * UNITS[m.group(5)],
+                               m.group(6) == "yes")
+    return got
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--bin", default="build/train_llama")
+    args = ap.parse_args()
+    binary = os.path.abspath(args.bin)
+    root = tempfile.mkdtemp(prefix="test_plan.")
+    try:
+        toks = [i % 200 for i in range(5000)]
+        data = os.path.join(root, "train.bin")
+        with open(data, "wb") as f:
+            f.write(struct.pack("<256i", 20240520, 1, len(toks), *([0] * 253)))
+            f.write(struct.pack("<%dH" % len(toks), *toks))
+        cfg = os.path.join(root, "cfg.yaml")
+        with open(cfg, "w") as f:
+            f.write("model:\n  vocab_size: 256\n  hidden_size: 64\n  intermediate_size: 160\n"
+                    "  num_hidden_layers: 2\n  num_attention_heads: 4\n  max_position_embeddings: 256\n"
+                    "train_data: %s\nsequence_len: 128\nmicro_batch_size: 2\nmax_steps: 2\nnum_threads: 1\n"
+                    "output_dir: %s\n" % (data, os.path.join(root, "out")))
+
+        rc, out, err = run(binary, cfg, "device=cuda", "--plan")
+        lines = [l for l in err.splitlines() if l.strip()]
+        check("cuda plan without device_memory_limit: one error naming it",
+              rc == 1 and len(lines) == 1 and "device_memory_limit" in lines[0], err)
+        rc, out, err = run(binary, cfg, "device=cuda", "device_memory_limit=80GiB", "dtype=float32", "--plan")
+        cuda32 = rows(out)
+        check("cuda plan runs without a GPU and prints its assumptions",
+              rc == 0 and len(cuda32) >= 8 and "assumptions (H100" in out and "TFLOP/s" in out, out + err)
+        fixed = re.search(r"fixed device memory ([\d.]+) (\w+)", out)
+        fixed = float(fixed.group(1)) * UNITS[fixed.group(2)] if fixed else -1
+        rc, out, err = run(binary, cfg, "device=cpu", "--plan")
+        cpu = rows(out)
+        check("cuda fp32 plan = cpu plan + the stated fixed device memory, every row",
+              len(cpu) >= 8 and cpu.keys() == cuda32.keys() and fixed > 0 and
+              all(abs(cuda32[k][0] - cpu[k][0] - fixed) <= 0.01 * cpu[k][0] + 2 ** 20 and
+                  abs(cuda32[k][1] - cpu[k][1]) <= 0.01 * max(cpu[k][1], 1) for k in cpu),
+              "fixed %s\ncpu %s\ncuda %s" % (fixed, cpu, cuda32))
+        rc, out, err = run(binary, cfg, "device=cuda", "device_memory_limit=80GiB", "--plan")
+        bf16 = rows(out)
+        check("cuda bf16 plan needs less device memory than fp32 in every row",
+              len(bf16) >= 8 and bf16.keys() == cuda32.keys() and all(bf16[k][0] < cuda32[k][0] for k in bf16),
+              repr(bf16))
+
+        # Host budget on the CPU backend: device + host must fit.
+        plain_dev = cpu["plain"][0]
+        hl = int(plain_dev * 0.8)
+        rc, out, err = run(binary, cfg, "device=cpu", "host_memory_limit=%d" % hl, "--plan")
+        lim = rows(out)
+        check("host_memory_limit: modes over it do not fit, modes under it do",
+              rc == 0 and not lim["plain"][2] and
+              all(v[2] == (v[0] + v[1] <= hl) for v in lim.values()), repr(lim))
+        fit = [k for k, v in lim.items() if v[2]]
+        rc, out, err = run(binary, cfg, "device=cpu", "host_memory_limit=%d" % hl,
+                           "activation_offloading=auto", "output_dir=" + os.path.join(root, "auto"))
+        picked = re.search(r"auto picked '(.+)'", out)
+        check("auto picks a mode within host_memory_limit",
+              rc == 0 and picked and picked.group(1) in fit, out[-400:] + err)
+        rc, out, err = run(binary, cfg, "device=cpu", "host_memory_limit=1KiB",
+                           "activation_offloading=auto", "output_dir=" + os.path.join(root, "auto2"))
+        check("auto with no fitting mode: one error", rc == 1 and "no mode fits" in err, err)
+
+        # The 8B shape: QLoRA r16 at 131,072 tokens on one 80 GB GPU.
+        d8 = os.path.join(root, "llama8b")
+        os.makedirs(d8)
+        json.dump({"model_type": "llama", "vocab_size": 128256, "hidden_size": 4096,
+                   "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,
+                   "num_key_value_heads": 8, "max_position_embeddings": 131072, "rms_norm_eps": 1e-5,
+                   "rope_theta": 500000.0, "torch_dtype": "bfloat16"}, open(os.path.join(d8, "config.json"), "w"))
+        c8 = os.path.join(root, "c8.yaml")
+        with open(c8, "w") as f:
+            f.write("base_model: %s\ntrain_data: %s\nsequence_len: 131072\nmicro_batch_size: 1\n"
+                    "adapter: qlora\nload_in_4bit: true\nlora_r: 16\nlora_alpha: 32\nlora_target_linear: true\n"
+                    "device: cuda\ndevice_memory_limit: 80GiB\nhost_memory_limit: 128GiB\noutput_dir: %s\n"
+                    % (d8, data, os.path.join(root, "o8")))
+        rc, out, err = run(binary, c8, "--plan")
+        r8 = rows(out)
+        check("8B QLoRA r16 at 131K tokens: a mode fits 80 GiB device and 128 GiB host",
+              rc == 0 and any(v[2] for v in r8.values()) and
+              all(v[0] <= 80 * 2 ** 30 and v[1] <= 128 * 2 ** 30 for v in r8.values() if v[2]), out + err)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    bad = results.count(False)
+    print("%d passed, %d failed" % (len(results) - bad, bad))
+    sys.exit(1 if bad else 0)
+
+
+if __name__ == "__main__":
+    main()
