@@ -163,11 +163,32 @@ static uint16_t to_bf16(float f) {
     return (uint16_t)(x >> 16);
 }
 
+// Round-to-nearest-even float -> half without _Float16 (which not every compiler targets):
+// a subnormal result is rounded by one float addition of a magic constant (the FPU rounds to
+// nearest even), a normal one by adding half an ulp minus one plus the kept mantissa's low bit.
 static uint16_t to_f16(float f) {
-    _Float16 h = (_Float16)f;
-    uint16_t u;
-    memcpy(&u, &h, 2);
-    return u;
+    const uint32_t f32_inf = 255u << 23, f16_overflow = (127u + 16u) << 23;  // 2^16
+    const uint32_t denorm_magic = ((127u - 15u) + (23u - 10u) + 1u) << 23;
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    const uint32_t sign = u & 0x80000000u;
+    u ^= sign;
+    uint16_t h;
+    if (u >= f16_overflow) {
+        h = u > f32_inf ? 0x7e00 : 0x7c00;  // NaN stays NaN; too large becomes infinity
+    } else if (u < (113u << 23)) {  // below 2^-14: a half subnormal (or zero)
+        float x, magic;
+        memcpy(&x, &u, 4);
+        memcpy(&magic, &denorm_magic, 4);
+        x += magic;
+        uint32_t r;
+        memcpy(&r, &x, 4);
+        h = (uint16_t)(r - denorm_magic);
+    } else {
+        u += ((uint32_t)(15 - 127) << 23) + 0xfffu + ((u >> 13) & 1u);
+        h = (uint16_t)(u >> 13);
+    }
+    return h | (uint16_t)(sign >> 16);
 }
 
 // Converts n floats at buf, in place, into the 16-bit dtype (BF16 or F16): value i moves from

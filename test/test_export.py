@@ -213,6 +213,23 @@ def main():
         check("float16 overflow: no final model, no temporary directory",
               not [n for n in os.listdir(ob) if n.startswith("model") or "tmp" in n], repr(os.listdir(ob)))
 
+        # float16 rounding at the edges (subnormals, ties, the largest finite values): with
+        # learning_rate 0 the weights are written as loaded.
+        edge = os.path.join(root, "base_edge")
+        shutil.copytree(base, edge)
+        t = {k: ("F32", a.copy()) for k, (_, a) in f32.items()}
+        vals = np.array([1e-6, 3e-8, -2.5e-7, 5.96e-8, 2.98e-8, 6.0e-5, 6.1035e-5, 65504.0, 65519.0,
+                         -65519.9, 1e-10, 2.0 ** -25 * 3, 1.00048828125, 1.00146484375, 0.33333334, 7e-6], np.float32)
+        t["model.norm.weight"] = ("F32", vals)
+        st_write(os.path.join(edge, "model.safetensors"), t)
+        rc, err = run(binary, d, CFG.format(data=data, out="out_edge") + "base_model: %s\n" % edge,
+                      "save_dtype=float16", "max_steps=1", "learning_rate=0")
+        e16 = read_model_dir(os.path.join(d, "out_edge")) if rc == 0 else {}
+        got = e16.get("model.norm.weight", (None, np.zeros(0)))[1]
+        check("float16: subnormals, ties and the largest values round as numpy does",
+              rc == 0 and got.view(np.uint16).tolist() == vals.astype(np.float16).view(np.uint16).tolist(),
+              "%s vs %s %s" % (got, vals.astype(np.float16), err))
+
         # LoRA + merge_lora: Axolotl's layout.
         rc, err = run(binary, d, fine, "output_dir=lora", "adapter=lora", "lora_r=2", "lora_alpha=4",
                       "lora_target_linear=true", "merge_lora=true")
