@@ -113,12 +113,20 @@ struct Backend {
 
     // Causal grouped-query attention, flash style: q [B,T,Hq,D], k/v [B,T,Hkv,D], out like q,
     // lse_f32 [B,Hq,T] (natural log-sum-exp of the scaled scores). No T x T matrix is stored.
+    // Query t of a row attends keys j with lo(t) <= j <= t, where
+    //   lo(t) = max(doc_start[b*T + t], t - window + 1)
+    // window 0 means no window (Mistral/Qwen2 sliding window: window keys including t itself, as
+    // transformers' mask kv_idx > q_idx - sliding_window). doc_start (device int32 [B*T], the
+    // in-row index of the first token of t's document, for packed samples) may be NULL: the row
+    // is one document. A backend that does not implement a mask it is given fails, naming it.
     void (*attention_fwd)(Backend *, void *out, float *lse_f32, const void *q, const void *k,
-                          const void *v, int B, int T, int Hq, int Hkv, int D);
-    // Writes (does not accumulate) dq, dk, dv.
+                          const void *v, int B, int T, int Hq, int Hkv, int D, int window,
+                          const int32_t *doc_start);
+    // Writes (does not accumulate) dq, dk, dv. window/doc_start as in the forward.
     void (*attention_bwd)(Backend *, void *dq, void *dk, void *dv, const void *dout,
                           const void *q, const void *k, const void *v, const void *out,
-                          const float *lse_f32, int B, int T, int Hq, int Hkv, int D);
+                          const float *lse_f32, int B, int T, int Hq, int Hkv, int D, int window,
+                          const int32_t *doc_start);
 
     // y = x * mask / (1 - p), mask[i] from a hash of (seed, first + i): the same call is its
     // own backward, and a tile of rows gets the mask the whole tensor would. y may alias x.

@@ -34,5 +34,16 @@ Comm *comm_single(void);
 // NCCL between GPUs on the CUDA backend's compute stream; boot (MPI, or the launcher-free
 // comm) shares the unique id (launcher-free: through the file $LLMC_NCCL_ID_FILE) and is
 // owned by the result. Not yet run on GPUs.
+// Launcher-free NCCL needs no MPI: RANK, WORLD_SIZE, LOCAL_RANK and LLMC_NCCL_ID_FILE (a path
+// on a file system every rank sees); LLMC_COMM_TIMEOUT (seconds, default 300) bounds every
+// collective and the rendezvous. NCCL runs on the GPU of LOCAL_RANK.
 struct Backend;
 Comm *comm_nccl_create(Comm *boot, int rank, int world, int local_rank, struct Backend *bk);
+// LLMC_COMM_TIMEOUT if set and positive, else 300 s.
+double comm_default_timeout(void);
+// Rank 0 publishes `bytes` of blob through the file `path`; every other rank of the same run
+// receives them. Stale files of earlier runs are never used (each process answers with a fresh
+// nonce that rank 0 must echo); fails after timeout_s naming what is missing. Rank 0 removes
+// the file with comm_file_rendezvous_done once every rank is known to have read it.
+void comm_file_rendezvous(const char *path, int rank, int world, void *blob, size_t bytes, double timeout_s);
+void comm_file_rendezvous_done(const char *path, int rank);

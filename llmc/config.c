@@ -1,5 +1,6 @@
 // config.c: the key table and the YAML/--set readers built on it.
 #include "config.h"
+#include <dirent.h>
 #include <errno.h>
 #include <math.h>
 #include <stddef.h>
@@ -7,9 +8,11 @@
 #include <string.h>
 #include <yaml.h>
 #include "gpt2_io.h"
+#include "hfcache.h"
 #include "util.h"
 
-typedef enum { T_INT, T_FLOAT, T_BOOL, T_STR, T_ENUM, T_SIZE, T_LIST } KeyType;
+// T_STEPS: a step count, or a fraction in (0, 1) of all steps (Axolotl's eval_steps: 0.25)
+typedef enum { T_INT, T_FLOAT, T_BOOL, T_STR, T_ENUM, T_SIZE, T_LIST, T_STEPS } KeyType;
 
 typedef struct {
     const char *name;
@@ -53,25 +56,48 @@ static const KeyDef KEYS[] = {
     NUM("micro_batch_size", T_INT, micro_batch_size, "1", 1, 65536, "rows per micro-batch (B)"),
     NUM("gradient_accumulation_steps", T_INT, gradient_accumulation_steps, "1", 1, 65536,
         "micro-batches per optimizer step"),
-    NUM("max_steps", T_INT, max_steps, "100", 1, BIG, "optimizer steps"),
+    NUM("max_steps", T_INT, max_steps, "0", 0, BIG, "optimizer steps; 0: num_epochs over train_data"),
+    NUM("num_epochs", T_FLOAT, num_epochs, "0", 0, 1e6,
+        "passes over train_data (max_steps overrides); unset: 1"),
     NUM("learning_rate", T_FLOAT, learning_rate, "3e-4", 0, 10, "peak learning rate"),
-    ENUM("lr_scheduler", lr_scheduler, "cosine", "constant|linear|cosine", "schedule after warmup"),
+    ENUM("lr_scheduler", lr_scheduler, "cosine", "constant|linear|cosine|constant_with_warmup",
+         "schedule after warmup"),
+    ENUM("optimizer", optimizer, "adamw_torch",
+         "adamw_torch|adamw_torch_fused|adamw_hf|adamw_bnb_8bit|adamw_8bit|paged_adamw_8bit|paged_adamw_32bit",
+         "all run this program's AdamW (float32 moments)"),
     NUM("warmup_steps", T_INT, warmup_steps, "0", 0, BIG, "linear warmup steps"),
+    NUM("warmup_ratio", T_FLOAT, warmup_ratio, "0", 0, 1, "warmup as a fraction of all steps (not with warmup_steps)"),
+    NUM("cosine_min_lr_ratio", T_FLOAT, cosine_min_lr_ratio, "0", 0, 1,
+        "cosine decays to this fraction of learning_rate"),
     NUM("weight_decay", T_FLOAT, weight_decay, "0", 0, 10, "AdamW decoupled weight decay"),
     NUM("max_grad_norm", T_FLOAT, max_grad_norm, "1.0", 0, 1e30, "global-norm clipping; 0 disables"),
     NUM("adam_beta1", T_FLOAT, adam_beta1, "0.9", 0, 1, "AdamW beta1, below 1 in float32"),
     NUM("adam_beta2", T_FLOAT, adam_beta2, "0.999", 0, 1, "AdamW beta2, below 1 in float32"),
     NUM("adam_epsilon", T_FLOAT, adam_epsilon, "1e-8", 0, 1, "AdamW epsilon, > 0 in float32"),
     NUM("seed", T_INT, seed, "42", 0, BIG, "seed for init, shuffling and sampling"),
-    NUM("eval_steps", T_INT, eval_steps, "0", 0, BIG, "evaluate every N steps; 0 disables"),
+    NUM("eval_steps", T_STEPS, eval_steps_spec, "0", 0, BIG,
+        "evaluate every N steps, or a fraction of all steps (0.25); 0 and val_data: every epoch"),
+    NUM("evals_per_epoch", T_INT, evals_per_epoch, "0", 0, BIG, "evaluations per epoch (not with eval_steps)"),
+    ENUM("eval_strategy", eval_strategy, "auto", "auto|no|steps|epoch",
+         "no: never evaluate; epoch: every epoch; auto/steps: from eval_steps"),
+    NUM("early_stopping_patience", T_INT, early_stopping_patience, "0", 0, BIG,
+        "stop after N evaluations without a better val_loss; 0 disables"),
     NUM("eval_batches", T_INT, eval_batches, "8", 1, BIG, "validation batches per evaluation"),
     NUM("sample_steps", T_INT, sample_steps, "0", 0, BIG, "print a sample every N steps (byte vocab)"),
     NUM("sample_tokens", T_INT, sample_tokens, "200", 1, 100000, "length of a sample"),
-    NUM("save_steps", T_INT, save_steps, "0", 0, BIG, "checkpoint every N steps; 0: only at the end"),
-    NUM("log_steps", T_INT, log_steps, "1", 1, BIG, "print a step line every N steps"),
+    NUM("save_steps", T_STEPS, save_steps_spec, "0", 0, BIG,
+        "checkpoint every N steps or a fraction of all steps; 0: only at the end"),
+    NUM("saves_per_epoch", T_INT, saves_per_epoch, "0", 0, BIG, "checkpoints per epoch (not with save_steps)"),
+    ENUM("save_strategy", save_strategy, "auto", "auto|no|steps|epoch",
+         "epoch: every epoch; no/auto/steps: from save_steps (the last step is always saved)"),
+    NUM("save_total_limit", T_INT, save_total_limit, "0", 0, BIG,
+        "keep at most N checkpoint-* directories (oldest removed); 0: all"),
+    NUM("log_steps", T_INT, log_steps, "1", 1, BIG, "print a step line every N steps (alias logging_steps)"),
     STR("output_dir", output_dir, "out", "metrics, checkpoints and the final model"),
     STR("resume_from_checkpoint", resume_from_checkpoint, "",
         "checkpoint directory to continue from, or auto (the latest in output_dir)"),
+    NUM("auto_resume_from_checkpoints", T_BOOL, auto_resume_from_checkpoints, "false", 0, 1,
+        "true: resume_from_checkpoint auto"),
     ENUM("gradient_checkpointing", gradient_checkpointing, "false", "false|true|selective",
          "recompute in backward: true keeps only layer inputs, selective keeps matmul outputs"),
     NUM("gradient_checkpointing_every", T_INT, gradient_checkpointing_every, "1", 1, 100000,
@@ -107,7 +133,8 @@ static const KeyDef KEYS[] = {
     NUM("load_in_4bit", T_BOOL, load_in_4bit, "false", 0, 1, "QLoRA: frozen layer weights in NF4"),
     NUM("layer_offloading", T_BOOL, layer_offloading, "false", 0, 1,
         "stream frozen layer weights from host memory through two device slots"),
-    NUM("fsdp", T_BOOL, fsdp, "false", 0, 1, "shard parameters, gradients and optimizer (zero_stage 3)"),
+    NUM("fsdp", T_BOOL, fsdp, "false", 0, 1,
+        "shard parameters, gradients and optimizer (zero_stage 3); or Axolotl's list [full_shard, auto_wrap]"),
     NUM("zero_stage", T_INT, zero_stage, "0", 0, 3, "0: all-reduce gradients; 1: shard optimizer state; 3: fsdp"),
     NUM("offload_optimizer", T_BOOL, offload_optimizer, "false", 0, 1,
         "fp32 master and AdamW moments in host memory, updated on the CPU"),
@@ -115,9 +142,231 @@ static const KeyDef KEYS[] = {
          "backend; auto = CUDA when a GPU is present ($LLMC_DEVICE sets the default)"),
     ENUM("dtype", precision, "bfloat16", "bfloat16|float32",
          "GPU compute precision (fp32 master weights either way); the CPU computes in float32"),
+    ENUM("bf16", bf16, NULL, "true|false|auto|full", "Axolotl: true/auto = dtype bfloat16; false (and no fp16) = float32"),
+    ENUM("fp16", fp16, NULL, "true|false", "Axolotl: float16 compute is not implemented (false only)"),
     NUM("num_threads", T_INT, num_threads, "0", 0, 4096, "CPU threads; 0 = all cores"),
 };
 #define NKEYS (sizeof KEYS / sizeof KEYS[0])
+
+// ---- Axolotl keys that are not in the table above. Each is either a note (it cannot change
+// the result here: printed once when its value does anything), refused (the message says what
+// to use instead), or a datasets-pipeline key (refused until that pipeline exists). A value that
+// makes no difference (null, false, 0, empty, or one of ok) is accepted silently. A name ending
+// in '*' is a prefix.
+typedef enum { R_NOTE, R_REFUSE, R_DATA } RuleKind;
+typedef struct {
+    const char *name;
+    RuleKind kind;
+    const char *ok;   // "a|b": further values that are harmless
+    const char *msg;
+} Rule;
+
+#define NOTE_TRACKING "experiment tracking is not built in; metrics go to output_dir/metrics.jsonl"
+#define NOTE_KERNEL "a kernel choice of the PyTorch stack; this program has its own kernels (flash-style attention, fused loss)"
+#define NOTE_HUB "this program never uploads; the model and checkpoints stay in output_dir"
+#define NOTE_DDP "a torch.distributed setting; ranks here talk through MPI (CPU) or NCCL (GPU)"
+#define NOTE_LOADER "a PyTorch DataLoader setting; train_data shards are read one window at a time"
+#define NOTE_TOKENIZER "train_llama reads pre-tokenized train_data shards; the tokenizer is not used"
+#define NOTE_MODEL_CLASS "the architecture comes from base_model's config.json"
+#define NOTE_DATASET_OPT "it tunes the datasets pipeline, which is not used with train_data shards"
+#define NOTE_WANDB_EVAL "prediction tables and generation metrics are not computed; eval reports val_loss"
+#define REFUSE_RL "RL/preference training (rl, dpo, orpo, kto, grpo, reward models) is not implemented; this program does supervised next-token training"
+#define REFUSE_PEFT_VARIANT "only plain LoRA/QLoRA (lora_r, lora_alpha, lora_dropout, lora_target_modules, use_rslora) is implemented"
+
+static const Rule RULES[] = {
+    // tracking, hub, logging
+    {"wandb_*", R_NOTE, NULL, NOTE_TRACKING}, {"use_wandb", R_NOTE, NULL, NOTE_TRACKING},
+    {"mlflow_*", R_NOTE, NULL, NOTE_TRACKING}, {"hf_mlflow_log_artifacts", R_NOTE, NULL, NOTE_TRACKING},
+    {"use_mlflow", R_NOTE, NULL, NOTE_TRACKING},
+    {"comet_*", R_NOTE, NULL, NOTE_TRACKING}, {"use_comet", R_NOTE, NULL, NOTE_TRACKING},
+    {"use_tensorboard", R_NOTE, NULL, NOTE_TRACKING}, {"use_ray", R_NOTE, NULL, "Ray launching is not supported; run with mpirun for several ranks"},
+    {"hub_model_id", R_NOTE, NULL, NOTE_HUB}, {"hub_strategy", R_NOTE, NULL, NOTE_HUB},
+    {"hub_revision", R_NOTE, NULL, NOTE_HUB}, {"push_*", R_NOTE, NULL, NOTE_HUB},
+    {"hf_use_auth_token", R_NOTE, NULL, "nothing is downloaded (hub ids resolve in the local cache)"},
+    {"include_tokens_per_second", R_NOTE, NULL, "tokens/s is always in the step line and metrics.jsonl"},
+    {"profiler_steps", R_NOTE, NULL, "the PyTorch profiler does not exist here; metrics.jsonl has per-step time and memory peaks"},
+    {"eval_table_size", R_NOTE, NULL, NOTE_WANDB_EVAL}, {"eval_max_new_tokens", R_NOTE, NULL, NOTE_WANDB_EVAL},
+    {"do_causal_lm_eval", R_NOTE, NULL, NOTE_WANDB_EVAL}, {"eval_causal_lm_metrics", R_NOTE, NULL, NOTE_WANDB_EVAL},
+    {"debug", R_NOTE, NULL, "there is no debug mode"}, {"strict", R_NOTE, NULL, "unknown keys are always errors here"},
+    {"local_rank", R_NOTE, NULL, "the rank comes from the launcher (mpirun)"},
+    {"seed_everything", R_NOTE, NULL, "seed always seeds everything"},
+    {"data_seed", R_NOTE, NULL, "shuffling uses seed"},
+    // attention and kernel patches, compilation
+    {"flash_attention", R_NOTE, NULL, NOTE_KERNEL}, {"flash_attn_*", R_NOTE, NULL, NOTE_KERNEL},
+    {"sdp_attention", R_NOTE, NULL, NOTE_KERNEL}, {"xformers_attention", R_NOTE, NULL, NOTE_KERNEL},
+    {"flex_attention", R_NOTE, NULL, NOTE_KERNEL}, {"eager_attention", R_NOTE, NULL, NOTE_KERNEL},
+    {"flash_optimum", R_NOTE, NULL, NOTE_KERNEL}, {"attn_implementation", R_NOTE, NULL, NOTE_KERNEL},
+    {"fused_attn_kernel", R_NOTE, NULL, NOTE_KERNEL}, {"liger_*", R_NOTE, NULL, NOTE_KERNEL},
+    {"cut_cross_entropy", R_NOTE, NULL, "the loss is already computed in chunks without B x T x V logits"},
+    {"plugins", R_NOTE, NULL, "Axolotl plugins (Liger, CutCrossEntropy) are kernel swaps; this program has its own kernels"},
+    {"lora_mlp_kernel", R_NOTE, NULL, NOTE_KERNEL}, {"lora_qkv_kernel", R_NOTE, NULL, NOTE_KERNEL},
+    {"lora_o_kernel", R_NOTE, NULL, NOTE_KERNEL}, {"lora_embedding_kernel", R_NOTE, NULL, NOTE_KERNEL},
+    {"unsloth_*", R_NOTE, NULL, NOTE_KERNEL}, {"torch_compile*", R_NOTE, NULL, "there is no torch.compile; the kernels are compiled C/CUDA"},
+    {"tf32", R_NOTE, NULL, "dtype float32 matmuls are always full float32 (no TF32); bfloat16 runs are unaffected"},
+    {"low_cpu_mem_usage", R_NOTE, NULL, "weights are read tensor by tensor"},
+    {"device_map", R_NOTE, NULL, "one device per rank"}, {"max_memory", R_NOTE, NULL, "use device_memory_limit for a device budget"},
+    {"gradient_checkpointing_kwargs", R_NOTE, NULL, "recompute here is exact and has no reentrant/non-reentrant variants"},
+    {"loss_watchdog_*", R_NOTE, NULL, "a run already stops after 3 consecutive non-finite steps"},
+    {"embeddings_skip_upcast", R_NOTE, NULL, "embeddings keep float32 master weights"},
+    {"lora_on_cpu", R_NOTE, NULL, "adapters are created where the model lives"},
+    {"bnb_config_kwargs", R_NOTE, NULL, "QLoRA's base is NF4 in bitsandbytes' layout with float32 absmax"},
+    {"save_safetensors", R_NOTE, "true", "weights are always written as safetensors"},
+    {"save_only_model", R_NOTE, NULL, "checkpoints always include the optimizer state, so they can be resumed"},
+    {"save_first_step", R_NOTE, NULL, "the first checkpoint follows save_steps"},
+    {"eval_batch_size", R_NOTE, NULL, "evaluation runs micro_batch_size rows per batch; eval_batches sets how many"},
+    {"group_by_length", R_NOTE, NULL, "train_data shard rows are all sequence_len tokens long"},
+    {"batch_flattening", R_NOTE, NULL, "train_data shard rows are all sequence_len tokens long (no padding to flatten)"},
+    {"pad_to_sequence_len", R_NOTE, NULL, "train_data shard rows are always sequence_len tokens long"},
+    {"auto_find_batch_size", R_REFUSE, NULL, "set micro_batch_size yourself; train_llama --plan shows what fits"},
+    {"ddp_*", R_NOTE, NULL, NOTE_DDP}, {"dataloader_*", R_NOTE, NULL, NOTE_LOADER},
+    {"special_tokens", R_NOTE, NULL, "token ids come from the pre-tokenized train_data shards and the vocabulary is not resized"},
+    // model and tokenizer loading
+    {"model_type", R_NOTE, NULL, NOTE_MODEL_CLASS}, {"base_model_config", R_NOTE, NULL, NOTE_MODEL_CLASS},
+    {"is_*_derived_model", R_NOTE, NULL, NOTE_MODEL_CLASS},
+    {"base_model_ignore_patterns", R_NOTE, NULL, "only *.safetensors weights are read"},
+    {"trust_remote_code", R_NOTE, NULL, "no model code is loaded; the Llama-family architecture is built in"},
+    {"tokenizer_config", R_NOTE, NULL, NOTE_TOKENIZER}, {"tokenizer_type", R_NOTE, NULL, NOTE_TOKENIZER},
+    {"tokenizer_use_fast", R_NOTE, NULL, NOTE_TOKENIZER}, {"tokenizer_legacy", R_NOTE, NULL, NOTE_TOKENIZER},
+    {"tokenizer_padding_side", R_NOTE, NULL, NOTE_TOKENIZER}, {"tokenizer_save_jinja_files", R_NOTE, NULL, NOTE_TOKENIZER},
+    {"tokenizer_use_mistral_common", R_NOTE, NULL, NOTE_TOKENIZER},
+    {"processor_type", R_NOTE, NULL, NOTE_TOKENIZER},
+    {"tokens", R_REFUSE, NULL, "adding tokens (and resizing the embeddings) is not implemented; add them to the tokenizer and model beforehand"},
+    {"added_tokens_overrides", R_REFUSE, NULL, "tokenizer edits are not implemented"},
+    {"resize_token_embeddings_to_32x", R_REFUSE, NULL, "resizing the embeddings is not implemented"},
+    {"mean_resizing_embeddings", R_REFUSE, NULL, "resizing the embeddings is not implemented"},
+    {"shrink_embeddings", R_REFUSE, NULL, "resizing the embeddings is not implemented"},
+    {"random_init_weights", R_REFUSE, NULL, "for a random-init model give a model: block (hidden_size, num_hidden_layers, ...) instead of base_model"},
+    {"model_config", R_REFUSE, NULL, "overriding the model's config.json is not implemented; edit a copy of the model directory"},
+    {"overrides_of_model_config", R_REFUSE, NULL, "overriding the model's config.json is not implemented; edit a copy of the model directory"},
+    {"overrides_of_model_kwargs", R_REFUSE, NULL, "model loading options are not implemented"},
+    {"revision_of_model", R_REFUSE, NULL, "a hub base_model resolves to refs/main of the local cache; give the snapshot directory of another revision as base_model"},
+    // quantization, precision, optimizers, schedules
+    {"load_in_8bit", R_REFUSE, NULL, "8-bit (LLM.int8) weights are not implemented; use adapter: qlora with load_in_4bit: true, or adapter: lora on the bfloat16 base"},
+    {"gptq", R_REFUSE, NULL, "GPTQ models are not supported; use a bfloat16/float32 safetensors model (load_in_4bit: true quantizes it to NF4)"},
+    {"float16", R_REFUSE, NULL, "float16 compute is not implemented; use bf16: true (dtype: bfloat16)"},
+    {"qat", R_REFUSE, NULL, "quantization-aware training is not implemented"},
+    {"quantization", R_REFUSE, NULL, "post-training quantization is not implemented (train_llama --quantize writes an NF4 copy)"},
+    {"optim_args", R_REFUSE, NULL, "AdamW takes adam_beta1, adam_beta2, adam_epsilon and weight_decay"},
+    {"optim_target_modules", R_REFUSE, NULL, "GaLore/APOLLO optimizers are not implemented"},
+    {"adam_beta3", R_NOTE, NULL, "used only by the CAME optimizer"}, {"adam_epsilon2", R_NOTE, NULL, "used only by the CAME optimizer"},
+    {"lr_scheduler_kwargs", R_REFUSE, NULL, "schedules take warmup_steps/warmup_ratio and cosine_min_lr_ratio"},
+    {"lr_quadratic_warmup", R_REFUSE, NULL, "warmup is linear"},
+    {"cosine_constant_lr_ratio", R_REFUSE, NULL, "not implemented; use cosine_min_lr_ratio"},
+    {"lr_div_factor", R_REFUSE, NULL, "the one_cycle schedule is not implemented (constant, linear, cosine)"},
+    {"lr_groups", R_REFUSE, NULL, "per-module learning rates are not implemented"},
+    {"loraplus_*", R_REFUSE, NULL, "LoRA+ (a separate learning rate for B) is not implemented"},
+    {"embedding_lr*", R_REFUSE, NULL, "per-module learning rates are not implemented"},
+    {"neftune_noise_alpha", R_REFUSE, NULL, "NEFTune embedding noise is not implemented"},
+    // adapters
+    {"lora_fan_in_fan_out", R_REFUSE, NULL, "Conv1D-style (fan_in_fan_out) layers do not occur in Llama-family models"},
+    {"lora_modules_to_save", R_REFUSE, NULL, "training embed_tokens/lm_head beside the adapter is not implemented"},
+    {"peft_use_dora", R_REFUSE, NULL, "DoRA is not implemented; " REFUSE_PEFT_VARIANT},
+    {"peft_layers_to_transform", R_REFUSE, NULL, "layer subsets are not implemented; " REFUSE_PEFT_VARIANT},
+    {"peft_layers_pattern", R_REFUSE, NULL, REFUSE_PEFT_VARIANT},
+    {"peft_layer_replication", R_REFUSE, NULL, REFUSE_PEFT_VARIANT},
+    {"peft_init_lora_weights", R_REFUSE, "true", "only PEFT's default (Kaiming A, zero B) initialisation is implemented"},
+    {"peft", R_REFUSE, NULL, "LoftQ initialisation is not implemented"},
+    {"relora_*", R_REFUSE, NULL, "ReLoRA is not implemented; train a plain adapter (adapter: lora)"},
+    {"unfrozen_parameters", R_REFUSE, NULL, "freezing subsets of a full fine-tune is not implemented; use an adapter or train everything"},
+    // distributed
+    {"deepspeed", R_REFUSE, NULL, "DeepSpeed is not used; set zero_stage: 1 (optimizer state sharded) or fsdp: true (zero_stage 3), and offload_optimizer: true for ZeRO-Offload"},
+    {"fsdp_version", R_NOTE, NULL, "sharding here is one implementation (zero_stage 3)"},
+    {"sequence_parallel_degree", R_REFUSE, "1", "sequence parallelism is not implemented; long contexts fit through gradient_checkpointing and activation_offloading"},
+    {"context_parallel_size", R_REFUSE, "1", "context parallelism is not implemented; long contexts fit through gradient_checkpointing and activation_offloading"},
+    {"tensor_parallel_size", R_REFUSE, "1", "tensor parallelism is not implemented; use fsdp: true"},
+    {"heads_k_stride", R_NOTE, NULL, "used only with sequence parallelism"}, {"ring_attn_func", R_NOTE, NULL, "used only with sequence parallelism"},
+    {"torchdistx_path", R_NOTE, NULL, "used only by adamw_anyprecision"},
+    // training modes
+    {"rl", R_REFUSE, NULL, REFUSE_RL}, {"rl_beta", R_REFUSE, NULL, REFUSE_RL}, {"trl", R_REFUSE, NULL, REFUSE_RL},
+    {"dpo_*", R_REFUSE, NULL, REFUSE_RL}, {"rpo_alpha", R_REFUSE, NULL, REFUSE_RL}, {"orpo_alpha", R_REFUSE, NULL, REFUSE_RL},
+    {"kto_*", R_REFUSE, NULL, REFUSE_RL}, {"cpo_alpha", R_REFUSE, NULL, REFUSE_RL}, {"simpo_gamma", R_REFUSE, NULL, REFUSE_RL},
+    {"reward_model", R_REFUSE, NULL, REFUSE_RL}, {"process_reward_model", R_REFUSE, NULL, REFUSE_RL},
+    {"s2_attention", R_REFUSE, NULL, "shifted-sparse attention is not implemented (attention is full causal)"},
+    {"curriculum_sampling", R_REFUSE, NULL, "use shuffle: false to visit train_data in order"},
+    {"image_size", R_REFUSE, NULL, "multimodal models are not supported"},
+    {"image_resize_algorithm", R_REFUSE, NULL, "multimodal models are not supported"},
+    // the datasets pipeline (not implemented yet)
+    {"datasets", R_DATA, NULL, NULL}, {"test_datasets", R_DATA, NULL, NULL},
+    {"pretraining_dataset", R_DATA, NULL, NULL}, {"chat_template", R_DATA, NULL, NULL},
+    {"chat_template_jinja", R_DATA, NULL, NULL}, {"eot_tokens", R_DATA, NULL, NULL},
+    {"default_system_message", R_DATA, NULL, NULL}, {"dataset_prepared_path", R_DATA, NULL, NULL},
+    {"val_set_size", R_DATA, NULL, NULL}, {"sample_packing", R_DATA, NULL, NULL},
+    {"eval_sample_packing", R_DATA, NULL, NULL}, {"train_on_inputs", R_DATA, "true", NULL},
+    {"max_packed_sequence_len", R_DATA, NULL, NULL}, {"sample_pack_sequentially", R_DATA, NULL, NULL},
+    {"pretraining_sample_concatenation", R_DATA, NULL, NULL},
+    {"sample_packing_*", R_NOTE, NULL, "sample_packing is off"}, {"multipack_real_batches", R_NOTE, NULL, "sample_packing is off"},
+    {"sample_packing_eff_est", R_NOTE, NULL, "sample_packing is off"}, {"total_num_tokens", R_NOTE, NULL, "the step count comes from the train_data shards"},
+    {"dataset_processes", R_NOTE, NULL, NOTE_DATASET_OPT}, {"dataset_num_proc", R_NOTE, NULL, NOTE_DATASET_OPT},
+    {"dataset_keep_in_memory", R_NOTE, NULL, NOTE_DATASET_OPT}, {"dataset_shard_*", R_NOTE, NULL, NOTE_DATASET_OPT},
+    {"dataset_exact_deduplication", R_NOTE, NULL, NOTE_DATASET_OPT}, {"shuffle_merged_datasets", R_NOTE, NULL, NOTE_DATASET_OPT},
+    {"shuffle_before_merging_datasets", R_NOTE, NULL, NOTE_DATASET_OPT}, {"skip_prepare_dataset", R_NOTE, NULL, NOTE_DATASET_OPT},
+    {"is_preprocess", R_NOTE, NULL, NOTE_DATASET_OPT}, {"streaming", R_NOTE, NULL, NOTE_DATASET_OPT},
+    {"drop_long_sequences", R_NOTE, NULL, NOTE_DATASET_OPT}, {"excess_length_strategy", R_NOTE, NULL, NOTE_DATASET_OPT},
+    {"min_sample_len", R_NOTE, NULL, NOTE_DATASET_OPT},
+};
+#define NRULES (sizeof RULES / sizeof RULES[0])
+
+// Aliases: Axolotl's other names for keys of the table.
+static const char *const ALIASES[][2] = {
+    {"logging_steps", "log_steps"}, {"peft_use_rslora", "use_rslora"}, {"bfloat16", "bf16"},
+};
+
+static const Rule *find_rule(const char *name) {
+    for (size_t i = 0; i < NRULES; i++) {
+        const char *r = RULES[i].name, *star = strchr(r, '*');
+        if (!star ? !strcmp(r, name)
+                  : !strncmp(r, name, (size_t)(star - r)) && strlen(name) >= strlen(r) - 1 &&
+                        !strcmp(star + 1, name + strlen(name) - strlen(star + 1)))
+            return &RULES[i];
+    }
+    return NULL;
+}
+
+static int in_choices(const char *choices, const char *v) {
+    size_t n = strlen(v);
+    for (const char *p = choices; p && *p;) {
+        const char *bar = strchr(p, '|');
+        size_t len = bar ? (size_t)(bar - p) : strlen(p);
+        if (len == n && !strncmp(p, v, n)) return 1;
+        p += len + (bar != NULL);
+    }
+    return 0;
+}
+
+// A value that does nothing: null/empty, false, 0 (value NULL: an empty list or mapping).
+static int harmless(const char *v) {
+    if (!v || !*v) return 1;
+    const char *f[] = {"false", "False", "FALSE", "no", "off", "null", "Null", "NULL", "~", "none", "None"};
+    for (size_t i = 0; i < sizeof f / sizeof f[0]; i++)
+        if (!strcmp(v, f[i])) return 1;
+    char *end;
+    double d = strtod(v, &end);
+    return end != v && !*end && d == 0;
+}
+
+static const char *DATA_MSG = "the datasets pipeline (datasets, prompt formats, sample packing, "
+                              "tokenization) is not implemented yet; tokenize your data into "
+                              "train_data/val_data token shards (scripts/tokenize_hf.py) and set "
+                              "train_data (and val_data)";
+
+// value: the scalar as written, or NULL for a list/mapping (nonempty says whether it has items).
+// Returns 0 when key has no rule.
+static int apply_rule(const char *key, const char *value, int nonempty, const char *origin) {
+    const Rule *r = find_rule(key);
+    if (!r) return 0;
+    // train_on_inputs: false is the harmful value (it asks for prompt masking), so a data key
+    // with an ok list is quiet only for those values.
+    int quiet = !value ? !nonempty
+              : !*value || (r->ok && in_choices(r->ok, value)) ||
+                    (!(r->kind == R_DATA && r->ok) && harmless(value));
+    if (quiet) return 1;
+    char shown[96];
+    snprintf(shown, sizeof shown, "%s", value ? value : "...");
+    if (r->kind == R_NOTE) printf("note: %s has no effect here: %s\n", key, r->msg);
+    else if (r->kind == R_REFUSE) fail("%s: key '%s' (%s) is not supported: %s", origin, key, shown, r->msg);
+    else fail("%s: key '%s' (%s): %s", origin, key, shown, DATA_MSG);
+    return 1;
+}
 
 static int edit_distance(const char *a, const char *b) {
     int la = (int)strlen(a), lb = (int)strlen(b);
@@ -145,20 +394,82 @@ static const KeyDef *find_key(const char *name) {
     return NULL;
 }
 
+// The known name nearest to name when it is a near spelling (at most 1 edit per 5 characters,
+// at least 1, at most 3), else NULL: "bf16" must not suggest "seed".
 static const char *closest_key(const char *name) {
-    const char *best = KEYS[0].name;
+    const char *best = NULL;
     int bd = 1 << 30;
-    for (size_t i = 0; i < NKEYS; i++) {
+    const char *bare = strncmp(name, "model.", 6) ? name : name + 6;
+    for (size_t i = 0; i < NKEYS + NRULES + sizeof ALIASES / sizeof ALIASES[0]; i++) {
         // Compare against the bare name too, so "hidden_size" suggests "model.hidden_size".
-        const char *k = KEYS[i].name, *dot = strchr(k, '.');
+        const char *k = i < NKEYS ? KEYS[i].name : i < NKEYS + NRULES ? RULES[i - NKEYS].name
+                      : ALIASES[i - NKEYS - NRULES][0];
+        if (strchr(k, '*')) continue;
+        const char *dot = strchr(k, '.');
         int d = edit_distance(name, k);
         if (dot) {
-            int d2 = edit_distance(name, dot + 1);
+            int d2 = edit_distance(bare, dot + 1);
             if (d2 < d) d = d2;
         }
         if (d < bd) bd = d, best = k;
     }
-    return best;
+    int len = (int)strlen(bare), allow = len / 5 < 1 ? 1 : len / 5 > 3 ? 3 : len / 5;
+    return bd <= allow && bd < len ? best : NULL;
+}
+
+// " (did you mean 'x'?)" or "".
+static const char *suggest(const char *name) {
+    static char buf[160];
+    const char *k = closest_key(name);
+    if (!k) return "";
+    snprintf(buf, sizeof buf, " (did you mean '%s'?)", k);
+    return buf;
+}
+
+static int parse_bool(const char *v, int *out);
+
+// Keys whose value is more than one field: fsdp's list form, optimizer notes, gpu_memory_limit.
+// Returns 1 when it handled key.
+static int special_set(Config *cfg, const char *key, const char *value, const char *origin) {
+    if (!strcmp(key, "fsdp")) {
+        int b;
+        cfg->fsdp_given = 1;
+        if (parse_bool(value, &b)) return cfg->fsdp = b, 1;
+        // Axolotl's list: full_shard, shard_grad_op, hybrid_shard, no_shard, offload, auto_wrap
+        char words[512];
+        snprintf(words, sizeof words, "%s", value);
+        int any = 0;
+        cfg->fsdp = 0;
+        for (char *sv, *w = strtok_r(words, ", []", &sv); w; w = strtok_r(NULL, ", []", &sv)) {
+            any = 1;
+            if (!strcmp(w, "full_shard")) cfg->fsdp = 1;
+            else if (!strcmp(w, "auto_wrap")) printf("note: fsdp: auto_wrap has no effect here: sharding is always per decoder layer\n");
+            else if (!strcmp(w, "no_shard")) cfg->fsdp = 0;
+            else if (!strcmp(w, "offload"))
+                fail("%s: key 'fsdp': 'offload' (parameters and gradients in host memory) is not supported; "
+                     "use offload_optimizer: true (fp32 master and AdamW moments on the host) and/or "
+                     "layer_offloading: true (frozen weights streamed from the host)", origin);
+            else if (!strcmp(w, "shard_grad_op") || !strncmp(w, "hybrid_shard", 12))
+                fail("%s: key 'fsdp': '%s' is not supported; use full_shard (zero_stage 3) or "
+                     "zero_stage: 1 (optimizer state sharded)", origin, w);
+            else
+                fail("%s: key 'fsdp': unknown option '%s' (expected true/false or a list of full_shard, "
+                     "auto_wrap, no_shard)", origin, w);
+        }
+        if (!any) fail("%s: key 'fsdp' expects true, false or a list such as [full_shard, auto_wrap]", origin);
+        return 1;
+    }
+    if (!strcmp(key, "gpu_memory_limit")) {
+        // Axolotl: an integer is in GiB (device_memory_limit's plain integers are bytes).
+        char v[64];
+        size_t n = strspn(value, "0123456789");
+        snprintf(v, sizeof v, "%s%s", value, n && !value[n] ? "GiB" : "");
+        config_set(cfg, "device_memory_limit", v, origin);
+        printf("note: gpu_memory_limit %s is used as device_memory_limit (a hard budget for this program's "
+               "device allocations)\n", v);
+        return 1;
+    }
+    return 0;
 }
 
 static int parse_bool(const char *v, int *out) {
@@ -171,12 +482,41 @@ static int parse_bool(const char *v, int *out) {
     return 0;
 }
 
-void config_set(Config *cfg, const char *key, const char *value, const char *origin) {
+// YAML's digit separators: 500_000 -> 500000 (an underscore between two digits only).
+static const char *no_underscores(const char *v, char *buf, size_t cap) {
+    size_t n = 0;
+    for (size_t i = 0; v[i] && n + 1 < cap; i++)
+        if (!(v[i] == '_' && i > 0 && v[i - 1] >= '0' && v[i - 1] <= '9' && v[i + 1] >= '0' && v[i + 1] <= '9'))
+            buf[n++] = v[i];
+    buf[n] = 0;
+    return buf;
+}
+
+// Sets key (an alias, a special key, a table key or a ruled Axolotl key); 0 if key is unknown.
+static int set_key(Config *cfg, const char *key, const char *value, const char *origin) {
+    for (size_t i = 0; i < sizeof ALIASES / sizeof ALIASES[0]; i++)
+        if (!strcmp(key, ALIASES[i][0])) key = ALIASES[i][1];
+    if (special_set(cfg, key, value, origin)) return 1;
     const KeyDef *k = find_key(key);
-    if (!k) fail("%s: unknown key '%s' (did you mean '%s'?)", origin, key, closest_key(key));
+    if (!k) return apply_rule(key, value, 0, origin);
+    if (strcmp(origin, "default")) cfg->given[k - KEYS] = 1;
     char *field = (char *)cfg + k->off;
-    char *end;
+    char *end, clean[128];
+    if (k->type == T_INT || k->type == T_FLOAT || k->type == T_STEPS)
+        value = no_underscores(value, clean, sizeof clean);
+    if (k->off == offsetof(Config, optimizer) && !in_choices(k->choices, value))
+        fail("%s: key 'optimizer': '%s' is not supported: this program implements AdamW only; use "
+             "adamw_torch (or one of %s, which all run the same AdamW)", origin, value, k->choices);
     switch (k->type) {
+    case T_STEPS: {
+        errno = 0;
+        double v = strtod(value, &end);
+        if (*value == 0 || *end || errno || !isfinite(v) || v < 0 || (v >= 1 && v != floor(v)) || v > k->hi)
+            fail("%s: key '%s' expects a number of steps or a fraction in (0, 1) of all steps, got '%s'",
+                 origin, key, value);
+        *(double *)field = v;
+        break;
+    }
     case T_INT: {
         errno = 0;
         long long v = strtoll(value, &end, 10);
@@ -212,6 +552,8 @@ void config_set(Config *cfg, const char *key, const char *value, const char *ori
     case T_ENUM: {
         int b;
         if (parse_bool(value, &b)) value = b ? "true" : "false";  // YAML's True/yes/on
+        if (!strcmp(value, "false") && (k->off == offsetof(Config, eval_strategy) || k->off == offsetof(Config, save_strategy)))
+            value = "no";  // YAML 1.1 reads a bare no as false
         size_t n = strlen(value);
         const char *p = k->choices;
         int ok = 0;
@@ -231,6 +573,21 @@ void config_set(Config *cfg, const char *key, const char *value, const char *ori
         break;
     }
     if (strncmp(key, "model.", 6) == 0) cfg->has_model_block = 1;
+    if (k->off == offsetof(Config, optimizer) && strcmp(origin, "default")) {
+        if (strstr(value, "8bit"))
+            printf("note: optimizer %s runs as AdamW with float32 moments: 8-bit optimizer states are "
+                   "not implemented (8 bytes per trainable parameter instead of about 2; "
+                   "offload_optimizer: true moves them to host memory)\n", value);
+        else if (strstr(value, "paged"))
+            printf("note: optimizer %s runs as AdamW: paged (unified-memory) optimizer states are not "
+                   "implemented; the moments stay in device memory (offload_optimizer: true moves them "
+                   "to host memory)\n", value);
+    }
+    return 1;
+}
+
+void config_set(Config *cfg, const char *key, const char *value, const char *origin) {
+    if (!set_key(cfg, key, value, origin)) fail("%s: unknown key '%s'%s", origin, key, suggest(key));
 }
 
 static void set_defaults(Config *cfg) {
@@ -239,6 +596,7 @@ static void set_defaults(Config *cfg) {
     for (size_t i = 0; i < NKEYS; i++)
         if (KEYS[i].def) config_set(cfg, KEYS[i].name, KEYS[i].def, "default");
     cfg->has_model_block = 0;
+    _Static_assert(NKEYS <= sizeof ((Config *)0)->given, "Config.given is too small for the key table");
     const char *dev = getenv("LLMC_DEVICE");  // e.g. the test suite pins the CPU backend
     if (dev && *dev) config_set(cfg, "device", dev, "$LLMC_DEVICE");
 }
@@ -249,6 +607,76 @@ static int is_null(yaml_node_t *n) {
     const char *s = scalar(n);
     return n->data.scalar.style == YAML_PLAIN_SCALAR_STYLE &&
            (!*s || !strcmp(s, "~") || !strcmp(s, "null") || !strcmp(s, "Null") || !strcmp(s, "NULL"));
+}
+
+// Unknown keys of the file being read, all reported in one line once it is read.
+static char unknown_keys[2048], first_unknown[300];
+static size_t first_unknown_line;
+static int n_unknown;
+
+static void add_unknown(const char *key, size_t line) {
+    size_t len = strlen(unknown_keys);
+    const char *near = closest_key(key);
+    char one[640];
+    snprintf(one, sizeof one, "%s'%s' (line %zu%s%s%s)", n_unknown ? ", " : "", key, line,
+             near ? ", did you mean '" : "", near ? near : "", near ? "'?" : "");
+    if (!n_unknown) snprintf(first_unknown, sizeof first_unknown, "%s", key), first_unknown_line = line;
+    if (len + strlen(one) < sizeof unknown_keys - 8) snprintf(unknown_keys + len, sizeof unknown_keys - len, "%s", one);
+    else if (!strstr(unknown_keys, ", ...")) snprintf(unknown_keys + len, sizeof unknown_keys - len, ", ...");
+    n_unknown++;
+}
+
+// One entry of an fsdp_config: block (fsdp_ prefixes optional). 0: not an FSDP option.
+static int fsdp_config_key(Config *cfg, const char *name, const char *value, const char *origin) {
+    const char *n = strncmp(name, "fsdp_", 5) ? name : name + 5, *v = value ? value : "...";
+    int b, is_bool = value && parse_bool(value, &b), on = is_bool && b;
+    static const char *const noted[] = {
+        "auto_wrap_policy", "transformer_layer_cls_to_wrap", "use_orig_params", "sync_module_states",
+        "cpu_ram_efficient_loading", "limit_all_gathers", "forward_prefetch", "backward_prefetch",
+        "min_num_params", "version", "cpu_offload_pin_memory", "mixed_precision_policy"};
+    if (!strcmp(n, "offload_params")) {
+        if (on || (value && !is_bool && !harmless(value)))
+            fail("%s: fsdp_config: %s: %s is not supported (parameters and gradients in host memory); use "
+                 "offload_optimizer: true (fp32 master and AdamW moments on the host) and/or "
+                 "layer_offloading: true", origin, name, v);
+    } else if (!strcmp(n, "sharding_strategy")) {
+        if (!strcmp(v, "FULL_SHARD") || !strcmp(v, "1")) cfg->fsdp = 1, cfg->fsdp_given = 1;
+        else if (!strcmp(v, "NO_SHARD") || !strcmp(v, "3")) cfg->fsdp = 0, cfg->fsdp_given = 1;
+        else if (value && *value)
+            fail("%s: fsdp_config: %s: %s is not supported; use FULL_SHARD (zero_stage 3) or "
+                 "zero_stage: 1 (optimizer state sharded)", origin, name, v);
+    } else if (!strcmp(n, "reshard_after_forward")) {
+        if (is_bool && !b)
+            fail("%s: fsdp_config: %s: false is not supported: sharded layers are gathered again for "
+                 "backward (use true, or zero_stage: 1 to keep whole weights on every rank)", origin, name);
+    } else if (!strcmp(n, "activation_checkpointing")) {
+        if (on) {
+            config_set(cfg, "gradient_checkpointing", "true", origin);
+            printf("note: fsdp_config: %s: true is used as gradient_checkpointing: true\n", name);
+        }
+    } else if (!strcmp(n, "state_dict_type")) {
+        if (value && *value && strcmp(value, "FULL_STATE_DICT"))
+            printf("note: fsdp_config: %s: %s has no effect here: checkpoints and the final model are "
+                   "always written whole\n", name, value);
+    } else {
+        size_t i = 0;
+        while (i < sizeof noted / sizeof noted[0] && strcmp(n, noted[i])) i++;
+        if (i == sizeof noted / sizeof noted[0]) return 0;
+        if (!value || !harmless(value))
+            printf("note: fsdp_config: %s has no effect here: sharding is per decoder layer (zero_stage 3)\n", name);
+    }
+    return 1;
+}
+
+static int item_count(yaml_node_t *n) {
+    return n->type == YAML_SEQUENCE_NODE ? (int)(n->data.sequence.items.top - n->data.sequence.items.start)
+                                         : (int)(n->data.mapping.pairs.top - n->data.mapping.pairs.start);
+}
+
+static int is_known(const char *key) {
+    for (size_t i = 0; i < sizeof ALIASES / sizeof ALIASES[0]; i++)
+        if (!strcmp(key, ALIASES[i][0])) return 1;
+    return find_key(key) || find_rule(key) || !strcmp(key, "gpu_memory_limit");
 }
 
 static void load_mapping(Config *cfg, yaml_document_t *doc, yaml_node_t *map, const char *prefix,
@@ -276,8 +704,23 @@ static void load_mapping(Config *cfg, yaml_document_t *doc, yaml_node_t *map, co
             cfg->has_model_block = 1;
             continue;
         }
+        if (!*prefix && !strcmp(key, "fsdp_config")) {  // Axolotl's FSDP options
+            if (vn->type == YAML_SCALAR_NODE && is_null(vn)) continue;
+            if (vn->type != YAML_MAPPING_NODE) fail("%s: key 'fsdp_config' expects a mapping of FSDP options", origin);
+            for (yaml_node_pair_t *q = vn->data.mapping.pairs.start; q < vn->data.mapping.pairs.top; q++) {
+                yaml_node_t *k2 = yaml_document_get_node(doc, q->key), *v2 = yaml_document_get_node(doc, q->value);
+                char o2[1200], full[300];
+                snprintf(o2, sizeof o2, "%s:%zu", path, k2->start_mark.line + 1);
+                if (k2->type != YAML_SCALAR_NODE) fail("%s: keys must be plain names", o2);
+                snprintf(full, sizeof full, "fsdp_config.%s", scalar(k2));
+                const char *val = v2->type != YAML_SCALAR_NODE ? NULL : is_null(v2) ? "" : scalar(v2);
+                if (!fsdp_config_key(cfg, scalar(k2), val, o2)) add_unknown(full, k2->start_mark.line + 1);
+            }
+            cfg->fsdp_config_given = item_count(vn) > 0;
+            continue;
+        }
         const KeyDef *kd = find_key(key);
-        if (kd && kd->type == T_LIST && vn->type == YAML_SEQUENCE_NODE) {
+        if (vn->type == YAML_SEQUENCE_NODE && ((kd && kd->type == T_LIST) || !strcmp(key, "fsdp"))) {
             char joined[1024] = "";
             for (yaml_node_item_t *it = vn->data.sequence.items.start; it < vn->data.sequence.items.top; it++) {
                 yaml_node_t *e = yaml_document_get_node(doc, *it);
@@ -288,17 +731,21 @@ static void load_mapping(Config *cfg, yaml_document_t *doc, yaml_node_t *map, co
             config_set(cfg, key, joined, origin);
             continue;
         }
+        if (!is_known(key)) {
+            add_unknown(key, kn->start_mark.line + 1);
+            continue;
+        }
         if (vn->type != YAML_SCALAR_NODE) {
-            if (!find_key(key))
-                fail("%s: unknown key '%s' (did you mean '%s'?)", origin, key, closest_key(key));
+            if (!kd && find_rule(key)) {
+                apply_rule(key, NULL, item_count(vn) > 0, origin);
+                continue;
+            }
             fail("%s: key '%s' expects a single value, not a %s", origin, key,
                  vn->type == YAML_MAPPING_NODE ? "mapping" : "list");
         }
+        // A key with no value (Axolotl's examples list many: "lora_r:") keeps its default.
         if (is_null(vn)) {
-            const KeyDef *k = find_key(key);
-            if (!k) fail("%s: unknown key '%s' (did you mean '%s'?)", origin, key, closest_key(key));
-            if (k->type != T_STR) fail("%s: key '%s' needs a value", origin, key);
-            config_set(cfg, key, "", origin);
+            if (!kd && find_rule(key)) apply_rule(key, "", 0, origin);
         } else {
             config_set(cfg, key, scalar(vn), origin);
         }
@@ -319,7 +766,13 @@ void config_load_yaml(Config *cfg, const char *path) {
     yaml_node_t *root = yaml_document_get_root_node(&doc);
     if (root) {
         if (root->type != YAML_MAPPING_NODE) fail("%s: expected a mapping of key: value lines", path);
+        unknown_keys[0] = 0, n_unknown = 0;
         load_mapping(cfg, &doc, root, "", path);
+        if (n_unknown == 1)
+            fail("%s:%zu: unknown key '%s'%s", path, first_unknown_line, first_unknown, suggest(first_unknown));
+        if (n_unknown)
+            fail("%s: %d unknown keys: %s (Axolotl keys this program knows are listed by --help and in "
+                 "README; keys without effect here are accepted with a note)", path, n_unknown, unknown_keys);
     }
     yaml_document_delete(&doc);
     // A second document ("---") would be silently ignored by a reader that loads one.
@@ -335,12 +788,71 @@ void config_load_yaml(Config *cfg, const char *path) {
     snprintf(cfg->path, sizeof cfg->path, "%s", path);
 }
 
+static int given(const Config *cfg, const char *key) {
+    const KeyDef *k = find_key(key);
+    return k && cfg->given[k - KEYS];
+}
+
+// Axolotl's keys that combine with others: precision, FSDP options, schedule and cadence
+// conflicts, auto-resume, and a hub id as base_model.
+static void finish_axolotl_keys(Config *cfg, const char *src) {
+    if (!strcmp(cfg->fp16, "true"))
+        fail("%s: fp16: true: float16 compute is not implemented; use bf16: true (dtype bfloat16 with "
+             "float32 master weights) or bf16: false (float32)", src);
+    if (cfg->bf16[0]) {
+        const char *want = strcmp(cfg->bf16, "false") ? "bfloat16" : "float32";
+        if (given(cfg, "dtype") && strcmp(cfg->precision, want))
+            fail("%s: bf16: %s means dtype %s, but dtype is %s; set only one of them", src, cfg->bf16,
+                 want, cfg->precision);
+        snprintf(cfg->precision, sizeof cfg->precision, "%s", want);
+        if (strcmp(cfg->bf16, "true"))
+            printf("note: bf16: %s runs as dtype %s (GPU compute precision with float32 master weights; "
+                   "the CPU backend computes in float32)\n", cfg->bf16, want);
+    }
+    if (cfg->fsdp_config_given && !cfg->fsdp_given && !given(cfg, "zero_stage")) {
+        cfg->fsdp = 1;
+        printf("note: fsdp_config without fsdp: sharding parameters, gradients and optimizer state (zero_stage 3)\n");
+    }
+    if (cfg->warmup_ratio > 0 && cfg->warmup_steps > 0)
+        fail("%s: set warmup_steps (%d) or warmup_ratio (%g), not both", src, cfg->warmup_steps, cfg->warmup_ratio);
+    if (cfg->cosine_min_lr_ratio > 0 && strcmp(cfg->lr_scheduler, "cosine"))
+        fail("%s: cosine_min_lr_ratio needs lr_scheduler: cosine (it is %s)", src, cfg->lr_scheduler);
+    if (cfg->eval_steps_spec > 0 && cfg->evals_per_epoch)
+        fail("%s: set eval_steps or evals_per_epoch, not both", src);
+    if (cfg->save_steps_spec > 0 && cfg->saves_per_epoch)
+        fail("%s: set save_steps or saves_per_epoch, not both", src);
+    if (!strcmp(cfg->eval_strategy, "epoch") && (cfg->eval_steps_spec > 0 || cfg->evals_per_epoch))
+        fail("%s: eval_strategy: epoch conflicts with eval_steps/evals_per_epoch; drop one", src);
+    if (!strcmp(cfg->save_strategy, "epoch") && (cfg->save_steps_spec > 0 || cfg->saves_per_epoch))
+        fail("%s: save_strategy: epoch conflicts with save_steps/saves_per_epoch; drop one", src);
+    if (cfg->early_stopping_patience && !cfg->val_data[0])
+        fail("%s: early_stopping_patience needs val_data (validation shards) to watch val_loss", src);
+    if (cfg->early_stopping_patience && !strcmp(cfg->eval_strategy, "no"))
+        fail("%s: early_stopping_patience needs evaluations, but eval_strategy is no", src);
+    // Whole step counts are known now; fractions and per-epoch counts wait for the data size.
+    cfg->eval_steps = cfg->eval_steps_spec >= 1 ? (int)cfg->eval_steps_spec : 0;
+    cfg->save_steps = cfg->save_steps_spec >= 1 ? (int)cfg->save_steps_spec : 0;
+    if (cfg->auto_resume_from_checkpoints && !cfg->resume_from_checkpoint[0])
+        snprintf(cfg->resume_from_checkpoint, sizeof cfg->resume_from_checkpoint, "auto");
+    // A hub id that is not a local path resolves in the local Hugging Face cache (never the network).
+    if (cfg->base_model[0] && cfg->arch != ARCH_GPT2 && !path_exists(cfg->base_model) &&
+        hf_is_hub_id(cfg->base_model)) {
+        char dir[1024], why[2048];
+        if (hf_resolve(cfg->base_model, NULL, dir, sizeof dir, why, sizeof why))
+            fail("%s: base_model: %s", src, why);
+        snprintf(cfg->base_model_id, sizeof cfg->base_model_id, "%.255s", cfg->base_model);
+        snprintf(cfg->base_model, sizeof cfg->base_model, "%s", dir);
+        printf("base_model %s: %s (Hugging Face cache)\n", cfg->base_model_id, dir);
+    }
+}
+
 void config_finish(Config *cfg) {
     const char *src = cfg->path[0] ? cfg->path : "config";
     if (cfg->base_model[0] && cfg->has_model_block)
         fail("%s: set either base_model or a model: block, not both", src);
     if (!cfg->base_model[0] && !cfg->has_model_block)
         fail("%s: no model: set base_model (a Hugging Face directory) or a model: block", src);
+    finish_axolotl_keys(cfg, src);
     // The optimizer runs in float32: a beta that rounds to 1 makes the bias correction 0/0 and
     // an epsilon of 0 divides 0 by 0 for every weight whose gradient is 0.
     const char *beta_key[2] = {"adam_beta1", "adam_beta2"};
@@ -385,7 +897,7 @@ void config_print_help(FILE *f) {
     for (size_t i = 0; i < NKEYS; i++) {
         const KeyDef *k = &KEYS[i];
         char def[64];
-        snprintf(def, sizeof def, "%s", k->def ? (k->def[0] ? k->def : "\"\"") : "required");
+        snprintf(def, sizeof def, "%s", k->def ? (k->def[0] ? k->def : "\"\"") : k->type == T_ENUM ? "unset" : "required");
         fprintf(f, "  %-30s %-9s %s", k->name, def, k->help);
         if (k->choices) fprintf(f, " (%s)", k->choices);
         fputc('\n', f);
@@ -423,6 +935,100 @@ void config_from_args(Config *cfg, int argc, char **argv, int arch) {
         config_set(cfg, key, eq + 1, "--set");
     }
     config_finish(cfg);
+}
+
+void config_plan_steps(Config *cfg, size_t windows) {
+    const int accum = cfg->gradient_accumulation_steps;
+    const double per_epoch = (double)windows / accum;  // optimizer steps in one pass over train_data
+    const int spe = per_epoch < 1 ? 1 : (int)ceil(per_epoch - 1e-9);
+    if (!cfg->max_steps) {
+        double ep = cfg->num_epochs > 0 ? cfg->num_epochs : 1;
+        if (cfg->num_epochs <= 0) printf("num_epochs not set: training 1 epoch (Axolotl's default; set max_steps or num_epochs)\n");
+        double total = ceil(ep * per_epoch - 1e-9);
+        if (total > BIG) fail("num_epochs %g x %d steps per epoch is more than %.0f steps", ep, spe, BIG);
+        cfg->max_steps = total < 1 ? 1 : (int)total;
+        printf("%g epochs x %g steps per epoch = %d steps (%zu batches of %d x %d tokens per epoch, "
+               "gradient_accumulation_steps %d)\n", ep, per_epoch, cfg->max_steps, windows,
+               (int)(windows ? cfg->micro_batch_size : 0), cfg->sequence_len, accum);
+    } else {
+        printf("max_steps %d = %.3g epochs of %g steps%s\n", cfg->max_steps, cfg->max_steps / per_epoch, per_epoch,
+               cfg->num_epochs > 0 ? " (max_steps overrides num_epochs)" : "");
+    }
+    const int S = cfg->max_steps;
+    if (cfg->warmup_ratio > 0) {
+        cfg->warmup_steps = (int)ceil(cfg->warmup_ratio * S - 1e-9);
+        printf("warmup_ratio %g: %d warmup steps\n", cfg->warmup_ratio, cfg->warmup_steps);
+    }
+    // Evaluation: Hugging Face rounds a fraction of all steps up; per epoch rounds down (at least 1).
+    const int have_val = cfg->val_data[0] != 0;
+    if (!strcmp(cfg->eval_strategy, "no")) {
+        cfg->eval_steps = 0;
+        if (have_val) printf("eval_strategy: no: val_data is never evaluated\n");
+    } else if (cfg->eval_steps_spec > 0 && cfg->eval_steps_spec < 1) {
+        cfg->eval_steps = (int)ceil(cfg->eval_steps_spec * S - 1e-9);
+    } else if (cfg->evals_per_epoch) {
+        cfg->eval_steps = spe / cfg->evals_per_epoch > 0 ? spe / cfg->evals_per_epoch : 1;
+    } else if (have_val && (!cfg->eval_steps || !strcmp(cfg->eval_strategy, "epoch"))) {
+        cfg->eval_steps = spe;
+        printf("val_data%s: evaluating every epoch (every %d steps) and after the last step\n",
+               strcmp(cfg->eval_strategy, "epoch") ? " without eval_steps" : "", spe);
+    }
+    if (cfg->eval_steps && have_val && (cfg->eval_steps_spec < 1 || cfg->evals_per_epoch))
+        printf("evaluating every %d steps\n", cfg->eval_steps);
+    if (cfg->early_stopping_patience && !cfg->eval_steps)
+        fail("early_stopping_patience needs evaluations: set eval_steps or evals_per_epoch");
+    // Checkpoints
+    if (!strcmp(cfg->save_strategy, "no")) {
+        cfg->save_steps = 0;
+        printf("save_strategy: no: no intermediate checkpoints (the last step's is still written)\n");
+    } else if (cfg->save_steps_spec > 0 && cfg->save_steps_spec < 1) {
+        cfg->save_steps = (int)ceil(cfg->save_steps_spec * S - 1e-9);
+    } else if (cfg->saves_per_epoch) {
+        cfg->save_steps = spe / cfg->saves_per_epoch > 0 ? spe / cfg->saves_per_epoch : 1;
+    } else if (!strcmp(cfg->save_strategy, "epoch")) {
+        cfg->save_steps = spe;
+    }
+    if (cfg->save_steps && (cfg->save_steps_spec < 1 || cfg->saves_per_epoch))
+        printf("saving a checkpoint every %d steps and after the last step\n", cfg->save_steps);
+    if (cfg->save_total_limit)
+        printf("save_total_limit %d: older checkpoint-* directories are removed after each save\n",
+               cfg->save_total_limit);
+    fflush(stdout);
+}
+
+static int cmp_int(const void *a, const void *b) {
+    int x = *(const int *)a, y = *(const int *)b;
+    return (x > y) - (x < y);
+}
+
+void config_prune_checkpoints(const Config *cfg, int keep_step) {
+    if (cfg->save_total_limit <= 0) return;
+    DIR *d = opendir(cfg->output_dir);
+    if (!d) return;
+    int *steps = NULL, n = 0, cap = 0;
+    for (struct dirent *e; (e = readdir(d));) {
+        const char *name = e->d_name;
+        if (strncmp(name, "checkpoint-", 11) || !name[11] || strspn(name + 11, "0123456789") != strlen(name + 11))
+            continue;
+        if (n == cap) steps = realloc(steps, sizeof(int) * (size_t)(cap = cap ? 2 * cap : 16));
+        if (!steps) fail("out of memory listing %s", cfg->output_dir);
+        steps[n++] = atoi(name + 11);
+    }
+    closedir(d);
+    qsort(steps, (size_t)n, sizeof(int), cmp_int);
+    for (int i = 0, left = n; i < n && left > cfg->save_total_limit; i++) {
+        if (steps[i] == keep_step) continue;  // never the one just written
+        char path[4096];
+        snprintf(path, sizeof path, "%s/checkpoint-%d", cfg->output_dir, steps[i]);
+        if (remove_tree(path) == 0) {
+            printf("save_total_limit %d: removed %s\n", cfg->save_total_limit, path);
+            left--;
+        } else {
+            fprintf(stderr, "warning: save_total_limit: cannot remove %s: %s\n", path, strerror(errno));
+            left--;
+        }
+    }
+    free(steps);
 }
 
 void config_mem_policy(const Config *cfg, MemPolicy *p) {

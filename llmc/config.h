@@ -14,15 +14,21 @@ typedef struct {
     char train_data[1024], val_data[1024], data_dir[1024];
     int shuffle;
     int sequence_len, micro_batch_size, gradient_accumulation_steps;
-    // optimisation
+    // optimisation. max_steps 0: from num_epochs and the data (config_plan_steps)
     int max_steps;
+    double num_epochs;            // 0: not set (1 epoch, Axolotl's default, unless max_steps)
     double learning_rate;
-    char lr_scheduler[16];
+    char lr_scheduler[24], optimizer[24];
     int warmup_steps;
+    double warmup_ratio, cosine_min_lr_ratio;
     double weight_decay, max_grad_norm, adam_beta1, adam_beta2, adam_epsilon;
     long long seed;
     // evaluation, output, checkpoints
     int eval_steps, eval_batches, sample_steps, sample_tokens, save_steps, log_steps;
+    double eval_steps_spec, save_steps_spec;  // as written: N steps, or a fraction (0, 1) of all
+    int evals_per_epoch, saves_per_epoch, save_total_limit, early_stopping_patience;
+    char eval_strategy[8], save_strategy[8];
+    int auto_resume_from_checkpoints;
     char output_dir[1024], resume_from_checkpoint[1024];
     char save_dtype[16];          // final model's dtype: auto (the input's), float32, bfloat16, float16
     long long max_shard_size;     // final model split into indexed shards above this many bytes
@@ -40,10 +46,14 @@ typedef struct {
     int fsdp, zero_stage, offload_optimizer;
     // runtime
     char device[16], precision[16];
+    char bf16[8], fp16[8];        // Axolotl's precision keys as written ("" unset), mapped onto dtype
     int num_threads;
     // where the YAML came from, for messages; the architecture the program trains
     char path[1024];
     int arch;
+    char base_model_id[256];       // the hub id base_model was resolved from ("" for a directory)
+    unsigned char given[160];      // given[i]: KEYS[i] was set by the YAML or --set
+    int fsdp_config_given, fsdp_given;
 } Config;
 
 // Parse argv (-c FILE, --set k=v..., --help). Fails with a one-line message on any bad input.
@@ -52,6 +62,11 @@ void config_load_yaml(Config *cfg, const char *path);
 void config_set(Config *cfg, const char *key, const char *value, const char *origin);
 void config_finish(Config *cfg);  // cross-key checks after all sources are applied
 void config_print_help(FILE *f);
+// Once the training data's size is known (windows: global micro-batches per epoch): max_steps
+// from num_epochs, warmup_ratio, fractional/per-epoch eval and save cadence; prints the plan.
+void config_plan_steps(Config *cfg, size_t windows);
+// After a checkpoint: remove the oldest checkpoint-N beyond save_total_limit (never keep_step's).
+void config_prune_checkpoints(const Config *cfg, int keep_step);
 // The LoRA settings the keys describe (r = 0 without an adapter); fails on a bad target list.
 void config_lora(const Config *cfg, LoraConfig *lora);
 // The memory policy the keys describe (activation_offloading: auto is resolved by the planner).

@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include "family.h"
 #include "json.h"
 #include "util.h"
 
@@ -103,10 +104,23 @@ void hf_read_config(const char *path, ModelConfig *c) {
     if (strlen(model_type) >= sizeof c->model_type)
         fail("%s: model_type '%s' is too long", path, model_type);
     strcpy(c->model_type, model_type);
-    // Another family read as Llama would train the wrong model silently (Qwen3's q/k norms,
-    // Gemma's scaled embeddings, Phi-3's fused projections): refuse what is not implemented.
-    if (strcmp(model_type, "llama") && strcmp(model_type, "mistral") && strcmp(model_type, "qwen2"))
-        fail("%s: model_type '%s' is not supported (llama, mistral, qwen2)", path, model_type);
+    // Another family read as Llama would train the wrong model silently (Gemma's scaled
+    // embeddings, Phi-3's fused projections): refuse what the family table does not have.
+    const ModelFamily *fam = family_find(model_type);
+    if (!fam) fail("%s: model_type '%s' is not supported (supported: %s)", path, model_type, family_list());
+    const cJSON *archs = get(root, "architectures");
+    if (archs) {
+        if (!cJSON_IsArray(archs)) fail("%s: key 'architectures' must be a list of strings", path);
+        const cJSON *a;
+        cJSON_ArrayForEach(a, archs) {
+            if (!cJSON_IsString(a)) fail("%s: key 'architectures' must be a list of strings", path);
+            // transformers' AutoModelForCausalLM goes by model_type; an entry naming another
+            // family's causal LM is tolerated, anything else (a classifier head, Phi-3) is not.
+            if (!family_by_architecture(a->valuestring))
+                fail("%s: architecture '%s' is not supported (supported: %s)", path, a->valuestring,
+                     family_architectures());
+        }
+    }
 
     c->vocab_size = req_int(path, root, "vocab_size");
     c->hidden_size = req_int(path, root, "hidden_size");
@@ -114,7 +128,7 @@ void hf_read_config(const char *path, ModelConfig *c) {
     c->num_hidden_layers = req_int(path, root, "num_hidden_layers");
     c->num_attention_heads = req_int(path, root, "num_attention_heads");
     c->num_key_value_heads = opt_int(path, root, "num_key_value_heads", c->num_attention_heads);
-    c->head_dim = opt_int(path, root, "head_dim", c->hidden_size / c->num_attention_heads);
+    c->head_dim = opt_int(path, root, "head_dim", fam->head_dim ? fam->head_dim : c->hidden_size / c->num_attention_heads);
     c->max_position_embeddings = opt_int(path, root, "max_position_embeddings", 2048);
     double eps = opt_num(path, root, "rms_norm_eps", 1e-6);
     // Checked as the float the kernels use: 1e-50 would become 0, 1e300 infinity.
@@ -122,9 +136,11 @@ void hf_read_config(const char *path, ModelConfig *c) {
     if (!(isfinite(c->rms_norm_eps) && c->rms_norm_eps > 0))
         fail("%s: 'rms_norm_eps' must be a positive finite float32, got %g", path, eps);
     c->tie_word_embeddings = opt_bool(path, root, "tie_word_embeddings", 0);
-    // transformers' Qwen2 attention always has q/k/v biases, whatever the config says.
-    c->attention_bias = strcmp(c->model_type, "qwen2") == 0
-                            ? 1 : opt_bool(path, root, "attention_bias", 0);
+    // transformers' Qwen2 attention always has q/k/v biases and Mistral's none, whatever the
+    // config says; Llama and Qwen3 follow attention_bias.
+    c->attention_bias = fam->qkv_bias == BIAS_ALWAYS  ? 1
+                        : fam->qkv_bias == BIAS_NEVER ? (opt_bool(path, root, "attention_bias", 0), 0)
+                                                      : opt_bool(path, root, "attention_bias", 0);
     if (opt_bool(path, root, "mlp_bias", 0))
         fail("%s: 'mlp_bias': true is not supported", path);
     const cJSON *act = get(root, "hidden_act");
@@ -132,22 +148,58 @@ void hf_read_config(const char *path, ModelConfig *c) {
         fail("%s: 'hidden_act' must be \"silu\" (the only activation implemented)", path);
 
     c->bos_token_id = opt_int(path, root, "bos_token_id", -1);
+    // A list (Llama 3.1: [128001, 128008, 128009]) is kept whole and written back as a list.
     const cJSON *eos = get(root, "eos_token_id");
+    c->eos_token_id = -1;
     if (cJSON_IsArray(eos)) {
-        const cJSON *first = cJSON_GetArrayItem(eos, 0);
-        if (first && !is_int(first)) fail("%s: key 'eos_token_id' must hold integers", path);
-        c->eos_token_id = first ? first->valueint : -1;
-    } else {
+        c->eos_is_list = 1;
+        const cJSON *e;
+        cJSON_ArrayForEach(e, eos) {
+            if (!is_int(e)) fail("%s: key 'eos_token_id' must hold integers", path);
+            if (c->n_eos == (int)(sizeof c->eos_ids / sizeof c->eos_ids[0]))
+                fail("%s: key 'eos_token_id' lists more than %d ids", path, c->n_eos);
+            c->eos_ids[c->n_eos++] = e->valueint;
+        }
+        if (c->n_eos) c->eos_token_id = c->eos_ids[0];
+    } else if (eos) {
         c->eos_token_id = opt_int(path, root, "eos_token_id", -1);
+        c->eos_ids[0] = c->eos_token_id, c->n_eos = 1;
     }
 
-    // Mistral applies its window whenever one is set; Qwen2 only with use_sliding_window.
-    const cJSON *sw = get(root, "sliding_window");
-    if (sw && (!is_int(sw) || sw->valueint <= 0))
-        fail("%s: key 'sliding_window' must be a positive integer or null", path);
-    int sw_on = !strcmp(model_type, "mistral") ||
-                (!strcmp(model_type, "qwen2") && opt_bool(path, root, "use_sliding_window", 0));
-    c->sliding_window = sw && sw_on ? sw->valueint : 0;
+    // Sliding windows (family.h): Mistral's applies to every layer whenever set (an absent key
+    // is transformers' default 4096, null none); Qwen's only with use_sliding_window, to the
+    // layers from max_window_layers on. Llama has none.
+    const cJSON *sw = cJSON_GetObjectItemCaseSensitive(root, "sliding_window");
+    if (fam->window != WIN_NONE) {
+        if (!sw) c->sliding_window = fam->sliding_window;
+        else if (cJSON_IsNull(sw)) c->sliding_window = 0;
+        else if (!is_int(sw) || sw->valueint <= 0)
+            fail("%s: key 'sliding_window' must be a positive integer or null", path);
+        else c->sliding_window = sw->valueint;
+    }
+    if (fam->window == WIN_QWEN) {
+        c->use_sliding_window = opt_bool(path, root, "use_sliding_window", 0);
+        c->max_window_layers = opt_int(path, root, "max_window_layers", fam->max_window_layers);
+        if (c->max_window_layers < 0) fail("%s: key 'max_window_layers' must be >= 0", path);
+    }
+    // transformers >= 4.53 also writes the per-layer pattern; it must be the one the keys above
+    // give (other patterns are not implemented).
+    const cJSON *lt = get(root, "layer_types");
+    if (lt) {
+        if (!cJSON_IsArray(lt) || cJSON_GetArraySize(lt) != c->num_hidden_layers)
+            fail("%s: key 'layer_types' must be a list of num_hidden_layers (%d) strings", path,
+                 c->num_hidden_layers);
+        for (int l = 0; l < c->num_hidden_layers; l++) {
+            const cJSON *t = cJSON_GetArrayItem(lt, l);
+            const char *want = family_layer_window(c, l) ? "sliding_attention" : "full_attention";
+            if (!cJSON_IsString(t) || (strcmp(t->valuestring, "full_attention") && strcmp(t->valuestring, "sliding_attention")))
+                fail("%s: layer_types[%d] must be \"full_attention\" or \"sliding_attention\"", path, l);
+            if (strcmp(t->valuestring, want))
+                fail("%s: layer_types[%d] is \"%s\" but %s's sliding_window/use_sliding_window/max_window_layers "
+                     "give \"%s\"; other per-layer patterns are not supported", path, l, t->valuestring,
+                     model_type, want);
+        }
+    }
 
     c->rope_theta = opt_num(path, root, "rope_theta", 10000.0);
     c->rope_type = ROPE_DEFAULT;
@@ -185,9 +237,8 @@ static cJSON *add_real(cJSON *o, const char *key, double v, int single) {
 
 int hf_write_config(const char *path, const ModelConfig *c) {
     const char *mt = c->model_type[0] ? c->model_type : "llama";
-    const char *arch = strcmp(mt, "qwen2") == 0     ? "Qwen2ForCausalLM"
-                       : strcmp(mt, "mistral") == 0 ? "MistralForCausalLM"
-                                                    : "LlamaForCausalLM";
+    const ModelFamily *fam = family_of(c);
+    const char *arch = fam->architecture;
     cJSON *o = cJSON_CreateObject();
     if (!o) { errno = ENOMEM; return -1; }
     int built = 1;  // cJSON returns NULL/false on out-of-memory; any miss means no file
@@ -223,18 +274,27 @@ int hf_write_config(const char *path, const ModelConfig *c) {
     ADD(cJSON_AddBoolToObject(o, "attention_bias", c->attention_bias));
     ADD(cJSON_AddBoolToObject(o, "mlp_bias", 0));
     ADD(add_real(o, "attention_dropout", 0.0, 0));
-    // The window is written back as read, so the saved model attends as the loaded one did.
-    if (!strcmp(mt, "mistral") || !strcmp(mt, "qwen2")) {
+    // The window keys are written back as read, so the saved model attends as the loaded one did.
+    if (fam->window != WIN_NONE) {
         if (c->sliding_window) ADD(cJSON_AddNumberToObject(o, "sliding_window", c->sliding_window));
         else ADD(cJSON_AddNullToObject(o, "sliding_window"));
     }
-    if (!strcmp(mt, "qwen2")) ADD(cJSON_AddBoolToObject(o, "use_sliding_window", c->sliding_window > 0));
+    if (fam->window == WIN_QWEN) {
+        ADD(cJSON_AddBoolToObject(o, "use_sliding_window", c->use_sliding_window));
+        ADD(cJSON_AddNumberToObject(o, "max_window_layers", c->max_window_layers));
+    }
     ADD(cJSON_AddStringToObject(o, "hidden_act", "silu"));
     ADD(cJSON_AddStringToObject(o, "torch_dtype", c->torch_dtype[0] ? c->torch_dtype : "float32"));
     ADD(add_real(o, "initializer_range", 0.02, 0));
     ADD(cJSON_AddBoolToObject(o, "use_cache", 1));
     if (c->bos_token_id >= 0) ADD(cJSON_AddNumberToObject(o, "bos_token_id", c->bos_token_id));
-    if (c->eos_token_id >= 0) ADD(cJSON_AddNumberToObject(o, "eos_token_id", c->eos_token_id));
+    if (c->eos_is_list) {
+        cJSON *e = cJSON_AddArrayToObject(o, "eos_token_id");
+        ADD(e);
+        for (int i = 0; e && i < c->n_eos; i++) ADD(cJSON_AddItemToArray(e, cJSON_CreateNumber(c->eos_ids[i])));
+    } else if (c->eos_token_id >= 0) {
+        ADD(cJSON_AddNumberToObject(o, "eos_token_id", c->eos_token_id));
+    }
 
 #undef ADD
     char *text = built ? cJSON_Print(o) : NULL;

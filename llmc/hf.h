@@ -1,11 +1,14 @@
-// hf.h: Hugging Face config.json for the Llama family (Llama 2/3, Mistral, Qwen2, SmolLM).
+// hf.h: Hugging Face config.json for the Llama-shaped families of family.h (Llama 2/3, SmolLM,
+// Mistral, Qwen2/2.5, Qwen3).
 #pragma once
 #include "model.h"
 
 // Fills *c from config.json, applying Hugging Face's defaults for absent keys. Fails with one
 // line naming the file and key on malformed JSON, missing/mistyped required keys, or features
-// this trainer does not implement (rope scaling other than llama3, mlp_bias, non-silu act).
+// this trainer does not implement (a model_type or architecture outside family.h, rope scaling
+// other than llama3, mlp_bias, non-silu act, a layer_types pattern its keys do not give).
 void hf_read_config(const char *path, ModelConfig *c);
-// Writes a config.json that transformers loads (LlamaForCausalLM, Qwen2ForCausalLM or
-// MistralForCausalLM by model_type). Returns 0, or -1 with errno set on an I/O error.
+// Writes a config.json that transformers loads: the input family's architecture and
+// model_type, its window keys and eos_token_id (a list stays a list) as read. Returns 0, or -1
+// with errno set on an I/O error.
 int hf_write_config(const char *path, const ModelConfig *c);

@@ -1,6 +1,7 @@
 // model.c: the Llama architecture over backend ops. The forward and backward of a block are
 // written once here; which hardware runs them is the backend's business.
 #include "model.h"
+#include "family.h"
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -48,10 +49,12 @@ void model_size(const ModelConfig *c, int64_t I, int64_t Vp, int lora_r, int lor
                             count_of(2 * C));
         tensors = count_of(4);
     } else {
-        const int bias = c->attention_bias != 0, o_bias = bias && strcmp(c->model_type, "qwen2") != 0;
+        const ModelFamily *f = family_of(c);
+        const int bias = c->attention_bias != 0, o_bias = bias && f->o_bias != BIAS_NEVER, qkn = f->qk_norm;
         layer = count_add(layer, count_of(2 * C + o_bias * C));  // two RMSNorms, o_proj bias
         if (bias) layer = count_add(layer, count_add(QD, count_mul(count_of(2), KD)));
-        layer_tensors = 9 + 3 * bias + o_bias;
+        if (qkn) layer = count_add(layer, count_of(2 * (int64_t)c->head_dim));  // q_norm, k_norm
+        layer_tensors = 9 + 3 * bias + o_bias + 2 * qkn;
         outside = count_add(count_mul(count_of(c->tie_word_embeddings ? V : 2 * V), count_of(C)), count_of(C));
         tensors = count_of(c->tie_word_embeddings ? 2 : 3);
     }
@@ -184,8 +187,9 @@ void param_table_build(ParamTable *t, const ModelConfig *c, const LoraConfig *lo
     const int L = c->num_hidden_layers;
     size_t off = 0;
     char n[96];
-    // HF Llama's attention_bias biases all four projections; Qwen2 only q, k and v.
-    const int o_bias = c->attention_bias && strcmp(c->model_type, "qwen2") != 0;
+    // attention_bias biases q, k and v; o_proj too unless the family says never (Qwen2).
+    const ModelFamily *fam = family_of(c);
+    const int o_bias = c->attention_bias && fam->o_bias != BIAS_NEVER;
     t->pos_embed = t->final_norm_bias = -1;
     t->layer_param = xmalloc(sizeof(int) * L * P_PER_LAYER);
     if (c->arch == ARCH_GPT2) {
@@ -207,6 +211,10 @@ void param_table_build(ParamTable *t, const ModelConfig *c, const LoraConfig *lo
         if (c->attention_bias) { LAYER(P_BV, "self_attn.v_proj.bias", KD, 0, 0) }
         LAYER(P_WO, "self_attn.o_proj.weight", C, QD, 1)
         if (o_bias) { LAYER(P_BO, "self_attn.o_proj.bias", C, 0, 0) }
+        if (fam->qk_norm) {
+            LAYER(P_QNORM, "self_attn.q_norm.weight", c->head_dim, 0, 0)
+            LAYER(P_KNORM, "self_attn.k_norm.weight", c->head_dim, 0, 0)
+        }
         LAYER(P_LN2, "post_attention_layernorm.weight", C, 0, 0)
         LAYER(P_WGATE, "mlp.gate_proj.weight", I, C, 1)
         LAYER(P_WUP, "mlp.up_proj.weight", I, C, 1)
@@ -481,6 +489,10 @@ static void check_acts(const Model *m, int B, int T, const MemPolicy *pol) {
     const int64_t widths[] = {QD, c->intermediate_size, c->num_attention_heads, c->vocab_size};
     for (size_t i = 0; i < sizeof widths / sizeof widths[0]; i++) wide = widths[i] > wide ? widths[i] : wide;
     const Count biggest = count_mul(count_mul(N, count_of(wide)), count_of(8));
+    // q/k norms run over N x heads rows of head_dim, counted in an int.
+    if (family_of(c)->qk_norm && count_mul(N, count_of(c->num_attention_heads)).n > INT32_MAX)
+        fail("micro_batch_size %d x sequence_len %d x num_attention_heads %d rows of q/k norm are past the "
+             "2147483647 the kernels index", B, T, c->num_attention_heads);
     if (biggest.n == INT64_MAX)
         fail("activations need %.3g GiB for one tensor (micro_batch_size %d x sequence_len %d x width %lld), "
              "past 64-bit sizes", biggest.d / 1073741824.0, B, T, (long long)wide);
@@ -526,6 +538,11 @@ void model_alloc_acts(Model *m, int B, int T, const MemPolicy *pol) {
     m->d_ff1 = bk->dev_alloc(bk, tile * I * A, "backward scratch (MLP)");
     m->d_ff2 = bk->dev_alloc(bk, tile * I * A, "backward scratch (MLP)");
     m->logits = bk->dev_alloc(bk, (size_t)c->vocab_size * A, "sampling logits");
+    if (c->arch == ARCH_LLAMA && family_of(c)->qk_norm) {
+        const size_t H = (size_t)c->num_attention_heads + c->num_key_value_heads;
+        m->qk_rot = bk->dev_alloc(bk, N * H * c->head_dim * A, "q/k norm working set");
+        m->qk_rstd = bk->dev_alloc(bk, N * H * sizeof(float), "q/k norm statistics");
+    }
     if (m->tab.lora.r > 0) {
         size_t r = m->tab.lora.r, in = C > QD ? C : QD;
         if (I > in) in = I;
@@ -566,7 +583,8 @@ void model_free(Model *m) {
         actstore_free(m->store);
         void *ps[] = {m->final_ln, m->final_rstd, m->losses, m->tokens, m->targets, m->d_res,
                       m->d_ln, m->d_att, m->d_q, m->d_k, m->d_v, m->d_ff1, m->d_ff2, m->logits,
-                      m->rope_cos, m->rope_sin, m->lora_tmp, m->lora_dtmp, m->lora_xd, m->lora_dxd};
+                      m->rope_cos, m->rope_sin, m->lora_tmp, m->lora_dtmp, m->lora_xd, m->lora_dxd,
+                      m->qk_rot, m->qk_rstd};
         for (size_t i = 0; i < sizeof ps / sizeof ps[0]; i++) bk->dev_free(bk, ps[i]);
     }
     if (m->streamer) {
@@ -953,6 +971,20 @@ static void mlp_tile_fwd(Model *m, int l, const LayerActs *a, int r0, int n) {
     bk->swiglu_fwd(bk, h, gate, up, (size_t)n * I);
 }
 
+// Families with q/k norms (Qwen3): per head, q' = rope(rmsnorm(q) * q_norm) and likewise k,
+// into m->qk_rot (q rows then k rows) with the reciprocal std of every head row in qk_rstd.
+// Forward and backward both call it; it is deterministic, so a recompute is bit-identical.
+static void qk_prepare(Model *m, int l, const LayerActs *a, int B, int T) {
+    Backend *bk = m->bk;
+    const ModelConfig *c = &m->cfg;
+    const int N = B * T, Hq = c->num_attention_heads, Hkv = c->num_key_value_heads, D = c->head_dim;
+    void *qr = m->qk_rot, *kr = act_at(bk, m->qk_rot, (size_t)N * Hq * D);
+    bk->rmsnorm_fwd(bk, qr, m->qk_rstd, a->q, LP(m, l, P_QNORM), N * Hq, D, c->rms_norm_eps);
+    bk->rmsnorm_fwd(bk, kr, m->qk_rstd + (size_t)N * Hq, a->k, LP(m, l, P_KNORM), N * Hkv, D, c->rms_norm_eps);
+    bk->rope_fwd(bk, qr, m->rope_cos, m->rope_sin, B, T, Hq, D);
+    bk->rope_fwd(bk, kr, m->rope_cos, m->rope_sin, B, T, Hkv, D);
+}
+
 static void layer_forward(Model *m, int l, const LayerActs *a, void *out, int B, int T, int tile) {
     Backend *bk = m->bk;
     const ModelConfig *c = &m->cfg;
@@ -965,11 +997,15 @@ static void layer_forward(Model *m, int l, const LayerActs *a, void *out, int B,
     lora_fwd(m, l, LORA_K, a->k, a->ln1, 0, N, C, Hkv * D);
     linear_fwd(bk, a->v, a->ln1, LP(m, l, P_WV), opt_param(m, l, P_BV, 0), N, C, Hkv * D);
     lora_fwd(m, l, LORA_V, a->v, a->ln1, 0, N, C, Hkv * D);
-    if (c->arch == ARCH_LLAMA) {  // GPT-2 has learned positions instead
+    const void *aq = a->q, *ak = a->k;
+    if (m->qk_rot) {  // q/k norms: a->q/a->k keep the projections, attention reads copies
+        qk_prepare(m, l, a, B, T);
+        aq = m->qk_rot, ak = act_at(bk, m->qk_rot, (size_t)N * Hq * D);
+    } else if (c->arch == ARCH_LLAMA) {  // GPT-2 has learned positions instead
         bk->rope_fwd(bk, a->q, m->rope_cos, m->rope_sin, B, T, Hq, D);
         bk->rope_fwd(bk, a->k, m->rope_cos, m->rope_sin, B, T, Hkv, D);
     }
-    bk->attention_fwd(bk, a->att, a->lse, a->q, a->k, a->v, B, T, Hq, Hkv, D);
+    bk->attention_fwd(bk, a->att, a->lse, aq, ak, a->v, B, T, Hq, Hkv, D, family_layer_window(c, l), NULL);
     linear_fwd(bk, a->x_mid, a->att, LP(m, l, P_WO), opt_param(m, l, P_BO, 0), N, Hq * D, C);
     lora_fwd(m, l, LORA_O, a->x_mid, a->att, 0, N, Hq * D, C);
     bk->accumulate(bk, a->x_mid, a->xin, (size_t)N * C);
@@ -1031,18 +1067,30 @@ static void layer_backward(Model *m, int l, const LayerActs *a, int B, int T, in
     linear_bwd(bk, m->d_att, LG(m, l, P_WO), opt_param(m, l, P_BO, 1), m->d_res, a->att,
                LP(m, l, P_WO), N, Hq * D, C, 0);
     lora_bwd(m, l, LORA_O, m->d_att, m->d_res, a->att, 0, N, Hq * D, C);
-    bk->attention_bwd(bk, m->d_q, m->d_k, m->d_v, m->d_att, a->q, a->k, a->v, a->att, a->lse, B, T,
-                      Hq, Hkv, D);
+    const void *aq = a->q, *ak = a->k;
+    void *qr = m->qk_rot, *kr = qr ? act_at(bk, qr, (size_t)N * Hq * D) : NULL;
+    if (qr) qk_prepare(m, l, a, B, T), aq = qr, ak = kr;  // remade from the kept projections
+    bk->attention_bwd(bk, m->d_q, m->d_k, m->d_v, m->d_att, aq, ak, a->v, a->att, a->lse, B, T,
+                      Hq, Hkv, D, family_layer_window(c, l), NULL);
     if (c->arch == ARCH_LLAMA) {
         bk->rope_bwd(bk, m->d_q, m->rope_cos, m->rope_sin, B, T, Hq, D);
         bk->rope_bwd(bk, m->d_k, m->rope_cos, m->rope_sin, B, T, Hkv, D);
     }
-    linear_bwd(bk, m->d_ln, LG(m, l, P_WQ), opt_param(m, l, P_BQ, 1), m->d_q, a->ln1,
+    void *dq = m->d_q, *dk = m->d_k;
+    if (qr) {  // through the q/k norms; the rotated copies are dead now and take the gradients
+        bk->memzero(bk, qr, (size_t)N * (Hq + Hkv) * D * bk->act_bytes, NULL);
+        bk->rmsnorm_bwd(bk, qr, opt_param(m, l, P_QNORM, 1), m->d_q, a->q, LP(m, l, P_QNORM), m->qk_rstd,
+                        N * Hq, D);
+        bk->rmsnorm_bwd(bk, kr, opt_param(m, l, P_KNORM, 1), m->d_k, a->k, LP(m, l, P_KNORM),
+                        m->qk_rstd + (size_t)N * Hq, N * Hkv, D);
+        dq = qr, dk = kr;
+    }
+    linear_bwd(bk, m->d_ln, LG(m, l, P_WQ), opt_param(m, l, P_BQ, 1), dq, a->ln1,
                LP(m, l, P_WQ), N, C, Hq * D, 0);
-    lora_bwd(m, l, LORA_Q, m->d_ln, m->d_q, a->ln1, 0, N, C, Hq * D);
-    linear_bwd(bk, m->d_ln, LG(m, l, P_WK), opt_param(m, l, P_BK, 1), m->d_k, a->ln1,
+    lora_bwd(m, l, LORA_Q, m->d_ln, dq, a->ln1, 0, N, C, Hq * D);
+    linear_bwd(bk, m->d_ln, LG(m, l, P_WK), opt_param(m, l, P_BK, 1), dk, a->ln1,
                LP(m, l, P_WK), N, C, Hkv * D, 1);
-    lora_bwd(m, l, LORA_K, m->d_ln, m->d_k, a->ln1, 0, N, C, Hkv * D);
+    lora_bwd(m, l, LORA_K, m->d_ln, dk, a->ln1, 0, N, C, Hkv * D);
     linear_bwd(bk, m->d_ln, LG(m, l, P_WV), opt_param(m, l, P_BV, 1), m->d_v, a->ln1,
                LP(m, l, P_WV), N, C, Hkv * D, 1);
     lora_bwd(m, l, LORA_V, m->d_ln, m->d_v, a->ln1, 0, N, C, Hkv * D);

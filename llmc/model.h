@@ -15,7 +15,7 @@ enum { ARCH_LLAMA = 0, ARCH_GPT2 = 1 };
 typedef struct {
     int arch;                 // ARCH_LLAMA or ARCH_GPT2
     int padded_vocab;         // GPT-2: rows of the embedding (vocab_size rounded up to 128)
-    char model_type[32];      // "llama", "mistral", "qwen2", ...
+    char model_type[32];      // "llama", "mistral", "qwen2", "qwen3": a row of family.h
     int vocab_size;
     int hidden_size;          // C
     int intermediate_size;    // I
@@ -30,11 +30,15 @@ typedef struct {
     double rope_factor, rope_low_freq_factor, rope_high_freq_factor;
     int rope_original_max_position_embeddings;
     int tie_word_embeddings;
-    int attention_bias;       // q/k/v biases, and o_proj's too unless model_type is qwen2
-    int bos_token_id, eos_token_id;  // -1 if absent; written back to config.json
-    // Mistral/Qwen2 sliding-window attention: the window (0: none). Not implemented: a run
-    // whose sequence_len exceeds it is refused; the value is written back unchanged.
+    int attention_bias;       // q/k/v biases; o_proj's too where the family says (family.h)
+    int bos_token_id, eos_token_id;  // -1 if absent; eos_token_id is the first of eos_ids
+    int eos_ids[16], n_eos;   // config.json's eos_token_id: all its ids (a list when eos_is_list)
+    int eos_is_list;
+    // Sliding-window attention (family.h says which layers use it): sliding_window as
+    // config.json has it (0: null/none), Qwen's use_sliding_window and max_window_layers.
     int sliding_window;
+    int use_sliding_window;
+    int max_window_layers;
     char torch_dtype[12];     // the base's weights: "float32", "bfloat16", "float16" ("": float32)
 } ModelConfig;
 
@@ -44,6 +48,7 @@ enum { LORA_Q, LORA_K, LORA_V, LORA_O, LORA_GATE, LORA_UP, LORA_DOWN, LORA_TARGE
 enum {
     P_LN1, P_WQ, P_BQ, P_WK, P_BK, P_WV, P_BV, P_WO, P_BO, P_LN2, P_WGATE, P_WUP, P_WDOWN,
     P_LN1B, P_LN2B, P_BUP, P_BDOWN,  // GPT-2: LayerNorm biases, fc (in P_WUP) and proj biases
+    P_QNORM, P_KNORM,                // Qwen3: RMSNorm weights [head_dim] of q and k heads
     P_LORA_A, P_LORA_B = P_LORA_A + LORA_TARGETS, P_PER_LAYER = P_LORA_B + LORA_TARGETS
 };
 extern const char *const LORA_TARGET_NAMES[LORA_TARGETS];  // "q_proj", ..., "down_proj"
@@ -200,6 +205,10 @@ typedef struct {
     float *final_rstd, *losses;
     int32_t *tokens, *targets;    // device copies of the current micro-batch
     float *rope_cos, *rope_sin;   // [T, D/2]
+    // q/k norm families (Qwen3): a->q/a->k keep the projections; attention reads normalized,
+    // rotated copies made here (and remade before the layer's backward), with their rstd.
+    void *qk_rot;                 // [N, (Hq + Hkv) D]: q then k
+    float *qk_rstd;               // [N, Hq + Hkv]
     // Backward scratch.
     void *d_res, *d_ln, *d_att, *d_q, *d_k, *d_v, *d_ff1, *d_ff2;  // d_ff*: one MLP tile
     void *logits;                 // [V] for sampling

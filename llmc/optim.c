@@ -25,6 +25,7 @@ double lr_at(const OptimConfig *oc, int s) {
     }
     case SCHED_COSINE: {
         double f = 0.5 * (1.0 + cos(M_PI * (double)(s - w) / rest));
+        f = oc->min_lr_ratio + (1.0 - oc->min_lr_ratio) * (f > 0 ? f : 0);
         return oc->lr * (f > 0 ? f : 0);
     }
     default:

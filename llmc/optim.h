@@ -6,12 +6,15 @@ typedef struct {
     double lr, beta1, beta2, eps, weight_decay, max_grad_norm;
     int warmup_steps, max_steps;
     int schedule;  // SCHED_*
+    double min_lr_ratio;  // cosine decays to lr * min_lr_ratio (Axolotl's cosine_min_lr_ratio)
 } OptimConfig;
 
 enum { SCHED_CONSTANT, SCHED_LINEAR, SCHED_COSINE };
 
 int schedule_from_name(const char *name);
 // Learning rate for 0-based step s, Hugging Face's warmup convention (base * s / warmup).
+// Cosine with min_lr_ratio r: lr * (r + (1 - r) * 0.5 * (1 + cos(pi * progress))), as Axolotl's
+// cosine_min_lr_ratio schedule.
 double lr_at(const OptimConfig *oc, int s);
 // Global L2 norm of all gradients (before clipping).
 double grad_norm(Model *m);

@@ -245,10 +245,6 @@ int train_main(int argc, char **argv, int arch) {
     ModelConfig mc = cfg.model;
     if (cfg.base_model[0] && arch == ARCH_GPT2) gpt2_read_config(cfg.base_model, &mc);
     else if (cfg.base_model[0]) load_hf_config(cfg.base_model, &mc);
-    if (mc.sliding_window && T > mc.sliding_window)
-        fail("%s: sliding_window %d is shorter than sequence_len %d; sliding-window attention is "
-             "not implemented, so set sequence_len <= %d", cfg.base_model, mc.sliding_window, T,
-             mc.sliding_window);
     if (T > mc.max_position_embeddings)
         fail("sequence_len %d exceeds the model's max_position_embeddings %d", T, mc.max_position_embeddings);
     // ---- memory plan: --plan prints it; auto picks from it; a limit names what would fit
@@ -306,6 +302,7 @@ int train_main(int argc, char **argv, int arch) {
     loader_open(&train, cfg.train_data, world * B, T, mc.vocab_size, cfg.shuffle, (uint64_t)cfg.seed, "train_data");
     int have_val = cfg.val_data[0] != 0;
     if (have_val) loader_open(&val, cfg.val_data, world * B, T, mc.vocab_size, 0, 0, "val_data");
+    config_plan_steps(&cfg, train.total_windows);  // num_epochs -> max_steps, warmup_ratio, cadences
     if (cfg.eval_steps && !have_val) fail("eval_steps is %d but no val_data is set", cfg.eval_steps);
 
     // ---- output and resume
@@ -337,15 +334,17 @@ int train_main(int argc, char **argv, int arch) {
 
     OptimConfig oc = {cfg.learning_rate, cfg.adam_beta1, cfg.adam_beta2, cfg.adam_epsilon,
                       cfg.weight_decay, cfg.max_grad_norm, cfg.warmup_steps, cfg.max_steps,
-                      schedule_from_name(cfg.lr_scheduler)};
+                      schedule_from_name(cfg.lr_scheduler), cfg.cosine_min_lr_ratio};
     const size_t BT = (size_t)B * T, GBT = BT * world;  // this rank's rows, the global batch
     int32_t *tok = xmalloc(sizeof(int32_t) * GBT * accum), *tgt = xmalloc(sizeof(int32_t) * GBT * accum);
     const size_t grad_bytes = (cfg.zero_stage >= 3 ? model.local_n : model.tab.shard * model.tab.world) * bk->act_bytes;
 
     int bad_in_row = 0;  // consecutive skipped (non-finite) steps
     int stopped = stop_requested(comm), last_saved = -1;  // a signal: stop after this step
+    int early_stop = 0, no_better = 0, best_step = 0;     // early_stopping_patience
+    double best_val = INFINITY;
     if (stopped) printf("interrupted by %s before the first step; nothing to save\n", strsignal(stopped));
-    for (int step = ls.step; step < cfg.max_steps && !stopped; step++) {
+    for (int step = ls.step; step < cfg.max_steps && !stopped && !early_stop; step++) {
         double t0 = now_ms();
         bk->mem.peak = bk->mem.in_use;  // peaks are per step
         bk->mem.host_peak = bk->mem.host_in_use;
@@ -417,6 +416,12 @@ int train_main(int argc, char **argv, int arch) {
             double vl = evaluate(&model, &val, cfg.eval_batches, tok, tgt, comm);
             printf("step %5d/%d | val_loss %.6f\n", ls.step, cfg.max_steps, vl);
             metrics_line(&metrics, "\"step\": %d, \"val_loss\": %s", ls.step, metrics_num(nl, sizeof nl, vl));
+            if (vl < best_val) best_val = vl, best_step = ls.step, no_better = 0;
+            else if (cfg.early_stopping_patience && ++no_better >= cfg.early_stopping_patience && ls.step < cfg.max_steps) {
+                early_stop = 1;
+                printf("early stopping at step %d: val_loss has not improved for %d evaluations "
+                       "(best %.6f at step %d)\n", ls.step, no_better, best_val, best_step);
+            }
         }
         // Every rank runs the sampler (ZeRO-3 gathers are collective); only rank 0 prints.
         if (cfg.sample_steps && mc.vocab_size == 256 &&
@@ -424,10 +429,11 @@ int train_main(int argc, char **argv, int arch) {
             print_sample(&model, T, cfg.sample_tokens, &ls.sample_rng);
         // No checkpoint in the middle of a run of skipped steps: the last one stays the last
         // good state to go back to. (The final model is written: its weights are unchanged.)
-        if (((cfg.save_steps && ls.step % cfg.save_steps == 0) || ls.step == cfg.max_steps) && !skip) {
+        if (((cfg.save_steps && ls.step % cfg.save_steps == 0) || ls.step == cfg.max_steps || early_stop) && !skip) {
             checkpoint_save(&model, &ls, cfg.output_dir);
             printf("saved %s/checkpoint-%d\n", cfg.output_dir, ls.step);
             last_saved = ls.step;
+            if (rank == 0) config_prune_checkpoints(&cfg, ls.step);  // save_total_limit
         }
         // SIGINT/SIGTERM: this step is done; keep it in a checkpoint and stop (the last step
         // goes on to write the final model instead).

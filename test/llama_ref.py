@@ -8,6 +8,19 @@ Everything here is written from the published conventions; it needs only numpy a
 with Debian's /usr/bin/python3). It does not use transformers or safetensors: both file formats
 are read and written by hand.
 
+Families (model_type), written in plain PyTorch from transformers' modeling/configuration
+equations (modeling_llama, modeling_mistral, modeling_qwen2, modeling_qwen3 and masking_utils of
+transformers 4.53+), not by running transformers:
+    llama    attention_bias biases q, k, v and o
+    mistral  no biases; sliding_window (absent: 4096, null: none) on every layer
+    qwen2    q/k/v biases always, o never; with use_sliding_window, layers i >= max_window_layers
+             (default 28) use sliding_window (transformers' layer_types rule)
+    qwen3    attention_bias on q/k/v/o (default false); q_norm/k_norm: RMSNorm over head_dim of
+             every head (weight [head_dim], eps rms_norm_eps) before RoPE; head_dim default 128;
+             windows as qwen2
+A sliding window W lets query i see keys j with i - W < j <= i (masking_utils'
+sliding_window_overlay: kv_idx > q_idx - sliding_window).
+
 Main entry points:
     make_config(**kw)                  -> HF config dict
     init_weights(cfg, seed)            -> {hf_name: float32 ndarray}
@@ -52,14 +65,15 @@ def make_config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_
                 num_attention_heads=4, num_key_value_heads=None, head_dim=None,
                 rms_norm_eps=1e-5, rope_theta=10000.0, rope_scaling=None,
                 max_position_embeddings=256, tie_word_embeddings=False, attention_bias=False,
-                model_type="llama"):
-    """A Hugging Face LlamaConfig-shaped dict."""
+                model_type="llama", **extra):
+    """A Hugging Face config dict of the family model_type; extra keys (sliding_window,
+    use_sliding_window, max_window_layers, eos_token_id, ...) are added as given."""
     if num_key_value_heads is None:
         num_key_value_heads = num_attention_heads
     if head_dim is None:
         head_dim = hidden_size // num_attention_heads
-    return {
-        "architectures": ["Qwen2ForCausalLM" if model_type == "qwen2" else "LlamaForCausalLM"],
+    cfg = {
+        "architectures": [ARCHITECTURES[model_type]],
         "model_type": model_type,
         "vocab_size": vocab_size,
         "hidden_size": hidden_size,
@@ -80,13 +94,41 @@ def make_config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_
         "eos_token_id": 2,
         "torch_dtype": "float32",
     }
+    cfg.update(extra)
+    return cfg
+
+
+ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
+                 "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+
+
+def family(cfg):
+    """What the family's modeling code does with this config: biases, q/k norms, and the
+    sliding window of each layer (0: none)."""
+    mt = cfg.get("model_type", "llama")
+    if mt not in ARCHITECTURES:
+        raise ValueError(f"model_type {mt} not in the reference")
+    ab = bool(cfg.get("attention_bias", False))
+    qkv_bias = {"llama": ab, "mistral": False, "qwen2": True, "qwen3": ab}[mt]
+    o_bias = {"llama": ab, "mistral": False, "qwen2": False, "qwen3": ab}[mt]
+    L = cfg["num_hidden_layers"]
+    sw = cfg["sliding_window"] if "sliding_window" in cfg else (None if mt == "llama" else 4096)
+    if mt == "mistral":
+        windows = [sw or 0] * L
+    elif mt in ("qwen2", "qwen3"):
+        sw = sw if cfg.get("use_sliding_window", False) else None
+        mwl = cfg.get("max_window_layers", 28)
+        windows = [sw if sw is not None and i >= mwl else 0 for i in range(L)]
+    else:
+        windows = [0] * L
+    return {"qkv_bias": qkv_bias, "o_bias": o_bias, "qk_norm": mt == "qwen3", "windows": windows}
 
 
 def _dims(cfg):
     C = cfg["hidden_size"]
     Hq = cfg["num_attention_heads"]
     Hkv = cfg.get("num_key_value_heads") or Hq
-    D = cfg.get("head_dim") or C // Hq
+    D = cfg.get("head_dim") or (128 if cfg.get("model_type") == "qwen3" else C // Hq)
     return C, Hq, Hkv, D
 
 
@@ -94,9 +136,8 @@ def param_shapes(cfg):
     """Ordered {hf_name: shape} of the model's parameters (lm_head absent when tied)."""
     C, Hq, Hkv, D = _dims(cfg)
     V, I, L = cfg["vocab_size"], cfg["intermediate_size"], cfg["num_hidden_layers"]
-    bias = bool(cfg.get("attention_bias", False))
-    # HF Llama's attention_bias biases all four projections; Qwen2 biases q/k/v only.
-    o_bias = bias and cfg.get("model_type", "llama") != "qwen2"
+    fam = family(cfg)
+    bias, o_bias = fam["qkv_bias"], fam["o_bias"]
     s = {"model.embed_tokens.weight": (V, C)}
     for i in range(L):
         p = f"model.layers.{i}."
@@ -113,6 +154,9 @@ def param_shapes(cfg):
         s[p + "self_attn.o_proj.weight"] = (C, Hq * D)
         if o_bias:
             s[p + "self_attn.o_proj.bias"] = (C,)
+        if fam["qk_norm"]:
+            s[p + "self_attn.q_norm.weight"] = (D,)
+            s[p + "self_attn.k_norm.weight"] = (D,)
         s[p + "post_attention_layernorm.weight"] = (C,)
         s[p + "mlp.gate_proj.weight"] = (I, C)
         s[p + "mlp.up_proj.weight"] = (I, C)
@@ -125,7 +169,8 @@ def param_shapes(cfg):
 
 def is_decay_param(name):
     """HF Trainer's rule: no weight decay for biases and norm weights."""
-    return not (name.endswith(".bias") or "layernorm" in name or name == "model.norm.weight")
+    return not (name.endswith(".bias") or "layernorm" in name or name == "model.norm.weight"
+                or name.endswith("_norm.weight"))
 
 
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -502,8 +547,9 @@ class RefLlama(torch.nn.Module):
         self.L = cfg["num_hidden_layers"]
         self.eps = float(cfg.get("rms_norm_eps", 1e-6))
         self.tied = bool(cfg.get("tie_word_embeddings", False))
-        self.bias = bool(cfg.get("attention_bias", False))
-        self.o_bias = self.bias and cfg.get("model_type", "llama") != "qwen2"
+        fam = family(cfg)
+        self.bias, self.o_bias, self.qk_norm = fam["qkv_bias"], fam["o_bias"], fam["qk_norm"]
+        self.windows = fam["windows"]
         self.use_sdpa = use_sdpa and hasattr(F, "scaled_dot_product_attention")
         self.dtype = dtype
         shapes = param_shapes(cfg)
@@ -581,19 +627,30 @@ class RefLlama(torch.nn.Module):
             q = self.linear(h, pre + "self_attn.q_proj", bq)
             k = self.linear(h, pre + "self_attn.k_proj", bk)
             v = self.linear(h, pre + "self_attn.v_proj", bv)
-            q = q.view(B, T, Hq, D).transpose(1, 2)
-            k = k.view(B, T, Hkv, D).transpose(1, 2)
+            q = q.view(B, T, Hq, D)
+            k = k.view(B, T, Hkv, D)
+            if self.qk_norm:  # Qwen3: RMSNorm over head_dim of each head, before RoPE
+                q = self.rmsnorm(q, self.p(pre + "self_attn.q_norm.weight"))
+                k = self.rmsnorm(k, self.p(pre + "self_attn.k_norm.weight"))
+            q = q.transpose(1, 2)
+            k = k.transpose(1, 2)
             v = v.view(B, T, Hkv, D).transpose(1, 2)
             q = q * cos + _rotate_half(q) * sin
             k = k * cos + _rotate_half(k) * sin
             if rep > 1:  # query head h reads kv head h // rep
                 k = k.repeat_interleave(rep, dim=1)
                 v = v.repeat_interleave(rep, dim=1)
-            if self.use_sdpa:
+            W = self.windows[i]
+            if self.use_sdpa and not W:
                 y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
             else:
                 att = (q @ k.transpose(-1, -2)) * (1.0 / math.sqrt(D))
-                att = att.masked_fill(~causal, float("-inf"))
+                mask = causal
+                if W:  # keys j with i - W < j <= i
+                    ii = torch.arange(T)[:, None]
+                    jj = torch.arange(T)[None, :]
+                    mask = causal & (jj > ii - W)
+                att = att.masked_fill(~mask, float("-inf"))
                 y = torch.softmax(att, dim=-1) @ v
             y = y.transpose(1, 2).reshape(B, T, Hq * D)
             bo = self.p(pre + "self_attn.o_proj.bias") if self.o_bias else None

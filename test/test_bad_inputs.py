@@ -533,7 +533,7 @@ CASES = [
     ("yaml_max_steps_overflow", yaml_case(["max_steps"], max_steps="99999999999999999999")),
     ("yaml_shuffle_maybe", yaml_case(["shuffle", "maybe"], shuffle="maybe")),
     ("yaml_value_is_list", yaml_case(["learning_rate"], learning_rate="[1, 2]")),
-    ("yaml_int_key_null", yaml_case(["max_steps"], max_steps="")),
+    ("yaml_int_key_empty_string", yaml_case(["max_steps"], max_steps='""')),
     ("yaml_model_not_mapping", yaml_case(["model"], model="16")),
     ("yaml_micro_batch_zero", yaml_case(["micro_batch_size", "0"], micro_batch_size="0")),
     ("yaml_adam_beta2_range", yaml_case(["adam_beta2", "1.5"], adam_beta2="1.5")),
@@ -663,13 +663,16 @@ CASES = [
         lambda m: ["config.json", "llama3"])),
     ("adapter_config_duplicate_key", adapter_dup_key),
     ("hf_model_type_unsupported", hf_case(
-        edit_config_json(lambda c: c.update(model_type="qwen3")), lambda m: ["config.json", "qwen3"])),
-    ("hf_mistral_window_shorter_than_seq", hf_case(
-        edit_config_json(lambda c: c.update(model_type="mistral", sliding_window=4)),
-        lambda m: ["sliding_window", "sequence_len"])),
-    ("hf_qwen2_window_shorter_than_seq", hf_case(
-        edit_config_json(lambda c: c.update(model_type="qwen2", sliding_window=4, use_sliding_window=True)),
-        lambda m: ["sliding_window", "sequence_len"])),
+        edit_config_json(lambda c: c.update(model_type="gemma2")),
+        lambda m: ["config.json", "gemma2", "llama, mistral, qwen2, qwen3"])),
+    ("hf_architecture_unsupported", hf_case(
+        edit_config_json(lambda c: c.update(architectures=["Phi3ForCausalLM"])),
+        lambda m: ["config.json", "Phi3ForCausalLM", "Qwen3ForCausalLM"])),
+    ("hf_layer_types_unsupported_pattern", hf_case(
+        edit_config_json(lambda c: c.update(model_type="qwen2", use_sliding_window=True, sliding_window=4,
+                                            max_window_layers=0,
+                                            layer_types=["full_attention"] * c["num_hidden_layers"])),
+        lambda m: ["config.json", "layer_types[0]", "max_window_layers"])),
     ("hf_sliding_window_not_int", hf_case(
         edit_config_json(lambda c: c.update(model_type="mistral", sliding_window="big")),
         lambda m: ["config.json", "sliding_window"])),

@@ -3,8 +3,10 @@
 each CUDA kernel against a double-precision CPU reference, plus the backend table), its
 PASS/FAIL lines passed through, and a check that the program was built with CUDA.
   /usr/bin/python3 test/test_cuda.py [--bin build/train_llama]
-The CUDA backend has not yet run on a GPU (see llmc/cuda/backend_cuda.cu); the kernels' logic
-is exercised without one by `make test-cuda-emu` (dev/cuda/emu), which this test does not run.
+The CUDA backend has not yet run on a GPU (see llmc/cuda/backend_cuda.cu); the kernels' logic,
+stream order, the NCCL world of one and the launcher-free rendezvous are exercised without one
+by `make test-cuda-emu` (dev/cuda/emu), which this test does not run (minutes). On the lent GPU
+machine, scripts/gpu_check.sh runs this and the whole-model checks (README, "Running on a GPU").
 """
 import argparse
 import os

@@ -572,7 +572,8 @@ static void test_rope(void) {
 
 // ---- attention ---------------------------------------------------------------------------
 
-// Naive causal GQA attention in long double: full softmax per row, out and lse. With dout
+// Naive causal GQA attention in long double: full softmax per row over keys
+// max(i - window + 1, doc_start, 0) .. i (window 0: no window; doc_start may be NULL), out and lse. With dout
 // non-NULL also the gradients (written, not accumulated). With lse_in NULL they are exact;
 // otherwise the backward's probabilities are exp(s - lse_in) as the kernel recomputes them from
 // its saved float lse (Dr = dout . out stays exact, as in the kernel), so the kernel can be held
@@ -580,7 +581,7 @@ static void test_rope(void) {
 static void naive_attention(double *out, double *lse, double *dq, double *dk, double *dv,
                             const double *dout, const float *lse_in, const double *q,
                             const double *k, const double *v, int B, int T, int Hq, int Hkv,
-                            int D) {
+                            int D, int window, const int32_t *doc_start) {
     const long double scale = 1 / sqrtl(D);
     const int group = Hq / Hkv;
     long double *s = xmalloc(sizeof(long double) * T), *p = xmalloc(sizeof(long double) * T),
@@ -597,8 +598,11 @@ static void naive_attention(double *out, double *lse, double *dq, double *dk, do
             int hk = h / group;
             for (int i = 0; i < T; i++) {
                 const double *qi = QI(b, i, h);
+                // keys j0..i: the window's i - window + 1 and the document start, whichever is later
+                int j0 = window > 0 && i - window + 1 > 0 ? i - window + 1 : 0;
+                if (doc_start && doc_start[(size_t)b * T + i] > j0) j0 = doc_start[(size_t)b * T + i];
                 long double mx = -INFINITY;
-                for (int j = 0; j <= i; j++) {
+                for (int j = j0; j <= i; j++) {
                     const double *kj = KI(b, j, hk);
                     long double d = 0;
                     for (int e = 0; e < D; e++) d += (long double)qi[e] * kj[e];
@@ -606,29 +610,29 @@ static void naive_attention(double *out, double *lse, double *dq, double *dk, do
                     if (s[j] > mx) mx = s[j];
                 }
                 long double l = 0;
-                for (int j = 0; j <= i; j++) l += p[j] = expl(s[j] - mx);
-                for (int j = 0; j <= i; j++) p[j] /= l;
+                for (int j = j0; j <= i; j++) l += p[j] = expl(s[j] - mx);
+                for (int j = j0; j <= i; j++) p[j] /= l;
                 for (int e = 0; e < D; e++) acc[e] = 0;
-                for (int j = 0; j <= i; j++)
+                for (int j = j0; j <= i; j++)
                     for (int e = 0; e < D; e++) acc[e] += p[j] * VI(b, j, hk)[e];
                 size_t orow = (((size_t)b * T + i) * Hq + h) * D;
                 for (int e = 0; e < D; e++) out[orow + e] = (double)acc[e];
                 lse[((size_t)b * Hq + h) * T + i] = (double)(mx + logl(l));
                 if (!dout) continue;
-                for (int j = 0; j <= i; j++)
+                for (int j = j0; j <= i; j++)
                     pb[j] = lse_in ? expl(s[j] - lse_in[((size_t)b * Hq + h) * T + i]) : p[j];
                 // dP_ij = dO_i . v_j, Dr = sum_j P_ij dP_ij (= dO_i . O_i), dS = P (dP - Dr),
                 // dq_i = scale sum_j dS_ij k_j, dk_j += scale dS_ij q_i, dv_j += P_ij dO_i.
                 const double *g = dout + orow;
                 long double Dr = 0;
-                for (int j = 0; j <= i; j++) {
+                for (int j = j0; j <= i; j++) {
                     long double d = 0;
                     for (int e = 0; e < D; e++) d += (long double)g[e] * VI(b, j, hk)[e];
                     dp[j] = d;
                     Dr += p[j] * d;
                 }
                 for (int e = 0; e < D; e++) acc[e] = 0;
-                for (int j = 0; j <= i; j++) {
+                for (int j = j0; j <= i; j++) {
                     long double ds = pb[j] * (dp[j] - Dr);
                     size_t krow = (((size_t)b * T + j) * Hkv + hk) * D;
                     for (int e = 0; e < D; e++) {
@@ -652,11 +656,14 @@ typedef struct {
     int B, T, Hq, Hkv, D;
     double *q, *k, *v, *wt, *out;
     float *lse;
+    int window;
+    const int32_t *doc_start;
 } AttCtx;
 
 static long double att_loss(void *p) {
     AttCtx *c = p;
-    attention_fwd_f64(c->out, c->lse, c->q, c->k, c->v, c->B, c->T, c->Hq, c->Hkv, c->D);
+    attention_fwd_f64(c->out, c->lse, c->q, c->k, c->v, c->B, c->T, c->Hq, c->Hkv, c->D, c->window,
+                      c->doc_start);
     return dot_wt(c->out, c->wt, (size_t)c->B * c->T * c->Hq * c->D);
 }
 
@@ -669,31 +676,37 @@ static long double att_loss(void *p) {
 //     differences of L = sum(out * Wt) through the forward kernel (1e-6 and 1e-5);
 //   - the exact naive backward itself element-wise against the same finite differences (1e-6),
 //     so the hand-derived reference is verified too.
-static void test_attention(int B, int T, int Hq, int Hkv, int D, int nsample) {
+// window / doc_start: the mask (backend.h); the tag says which.
+static void test_attention_mask(int B, int T, int Hq, int Hkv, int D, int nsample, int window,
+                                const int32_t *doc_start) {
     size_t nq = (size_t)B * T * Hq * D, nk = (size_t)B * T * Hkv * D, nl = (size_t)B * Hq * T;
     AttCtx c = {B, T, Hq, Hkv, D, randn(nq, 1), randn(nk, 1), randn(nk, 1), randn(nq, 1),
-                xmalloc(nq * sizeof(double)), xmalloc(nl * sizeof(float))};
-    char tag[96];
-    snprintf(tag, sizeof tag, "B=%d T=%d Hq=%d Hkv=%d D=%d", B, T, Hq, Hkv, D);
+                xmalloc(nq * sizeof(double)), xmalloc(nl * sizeof(float)), window, doc_start};
+    char tag[128];
+    snprintf(tag, sizeof tag, "B=%d T=%d Hq=%d Hkv=%d D=%d%s%.0d%s", B, T, Hq, Hkv, D,
+             window ? " window=" : "", window, doc_start ? " documents" : "");
     fill_nan(c.out, nq);
     for (size_t i = 0; i < nl; i++) c.lse[i] = NAN;
-    attention_fwd_f64(c.out, c.lse, c.q, c.k, c.v, B, T, Hq, Hkv, D);
+    attention_fwd_f64(c.out, c.lse, c.q, c.k, c.v, B, T, Hq, Hkv, D, window, doc_start);
     double *rout = zeros(nq), *rlse = zeros(nl), *r[3] = {zeros(nq), zeros(nk), zeros(nk)},
            *f[3] = {zeros(nq), zeros(nk), zeros(nk)};
-    naive_attention(rout, rlse, r[0], r[1], r[2], c.wt, NULL, c.q, c.k, c.v, B, T, Hq, Hkv, D);
+    naive_attention(rout, rlse, r[0], r[1], r[2], c.wt, NULL, c.q, c.k, c.v, B, T, Hq, Hkv, D,
+                    window, doc_start);
     Cmp e = {0};
     cmp_arrays(&e, "out", c.out, rout, nq);
     report(&e, 1e-10, "attention fwd out vs naive (%s)", tag);
     e = (Cmp){0};
     for (size_t i = 0; i < nl; i++) cmp_rel(&e, "lse", i, c.lse[i], rlse[i]);
     report(&e, 1e-7, "attention fwd lse (float) vs naive (%s)", tag);
-    naive_attention(rout, rlse, f[0], f[1], f[2], c.wt, c.lse, c.q, c.k, c.v, B, T, Hq, Hkv, D);
+    naive_attention(rout, rlse, f[0], f[1], f[2], c.wt, c.lse, c.q, c.k, c.v, B, T, Hq, Hkv, D,
+                    window, doc_start);
 
     // Outputs start as NaN: the backward must write them, not accumulate.
     double *g[3] = {xmalloc(nq * sizeof(double)), xmalloc(nk * sizeof(double)),
                     xmalloc(nk * sizeof(double))};
     fill_nan(g[0], nq), fill_nan(g[1], nk), fill_nan(g[2], nk);
-    attention_bwd_f64(g[0], g[1], g[2], c.wt, c.q, c.k, c.v, c.out, c.lse, B, T, Hq, Hkv, D);
+    attention_bwd_f64(g[0], g[1], g[2], c.wt, c.q, c.k, c.v, c.out, c.lse, B, T, Hq, Hkv, D, window,
+                      doc_start);
     const char *nm[3] = {"dq", "dk", "dv"};
     double *in[3] = {c.q, c.k, c.v};
     size_t sz[3] = {nq, nk, nk};
@@ -723,6 +736,23 @@ static void test_attention(int B, int T, int Hq, int Hkv, int D, int nsample) {
     report(&en, 1e-6, "attention exact naive backward vs finite differences (%s)", tag);
     free(c.q), free(c.k), free(c.v), free(c.wt), free(c.out), free(c.lse), free(rout), free(rlse);
     for (int t = 0; t < 3; t++) free(r[t]), free(f[t]), free(g[t]);
+}
+
+static void test_attention(int B, int T, int Hq, int Hkv, int D, int nsample) {
+    test_attention_mask(B, T, Hq, Hkv, D, nsample, 0, NULL);
+}
+
+// Packed rows: documents start at the given in-row positions (row b's list ends with -1).
+static void test_attention_docs(int B, int T, int Hq, int Hkv, int D, int nsample, int window,
+                                const int starts[][8]) {
+    int32_t *ds = xmalloc(sizeof(int32_t) * B * T);
+    for (int b = 0; b < B; b++)
+        for (int t = 0, s = 0; t < T; t++) {
+            while (starts[b][s + 1] >= 0 && starts[b][s + 1] <= t) s++;
+            ds[(size_t)b * T + t] = starts[b][s];
+        }
+    test_attention_mask(B, T, Hq, Hkv, D, nsample, window, ds);
+    free(ds);
 }
 
 // ---- fused classifier + cross-entropy ----------------------------------------------------
@@ -935,32 +965,32 @@ static void test_adamw(float lr, float wd, float gscale, int t) {
 
 // ---- float kernels against double --------------------------------------------------------
 
-static void test_f32_attention(void) {
+static void test_f32_attention(int window) {
     const int B = 2, T = 70, Hq = 6, Hkv = 2, D = 16;
     size_t nq = (size_t)B * T * Hq * D, nk = (size_t)B * T * Hkv * D, nl = (size_t)B * Hq * T;
     double *q = randn(nq, 1), *k = randn(nk, 1), *v = randn(nk, 1), *g = randn(nq, 1);
     double *o = zeros(nq), *dq = zeros(nq), *dk = zeros(nk), *dv = zeros(nk);
     float *lse = xmalloc(nl * sizeof(float)), *lse32 = xmalloc(nl * sizeof(float));
-    attention_fwd_f64(o, lse, q, k, v, B, T, Hq, Hkv, D);
-    attention_bwd_f64(dq, dk, dv, g, q, k, v, o, lse, B, T, Hq, Hkv, D);
+    attention_fwd_f64(o, lse, q, k, v, B, T, Hq, Hkv, D, window, NULL);
+    attention_bwd_f64(dq, dk, dv, g, q, k, v, o, lse, B, T, Hq, Hkv, D, window, NULL);
     float *qf = to_f32(q, nq), *kf = to_f32(k, nk), *vf = to_f32(v, nk), *gf = to_f32(g, nq);
     float *of = xmalloc(nq * sizeof(float)), *dqf = xmalloc(nq * sizeof(float)),
           *dkf = xmalloc(nk * sizeof(float)), *dvf = xmalloc(nk * sizeof(float));
-    attention_fwd_f32(of, lse32, qf, kf, vf, B, T, Hq, Hkv, D);
-    attention_bwd_f32(dqf, dkf, dvf, gf, qf, kf, vf, of, lse32, B, T, Hq, Hkv, D);
+    attention_fwd_f32(of, lse32, qf, kf, vf, B, T, Hq, Hkv, D, window, NULL);
+    attention_bwd_f32(dqf, dkf, dvf, gf, qf, kf, vf, of, lse32, B, T, Hq, Hkv, D, window, NULL);
     double *lsed = xmalloc(nl * sizeof(double));
     for (size_t i = 0; i < nl; i++) lsed[i] = lse[i];
     Cmp e = {0};
     cmp_f32(&e, "out", of, o, nq);
     cmp_f32(&e, "lse", lse32, lsed, nl);
-    report_norm(&e, 1e-4, "attention f32 fwd (out, lse) vs f64 (B=%d T=%d Hq=%d Hkv=%d D=%d)", B, T,
-               Hq, Hkv, D);
+    report_norm(&e, 1e-4, "attention f32 fwd (out, lse) vs f64 (B=%d T=%d Hq=%d Hkv=%d D=%d window=%d)", B, T,
+               Hq, Hkv, D, window);
     e = (Cmp){0};
     cmp_f32(&e, "dq", dqf, dq, nq);
     cmp_f32(&e, "dk", dkf, dk, nk);
     cmp_f32(&e, "dv", dvf, dv, nk);
-    report_norm(&e, 1e-4, "attention f32 bwd (dq, dk, dv) vs f64 (B=%d T=%d Hq=%d Hkv=%d D=%d)", B,
-               T, Hq, Hkv, D);
+    report_norm(&e, 1e-4, "attention f32 bwd (dq, dk, dv) vs f64 (B=%d T=%d Hq=%d Hkv=%d D=%d window=%d)", B,
+               T, Hq, Hkv, D, window);
     free(q), free(k), free(v), free(g), free(o), free(dq), free(dk), free(dv), free(lse),
         free(lse32), free(qf), free(kf), free(vf), free(gf), free(of), free(dqf), free(dkf),
         free(dvf), free(lsed);
@@ -1031,9 +1061,9 @@ static void thread_run(ThreadOut *o, const double *in) {
     rmsnorm_fwd_f64(o->ry, rstd, wt, wt + 200, 5, 24, 1e-5);
     rmsnorm_bwd_f64(o->rx, o->rw, wt + 300, wt, wt + 200, rstd, 5, 24);
     o->ss = sumsq_f64(wt, 1001);
-    attention_fwd_f64(o->ao, lse, wt, wt + 100, wt + 200, 1, 70, 2, 1, 8);
+    attention_fwd_f64(o->ao, lse, wt, wt + 100, wt + 200, 1, 70, 2, 1, 8, 0, NULL);
     attention_bwd_f64(o->adq, o->adk, o->adv, wt + 7, wt, wt + 100, wt + 200, o->ao, lse, 1, 70,
-                      2, 1, 8);
+                      2, 1, 8, 0, NULL);
     classifier_ce_f64(loss, o->cdx, o->cdw, wt, wt + 500, tgt, 7, 11, 5, 0.5);
 }
 
@@ -1223,6 +1253,18 @@ int main(void) {
     test_attention(2, 64, 4, 4, 8, 40);
     test_attention(2, 130, 4, 1, 8, 30);
     test_attention(1, 129, 3, 1, 16, 30);
+    // Sliding windows (keys t - window + 1 .. t): shorter than a row, across and at tile
+    // boundaries (tiles are 64), of one key, and past T (the plain causal mask); with GQA.
+    test_attention_mask(1, 20, 4, 2, 8, 400, 5, NULL);
+    test_attention_mask(2, 130, 4, 1, 8, 30, 37, NULL);
+    test_attention_mask(1, 200, 6, 2, 16, 30, 64, NULL);
+    test_attention_mask(1, 150, 4, 2, 8, 30, 65, NULL);
+    test_attention_mask(2, 70, 4, 2, 8, 30, 1, NULL);
+    test_attention_mask(1, 129, 3, 1, 16, 30, 500, NULL);
+    // Documents packed in a row (doc_start), alone and with a window; a one-token document.
+    static const int docs[2][8] = {{0, 50, 51, 120, -1}, {0, 70, -1}};
+    test_attention_docs(2, 140, 4, 2, 8, 30, 0, docs);
+    test_attention_docs(2, 140, 4, 2, 8, 30, 30, docs);
 
     static const int32_t t_small[] = {3, 10, -1, 0, 3, 7, -1};
     test_ce(7, 11, 5, t_small, 0);
@@ -1235,7 +1277,8 @@ int main(void) {
     test_adamw(1e-2f, 0.1f, 0.5f, 3);
     test_adamw(3e-3f, 0.0f, 1.0f, 1);
 
-    test_f32_attention();
+    test_f32_attention(0);
+    test_f32_attention(23);
     test_f32_ce();
     test_f32_rmsnorm();
     test_threads();

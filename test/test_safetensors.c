@@ -14,6 +14,7 @@
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include "family.h"
 #include "hf.h"
 #include "safetensors.h"
 #include "util.h"
@@ -307,7 +308,12 @@ static int config_equal(const ModelConfig *a, const ModelConfig *b) {
     SAME(num_attention_heads); SAME(num_key_value_heads); SAME(head_dim);
     SAME(max_position_embeddings); SAME(rms_norm_eps); SAME(rope_theta); SAME(rope_type);
     SAME(tie_word_embeddings); SAME(attention_bias); SAME(bos_token_id); SAME(eos_token_id);
-    SAME(sliding_window);
+    SAME(sliding_window); SAME(use_sliding_window); SAME(max_window_layers);
+    SAME(eos_is_list);
+    if (a->eos_is_list) {  // a list eos_token_id comes back whole
+        SAME(n_eos);
+        for (int i = 0; i < a->n_eos && i < 16; i++) SAME(eos_ids[i]);
+    }
     if (a->rope_type == ROPE_LLAMA3) {
         SAME(rope_factor); SAME(rope_low_freq_factor); SAME(rope_high_freq_factor);
         SAME(rope_original_max_position_embeddings);
@@ -420,8 +426,29 @@ static void test_config(void) {
                      "\"intermediate_size\":128,\"num_hidden_layers\":2,"
                      "\"num_attention_heads\":4,\"sliding_window\":4096,\"use_sliding_window\":false}");
     hf_read_config(path, &b);
-    check("config qwen2 window off without use_sliding_window", b.sliding_window == 0, "window %d",
-          b.sliding_window);
+    check("config qwen2 window off without use_sliding_window",
+          b.sliding_window == 4096 && !b.use_sliding_window && family_layer_window(&b, 0) == 0 &&
+              family_layer_window(&b, 1) == 0,
+          "window %d use %d layer windows %d %d", b.sliding_window, b.use_sliding_window,
+          family_layer_window(&b, 0), family_layer_window(&b, 1));
+    // With use_sliding_window, layers from max_window_layers on slide (transformers' layer_types).
+    write_text(path, "{\"model_type\":\"qwen2\",\"vocab_size\":100,\"hidden_size\":64,"
+                     "\"intermediate_size\":128,\"num_hidden_layers\":3,\"num_attention_heads\":4,"
+                     "\"sliding_window\":16,\"use_sliding_window\":true,\"max_window_layers\":1,"
+                     "\"eos_token_id\":[7,9]}");
+    hf_read_config(path, &b);
+    a = b;
+    rc = hf_write_config(path, &a);
+    hf_read_config(path, &b);
+    text = read_file(path, NULL);
+    check("config qwen2 max_window_layers and eos list round trip",
+          family_layer_window(&a, 0) == 0 && family_layer_window(&a, 1) == 16 &&
+              family_layer_window(&a, 2) == 16 && a.n_eos == 2 && a.eos_token_id == 7 && rc == 0 &&
+              config_equal(&a, &b) && text && strstr(text, "Qwen2ForCausalLM") &&
+              strstr(text, "\"max_window_layers\":\t1"),
+          "windows %d %d %d eos %d: %s", family_layer_window(&a, 0), family_layer_window(&a, 1),
+          family_layer_window(&a, 2), a.n_eos, text ? text : "");
+    free(text);
 
     rc = hf_write_config(tpath("no/such/dir/config.json"), &a);
     check("hf_write_config I/O error returns -1", rc == -1 && errno == ENOENT, "rc %d errno %d",

@@ -7,6 +7,13 @@ For each case: build a tiny random Llama (HF dir) and a random token shard in a 
 the trainer, and compare every step's loss (1e-5 relative), lr (1e-6 relative), grad_norm
 (1e-4 relative) and the final weights (max abs diff <= 1e-4 * max(1, max|w|) per tensor).
 
+Families (cases f-j): Mistral with sequence_len > sliding_window, Qwen2 with use_sliding_window
+and max_window_layers (layers below it full) and with it off, Qwen3 (q_norm/k_norm before RoPE,
+head_dim != hidden/heads, tied embeddings, no biases; and with attention_bias and a window). The
+reference for them is plain PyTorch written from transformers' modeling equations
+(test/llama_ref.py), not transformers, which is not installed here; each window case also checks
+that toggling the window moves the loss by far more than the tolerance.
+
 --self-check runs a float32 PyTorch copy of the reference in place of the binary (validates
 the tolerances without the trainer); --perturb-lr X multiplies the learning rate given to the
 candidate by X (to see the test fail).
@@ -93,6 +100,67 @@ def cases():
                           max_steps=5, learning_rate=5e-3, lr_scheduler="constant",
                           warmup_steps=2, weight_decay=0.1, max_grad_norm=1.0),
         shard_version=2, n_tokens=1500, expect_clip=False))
+    # Families (test/llama_ref.py's family(): plain-PyTorch equations of transformers' modeling
+    # code, not transformers itself).
+    # (f) Mistral, T = 24 > sliding_window 7: windows end mid-tile, GQA 4/2
+    out.append(dict(
+        name="f_mistral_window",
+        cfg=R.make_config(vocab_size=64, hidden_size=32, intermediate_size=64,
+                          num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                          model_type="mistral", rms_norm_eps=1e-6, sliding_window=7),
+        tc=R.train_config(sequence_len=24, micro_batch_size=2, gradient_accumulation_steps=2,
+                          max_steps=4, learning_rate=5e-3, lr_scheduler="cosine",
+                          warmup_steps=2, weight_decay=0.1, max_grad_norm=1.0),
+        shard_version=1, n_tokens=1500, expect_clip=False, contrast=dict(sliding_window=None)))
+    # (g) Qwen2 with use_sliding_window: layer 0 (< max_window_layers 1) full, layers 1-2 window 5
+    out.append(dict(
+        name="g_qwen2_window_layers",
+        cfg=R.make_config(vocab_size=64, hidden_size=32, intermediate_size=64,
+                          num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+                          model_type="qwen2", rms_norm_eps=1e-6, use_sliding_window=True,
+                          sliding_window=5, max_window_layers=1),
+        tc=R.train_config(sequence_len=20, micro_batch_size=2, gradient_accumulation_steps=1,
+                          max_steps=4, learning_rate=5e-3, lr_scheduler="linear",
+                          warmup_steps=1, weight_decay=0.1, max_grad_norm=1.0),
+        shard_version=1, n_tokens=1200, expect_clip=False,
+        contrast=dict(use_sliding_window=False)))
+    # (h) Qwen2 with a sliding_window but use_sliding_window false: no window anywhere
+    out.append(dict(
+        name="h_qwen2_window_off",
+        cfg=R.make_config(vocab_size=64, hidden_size=32, intermediate_size=64,
+                          num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
+                          model_type="qwen2", rms_norm_eps=1e-6, use_sliding_window=False,
+                          sliding_window=3, max_window_layers=0),
+        tc=R.train_config(sequence_len=20, micro_batch_size=2, gradient_accumulation_steps=1,
+                          max_steps=3, learning_rate=5e-3, lr_scheduler="constant",
+                          warmup_steps=1, weight_decay=0.1, max_grad_norm=1.0),
+        shard_version=1, n_tokens=1200, expect_clip=False,
+        contrast=dict(use_sliding_window=True)))
+    # (i) Qwen3 as Qwen3-0.6B is shaped: q_norm/k_norm, head_dim 16 != C/Hq = 12, GQA 4/2,
+    # tied embeddings, no biases
+    out.append(dict(
+        name="i_qwen3_qknorm_tied",
+        cfg=R.make_config(vocab_size=80, hidden_size=48, intermediate_size=96,
+                          num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                          head_dim=16, model_type="qwen3", rms_norm_eps=1e-6,
+                          tie_word_embeddings=True, rope_theta=1000000.0,
+                          use_sliding_window=False, sliding_window=None, max_window_layers=28),
+        tc=R.train_config(sequence_len=17, micro_batch_size=2, gradient_accumulation_steps=2,
+                          max_steps=4, learning_rate=5e-3, lr_scheduler="cosine",
+                          warmup_steps=2, weight_decay=0.1, max_grad_norm=1.0),
+        shard_version=2, n_tokens=1500, expect_clip=False, init=dict(embed_std=0.1)))
+    # (j) Qwen3 with attention_bias (q/k/v/o) and a window on every layer (max_window_layers 0)
+    out.append(dict(
+        name="j_qwen3_bias_window",
+        cfg=R.make_config(vocab_size=64, hidden_size=32, intermediate_size=64,
+                          num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=1,
+                          head_dim=8, model_type="qwen3", rms_norm_eps=1e-6, attention_bias=True,
+                          use_sliding_window=True, sliding_window=6, max_window_layers=0),
+        tc=R.train_config(sequence_len=18, micro_batch_size=2, gradient_accumulation_steps=1,
+                          max_steps=4, learning_rate=5e-3, lr_scheduler="cosine",
+                          warmup_steps=1, weight_decay=0.1, max_grad_norm=1.0),
+        shard_version=1, n_tokens=1200, expect_clip=False,
+        contrast=dict(use_sliding_window=False)))
     return out
 
 
@@ -220,6 +288,16 @@ def check_case(case, args, root):
                 errs.append(f"weight {k}: max abs diff {d:.3e} > tol {tol:.1e}")
     if nbad > 4:
         errs.append(f"... {nbad} tensors over tolerance in all")
+    # sanity: the window keys really matter here (the first step's loss with the window turned
+    # off, or on, differs by far more than the tolerance), so a trainer that ignored them fails
+    if case.get("contrast"):
+        off = dict(cfg, **case["contrast"])
+        batches = R.step_batches(tokens, int(tc["micro_batch_size"]), int(tc["sequence_len"]),
+                                 int(tc["gradient_accumulation_steps"]), 1)
+        d = rel(R.batch_loss(off, weights, batches), R.batch_loss(cfg, weights, batches))
+        notes.append(f"window on/off changes the loss by {d:.1e}")
+        if d < 10 * LOSS_RTOL:
+            errs.append(f"test setup: toggling the window changes the loss by only {d:.1e}")
     # sanity: the reference really trained (weights moved by much more than the tolerance)
     init_d = max(float(np.max(np.abs(ref_w[k] - weights[k]))) for k in ref_w)
     summary = (f"loss rel {worst_loss:.1e}, lr rel {worst_lr:.1e}, gnorm rel {worst_gn:.1e}, "

@@ -17,7 +17,7 @@ int main(int argc, char **argv) {
         if (bf) {  // the bf16 params start as the master rounded
             std::vector<float> pr = p;
             round_act(pr, 1);
-            CUDA_CHECK(cudaMemcpy(dp, up_act(pr, 1), n * 2, cudaMemcpyDeviceToDevice));
+            CUDA_CHECK(dev_copy(dp, up_act(pr, 1), n * 2, cudaMemcpyDeviceToDevice));
         }
         for (int t = 1; t <= 3; t++) {
             std::vector<float> g = randn(n);
@@ -50,11 +50,11 @@ int main(int argc, char **argv) {
             const size_t N = (size_t)1 << 27, es = bf ? 2 : 4;
             void *P = dmalloc(N * es), *G = dmalloc(N * es), *M = dmalloc(N * 4), *Vv = dmalloc(N * 4),
                  *Ms = bf ? dmalloc(N * 4) : NULL;
-            CUDA_CHECK(cudaMemset(P, 0, N * es));
-            CUDA_CHECK(cudaMemset(G, 0, N * es));
-            CUDA_CHECK(cudaMemset(M, 0, N * 4));
-            CUDA_CHECK(cudaMemset(Vv, 0, N * 4));
-            if (Ms) CUDA_CHECK(cudaMemset(Ms, 0, N * 4));
+            CUDA_CHECK(dev_memset(P, 0, N * es));
+            CUDA_CHECK(dev_memset(G, 0, N * es));
+            CUDA_CHECK(dev_memset(M, 0, N * 4));
+            CUDA_CHECK(dev_memset(Vv, 0, N * 4));
+            if (Ms) CUDA_CHECK(dev_memset(Ms, 0, N * 4));
             snprintf(name, sizeof name, "adamw %s n=2^27", prec(bf));
             report_bw(name, bench_ms(c, 10, [&] { k_adamw(c, P, (float *)Ms, G, (float *)M, (float *)Vv, N, lr, b1, b2, eps, wd, gs, 5); }),
                       (double)N * (2 * es + 16 + (bf ? 8 : 0)));

@@ -3,7 +3,10 @@
 // (same shape as the CPU backend's, naming what was allocated and appending oom_hint) and a
 // real driver out-of-memory (run in child processes, since both end in fail()), act
 // upload/download and host conversions, memzero, and copies ordered across a second queue with
-// events.
+// events; pinned host memory only within its cap (the rest pageable, copies still right); under
+// the emulator also: no CUDA context on any GPU but the one asked for (MPI ranks asked for
+// theirs after a probe had put one on GPU 0), and the stream-order check catching a copy on one
+// queue and a kernel on another with no event between them (both orders).
 #include <sys/wait.h>
 #include <unistd.h>
 #include "dev_common.cuh"
@@ -12,6 +15,41 @@ extern "C" {
 }
 
 static int child(const char *mode) {
+#ifdef LLMC_EMU
+    if (!strcmp(mode, "ctx")) {  // two GPUs; this "rank" uses GPU 1
+        setenv("EMU_DEVICES", "2", 1);
+        emu_context_reset();
+        char why[256];
+        if (!backend_cuda_available(why, sizeof why)) return 3;
+        Backend *bk = backend_cuda_create(1, 1);
+        void *d = bk->dev_alloc(bk, 256, "x");
+        bk->memzero(bk, d, 256, NULL);
+        bk->sync(bk);
+        fprintf(stderr, "context mask %u\n", emu_context_mask());
+        return emu_context_mask() == 2u ? 0 : 2;
+    }
+    if (!strcmp(mode, "raw") || !strcmp(mode, "war")) {
+        Backend *bk = backend_cuda_create(1, 0);
+        const size_t n = 4096;
+        void *h = bk->host_alloc(bk, n * 2, "h");
+        memset(h, 0, n * 2);
+        void *d = bk->dev_alloc(bk, n * 2, "d"), *y = bk->dev_alloc(bk, n * 2, "y");
+        bk->memzero(bk, y, n * 2, NULL);
+        bk->sync(bk);
+        Queue *q = bk->queue_create(bk);
+        if (!strcmp(mode, "raw")) {
+            bk->copy_h2d(bk, d, h, n * 2, q);  // copy queue writes d ...
+            bk->add(bk, y, d, d, n);           // ... the compute queue reads it: no event between
+        } else {
+            bk->memzero(bk, d, n * 2, NULL);
+            bk->sync(bk);
+            bk->add(bk, y, d, d, n);           // compute queue reads d ...
+            bk->copy_h2d(bk, d, h, n * 2, q);  // ... the copy queue overwrites it: no event between
+        }
+        bk->sync(bk);
+        return 0;  // not reached: the emulator stops at the hazard
+    }
+#endif
     Backend *bk = backend_cuda_create(1, 0);
     bk->oom_hint = "hint-modes";
     if (!strcmp(mode, "limit")) {
@@ -115,7 +153,59 @@ int main(int argc, char **argv) {
         check_true(name, bk->mem.in_use == 0 && bk->mem.host_in_use == 0, "counts not back to zero");
         bk->destroy(bk);
     }
+    // pinned memory within its cap: 1 MiB in all, 768 KiB per buffer
+    {
+        setenv("LLMC_PINNED_LIMIT_MB", "1", 1);
+        setenv("LLMC_PIN_MAX_BUFFER_MB", "0.75", 1);
+        Backend *bk = backend_cuda_create(1, 0);
+        auto pinned = [](const void *p) {
+            cudaPointerAttributes a;
+            cudaError_t e = cudaPointerGetAttributes(&a, p);
+            (void)cudaGetLastError();
+            return e == cudaSuccess && a.type == cudaMemoryTypeHost;
+        };
+        unsigned char *a = (unsigned char *)bk->host_alloc(bk, 512 << 10, "a");
+        unsigned char *b = (unsigned char *)bk->host_alloc(bk, 512 << 10, "b");
+        unsigned char *c = (unsigned char *)bk->host_alloc(bk, 4096, "c (past the cap)");
+        unsigned char *d = (unsigned char *)bk->host_alloc(bk, 800 << 10, "d (larger than a buffer may be)");
+        check_true("host_alloc pins within LLMC_PINNED_LIMIT_MB and LLMC_PIN_MAX_BUFFER_MB, the rest is pageable",
+                   pinned(a) && pinned(b) && !pinned(c) && !pinned(d), "wrong pinning");
+        bk->host_free(bk, b);
+        unsigned char *e = (unsigned char *)bk->host_alloc(bk, 256 << 10, "e");
+        check_true("freeing pinned memory returns it to the cap", pinned(e), "not pinned");
+        check_true("host accounting counts pinned and pageable alike",
+                   bk->mem.host_in_use == (size_t)(512 << 10) + 4096 + (800 << 10) + (256 << 10), "wrong count");
+        // copies through pageable memory on a second queue, ordered by events
+        const size_t bytes = 4096;
+        for (size_t i = 0; i < bytes; i++) c[i] = (unsigned char)(i * 5 + 1);
+        void *d1 = bk->dev_alloc(bk, bytes, "d1");
+        Queue *q = bk->queue_create(bk);
+        Event *ev = bk->event_create(bk);
+        bk->copy_h2d(bk, d1, c, bytes, q);
+        bk->event_record(bk, ev, q);
+        bk->queue_wait(bk, NULL, ev);
+        bk->copy_d2h(bk, d, d1, bytes, NULL);
+        bk->sync(bk);
+        check_true("copies between pageable host memory and the device across queues", !memcmp(c, d, bytes), "bytes differ");
+        bk->event_destroy(bk, ev), bk->queue_destroy(bk, q), bk->dev_free(bk, d1);
+        bk->host_free(bk, a), bk->host_free(bk, c), bk->host_free(bk, d), bk->host_free(bk, e);
+        bk->destroy(bk);
+        unsetenv("LLMC_PINNED_LIMIT_MB"), unsetenv("LLMC_PIN_MAX_BUFFER_MB");
+    }
     std::string err;
+#ifdef LLMC_EMU
+    int cst = run_child("ctx", err);
+    check_true("a rank that uses GPU 1 creates no context on GPU 0 (availability probe, create)", cst == 0, err.c_str());
+    err.clear();
+    cst = run_child("raw", err);
+    check_true("emulator: a kernel reading what a copy on another queue wrote, no event between, is a hazard",
+               cst != 0 && err.find("stream-order hazard (read after write)") != std::string::npos, err.c_str());
+    err.clear();
+    cst = run_child("war", err);
+    check_true("emulator: a copy overwriting what a kernel on another queue reads, no event between, is a hazard",
+               cst != 0 && err.find("stream-order hazard (write after read)") != std::string::npos, err.c_str());
+    err.clear();
+#endif
     int st = run_child("limit", err);
     check_true("budget out-of-memory message names the tensor and appends oom_hint",
                st == 1 && err.find("device memory limit reached allocating") != std::string::npos &&

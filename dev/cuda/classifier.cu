@@ -61,9 +61,9 @@ int main(int argc, char **argv) {
             void *x = dmalloc((size_t)N * C * es), *W = dmalloc((size_t)V * C * es), *dx = dmalloc((size_t)N * C * es),
                  *dW = dmalloc((size_t)V * C * es), *t = dmalloc(N * 4);
             float *l = (float *)dmalloc(N * 4);
-            CUDA_CHECK(cudaMemset(x, 0, (size_t)N * C * es));
-            CUDA_CHECK(cudaMemset(W, 0, (size_t)V * C * es));
-            CUDA_CHECK(cudaMemset(t, 0, N * 4));
+            CUDA_CHECK(dev_memset(x, 0, (size_t)N * C * es));
+            CUDA_CHECK(dev_memset(W, 0, (size_t)V * C * es));
+            CUDA_CHECK(dev_memset(t, 0, N * 4));
             char name[96];
             snprintf(name, sizeof name, "classifier_ce %s N=%d V=%d C=%d (3 GEMMs)", prec(bf), N, V, C);
             report_flops(name, bench_ms(c, 3, [&] { k_classifier_ce(c, l, dx, dW, x, W, (const int32_t *)t, N, V, C, 1.0f); }),

@@ -67,6 +67,23 @@ static void round_act(std::vector<float> &x, int bf) {
 }
 static std::vector<double> to_d(const std::vector<float> &x) { return std::vector<double>(x.begin(), x.end()); }
 
+// Plain cudaMemcpy / cudaMemset run on the legacy default stream, which does NOT order with the
+// backend's compute stream (created cudaStreamNonBlocking): a plain copy followed by a kernel
+// on c->stream races (a pageable host-to-device cudaMemcpy may return before its DMA lands; a
+// cudaMemset is asynchronous). Every plain copy or memset here goes through these, fenced by
+// device synchronisation on both sides. The emulator's stream-order check (dev/cuda/emu) fails
+// a program that skips them.
+static cudaError_t dev_copy(void *d, const void *s, size_t n, cudaMemcpyKind k) {
+    CUDA_CHECK(cudaDeviceSynchronize());
+    CUDA_CHECK(cudaMemcpy(d, s, n, k));
+    return cudaDeviceSynchronize();
+}
+static cudaError_t dev_memset(void *d, int v, size_t n) {
+    CUDA_CHECK(cudaDeviceSynchronize());
+    CUDA_CHECK(cudaMemset(d, v, n));
+    return cudaDeviceSynchronize();
+}
+
 // Device buffers.
 static void *dmalloc(size_t bytes) {
     void *p;
@@ -78,15 +95,15 @@ static void *up_act(const std::vector<float> &x, int bf) {
     if (bf) {
         std::vector<uint16_t> h(x.size());
         for (size_t i = 0; i < x.size(); i++) h[i] = host_f2bf(x[i]);
-        CUDA_CHECK(cudaMemcpy(d, h.data(), h.size() * 2, cudaMemcpyHostToDevice));
+        CUDA_CHECK(dev_copy(d, h.data(), h.size() * 2, cudaMemcpyHostToDevice));
     } else {
-        CUDA_CHECK(cudaMemcpy(d, x.data(), x.size() * 4, cudaMemcpyHostToDevice));
+        CUDA_CHECK(dev_copy(d, x.data(), x.size() * 4, cudaMemcpyHostToDevice));
     }
     return d;
 }
 static void *up_bytes(const void *x, size_t bytes) {
     void *d = dmalloc(bytes);
-    CUDA_CHECK(cudaMemcpy(d, x, bytes, cudaMemcpyHostToDevice));
+    CUDA_CHECK(dev_copy(d, x, bytes, cudaMemcpyHostToDevice));
     return d;
 }
 static std::vector<float> down_act(const void *d, size_t n, int bf) {
@@ -94,10 +111,10 @@ static std::vector<float> down_act(const void *d, size_t n, int bf) {
     CUDA_CHECK(cudaDeviceSynchronize());
     if (bf) {
         std::vector<uint16_t> h(n);
-        CUDA_CHECK(cudaMemcpy(h.data(), d, n * 2, cudaMemcpyDeviceToHost));
+        CUDA_CHECK(dev_copy(h.data(), d, n * 2, cudaMemcpyDeviceToHost));
         for (size_t i = 0; i < n; i++) x[i] = host_bf2f(h[i]);
     } else {
-        CUDA_CHECK(cudaMemcpy(x.data(), d, n * 4, cudaMemcpyDeviceToHost));
+        CUDA_CHECK(dev_copy(x.data(), d, n * 4, cudaMemcpyDeviceToHost));
     }
     return x;
 }

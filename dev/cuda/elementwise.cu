@@ -39,7 +39,7 @@ static void run(CudaCtx *c, size_t n, int off) {
     k_scale(c, da + o * es, 0.37f, n);
     check(NAME("scale"), got_of(da), ref_of([&](size_t i) { return 0.37 * a[i]; }), tol_for(bf));
     // SwiGLU: h = silu(g) * u
-    CUDA_CHECK(cudaMemcpy(da, up_act(a, bf), (n + 1) * es, cudaMemcpyDeviceToDevice));
+    CUDA_CHECK(dev_copy(da, up_act(a, bf), (n + 1) * es, cudaMemcpyDeviceToDevice));
     void *dh = dmalloc((n + 1) * es);
     k_swiglu_fwd(c, (char *)dh + o * es, da + o * es, db + o * es, n);
     check(NAME("swiglu_fwd"), got_of(dh), ref_of([&](size_t i) { double g = a[i]; return g / (1 + exp(-g)) * b[i]; }), tol_for(bf));
@@ -89,7 +89,7 @@ static void bias(CudaCtx *c, int N, int D) {
         rb[d] = db0[d];
         for (int n = 0; n < N; n++) rb[d] += y[(size_t)n * D + d];
     }
-    CUDA_CHECK(cudaMemcpy(dy, up_act(y, bf), (size_t)N * D * (bf ? 2 : 4), cudaMemcpyDeviceToDevice));
+    CUDA_CHECK(dev_copy(dy, up_act(y, bf), (size_t)N * D * (bf ? 2 : 4), cudaMemcpyDeviceToDevice));
     k_bias_grad(c, ddb, dy, N, D);
     snprintf(name, sizeof name, "bias_grad %s %dx%d", prec(bf), N, D);
     check(name, down_act(ddb, D, bf), rb, tol_for(bf));
@@ -108,8 +108,8 @@ int main(int argc, char **argv) {
         if (!g_quick) {
             const size_t n = (size_t)1 << 26, es = bf ? 2 : 4;
             void *x = dmalloc(n * es), *y = dmalloc(n * es), *z = dmalloc(n * es);
-            CUDA_CHECK(cudaMemset(x, 0, n * es));
-            CUDA_CHECK(cudaMemset(y, 0, n * es));
+            CUDA_CHECK(dev_memset(x, 0, n * es));
+            CUDA_CHECK(dev_memset(y, 0, n * es));
             char name[64];
             snprintf(name, sizeof name, "add %s n=2^26", prec(bf));
             report_bw(name, bench_ms(c, 20, [&] { k_add(c, z, x, y, n); }), 3.0 * n * es);

@@ -26,7 +26,7 @@ static void one(CudaCtx *c, int N, int C, int V) {
     std::vector<float> g1 = down_act(dt, (size_t)V * C, bf);
     snprintf(name, sizeof name, "embedding_bwd %s N=%d C=%d V=%d", prec(bf), N, C, V);
     check(name, g1, rt, tol_for(bf));
-    CUDA_CHECK(cudaMemcpy(dt, up_act(dt0, bf), (size_t)V * C * (bf ? 2 : 4), cudaMemcpyDeviceToDevice));
+    CUDA_CHECK(dev_copy(dt, up_act(dt0, bf), (size_t)V * C * (bf ? 2 : 4), cudaMemcpyDeviceToDevice));
     k_embedding_bwd(c, dt, dout_d, (const int32_t *)dtok, N, C, V);
     std::vector<float> g2 = down_act(dt, (size_t)V * C, bf);
     snprintf(name, sizeof name, "embedding_bwd %s N=%d repeat is bit-identical", prec(bf), N);
@@ -47,8 +47,8 @@ int main(int argc, char **argv) {
             std::vector<int32_t> tok(N);
             for (auto &t : tok) t = (int)(urand() * V);
             void *dtok = up_bytes(tok.data(), N * 4), *tab = dmalloc((size_t)V * C * es), *o = dmalloc((size_t)N * C * es);
-            CUDA_CHECK(cudaMemset(tab, 0, (size_t)V * C * es));
-            CUDA_CHECK(cudaMemset(o, 0, (size_t)N * C * es));
+            CUDA_CHECK(dev_memset(tab, 0, (size_t)V * C * es));
+            CUDA_CHECK(dev_memset(o, 0, (size_t)N * C * es));
             char name[64];
             snprintf(name, sizeof name, "embedding_fwd %s N=%d C=%d", prec(bf), N, C);
             report_bw(name, bench_ms(c, 20, [&] { k_embedding_fwd(c, o, (const int32_t *)dtok, tab, N, C); }), 2.0 * N * C * es);

@@ -56,9 +56,9 @@ int main(int argc, char **argv) {
             void *x = dmalloc((size_t)N * C * es), *w = dmalloc(C * es), *o = dmalloc((size_t)N * C * es),
                  *g = dmalloc((size_t)N * C * es), *dw = dmalloc(C * es);
             float *r = (float *)dmalloc(N * 4);
-            CUDA_CHECK(cudaMemset(x, 0, (size_t)N * C * es));
-            CUDA_CHECK(cudaMemset(w, 0, C * es));
-            CUDA_CHECK(cudaMemset(g, 0, (size_t)N * C * es));
+            CUDA_CHECK(dev_memset(x, 0, (size_t)N * C * es));
+            CUDA_CHECK(dev_memset(w, 0, C * es));
+            CUDA_CHECK(dev_memset(g, 0, (size_t)N * C * es));
             char name[64];
             snprintf(name, sizeof name, "rmsnorm_fwd %s %dx%d", prec(bf), N, C);
             report_bw(name, bench_ms(c, 20, [&] { k_rmsnorm_fwd(c, o, r, x, w, N, C, 1e-5f); }), 2.0 * N * C * es);

@@ -26,7 +26,7 @@ static void one(CudaCtx *c, int B, int T, int H, int D) {
                         ref[base + i + half] = e * co + a * s;
                     }
                 }
-        CUDA_CHECK(cudaMemcpy(dx, up_act(x, bf), x.size() * (bf ? 2 : 4), cudaMemcpyDeviceToDevice));
+        CUDA_CHECK(dev_copy(dx, up_act(x, bf), x.size() * (bf ? 2 : 4), cudaMemcpyDeviceToDevice));
         k_rope(c, dx, (const float *)dc, (const float *)ds, B, T, H, D, sign);
         snprintf(name, sizeof name, "rope_%s %s B=%d T=%d H=%d D=%d", sign > 0 ? "fwd" : "bwd", prec(bf), B, T, H, D);
         check(name, down_act(dx, x.size(), bf), ref, tol_for(bf));
@@ -44,9 +44,9 @@ int main(int argc, char **argv) {
             const int B = 4, T = 4096, H = 32, D = 128;
             const size_t es = bf ? 2 : 4, n = (size_t)B * T * H * D;
             void *x = dmalloc(n * es), *cs = dmalloc((size_t)T * D / 2 * 4), *sn = dmalloc((size_t)T * D / 2 * 4);
-            CUDA_CHECK(cudaMemset(x, 0, n * es));
-            CUDA_CHECK(cudaMemset(cs, 0, (size_t)T * D / 2 * 4));
-            CUDA_CHECK(cudaMemset(sn, 0, (size_t)T * D / 2 * 4));
+            CUDA_CHECK(dev_memset(x, 0, n * es));
+            CUDA_CHECK(dev_memset(cs, 0, (size_t)T * D / 2 * 4));
+            CUDA_CHECK(dev_memset(sn, 0, (size_t)T * D / 2 * 4));
             char name[64];
             snprintf(name, sizeof name, "rope_fwd %s B=%d T=%d H=%d D=%d", prec(bf), B, T, H, D);
             report_bw(name, bench_ms(c, 20, [&] { k_rope(c, x, (float *)cs, (float *)sn, B, T, H, D, 1); }), 2.0 * n * es);

@@ -163,15 +163,17 @@ static void cpu_rope_bwd(Backend *bk, void *x, const float *c, const float *s, i
     rope_bwd_f32(x, c, s, B, T, H, D);
 }
 static void cpu_attention_fwd(Backend *bk, void *out, float *lse, const void *q, const void *k,
-                              const void *v, int B, int T, int Hq, int Hkv, int D) {
+                              const void *v, int B, int T, int Hq, int Hkv, int D, int window,
+                              const int32_t *doc_start) {
     (void)bk;
-    attention_fwd_f32(out, lse, q, k, v, B, T, Hq, Hkv, D);
+    attention_fwd_f32(out, lse, q, k, v, B, T, Hq, Hkv, D, window, doc_start);
 }
 static void cpu_attention_bwd(Backend *bk, void *dq, void *dk, void *dv, const void *dout,
                               const void *q, const void *k, const void *v, const void *out,
-                              const float *lse, int B, int T, int Hq, int Hkv, int D) {
+                              const float *lse, int B, int T, int Hq, int Hkv, int D, int window,
+                              const int32_t *doc_start) {
     (void)bk;
-    attention_bwd_f32(dq, dk, dv, dout, q, k, v, out, lse, B, T, Hq, Hkv, D);
+    attention_bwd_f32(dq, dk, dv, dout, q, k, v, out, lse, B, T, Hq, Hkv, D, window, doc_start);
 }
 static void cpu_dropout(Backend *bk, void *y, const void *x, size_t n, float p, uint64_t seed,
                         size_t first) {

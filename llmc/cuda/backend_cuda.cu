@@ -3,14 +3,27 @@
 //
 // STATUS: compiles and links (nvcc 13, sm_90 + compute_90 PTX); NOT YET RUN ON A GPU. The
 // kernels and this file's logic have run on the CPU under the SIMT emulator (dev/cuda/emu),
-// compared with the CPU backend; the first GPU run should start with `make test-cuda`
-// (dev/cuda/*), then the fp32-vs-CPU training comparison in test/test_cuda.py.
+// compared with the CPU backend, with stream order checked; fp32 training through this backend
+// on the emulator matched the CPU backend (scripts/gpu_train_check.py --tiny). The first GPU
+// session should run scripts/gpu_check.sh (README, "Running on a GPU").
+//
+// Devices: backend_cuda_available creates no CUDA context (it compares compute capabilities
+// with __CUDA_ARCH_LIST__); backend_cuda_create calls cudaSetDevice(device_index) before any
+// other call that would make one, so an MPI or launcher-free rank touches only its own GPU.
 //
 // Memory: dev_alloc counts bytes against mem.limit exactly as the CPU backend does (same
 // message, naming `what`, with bk->oom_hint appended), then cudaMalloc; a real out-of-memory
-// from the driver fails with the same shape of message. host_alloc is pinned (cudaMallocHost)
-// and counted in host_in_use/host_peak; if pinning fails it falls back to pageable memory
-// with one warning (copies then stop overlapping with compute). Kernel scratch (cuBLASLt
+// from the driver fails with the same shape of message. host_alloc is counted in
+// host_in_use/host_peak and pinned (cudaMallocHost) only within a cap, because pinned memory is
+// locked out of the host's page cache and swap (pinning everything took about 96 GB for an 8B
+// offload run, which most hosts refuse): a buffer is pinned when it is at most
+// LLMC_PIN_MAX_BUFFER_MB (default 256 MiB: staging buffers and per-tensor activation copies,
+// which the copy engines stream) and the pinned total stays within LLMC_PINNED_LIMIT_MB
+// (default 4096 MiB; 0 pins nothing). Anything else (the streamed-weight blob, host optimizer
+// state, buffers past the cap) is pageable, with one note naming the first such buffer. Copies
+// to and from pageable memory stay correct (CUDA stages them; a device-to-host copy into
+// pageable memory returns only when it is done) but stop overlapping with the host thread.
+// A failed pin falls back to pageable memory the same way. Kernel scratch (cuBLASLt
 // workspace, classifier chunk logits, reduction partials, attention row sums, embedding
 // sort) belongs to the backend and is not counted, as the CPU kernels' malloc'd scratch is not.
 //
@@ -159,7 +172,17 @@ typedef struct {
     CudaCtx *ctx;
     PtrMap dev, host;
     int warned_pageable;
+    size_t pinned, pinned_limit, pin_max_buffer;  // bytes
 } CudaImpl;
+
+static size_t env_mb(const char *name, size_t dflt_mb) {
+    const char *v = getenv(name);
+    if (!v || !*v) return dflt_mb << 20;
+    char *end;
+    double mb = strtod(v, &end);
+    if (*end || mb < 0) fail("%s=%s: expected a size in MiB (a number >= 0)", name, v);
+    return (size_t)(mb * 1048576.0);
+}
 
 static CudaImpl *impl_of(Backend *bk) { return (CudaImpl *)bk->impl; }
 static CudaCtx *ctx_of(Backend *bk) { return ((CudaImpl *)bk->impl)->ctx; }
@@ -207,19 +230,29 @@ static void cu_dev_free(Backend *bk, void *p) {
 static void *cu_host_alloc(Backend *bk, size_t bytes, const char *what) {
     CudaImpl *ci = impl_of(bk);
     void *p = NULL;
-    int pageable = 0;
-    if (cudaMallocHost(&p, bytes ? bytes : 1) != cudaSuccess) {
+    const size_t b = bytes ? bytes : 1;
+    int pin = b <= ci->pin_max_buffer && ci->pinned + b <= ci->pinned_limit;
+    const char *why = pin ? "cudaMallocHost failed" : b > ci->pin_max_buffer ? "larger than LLMC_PIN_MAX_BUFFER_MB"
+                                                                         : "past LLMC_PINNED_LIMIT_MB";
+    if (pin && cudaMallocHost(&p, b) != cudaSuccess) {
         (void)cudaGetLastError();
-        p = malloc(bytes ? bytes : 1);
+        p = NULL, pin = 0;
+    }
+    if (!pin) {
+        p = malloc(b);
         if (!p) fail("out of host memory allocating %zu bytes for %s", bytes, what);
-        pageable = 1;
         if (!ci->warned_pageable) {
-            fprintf(stderr, "warning: could not pin %zu bytes for %s; using pageable memory (host copies "
-                            "will not overlap compute)\n", bytes, what);
+            char sz[32], cap[32];
+            format_bytes(sz, sizeof sz, (double)bytes);
+            format_bytes(cap, sizeof cap, (double)ci->pinned_limit);
+            fprintf(stderr, "note: %s for %s is pageable host memory (%s; pinned cap %s): copies of it do not "
+                            "overlap the host thread\n", sz, what, why, cap);
             ci->warned_pageable = 1;
         }
+    } else {
+        ci->pinned += b;
     }
-    map_put(&ci->host, (uintptr_t)p, bytes, pageable);
+    map_put(&ci->host, (uintptr_t)p, bytes, !pin);
     bk->mem.host_in_use += bytes;
     if (bk->mem.host_in_use > bk->mem.host_peak) bk->mem.host_peak = bk->mem.host_in_use;
     return p;
@@ -232,8 +265,13 @@ static void cu_host_free(Backend *bk, void *p) {
     bk->mem.host_in_use -= s->bytes;
     s->key = 1;
     if (s->pageable) {
+        // a copy queued from or into it has completed already (pageable copies do not return
+        // before their source is staged / their result is written), but wait for the device
+        // anyway: a kernel may still read it through a mapped pointer in a later backend
+        CUDA_CHECK(cudaDeviceSynchronize());
         free(p);
     } else {
+        impl_of(bk)->pinned -= s->bytes ? s->bytes : 1;
         // pinned memory may be the source or target of a queued copy
         CUDA_CHECK(cudaDeviceSynchronize());
         CUDA_CHECK(cudaFreeHost(p));
@@ -406,13 +444,23 @@ static void cu_rope_fwd(Backend *bk, void *x, const float *c, const float *s, in
 static void cu_rope_bwd(Backend *bk, void *x, const float *c, const float *s, int B, int T, int H, int D) {
     k_rope(ctx_of(bk), x, c, s, B, T, H, D, -1);
 }
+// The CUDA kernels implement the plain causal mask only: a window shorter than the row or a
+// document mask is refused here rather than ignored (the CPU backend implements both).
+static void cu_attention_mask_check(int T, int window, const int32_t *doc_start) {
+    if (window > 0 && window < T)
+        fail("CUDA backend: sliding-window attention (window %d < sequence_len %d) is not implemented in "
+             "the CUDA attention kernels yet; use device: cpu, or sequence_len <= %d", window, T, window);
+    if (doc_start) fail("CUDA backend: document-masked attention is not implemented in the CUDA attention kernels yet");
+}
 static void cu_attention_fwd(Backend *bk, void *out, float *lse, const void *q, const void *k, const void *v,
-                             int B, int T, int Hq, int Hkv, int D) {
+                             int B, int T, int Hq, int Hkv, int D, int window, const int32_t *doc_start) {
+    cu_attention_mask_check(T, window, doc_start);
     k_attention_fwd(ctx_of(bk), out, lse, q, k, v, B, T, Hq, Hkv, D);
 }
 static void cu_attention_bwd(Backend *bk, void *dq, void *dk, void *dv, const void *dout, const void *q,
                              const void *k, const void *v, const void *out, const float *lse, int B, int T,
-                             int Hq, int Hkv, int D) {
+                             int Hq, int Hkv, int D, int window, const int32_t *doc_start) {
+    cu_attention_mask_check(T, window, doc_start);
     k_attention_bwd(ctx_of(bk), dq, dk, dv, dout, q, k, v, out, lse, B, T, Hq, Hkv, D);
 }
 static void cu_dropout(Backend *bk, void *y, const void *x, size_t n, float p, uint64_t seed, size_t first) {
@@ -448,6 +496,16 @@ static void cu_destroy(Backend *bk) {
     free(bk);
 }
 
+// Availability creates no CUDA context: under MPI every rank asks before it knows its GPU, and a
+// probe here (cudaFuncGetAttributes needs a context) would put one on GPU 0 for every rank. So
+// it compares the device's compute capability with the oldest architecture this build has code
+// for (__CUDA_ARCH_LIST__); backend_cuda_create then probes the kernels on its own device, after
+// cudaSetDevice.
+#ifdef __CUDA_ARCH_LIST__
+static const int k_arch_list[] = {__CUDA_ARCH_LIST__};
+#else
+static const int k_arch_list[] = {0};  // the CPU emulator
+#endif
 extern "C" int backend_cuda_available(char *why, size_t cap) {
     int n = 0;
     cudaError_t e = cudaGetDeviceCount(&n);
@@ -456,21 +514,32 @@ extern "C" int backend_cuda_available(char *why, size_t cap) {
         (void)cudaGetLastError();
         return 0;
     }
-    // Is there code for this GPU in the binary (sm_90 SASS + compute_90 PTX by default)?
-    cudaFuncAttributes attr;
-    e = cudaFuncGetAttributes(&attr, probe_kernel);
-    if (e != cudaSuccess) {
-        cudaDeviceProp prop;
-        int ok = cudaGetDeviceProperties(&prop, 0) == cudaSuccess;
+    int oldest = k_arch_list[0];
+    for (size_t i = 1; i < sizeof k_arch_list / sizeof k_arch_list[0]; i++)
+        if (k_arch_list[i] < oldest) oldest = k_arch_list[i];
+    cudaDeviceProp prop;
+    if (cudaGetDeviceProperties(&prop, 0) == cudaSuccess && prop.major * 100 + prop.minor * 10 < oldest) {
         if (why && cap)
-            snprintf(why, cap, "GPU 0 (%s, compute capability %d.%d) cannot run this build's kernels (%s); rebuild "
-                     "with CUDA_GENCODE naming its architecture", ok ? prop.name : "?", ok ? prop.major : 0,
-                     ok ? prop.minor : 0, cudaGetErrorString(e));
-        (void)cudaGetLastError();
+            snprintf(why, cap, "GPU 0 (%s, compute capability %d.%d) is older than this build's oldest target "
+                     "(compute_%d); rebuild with CUDA_GENCODE naming its architecture", prop.name, prop.major,
+                     prop.minor, oldest / 10);
         return 0;
     }
     if (why && cap) why[0] = 0;
     return 1;
+}
+
+// The kernels of this build load on the current device (needs its context).
+static void probe_kernels(int device) {
+    cudaFuncAttributes attr;
+    cudaError_t e = cudaFuncGetAttributes(&attr, probe_kernel);
+    if (e != cudaSuccess) {
+        cudaDeviceProp prop;
+        int ok = cudaGetDeviceProperties(&prop, device) == cudaSuccess;
+        fail("device: cuda: GPU %d (%s, compute capability %d.%d) cannot run this build's kernels (%s); rebuild "
+             "with CUDA_GENCODE naming its architecture", device, ok ? prop.name : "?", ok ? prop.major : 0,
+             ok ? prop.minor : 0, cudaGetErrorString(e));
+    }
 }
 
 extern "C" Backend *backend_cuda_create(int dtype_bf16, int device_index) {
@@ -480,7 +549,11 @@ extern "C" Backend *backend_cuda_create(int dtype_bf16, int device_index) {
     CUDA_CHECK(cudaGetDeviceCount(&n));
     if (device_index < 0 || device_index >= n)
         fail("device: cuda: GPU index %d does not exist (%d visible)", device_index, n);
+    CUDA_CHECK(cudaSetDevice(device_index));  // the first call that makes a context: on this GPU only
+    probe_kernels(device_index);
     CudaImpl *ci = (CudaImpl *)xcalloc(1, sizeof(CudaImpl));
+    ci->pinned_limit = env_mb("LLMC_PINNED_LIMIT_MB", 4096);
+    ci->pin_max_buffer = env_mb("LLMC_PIN_MAX_BUFFER_MB", 256);
     ci->ctx = cuda_ctx_create(dtype_bf16, device_index);
     Backend *bk = (Backend *)xcalloc(1, sizeof(Backend));
     bk->name = "cuda";

@@ -6,6 +6,7 @@
 #include <pthread.h>
 #include <stdarg.h>
 #include <time.h>
+#include <unistd.h>
 #include <condition_variable>
 #include <map>
 #include <mutex>
@@ -158,6 +159,168 @@ void launch(const void *fn, dim3 grid, dim3 block, size_t smem, const std::funct
     g_job = nullptr;
     free(j.dyn);
 }
+
+// ---- stream order: vector clocks over streams, checked per allocation ----------------------------
+// Each stream has a vector clock (stream id -> number of its operations known to be ordered before
+// its next one); events carry a copy; the host has one too, joined when it learns that work is
+// complete (stream/event/device synchronisation, a synchronous copy, cudaFree). A new operation
+// starts from its stream's clock joined with the host's (work the host saw finish is ordered
+// before anything enqueued afterwards) and, on the legacy stream, with every blocking stream's.
+typedef std::map<uint64_t, uint64_t> VClock;
+struct StreamState {
+    VClock vc;
+    bool blocking = true;
+};
+struct Access {
+    uint64_t stream = 0, clock = 0;
+    const char *op = nullptr;
+};
+struct Alloc {
+    size_t bytes = 0;
+    bool pinned = false;  // cudaMallocHost
+    bool written = false;
+    Access write;
+    std::map<uint64_t, Access> reads;  // latest read per stream since the last write
+};
+static std::recursive_mutex g_hz_mu;
+static std::map<uintptr_t, Alloc> g_allocs;
+static std::map<uint64_t, StreamState> g_streams;
+static VClock g_host;
+static uint64_t g_next_stream = 1;
+static Access g_cur;
+static int g_hz_mode = -1;  // 0 off, 1 fatal, 2 warn
+static long g_hz_reported;
+
+static void join(VClock &a, const VClock &b) {
+    for (auto &kv : b)
+        if (a[kv.first] < kv.second) a[kv.first] = kv.second;
+}
+struct EmuStream {
+    uint64_t id;
+    bool blocking;
+};
+uint64_t stream_id(cudaStream_t s) {
+    if (s == nullptr || s == cudaStreamLegacy || s == cudaStreamPerThread) return 0;
+    return ((EmuStream *)s)->id;
+}
+static StreamState &stream_touch(uint64_t id) {
+    StreamState &S = g_streams[id];
+    join(S.vc, g_host);
+    if (id == 0) {
+        for (auto &kv : g_streams)
+            if (kv.first != 0 && kv.second.blocking) join(S.vc, kv.second.vc);
+    } else if (S.blocking) {
+        join(S.vc, g_streams[0].vc);
+    }
+    return S;
+}
+static void host_join_all() {
+    for (auto &kv : g_streams) join(g_host, kv.second.vc);
+}
+static const char *sname(uint64_t id, char *buf, size_t cap) {
+    if (id == 0) snprintf(buf, cap, "the legacy default stream");
+    else snprintf(buf, cap, "stream #%llu", (unsigned long long)id);
+    return buf;
+}
+void hz_begin(cudaStream_t st, const char *what) {
+    std::lock_guard<std::recursive_mutex> lk(g_hz_mu);
+    ctx_touch();
+    uint64_t id = stream_id(st);
+    StreamState &S = stream_touch(id);
+    S.vc[id]++;
+    g_cur.stream = id, g_cur.clock = S.vc[id], g_cur.op = what;
+}
+static bool ordered(const Access &a) {
+    if (a.stream == g_cur.stream) return true;
+    VClock &vc = g_streams[g_cur.stream].vc;
+    auto it = vc.find(a.stream);
+    return it != vc.end() && it->second >= a.clock;
+}
+static void hazard(const char *kind, const void *p, const Alloc &al, uintptr_t base, const Access &prev) {
+    if (g_hz_mode < 0) {
+        const char *m = getenv("EMU_HAZARDS");
+        g_hz_mode = !m ? 1 : !strcmp(m, "0") ? 0 : !strcmp(m, "warn") ? 2 : 1;
+    }
+    if (g_hz_mode == 0) return;
+    char a[48], b[48];
+    char msg[1024];
+    snprintf(msg, sizeof msg,
+             "emu: stream-order hazard (%s): %s on %s uses %p (in a %zu-byte %s allocation at %p), which %s on %s "
+             "%s with no event wait or synchronisation ordering the two",
+             kind, g_cur.op, sname(g_cur.stream, a, sizeof a), p, al.bytes, al.pinned ? "pinned host" : "device",
+             (void *)base, prev.op, sname(prev.stream, b, sizeof b),
+             !strcmp(kind, "write after read") ? "read" : "wrote");
+    g_hz_reported++;
+    if (g_hz_mode == 2) {
+        fprintf(stderr, "warning: %s\n", msg);
+        return;
+    }
+    fatal("%s", msg);
+}
+void hz_ptr(const void *p, int write) {
+    if (!p) return;
+    std::lock_guard<std::recursive_mutex> lk(g_hz_mu);
+    auto it = g_allocs.upper_bound((uintptr_t)p);
+    if (it == g_allocs.begin()) return;
+    --it;
+    Alloc &al = it->second;
+    if ((uintptr_t)p >= it->first + (al.bytes ? al.bytes : 1)) return;
+    if (al.written && !ordered(al.write)) hazard(write ? "write after write" : "read after write", p, al, it->first, al.write);
+    if (write) {
+        for (auto &kv : al.reads)
+            if (!ordered(kv.second)) hazard("write after read", p, al, it->first, kv.second);
+        al.reads.clear();
+        al.written = true;
+        al.write = g_cur;
+    } else {
+        al.reads[g_cur.stream] = g_cur;
+    }
+}
+static void hz_alloc(void *p, size_t bytes, bool pinned) {
+    std::lock_guard<std::recursive_mutex> lk(g_hz_mu);
+    Alloc al;
+    al.bytes = bytes, al.pinned = pinned;
+    g_allocs[(uintptr_t)p] = al;
+}
+static bool hz_free(void *p, bool pinned) {  // implies device synchronisation
+    std::lock_guard<std::recursive_mutex> lk(g_hz_mu);
+    host_join_all();
+    auto it = g_allocs.find((uintptr_t)p);
+    if (it == g_allocs.end() || it->second.pinned != pinned) return false;
+    g_allocs.erase(it);
+    return true;
+}
+enum Where { W_PAGEABLE, W_PINNED, W_DEVICE };
+static Where where(const void *p) {
+    std::lock_guard<std::recursive_mutex> lk(g_hz_mu);
+    auto it = g_allocs.upper_bound((uintptr_t)p);
+    if (it == g_allocs.begin()) return W_PAGEABLE;
+    --it;
+    if ((uintptr_t)p >= it->first + (it->second.bytes ? it->second.bytes : 1)) return W_PAGEABLE;
+    return it->second.pinned ? W_PINNED : W_DEVICE;
+}
+static void host_join_stream(uint64_t id) {
+    std::lock_guard<std::recursive_mutex> lk(g_hz_mu);
+    join(g_host, g_streams[id].vc);
+}
+
+// ---- devices and contexts -----------------------------------------------------------------------
+static thread_local int tl_device = 0;
+static unsigned g_ctx_mask;
+static int device_count() {
+    if (getenv("EMU_NO_GPU")) return 0;
+    const char *d = getenv("EMU_DEVICES");
+    int n = d ? atoi(d) : 1;
+    return n < 1 ? 1 : n > 16 ? 16 : n;
+}
+void ctx_touch() { __atomic_fetch_or(&g_ctx_mask, 1u << tl_device, __ATOMIC_SEQ_CST); }
+}  // namespace emu
+
+extern "C" unsigned emu_context_mask(void) { return emu::g_ctx_mask; }
+extern "C" void emu_context_reset(void) { emu::g_ctx_mask = 0; }
+static long g_pinned_bytes;
+extern "C" long emu_pinned_bytes(void) { return g_pinned_bytes; }
+namespace emu {
 }  // namespace emu
 
 // ---- CUDA runtime on host memory --------------------------------------------------------------
@@ -179,12 +342,18 @@ const char *cudaGetErrorString(cudaError_t e) {
 }
 const char *cudaGetErrorName(cudaError_t e) { return e == cudaSuccess ? "cudaSuccess" : "cudaErrorEmulated"; }
 cudaError_t cudaGetDeviceCount(int *n) {
-    *n = getenv("EMU_NO_GPU") ? 0 : 1;
+    *n = emu::device_count();
     return *n ? cudaSuccess : cudaErrorNoDevice;
 }
-cudaError_t cudaSetDevice(int d) { return d == 0 ? cudaSuccess : cudaErrorInvalidDevice; }
+// As in CUDA 12+, cudaSetDevice initialises the device's primary context.
+cudaError_t cudaSetDevice(int d) {
+    if (d < 0 || d >= emu::device_count()) return cudaErrorInvalidDevice;
+    emu::tl_device = d;
+    emu::ctx_touch();
+    return cudaSuccess;
+}
 cudaError_t cudaGetDevice(int *d) {
-    *d = 0;
+    *d = emu::tl_device;
     return cudaSuccess;
 }
 cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp *p, int d) {
@@ -202,11 +371,13 @@ cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp *p, int d) {
     return cudaSuccess;
 }
 cudaError_t cudaMemGetInfo(size_t *f, size_t *t) {
+    emu::ctx_touch();
     *f = (size_t)4 << 30, *t = (size_t)8 << 30;
     return cudaSuccess;
 }
 static size_t round256(size_t b) { return (b + 255) & ~(size_t)255; }
 cudaError_t cudaMalloc(void **p, size_t bytes) {
+    emu::ctx_touch();
     const char *lim = getenv("EMU_FAIL_MALLOC_ABOVE");  // tests: a real driver OOM
     if (lim && bytes > (size_t)atoll(lim)) {
         *p = NULL;
@@ -215,86 +386,164 @@ cudaError_t cudaMalloc(void **p, size_t bytes) {
     *p = aligned_alloc(256, round256(bytes ? bytes : 1));
     if (!*p) return cudaErrorMemoryAllocation;
     memset(*p, 0xa5, round256(bytes ? bytes : 1));  // device memory is not zeroed
+    emu::hz_alloc(*p, bytes, false);
     return cudaSuccess;
 }
 cudaError_t cudaFree(void *p) {
+    if (!p) return cudaSuccess;
+    if (!emu::hz_free(p, false)) return cudaErrorInvalidValue;
     free(p);
     return cudaSuccess;
 }
 cudaError_t cudaMallocHost(void **p, size_t bytes) {
+    emu::ctx_touch();
+    const char *lim = getenv("EMU_FAIL_PIN_ABOVE");  // tests: pinning refused
+    if (lim && bytes > (size_t)atoll(lim)) {
+        *p = NULL;
+        return cudaErrorMemoryAllocation;
+    }
     *p = aligned_alloc(256, round256(bytes ? bytes : 1));
-    return *p ? cudaSuccess : cudaErrorMemoryAllocation;
+    if (!*p) return cudaErrorMemoryAllocation;
+    emu::hz_alloc(*p, bytes, true);
+    __atomic_fetch_add(&g_pinned_bytes, (long)bytes, __ATOMIC_SEQ_CST);
+    return cudaSuccess;
 }
 cudaError_t cudaFreeHost(void *p) {
+    if (!p) return cudaSuccess;
+    size_t bytes = 0;
+    {
+        std::lock_guard<std::recursive_mutex> lk(emu::g_hz_mu);
+        auto it = emu::g_allocs.find((uintptr_t)p);
+        if (it != emu::g_allocs.end()) bytes = it->second.bytes;
+    }
+    if (!emu::hz_free(p, true)) return cudaErrorInvalidValue;
+    __atomic_fetch_sub(&g_pinned_bytes, (long)bytes, __ATOMIC_SEQ_CST);
     free(p);
+    return cudaSuccess;
+}
+// A copy is an operation on its stream that reads src and writes dst. The host learns that it
+// completed when CUDA documents the call as synchronous: plain cudaMemcpy except pageable host
+// to device (whose DMA may still be in flight) and device to device; cudaMemcpyAsync into
+// pageable host memory.
+static void copy_op(void *d, const void *s, cudaStream_t st, const char *what, bool sync_call) {
+    std::lock_guard<std::recursive_mutex> lk(emu::g_hz_mu);
+    emu::Where wd = emu::where(d), ws = emu::where(s);
+    emu::hz_begin(st, what);
+    emu::hz_ptr(s, 0);
+    emu::hz_ptr(d, 1);
+    bool host_done = sync_call ? !(wd == emu::W_DEVICE && ws != emu::W_PINNED) : wd == emu::W_PAGEABLE;
+    if (host_done) emu::host_join_stream(emu::stream_id(st));
+}
+cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes *a, const void *p) {
+    memset(a, 0, sizeof *a);
+    emu::Where w = emu::where(p);
+    a->type = w == emu::W_DEVICE ? cudaMemoryTypeDevice : w == emu::W_PINNED ? cudaMemoryTypeHost : cudaMemoryTypeUnregistered;
+    a->devicePointer = w == emu::W_PAGEABLE ? nullptr : (void *)p;
+    a->hostPointer = w == emu::W_DEVICE ? nullptr : (void *)p;
     return cudaSuccess;
 }
 cudaError_t cudaMemcpy(void *d, const void *s, size_t n, enum cudaMemcpyKind k) {
     (void)k;
+    if (n) copy_op(d, s, nullptr, "cudaMemcpy", true);
     memmove(d, s, n);
     return cudaSuccess;
 }
 cudaError_t cudaMemcpyAsync(void *d, const void *s, size_t n, enum cudaMemcpyKind k, cudaStream_t st) {
-    (void)k, (void)st;
+    (void)k;
+    if (n) copy_op(d, s, st, "cudaMemcpyAsync", false);
     memmove(d, s, n);
     return cudaSuccess;
 }
 cudaError_t cudaMemset(void *d, int v, size_t n) {
+    if (n) emu::hz_begin(nullptr, "cudaMemset"), emu::hz_ptr(d, 1);
     memset(d, v, n);
     return cudaSuccess;
 }
 cudaError_t cudaMemsetAsync(void *d, int v, size_t n, cudaStream_t st) {
-    (void)st;
+    if (n) emu::hz_begin(st, "cudaMemsetAsync"), emu::hz_ptr(d, 1);
     memset(d, v, n);
     return cudaSuccess;
 }
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned f) {
-    (void)f;
-    *s = (cudaStream_t)malloc(16);
+    std::lock_guard<std::recursive_mutex> lk(emu::g_hz_mu);
+    emu::ctx_touch();
+    emu::EmuStream *es = (emu::EmuStream *)malloc(sizeof(emu::EmuStream));
+    es->id = emu::g_next_stream++;
+    es->blocking = !(f & cudaStreamNonBlocking);
+    emu::g_streams[es->id].blocking = es->blocking;
+    emu::stream_touch(es->id);
+    *s = (cudaStream_t)es;
     return cudaSuccess;
 }
 cudaError_t cudaStreamCreate(cudaStream_t *s) { return cudaStreamCreateWithFlags(s, 0); }
 cudaError_t cudaStreamDestroy(cudaStream_t s) {
-    free((void *)s);
+    free((void *)s);  // its state stays: accesses stamped with its id may still be checked
     return cudaSuccess;
+}
+static long g_nccl_delay_until_ms;  // EMU_NCCL_DELAY_MS: a collective "runs" this long
+static double emu_now_ms() {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec * 1e-6;
 }
 cudaError_t cudaStreamSynchronize(cudaStream_t s) {
-    (void)s;
+    emu::host_join_stream(emu::stream_id(s));
     return cudaSuccess;
 }
-cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned f) {
-    (void)s, (void)e, (void)f;
+cudaError_t cudaStreamQuery(cudaStream_t s) {
+    if (emu_now_ms() < (double)g_nccl_delay_until_ms) return cudaErrorNotReady;
+    emu::host_join_stream(emu::stream_id(s));
     return cudaSuccess;
 }
-cudaError_t cudaDeviceSynchronize(void) { return cudaSuccess; }
+cudaError_t cudaDeviceSynchronize(void) {
+    std::lock_guard<std::recursive_mutex> lk(emu::g_hz_mu);
+    emu::ctx_touch();
+    emu::host_join_all();
+    return cudaSuccess;
+}
 struct EmuEvent {
     double t;
+    emu::VClock vc;
 };
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned f) {
     (void)f;
-    *e = (cudaEvent_t)calloc(1, sizeof(EmuEvent));
+    emu::ctx_touch();
+    *e = (cudaEvent_t) new EmuEvent();
     return cudaSuccess;
 }
 cudaError_t cudaEventCreate(cudaEvent_t *e) { return cudaEventCreateWithFlags(e, 0); }
 cudaError_t cudaEventDestroy(cudaEvent_t e) {
-    free((void *)e);
+    delete (EmuEvent *)e;
     return cudaSuccess;
 }
 cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
-    (void)s;
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    ((EmuEvent *)e)->t = ts.tv_sec * 1e3 + ts.tv_nsec * 1e-6;
+    EmuEvent *ev = (EmuEvent *)e;
+    ev->t = emu_now_ms();
+    std::lock_guard<std::recursive_mutex> lk(emu::g_hz_mu);
+    ev->vc = emu::stream_touch(emu::stream_id(s)).vc;
+    return cudaSuccess;
+}
+cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned f) {
+    (void)f;
+    std::lock_guard<std::recursive_mutex> lk(emu::g_hz_mu);
+    emu::join(emu::stream_touch(emu::stream_id(s)).vc, ((EmuEvent *)e)->vc);
     return cudaSuccess;
 }
 cudaError_t cudaEventSynchronize(cudaEvent_t e) {
-    (void)e;
+    std::lock_guard<std::recursive_mutex> lk(emu::g_hz_mu);
+    emu::join(emu::g_host, ((EmuEvent *)e)->vc);
     return cudaSuccess;
 }
+cudaError_t cudaEventQuery(cudaEvent_t e) { return cudaEventSynchronize(e); }
 cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t a, cudaEvent_t b) {
     *ms = (float)(((EmuEvent *)b)->t - ((EmuEvent *)a)->t);
     return cudaSuccess;
 }
+
+// NCCL (a world of one) lives in nccl_emu.inc, compiled into comm_nccl.cu's emulator object
+// (nccl.h needs the real cuda_runtime.h, which this file's header replaces); a collective it
+// "runs" looks unfinished to cudaStreamQuery for EMU_NCCL_DELAY_MS.
+void emu_busy_for(double ms) { g_nccl_delay_until_ms = (long)(emu_now_ms() + ms); }
 }  // extern "C"
 
 // ---- cuBLASLt (column-major, as documented) over OpenBLAS ----------------------------------------
@@ -320,6 +569,7 @@ static_assert(sizeof(EmuAlgo) <= sizeof(cublasLtMatmulAlgo_t), "algo");
 
 extern "C" {
 cublasStatus_t cublasLtCreate(cublasLtHandle_t *h) {
+    emu::ctx_touch();
     *h = (cublasLtHandle_t)malloc(16);
     return CUBLAS_STATUS_SUCCESS;
 }
@@ -419,7 +669,9 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t d, const 
                               const void *beta, const void *C, cublasLtMatrixLayout_t Cl, void *Dp,
                               cublasLtMatrixLayout_t Dl, const cublasLtMatmulAlgo_t *algo, void *ws, size_t wsb,
                               cudaStream_t st) {
-    (void)h, (void)ws, (void)wsb, (void)st;
+    (void)h, (void)ws, (void)wsb;
+    emu::hz_begin(st, "cublasLtMatmul");
+    emu::hz_ptr(A, 0), emu::hz_ptr(B, 0), emu::hz_ptr(C, 0), emu::hz_ptr(Dp, 1);
     const EmuDesc *e = (const EmuDesc *)d;
     const EmuLayout *la = (const EmuLayout *)Al, *lb = (const EmuLayout *)Bl, *lc = (const EmuLayout *)Cl,
                     *ld = (const EmuLayout *)Dl;

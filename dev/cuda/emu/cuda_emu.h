@@ -16,7 +16,19 @@
 // memory limits, the row-major -> column-major cuBLASLt mapping. What it cannot check:
 // timing, the real tensor-core fragment layouts and accumulation order, real cuBLASLt
 // algorithms, warp-synchronous code that relies on lockstep (none is written on purpose),
-// device-memory limits, stream concurrency (the emulator runs every stream in issue order).
+// device-memory limits, real stream concurrency (the emulator runs every stream in issue order).
+//
+// Stream order IS checked (EMU_HAZARDS=0 turns it off, =warn only reports): every operation
+// on a stream (kernel launch, async copy or memset, cuBLASLt matmul, NCCL collective, and the
+// legacy-stream cudaMemcpy / cudaMemset) is stamped with a vector clock, and every operand that
+// lies in a cudaMalloc / cudaMallocHost allocation is checked against the allocation's last
+// writer and readers: an access from another stream with no event wait, stream or device
+// synchronisation (or legacy-stream implicit ordering) between them is a hazard and stops the
+// program with a message naming both operations and streams. Kernel pointer arguments count as
+// reads when the pointee is const and as writes otherwise; pointers inside by-value structs as reads. Devices: EMU_DEVICES (default 1);
+// emu_context_mask() says on which devices a context was created (cudaSetDevice, allocations,
+// streams, launches), to test that a rank touches only its own GPU. NCCL: a world of one, with
+// EMU_NCCL_DELAY_MS making a collective look unfinished to cudaStreamQuery for that long.
 #pragma once
 #include <cuda_runtime_api.h>
 #include <cuda_bf16.h>
@@ -28,6 +40,7 @@
 #include <string.h>
 #include <functional>
 #include <tuple>
+#include <type_traits>
 #include <utility>
 
 // host_defines.h already maps __global__/__device__/__host__/__constant__ to nothing for a host
@@ -50,6 +63,29 @@ void fatal(const char *fmt, ...) __attribute__((noreturn, format(printf, 1, 2)))
 
 // Launch: runs body() as every thread of every block.
 void launch(const void *fn, dim3 grid, dim3 block, size_t smem, const std::function<void()> &body);
+// Stream-order checking: hz_begin stamps a new operation on stream st; hz_ptr checks one operand
+// of it (write: the operation may modify it) against earlier accesses on other streams.
+void hz_begin(cudaStream_t st, const char *what);
+void hz_ptr(const void *p, int write);
+void ctx_touch();  // the current device gets a context
+
+// A pointer argument is a read (const pointee) or a write; pointers inside a struct passed by
+// value (the elementwise ops' functors) cannot be told apart, so every aligned word of such a
+// struct that points into an allocation is checked as a read only.
+template <class T> inline void hz_arg(const T &v) {
+    if constexpr (std::is_pointer<T>::value) {
+        hz_ptr((const void *)v, !std::is_const<typename std::remove_pointer<T>::type>::value);
+    } else if constexpr (std::is_class<T>::value && std::is_trivially_copyable<T>::value && sizeof(T) >= sizeof(void *)) {
+        for (size_t o = 0; o + sizeof(void *) <= sizeof(T); o += alignof(void *)) {
+            const void *p;
+            memcpy(&p, (const char *)&v + o, sizeof p);
+            hz_ptr(p, 0);
+        }
+    }
+}
+template <class Tup, size_t... I> inline void hz_args(const Tup &t, std::index_sequence<I...>) {
+    (hz_arg(std::get<I>(t)), ...);
+}
 size_t smem_limit(const void *fn);
 void set_smem_limit(const void *fn, size_t bytes);
 
@@ -57,22 +93,28 @@ template <class... P> struct Launcher {
     void (*fn)(P...);
     dim3 grid, block;
     size_t smem;
+    cudaStream_t st;
     template <class... A> void operator()(A &&...a) const {
         std::tuple<typename std::decay<P>::type...> args(std::forward<A>(a)...);
+        hz_begin(st, "kernel launch");
+        hz_args(args, std::index_sequence_for<P...>{});
         auto f = fn;
         launch((const void *)fn, grid, block, smem, [&]() { std::apply(f, args); });
     }
 };
-template <class... P> Launcher<P...> make_launcher(dim3 g, dim3 b, size_t s, void (*fn)(P...)) {
-    return Launcher<P...>{fn, g, b, s};
+template <class... P> Launcher<P...> make_launcher(dim3 g, dim3 b, size_t s, cudaStream_t st, void (*fn)(P...)) {
+    return Launcher<P...>{fn, g, b, s, st};
 }
 }  // namespace emu
+extern "C" unsigned emu_context_mask(void);  // bit d: a context was created on device d
+extern "C" void emu_context_reset(void);
+extern "C" long emu_pinned_bytes(void);     // cudaMallocHost bytes live now
 
 #define threadIdx (emu::tl_thread)
 #define blockIdx (emu::tl_block)
 #define blockDim (emu::g_bdim)
 #define gridDim (emu::g_gdim)
-#define LAUNCH(g, b, s, st, ...) emu::make_launcher(dim3(g), dim3(b), (size_t)(s), __VA_ARGS__)
+#define LAUNCH(g, b, s, st, ...) emu::make_launcher(dim3(g), dim3(b), (size_t)(s), (cudaStream_t)(st), __VA_ARGS__)
 #define DYNAMIC_SMEM(name) unsigned char *name = emu::g_dyn_smem
 #define EMU_CHECK_ALIGN(p, n) emu::check_align((p), (n), "vector access")
 
@@ -115,6 +157,7 @@ template <class T> cudaError_t cudaFuncSetAttribute(T *fn, cudaFuncAttribute att
 }
 template <class T> cudaError_t cudaFuncGetAttributes(cudaFuncAttributes *a, T *fn) {
     (void)fn;
+    emu::ctx_touch();
     memset(a, 0, sizeof *a);
     a->maxThreadsPerBlock = 1024;
     return cudaSuccess;

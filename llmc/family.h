@@ -1,0 +1,39 @@
+// family.h: the Llama-shaped model families as data. Every difference between Llama, Mistral,
+// Qwen2 and Qwen3 that the trainer implements is a field of one row of this table, read when
+// config.json is loaded and when the parameter table is built; the block forward/backward in
+// model.c is written once and asks the row, never the family's name.
+#pragma once
+#include "model.h"
+
+// How config.json decides a bias: from its attention_bias key, never, or always.
+enum { BIAS_FROM_CONFIG = 0, BIAS_NEVER = 1, BIAS_ALWAYS = 2 };
+// Which layers attend through a sliding window (ModelConfig.sliding_window keys):
+//   WIN_NONE   no window (Llama)
+//   WIN_ALL    every layer when sliding_window is set (Mistral)
+//   WIN_QWEN   only with use_sliding_window, and only layers l >= max_window_layers (Qwen2/3,
+//              transformers' layer_types rule)
+enum { WIN_NONE = 0, WIN_ALL = 1, WIN_QWEN = 2 };
+
+typedef struct {
+    const char *model_type;    // config.json model_type
+    const char *architecture;  // architectures[0] written back
+    int qkv_bias, o_bias;      // BIAS_*: q/k/v projections, o_proj
+    int qk_norm;               // RMSNorm over head_dim on each q and k head, before RoPE
+                               // (self_attn.q_norm.weight / k_norm.weight [head_dim])
+    int window;                // WIN_*
+    int head_dim;              // default when config.json has none (0: hidden / heads)
+    int sliding_window;        // default when the key is absent (null means none)
+    int max_window_layers;     // default when the key is absent (WIN_QWEN)
+} ModelFamily;
+
+// The row of model_type, or NULL when the family is not implemented.
+const ModelFamily *family_find(const char *model_type);
+// The row of a config (model_type "" or unknown falls back to Llama: random-init configs).
+const ModelFamily *family_of(const ModelConfig *c);
+// The row whose architectures[0] this is, or NULL.
+const ModelFamily *family_by_architecture(const char *architecture);
+// "llama, mistral, qwen2, qwen3" and the architectures: for error messages.
+const char *family_list(void);
+const char *family_architectures(void);
+// The attention window of layer l (0: none): what the attention op is given.
+int family_layer_window(const ModelConfig *c, int l);

@@ -1,0 +1,486 @@
+#!/usr/bin/python3
+"""Axolotl config compatibility (issue 18, config part): every Axolotl key is implemented,
+accepted with a one-line note, or refused with a message saying what to use instead; unknown
+keys are listed together with near-spelling suggestions only; YAML type tolerance (500_000,
+bf16: auto, fsdp lists); num_epochs/warmup_ratio/cosine_min_lr_ratio/eval and save cadence/
+save_total_limit/early stopping/auto resume; base_model as a hub id in a local HF cache; and the
+example configs in configs/axolotl/ run to completion on token shards.
+
+    /usr/bin/python3 test/test_axolotl_config.py --bin build/train_llama
+Prints "PASS <case>" / "FAIL <case>: why"; exits 1 if any case failed.
+"""
+import argparse
+import concurrent.futures
+import json
+import math
+import os
+import random
+import re
+import shutil
+import struct
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MODEL = {"vocab_size": 256, "hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 1,
+         "num_attention_heads": 2, "max_position_embeddings": 64}
+HUB_ID = "NousResearch/Llama-3.2-1B"  # the id the example configs name; a tiny model here
+
+
+def write_shard(path, n, seed):
+    rng = random.Random(seed)
+    toks = [rng.randrange(256) for _ in range(n)]
+    with open(path, "wb") as f:
+        f.write(struct.pack("<256i", *([20240520, 1, n] + [0] * 253)))
+        f.write(struct.pack("<%dH" % n, *toks))
+
+
+def yaml_text(cfg):
+    out = []
+    for k, v in cfg.items():
+        if isinstance(v, dict):
+            out.append("%s:" % k)
+            out += ["  %s: %s" % (a, b) for a, b in v.items()]
+        elif v is None:
+            out.append("%s:" % k)
+        else:
+            out.append("%s: %s" % (k, v))
+    return "\n".join(out) + "\n"
+
+
+class Env:
+    def __init__(self, binary, root):
+        self.bin, self.root = binary, root
+        self.env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", LLMC_DEVICE="cpu")
+        # 2000 tokens: 31 windows of 2 x 32 (+1) per epoch
+        write_shard(os.path.join(root, "train.bin"), 2000, 1)
+        write_shard(os.path.join(root, "val.bin"), 600, 2)
+
+    def path(self, *p):
+        return os.path.join(self.root, *p)
+
+    def base(self, name, **over):
+        cfg = {"model": dict(MODEL), "train_data": self.path("train.bin"), "sequence_len": 32,
+               "micro_batch_size": 2, "max_steps": 2, "num_threads": 1,
+               "output_dir": self.path(name, "out")}
+        for k, v in over.items():
+            if v == "DROP":
+                cfg.pop(k, None)
+            else:
+                cfg[k] = v
+        return cfg
+
+    def run(self, name, cfg, *sets, env=None):
+        d = self.path(name)
+        os.makedirs(d, exist_ok=True)
+        p = os.path.join(d, "cfg.yaml")
+        with open(p, "w") as f:
+            f.write(cfg if isinstance(cfg, str) else yaml_text(cfg))
+        args = [self.bin, "-c", p]
+        for s in sets:
+            args += ["--set", s]
+        r = subprocess.run(args, cwd=d, env=dict(self.env, **(env or {})), capture_output=True,
+                           text=True, timeout=120)
+        return r.returncode, r.stdout, r.stderr
+
+    def metrics(self, name):
+        rows = []
+        with open(self.path(name, "out", "metrics.jsonl")) as f:
+            for line in f:
+                rows.append(json.loads(line))
+        return rows
+
+
+class Fail(Exception):
+    pass
+
+
+def check(cond, why):
+    if not cond:
+        raise Fail(why)
+
+
+def ok_run(rc, out, err):
+    check(rc == 0, "exit %d: %s" % (rc, (err.strip().splitlines() or ["(no stderr)"])[-1]))
+
+
+def one_error(rc, err, *needles, absent=()):
+    check(rc not in (0, None) and rc > 0, "expected an error exit, got %s" % rc)
+    lines = [l for l in err.splitlines() if l.strip()]
+    check(len(lines) == 1 and lines[0].startswith("error: "), "expected one 'error:' line, got %r" % err[-400:])
+    for n in needles:
+        check(n in lines[0], "error line lacks %r: %s" % (n, lines[0]))
+    for n in absent:
+        check(n not in lines[0], "error line has %r: %s" % (n, lines[0]))
+    return lines[0]
+
+
+def train_steps(rows):
+    return [r["step"] for r in rows if "loss" in r]
+
+
+# ---------------------------------------------------------------------------------------------
+# Cases: each takes env and raises Fail.
+
+def unknown_keys_listed_together(e):
+    cfg = e.base("unknown", learnig_rate="1e-3", completely_unrelated_thing=1, bf17="true", hiden_size=3)
+    rc, out, err = e.run("unknown", cfg)
+    line = one_error(rc, err, "4 unknown keys", "'learnig_rate'", "did you mean 'learning_rate'?",
+                     "'completely_unrelated_thing'", "'bf17'", "did you mean 'bf16'?",
+                     "did you mean 'model.hidden_size'?", "cfg.yaml")
+    m = re.search(r"'completely_unrelated_thing' \(line \d+\)", line)
+    check(m, "a far-off key got a suggestion: " + line)
+    check("max_steps" not in line and "seed" not in line, "misleading suggestion: " + line)
+
+
+def single_unknown_key_names_line(e):
+    rc, out, err = e.run("unknown1", e.base("unknown1", zzz_qqq=1))
+    line = one_error(rc, err, "unknown key 'zzz_qqq'", "cfg.yaml:")
+    check("did you mean" not in line, "a far-off key got a suggestion: " + line)
+
+
+def set_unknown_key_no_far_suggestion(e):
+    rc, out, err = e.run("setunk", e.base("setunk"), "datasetz=1")
+    one_error(rc, err, "'datasetz'", "did you mean 'datasets'?")
+    rc, out, err = e.run("setunk2", e.base("setunk2"), "xyzzy=1")
+    one_error(rc, err, "'xyzzy'", absent=("did you mean",))
+
+
+def notes_for_no_effect_keys(e):
+    cfg = e.base("notes", wandb_project="p", wandb_entity=None, mlflow_experiment_name="x",
+                 flash_attention="true", sdp_attention="false", tf32="true", strict="false",
+                 trust_remote_code="true", model_type="LlamaForCausalLM", tokenizer_type="AutoTokenizer",
+                 liger_rms_norm="true", lora_mlp_kernel="true", attn_implementation="flash_attention_2",
+                 hub_model_id="me/model", ddp_timeout=1800, dataloader_num_workers=4,
+                 torch_compile="true", group_by_length="false", loss_watchdog_threshold=5.0,
+                 tokenizer_config="some/tokenizer")
+    text = yaml_text(cfg) + "plugins:\n  - axolotl.integrations.liger.LigerPlugin\n" + \
+        "gradient_checkpointing_kwargs:\n  use_reentrant: true\nspecial_tokens:\n  pad_token: <pad>\n"
+    rc, out, err = e.run("notes", text)
+    ok_run(rc, out, err)
+    for k in ("wandb_project", "mlflow_experiment_name", "flash_attention", "tf32", "trust_remote_code",
+              "model_type", "liger_rms_norm", "lora_mlp_kernel", "attn_implementation", "hub_model_id",
+              "ddp_timeout", "dataloader_num_workers", "torch_compile", "loss_watchdog_threshold",
+              "plugins", "gradient_checkpointing_kwargs", "special_tokens", "tokenizer_config"):
+        check(re.search(r"^note: %s has no effect here: \S" % k, out, re.M), "no note for " + k)
+    for k in ("wandb_entity", "sdp_attention", "strict", "group_by_length"):  # null/false: silent
+        check("note: %s " % k not in out, "a note for %s, whose value does nothing" % k)
+
+
+def refused_keys(e):
+    cases = [({"load_in_8bit": "true"}, ["load_in_8bit", "load_in_4bit"]),
+             ({"deepspeed": "zero3.json"}, ["deepspeed", "zero_stage"]),
+             ({"relora_steps": 100}, ["relora_steps", "adapter: lora"]),
+             ({"rl": "dpo"}, ["'rl'", "not implemented"]),
+             ({"lora_modules_to_save": "[embed_tokens]"}, ["lora_modules_to_save"]),
+             ({"fp16": "true"}, ["fp16", "bf16"]),
+             ({"optimizer": "lion_8bit"}, ["lion_8bit", "adamw_torch"]),
+             ({"lr_scheduler_kwargs": "{a: 1}"}, ["lr_scheduler_kwargs"]),
+             ({"sequence_parallel_degree": 2}, ["sequence_parallel_degree"])]
+    for i, (over, needles) in enumerate(cases):
+        rc, out, err = e.run("refuse%d" % i, e.base("refuse%d" % i, **over))
+        one_error(rc, err, *needles)
+    # harmless values of refused keys pass silently
+    rc, out, err = e.run("refuse_ok", e.base("refuse_ok", load_in_8bit="false", deepspeed=None,
+                                             relora_steps=None, sequence_parallel_degree=1, rl=None))
+    ok_run(rc, out, err)
+
+
+def datasets_keys_refused(e):
+    text = yaml_text(e.base("ds")) + "datasets:\n  - path: tatsu-lab/alpaca\n    type: alpaca\n"
+    rc, out, err = e.run("ds", text)
+    one_error(rc, err, "datasets", "not implemented yet", "train_data", "cfg.yaml")
+    for i, (k, v) in enumerate([("train_on_inputs", "false"), ("sample_packing", "true"),
+                                ("val_set_size", "0.05"), ("chat_template", "chatml"),
+                                ("dataset_prepared_path", "last_run_prepared")]):
+        rc, out, err = e.run("ds%d" % i, e.base("ds%d" % i, **{k: v}))
+        one_error(rc, err, k, "datasets pipeline", "train_data")
+    rc, out, err = e.run("ds_ok", e.base("ds_ok", train_on_inputs="true", sample_packing="false",
+                                         val_set_size="0.0", eval_sample_packing="false",
+                                         dataset_prepared_path=None, chat_template=None,
+                                         pad_to_sequence_len="true"))
+    ok_run(rc, out, err)
+
+
+def type_tolerance(e):
+    rc, out, err = e.run("under", e.base("under", max_steps="1_0", learning_rate="1_0e-4"))
+    ok_run(rc, out, err)
+    check(train_steps(e.metrics("under"))[-1] == 10, "max_steps 1_0 did not run 10 steps")
+    rc, out, err = e.run("under2", e.base("under2", sequence_len="500_000"))
+    one_error(rc, err, "500000")  # read as an int, then too long for the tiny model
+    # null keeps the default, like Axolotl's "lora_r:" lines
+    rc, out, err = e.run("nulls", e.base("nulls", lora_r=None, adapter=None, lr_scheduler=None,
+                                         weight_decay=None, output_dir=None))
+    ok_run(rc, out, err)
+    check(os.path.isdir(e.path("nulls", "out")), "output_dir: (null) did not keep the default 'out'")
+
+
+def precision_keys(e):
+    for i, (bf, fp) in enumerate([("auto", "false"), ("true", None), ("false", "false"), ("full", None)]):
+        over = {"bf16": bf}
+        if fp:
+            over["fp16"] = fp
+        rc, out, err = e.run("prec%d" % i, e.base("prec%d" % i, **over))
+        ok_run(rc, out, err)
+    rc, out, err = e.run("prec_conflict", e.base("prec_conflict", bf16="true", dtype="float32"))
+    one_error(rc, err, "bf16", "dtype")
+    rc, out, err = e.run("prec_conflict2", e.base("prec_conflict2", bf16="false", dtype="bfloat16"))
+    one_error(rc, err, "bf16", "dtype")
+    rc, out, err = e.run("prec_ok", e.base("prec_ok", bf16="false", dtype="float32", bfloat16="false"))
+    ok_run(rc, out, err)
+
+
+def fsdp_forms(e):
+    text = yaml_text(e.base("fsdp")) + "fsdp:\n  - full_shard\n  - auto_wrap\nfsdp_config:\n" \
+        "  fsdp_offload_params: false\n  fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP\n" \
+        "  fsdp_transformer_layer_cls_to_wrap: LlamaDecoderLayer\n  fsdp_state_dict_type: FULL_STATE_DICT\n" \
+        "  fsdp_sharding_strategy: FULL_SHARD\n  fsdp_use_orig_params: false\n"
+    rc, out, err = e.run("fsdp", text)
+    ok_run(rc, out, err)
+    check("note: fsdp: auto_wrap" in out, "no note for auto_wrap")
+    rc, out, err = e.run("fsdp_str", e.base("fsdp_str", fsdp="full_shard auto_wrap"))
+    ok_run(rc, out, err)
+    rc, out, err = e.run("fsdp_off", yaml_text(e.base("fsdp_off")) + "fsdp:\n  - full_shard\n  - offload\n")
+    one_error(rc, err, "offload", "offload_optimizer")
+    rc, out, err = e.run("fsdp_sgo", e.base("fsdp_sgo", fsdp="[shard_grad_op]"))
+    one_error(rc, err, "shard_grad_op", "zero_stage")
+    rc, out, err = e.run("fsdp_cfg_off", yaml_text(e.base("fsdp_cfg_off")) + "fsdp_config:\n  fsdp_offload_params: true\n")
+    one_error(rc, err, "offload_params", "offload_optimizer")
+    rc, out, err = e.run("fsdp_cfg_unk", yaml_text(e.base("fsdp_cfg_unk")) + "fsdp_config:\n  fsdp_frobnicate: 1\n")
+    one_error(rc, err, "fsdp_config.fsdp_frobnicate")
+
+
+def optimizer_family(e):
+    for i, name in enumerate(["adamw_torch", "adamw_torch_fused", "adamw_hf", "adamw_bnb_8bit",
+                              "paged_adamw_8bit", "paged_adamw_32bit"]):
+        rc, out, err = e.run("opt%d" % i, e.base("opt%d" % i, optimizer=name))
+        ok_run(rc, out, err)
+        if "8bit" in name:
+            check(re.search(r"^note: optimizer %s .*8-bit optimizer states are not implemented" % name, out, re.M),
+                  "no 8-bit note for " + name)
+        elif "paged" in name:
+            check(re.search(r"^note: optimizer %s .*paged" % name, out, re.M), "no paged note for " + name)
+        else:
+            check("note: optimizer" not in out, "a note for " + name)
+    # same AdamW: identical losses
+    l0 = [r["loss"] for r in e.metrics("opt0") if "loss" in r]
+    l3 = [r["loss"] for r in e.metrics("opt3") if "loss" in r]
+    check(l0 == l3, "adamw_bnb_8bit trained differently from adamw_torch")
+
+
+def epochs_and_steps(e):
+    # 31 windows per epoch; accumulation 2 -> 15.5 steps per epoch; 2 epochs -> 31 steps
+    rc, out, err = e.run("ep2", e.base("ep2", max_steps="DROP", num_epochs=2, gradient_accumulation_steps=2))
+    ok_run(rc, out, err)
+    check("2 epochs x 15.5 steps per epoch = 31 steps" in out, "no plan line: " + out[:600])
+    check(train_steps(e.metrics("ep2"))[-1] == 31, "did not run 31 steps")
+    rc, out, err = e.run("ep_default", e.base("ep_default", max_steps="DROP"))
+    ok_run(rc, out, err)
+    check("num_epochs not set: training 1 epoch" in out and "1 epochs x 31 steps per epoch = 31 steps" in out,
+          "no default-epoch lines: " + out[:600])
+    check(train_steps(e.metrics("ep_default"))[-1] == 31, "default did not run one epoch")
+    rc, out, err = e.run("ep_max", e.base("ep_max", num_epochs=3, max_steps=5))
+    ok_run(rc, out, err)
+    check("max_steps overrides num_epochs" in out and train_steps(e.metrics("ep_max"))[-1] == 5,
+          "max_steps did not override num_epochs")
+
+
+def lr_schedule(e):
+    rc, out, err = e.run("lr", e.base("lr", max_steps=20, warmup_ratio=0.15, cosine_min_lr_ratio=0.1,
+                                      learning_rate=0.001, lr_scheduler="cosine"))
+    ok_run(rc, out, err)
+    check("warmup_ratio 0.15: 3 warmup steps" in out, "warmup_ratio not resolved: " + out[:500])
+    lrs = [r["lr"] for r in e.metrics("lr") if "loss" in r]
+    w, total, base, ratio = 3, 20, 0.001, 0.1
+    for s, got in enumerate(lrs):
+        if s < w:
+            want = base * s / w
+        else:
+            prog = (s - w) / (total - w)
+            want = base * (ratio + (1 - ratio) * 0.5 * (1 + math.cos(math.pi * prog)))
+        check(abs(got - want) <= 1e-9 + 1e-6 * want, "lr at step %d: %g, want %g" % (s, got, want))
+    check(min(lrs[w:]) >= base * ratio - 1e-12, "cosine went below the floor")
+    rc, out, err = e.run("lr_both", e.base("lr_both", warmup_ratio=0.1, warmup_steps=2))
+    one_error(rc, err, "warmup_steps", "warmup_ratio")
+    rc, out, err = e.run("lr_lin", e.base("lr_lin", cosine_min_lr_ratio=0.1, lr_scheduler="linear"))
+    one_error(rc, err, "cosine_min_lr_ratio", "cosine")
+
+
+def eval_cadence(e):
+    val = e.path("val.bin")
+    rc, out, err = e.run("ev_frac", e.base("ev_frac", max_steps=8, val_data=val, eval_steps=0.25, eval_batches=1))
+    ok_run(rc, out, err)
+    ev = [r["step"] for r in e.metrics("ev_frac") if "val_loss" in r]
+    check(ev == [2, 4, 6, 8], "eval_steps 0.25 of 8 evaluated at %s" % ev)
+    # val_data without eval_steps: every epoch (31 steps) and at the end
+    rc, out, err = e.run("ev_epoch", e.base("ev_epoch", max_steps="DROP", num_epochs=1.5, val_data=val,
+                                            eval_batches=1))
+    ok_run(rc, out, err)
+    check("val_data without eval_steps: evaluating every epoch (every 31 steps)" in out, "no eval note: " + out[:700])
+    ev = [r["step"] for r in e.metrics("ev_epoch") if "val_loss" in r]
+    check(ev == [31, 47], "per-epoch evaluation at %s" % ev)
+    rc, out, err = e.run("ev_per", e.base("ev_per", max_steps="DROP", val_data=val, evals_per_epoch=3,
+                                          eval_batches=1))
+    ok_run(rc, out, err)
+    ev = [r["step"] for r in e.metrics("ev_per") if "val_loss" in r]
+    check(ev == [10, 20, 30, 31], "evals_per_epoch 3 evaluated at %s" % ev)
+    rc, out, err = e.run("ev_no", e.base("ev_no", val_data=val, eval_strategy="no"))
+    ok_run(rc, out, err)
+    check(not [r for r in e.metrics("ev_no") if "val_loss" in r], "eval_strategy: no evaluated")
+    rc, out, err = e.run("ev_both", e.base("ev_both", val_data=val, eval_steps=2, evals_per_epoch=2))
+    one_error(rc, err, "eval_steps", "evals_per_epoch")
+
+
+def save_cadence_and_limit(e):
+    rc, out, err = e.run("sv", e.base("sv", max_steps="DROP", num_epochs=2, saves_per_epoch=2,
+                                      save_total_limit=2))
+    ok_run(rc, out, err)
+    ck = sorted(int(d.split("-")[1]) for d in os.listdir(e.path("sv", "out")) if d.startswith("checkpoint-"))
+    check(ck == [60, 62], "checkpoints left: %s (want the last two: 60, 62)" % ck)
+    saved = [int(x) for x in re.findall(r"saved .*checkpoint-(\d+)", out)]
+    check(saved == [15, 30, 45, 60, 62], "saves_per_epoch 2 saved at %s" % saved)
+    check("removed" in out, "no removal message")
+    rc, out, err = e.run("sv1", e.base("sv1", max_steps=6, save_steps=0.5, save_total_limit=1))
+    ok_run(rc, out, err)
+    ck = [d for d in os.listdir(e.path("sv1", "out")) if d.startswith("checkpoint-")]
+    check(ck == ["checkpoint-6"], "save_total_limit 1 left %s" % ck)
+
+
+def early_stopping(e):
+    val = e.path("val.bin")
+    rc, out, err = e.run("es", e.base("es", max_steps=20, val_data=val, eval_steps=1, eval_batches=1,
+                                      learning_rate=0, early_stopping_patience=2))
+    ok_run(rc, out, err)
+    check("early stopping at step 3" in out, "no early stop at step 3: " + out[-600:])
+    check(train_steps(e.metrics("es"))[-1] == 3, "trained past the early stop")
+    check(os.path.isfile(e.path("es", "out", "model.safetensors")), "no final model after early stopping")
+    rc, out, err = e.run("es_noval", e.base("es_noval", early_stopping_patience=2))
+    one_error(rc, err, "early_stopping_patience", "val_data")
+
+
+def auto_resume(e):
+    rc, out, err = e.run("ar", e.base("ar", max_steps=2, auto_resume_from_checkpoints="true"))
+    ok_run(rc, out, err)
+    check("found no checkpoint" in out, "first run did not look for a checkpoint")
+    rc, out, err = e.run("ar", e.base("ar", max_steps=4, auto_resume_from_checkpoints="true"))
+    ok_run(rc, out, err)
+    check("resumed from" in out and "checkpoint-2" in out, "did not resume: " + out[-500:])
+
+
+def make_hf_cache(e):
+    """A tiny random model (a 1-step train_llama run) saved under HUB_ID in an HF cache layout."""
+    rc, out, err = e.run("seed_model", e.base("seed_model", max_steps=1))
+    ok_run(rc, out, err)
+    src = e.path("seed_model", "out")
+    hub = e.path("hf_home", "hub")
+    repo = os.path.join(hub, "models--" + HUB_ID.replace("/", "--"))
+    rev = "0123456789abcdef0123456789abcdef01234567"
+    snap = os.path.join(repo, "snapshots", rev)
+    os.makedirs(snap)
+    os.makedirs(os.path.join(repo, "blobs"))
+    os.makedirs(os.path.join(repo, "refs"))
+    for i, name in enumerate(["config.json", "model.safetensors"]):
+        blob = os.path.join(repo, "blobs", "blob%d" % i)
+        shutil.copy(os.path.join(src, name), blob)
+        os.symlink(os.path.join("..", "..", "blobs", "blob%d" % i), os.path.join(snap, name))
+    with open(os.path.join(repo, "refs", "main"), "w") as f:
+        f.write(rev)
+    return snap
+
+
+def hub_id(e, snap):
+    env = {"HF_HOME": e.path("hf_home"), "HF_HUB_CACHE": ""}
+    rc, out, err = e.run("hub", e.base("hub", model="DROP", base_model=HUB_ID), env=env)
+    ok_run(rc, out, err)
+    check("base_model %s: %s (Hugging Face cache)" % (HUB_ID, snap) in out, "no resolution line: " + out[:400])
+    env2 = {"HF_HUB_CACHE": e.path("hf_home", "hub")}
+    rc, out, err = e.run("hub2", e.base("hub2", model="DROP", base_model=HUB_ID), env=env2)
+    ok_run(rc, out, err)
+    rc, out, err = e.run("hub_missing", e.base("hub_missing", model="DROP", base_model="nobody/no-such-model"),
+                         env=env)
+    one_error(rc, err, "nobody/no-such-model", "models--nobody--no-such-model",
+              "huggingface-cli download nobody/no-such-model")
+
+
+def example_configs(e, snap):
+    """configs/axolotl/*.yaml as written, with paths and sizes pointed at the tiny fixtures."""
+    env = {"HF_HOME": e.path("hf_home"), "HF_HUB_CACHE": ""}
+    for name in sorted(os.listdir(os.path.join(ROOT, "configs", "axolotl"))):
+        if not name.endswith(".yaml"):
+            continue
+        case = "ex_" + name[:-5]
+        sets = ["train_data=" + e.path("train.bin"), "val_data=" + e.path("val.bin"),
+                "output_dir=" + e.path(case, "out"), "sequence_len=32", "micro_batch_size=2",
+                "gradient_accumulation_steps=2", "eval_batches=1", "num_threads=1", "warmup_steps=0"]
+        if "lora" in name:
+            sets.append("lora_r=4")
+        with open(os.path.join(ROOT, "configs", "axolotl", name)) as f:
+            text = f.read()
+        rc, out, err = e.run(case, text, *sets, env=env)
+        ok_run(rc, out, err)
+        check(os.path.isfile(e.path(case, "out", "metrics.jsonl")), name + ": no metrics")
+        if name == "llama-3-lora.yaml":
+            for needle in ("note: wandb_project has no effect here", "note: flash_attention has no effect here",
+                           "note: optimizer adamw_bnb_8bit", "note: bf16: auto",
+                           "2 epochs x 15.5 steps per epoch = 31 steps",
+                           "base_model %s: %s" % (HUB_ID, snap)):
+                check(needle in out, "%s: output lacks %r" % (name, needle))
+            ck = sorted(d for d in os.listdir(e.path(case, "out")) if d.startswith("checkpoint-"))
+            check(len(ck) <= 2 and "checkpoint-31" in ck, "%s: checkpoints %s" % (name, ck))
+            check(os.path.isfile(e.path(case, "out", "adapter_model.safetensors")), name + ": no adapter")
+            ev = [r["step"] for r in e.metrics(case) if "val_loss" in r]
+            check(ev == [8, 16, 24, 31], "%s: evaluated at %s" % (name, ev))
+
+
+CASES = [unknown_keys_listed_together, single_unknown_key_names_line, set_unknown_key_no_far_suggestion,
+         notes_for_no_effect_keys, refused_keys, datasets_keys_refused, type_tolerance, precision_keys,
+         fsdp_forms, optimizer_family, epochs_and_steps, lr_schedule, eval_cadence,
+         save_cadence_and_limit, early_stopping, auto_resume]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--bin", default="build/train_llama")
+    ap.add_argument("-k", default="")
+    args = ap.parse_args()
+    binary = os.path.abspath(args.bin)
+    root = tempfile.mkdtemp(prefix="axolotl_cfg_")
+    e = Env(binary, root)
+    results = []
+
+    def run(fn, *a):
+        try:
+            fn(e, *a)
+            return fn.__name__, ""
+        except Fail as x:
+            return fn.__name__, str(x)
+        except Exception as x:  # a crash of the test itself is a failure too
+            return fn.__name__, "%s: %s" % (type(x).__name__, x)
+
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        futs = [pool.submit(run, fn) for fn in CASES if args.k in fn.__name__]
+        snap = None
+        if args.k in "hub_id example_configs":
+            try:
+                snap = make_hf_cache(e)
+            except Fail as x:
+                results.append(("hf_cache_fixture", str(x)))
+        if snap:
+            futs += [pool.submit(run, fn, snap) for fn in (hub_id, example_configs) if args.k in fn.__name__]
+        results += [f.result() for f in futs]
+    failed = 0
+    for name, why in results:
+        if why:
+            failed += 1
+            print("FAIL %s: %s" % (name, why))
+        else:
+            print("PASS %s" % name)
+    print("%d passed, %d failed" % (len(results) - failed, failed))
+    if not failed:
+        shutil.rmtree(root, ignore_errors=True)
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,249 @@
+#!/usr/bin/python3
+"""Model families end to end (llmc/family.c): LoRA and memory modes on Qwen3 with a sliding
+window, and config.json written back as the input family's.
+
+    /usr/bin/python3 test/test_families.py --bin build/train_llama
+
+The reference is test/llama_ref.py: plain PyTorch written from transformers' modeling
+equations (Qwen3's q_norm/k_norm before RoPE, Qwen2/3 layer_types from use_sliding_window and
+max_window_layers, the window mask kv_idx > q_idx - sliding_window), float64; transformers is
+not installed here. Logit/loss/weight exactness of the families in full fine-tuning is in
+test/test_torch_ref.py (cases f-j).
+
+  qwen3_lora_window   Qwen3 (q/k norms, head_dim 16 != C/Hq 12, tied, GQA 4/2, window 5 on
+                      layers >= 1, T 20) with LoRA on all seven projections: per-step loss
+                      (1e-5 rel), grad_norm (1e-4) and final adapters (1e-4) match the
+                      reference; then full recompute + layer streaming, recompute every 2nd
+                      layer with disk offload, and selective recompute + activation offloading
+                      give bit-identical losses, grad norms and adapter files (tiled MLP is
+                      only close, as test_memory_modes.py says).
+  config_write_back   Qwen3, Mistral, Qwen2 and Llama bases: the output config.json names the
+                      input family's architecture and model_type, keeps head_dim, the window
+                      keys (Mistral's absent sliding_window is transformers' 4096), a list
+                      eos_token_id as a list, torch_dtype; the output directory trains again as
+                      a base (round trip) with the same first loss as the reference gives it.
+  qwen2_layer_types   a config.json with layer_types as transformers >= 4.53 writes it loads.
+"""
+import argparse
+import hashlib
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import harness  # noqa: E402
+import llama_ref as R  # noqa: E402
+
+LOSS_RTOL = 1e-5
+GN_RTOL = 1e-4
+W_TOL = 1e-4
+ARGS = None
+
+
+def run(work, tc, name="cfg.yaml"):
+    path = os.path.join(work, name)
+    R.write_yaml(path, tc)
+    cmd = [ARGS.bin, "-c", path]
+    if ARGS.threads is not None:
+        cmd += ["--set", f"num_threads={ARGS.threads}"]
+    p = subprocess.run(cmd, cwd=work, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                       timeout=ARGS.timeout)
+    if p.returncode != 0:
+        raise RuntimeError(f"trainer exit {p.returncode}: {p.stderr.decode()[-600:]}")
+
+
+def setup(work, cfg, n_tokens, seed):
+    os.makedirs(work, exist_ok=True)
+    weights = R.init_weights(cfg, seed=seed, qk_std=0.25, embed_std=0.1)
+    model_dir = os.path.join(work, "model")
+    R.save_hf_dir(model_dir, cfg, weights)
+    shard = os.path.join(work, "train.bin")
+    R.write_shard(shard, R.random_tokens(n_tokens, cfg["vocab_size"], seed=seed), version=1)
+    return model_dir, shard, R.read_shard(shard), weights
+
+
+def rel(a, b):
+    return abs(a - b) / max(abs(b), 1e-30)
+
+
+def sha(path):
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+def qwen3_cfg(**kw):
+    c = dict(vocab_size=64, hidden_size=48, intermediate_size=64, num_hidden_layers=2,
+             num_attention_heads=4, num_key_value_heads=2, head_dim=16, model_type="qwen3",
+             rms_norm_eps=1e-6, tie_word_embeddings=True, rope_theta=1000000.0,
+             use_sliding_window=True, sliding_window=5, max_window_layers=1)
+    c.update(kw)
+    return R.make_config(**c)
+
+
+def case_qwen3_lora_window(root):
+    work = os.path.join(root, "qwen3_lora")
+    cfg = qwen3_cfg()
+    model_dir, shard, tokens, weights = setup(work, cfg, 1200, seed=21)
+    spec = R.lora_spec(cfg, r=4, alpha=8, targets=list(R.LORA_TARGETS), seed=21, b_std=0.1)
+    adir = os.path.join(work, "adapter_in")
+    R.save_adapter_dir(adir, spec)
+    tc = R.train_config(sequence_len=20, micro_batch_size=2, gradient_accumulation_steps=2,
+                        max_steps=3, learning_rate=5e-3, lr_scheduler="cosine", warmup_steps=1,
+                        weight_decay=0.1, max_grad_norm=1.0)
+    tc.update(base_model=model_dir, train_data=shard, adapter="lora", lora_r=4, lora_alpha=8,
+              lora_dropout=0.0, lora_target_modules=list(R.LORA_TARGETS), lora_model_dir=adir)
+    ref = R.train_reference(cfg, weights, tokens, tc, lora=spec)
+    errs = []
+    modes = {
+        "plain": {},
+        "recompute_streamed": {"gradient_checkpointing": "true", "gradient_checkpointing_every": 1,
+                               "layer_offloading": True},
+        "recompute2_disk": {"gradient_checkpointing": "true", "gradient_checkpointing_every": 2,
+                            "activation_offloading": "disk", "min_offload_size": 0},
+        "selective_offloaded": {"gradient_checkpointing": "selective",
+                                "activation_offloading": "true", "min_offload_size": 0},
+    }
+    got = {}
+    worst_l = worst_w = 0.0
+    for name, extra in modes.items():
+        t = dict(tc, output_dir=os.path.join(work, name))
+        t.update(extra)
+        run(work, t, name + ".yaml")
+        rows = R.read_metrics(os.path.join(t["output_dir"], "metrics.jsonl"))
+        apath = os.path.join(t["output_dir"], "adapter_model.safetensors")
+        got[name] = ([(r["loss"], r["grad_norm"]) for r in rows], sha(apath))
+        if name != "plain":
+            if got[name][0] != got["plain"][0]:
+                errs.append(f"{name}: losses/grad norms {got[name][0]} differ from the plain run's "
+                            f"{got['plain'][0]}")
+            if got[name][1] != got["plain"][1]:
+                errs.append(f"{name}: adapter_model.safetensors differs from the plain run's")
+            continue
+        for s, r in enumerate(rows):
+            e = rel(r["loss"], ref["losses"][s])
+            worst_l = max(worst_l, e)
+            if e > LOSS_RTOL:
+                errs.append(f"step {s + 1}: loss {r['loss']} vs ref {ref['losses'][s]}")
+            if rel(r["grad_norm"], ref["grad_norms"][s]) > GN_RTOL:
+                errs.append(f"step {s + 1}: grad_norm {r['grad_norm']} vs ref {ref['grad_norms'][s]}")
+        if len(rows) != 3:
+            errs.append(f"{len(rows)} metrics rows, expected 3")
+        out = R.read_safetensors(apath)
+        for k, v in ref["adapter"].items():
+            g = out.get(R.PEFT_PREFIX + k)
+            if g is None:
+                errs.append(f"adapter lacks {k}")
+                continue
+            d = float(np.max(np.abs(g.astype(np.float64) - v)))
+            worst_w = max(worst_w, d)
+            if d > W_TOL * max(1.0, float(np.max(np.abs(v)))):
+                errs.append(f"adapter {k}: max diff {d:.3e}")
+    return errs, f"loss rel {worst_l:.1e}, adapter max diff {worst_w:.1e}, modes bit-identical"
+
+
+def read_json(p):
+    with open(p) as f:
+        return json.load(f)
+
+
+def write_back_one(root, name, cfg, expect):
+    work = os.path.join(root, name)
+    model_dir, shard, tokens, weights = setup(work, cfg, 600, seed=5)
+    tc = R.train_config(sequence_len=12, micro_batch_size=1, max_steps=1, learning_rate=1e-3,
+                        warmup_steps=0, lr_scheduler="constant")
+    tc.update(base_model=model_dir, train_data=shard, output_dir=os.path.join(work, "out"))
+    run(work, tc)
+    out = tc["output_dir"]
+    errs = []
+    got = read_json(os.path.join(out, "config.json"))
+    for k, v in expect.items():
+        if got.get(k, "<absent>") != v:
+            errs.append(f"{name}: config.json {k} = {got.get(k, '<absent>')!r}, expected {v!r}")
+    names_in = set(R.read_safetensors(os.path.join(model_dir, "model.safetensors")))
+    names_out = set(R.read_safetensors(os.path.join(out, "model.safetensors")))
+    if names_in != names_out:
+        errs.append(f"{name}: output tensors differ from the input's: "
+                    f"{sorted(names_in ^ names_out)[:4]}")
+    # Round trip: the output directory is a base the trainer (and the reference) read alike.
+    t2 = dict(tc, base_model=out, output_dir=os.path.join(work, "out2"))
+    run(work, t2, "again.yaml")
+    rows = R.read_metrics(os.path.join(t2["output_dir"], "metrics.jsonl"))
+    w2 = R.read_safetensors(os.path.join(out, "model.safetensors"))
+    ref = R.batch_loss(got, w2, R.step_batches(tokens, 1, 12, 1, 1))
+    if rel(rows[0]["loss"], ref) > LOSS_RTOL:
+        errs.append(f"{name}: reloaded output's first loss {rows[0]['loss']} vs reference {ref} "
+                    f"on the written config.json")
+    return errs
+
+
+def case_config_write_back(root):
+    errs = []
+    errs += write_back_one(root, "qwen3", qwen3_cfg(eos_token_id=[2, 7]), {
+        "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "head_dim": 16,
+        "eos_token_id": [2, 7], "use_sliding_window": True, "sliding_window": 5,
+        "max_window_layers": 1, "tie_word_embeddings": True, "attention_bias": False,
+        "torch_dtype": "float32"})
+    mis = R.make_config(model_type="mistral", num_key_value_heads=2)
+    mis.pop("sliding_window", None)  # absent: transformers' MistralConfig default 4096
+    errs += write_back_one(root, "mistral_default_window", mis, {
+        "architectures": ["MistralForCausalLM"], "model_type": "mistral", "sliding_window": 4096,
+        "eos_token_id": 2})
+    errs += write_back_one(root, "mistral_null_window", R.make_config(
+        model_type="mistral", sliding_window=None, eos_token_id=[2]), {
+        "architectures": ["MistralForCausalLM"], "sliding_window": None, "eos_token_id": [2]})
+    errs += write_back_one(root, "qwen2", R.make_config(
+        model_type="qwen2", attention_bias=True, sliding_window=4, use_sliding_window=False,
+        max_window_layers=1), {
+        "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "sliding_window": 4,
+        "use_sliding_window": False, "max_window_layers": 1})
+    errs += write_back_one(root, "llama_eos_list", R.make_config(eos_token_id=[2, 3, 5]), {
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "eos_token_id": [2, 3, 5],
+        "bos_token_id": 1})
+    return errs, "qwen3, mistral (absent/null window), qwen2, llama"
+
+
+def case_qwen2_layer_types(root):
+    cfg = R.make_config(model_type="qwen2", num_hidden_layers=3, use_sliding_window=True,
+                        sliding_window=4, max_window_layers=2,
+                        layer_types=["full_attention", "full_attention", "sliding_attention"])
+    errs = write_back_one(root, "qwen2_layer_types", cfg, {
+        "use_sliding_window": True, "sliding_window": 4, "max_window_layers": 2})
+    return errs, "layer_types matching max_window_layers accepted"
+
+
+def main():
+    global ARGS
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--bin", default="./train_llama")
+    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--timeout", type=float, default=120.0)
+    ap.add_argument("--only", default=None)
+    ap.add_argument("--keep", action="store_true")
+    ap.add_argument("-v", "--verbose", action="store_true")
+    ARGS = ap.parse_args()
+    ARGS.bin = os.path.abspath(ARGS.bin)
+    root = tempfile.mkdtemp(prefix="test_families_")
+    cases = [("qwen3_lora_window", case_qwen3_lora_window),
+             ("config_write_back", case_config_write_back),
+             ("qwen2_layer_types", case_qwen2_layer_types)]
+    try:
+        passed, failed = harness.run_cases(((n, lambda f=f: f(root)) for n, f in cases),
+                                           ARGS.only, ARGS.verbose)
+    finally:
+        if ARGS.keep:
+            print(f"kept {root}")
+        else:
+            shutil.rmtree(root, ignore_errors=True)
+    print(f"{passed} passed, {failed} failed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
