@@ -19,11 +19,12 @@ import json
 import os
 import shutil
 import struct
-import subprocess
 import sys
 import tempfile
 
 import numpy as np
+
+from checks import check, finish, run_trainer, write_shard
 
 CFG = """train_data: {data}
 sequence_len: 8
@@ -48,24 +49,15 @@ BASE_FILES = {
     "generation_config.json": '{"bos_token_id": 1, "eos_token_id": [2, 3], "do_sample": true}\n',
     "chat_template.jinja": "{{ messages }}\n",
 }
-results = []
-
-
-def check(name, ok, detail=""):
-    results.append(ok)
-    print(("PASS %s" % name) if ok else ("FAIL %s: %s" % (name, detail)), flush=True)
 
 
 def run(binary, cwd, text, *sets):
+    """Writes text as cwd/cfg.yaml and trains with it: (exit code, stderr)."""
     cfg = os.path.join(cwd, "cfg.yaml")
     with open(cfg, "w") as f:
         f.write(text)
-    args = [binary, "-c", cfg]
-    for s in sets:
-        args += ["--set", s]
-    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
-    p = subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
-    return p.returncode, p.stderr
+    rc, _, err = run_trainer(binary, cfg, *sets, cwd=cwd)
+    return rc, err
 
 
 def st_read(path):
@@ -122,9 +114,7 @@ def main():
     try:
         toks = [(i * 5) % 97 for i in range(3000)]
         data = os.path.join(root, "train.bin")
-        with open(data, "wb") as f:
-            f.write(struct.pack("<256i", 20240520, 1, len(toks), *([0] * 253)))
-            f.write(struct.pack("<%dH" % len(toks), *toks))
+        write_shard(data, toks)
         # A base model in BF16 with tokenizer files, made from a short random-init run.
         rc, err = run(binary, root, MODEL + CFG.format(data=data, out="init"))
         if rc != 0:
@@ -246,9 +236,7 @@ def main():
               mm and all(dt == "BF16" for dt, _ in mm.values()), repr({k: v[0] for k, v in mm.items()}))
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    bad = results.count(False)
-    print("%d passed, %d failed" % (len(results) - bad, bad))
-    sys.exit(1 if bad else 0)
+    finish()
 
 
 if __name__ == "__main__":

@@ -13,13 +13,11 @@ Usage: /usr/bin/python3 test/test_metrics.py --bin build/train_llama
 import argparse
 import json
 import os
-import resource
 import shutil
-import signal
-import struct
-import subprocess
 import sys
 import tempfile
+
+from checks import check, finish, run_trainer, write_shard
 
 CFG = """model:
   vocab_size: 256
@@ -40,26 +38,6 @@ num_threads: 1
 output_dir: {out}
 """
 
-results = []
-
-
-def check(name, ok, detail=""):
-    results.append(ok)
-    print(("PASS %s" % name) if ok else ("FAIL %s: %s" % (name, detail)), flush=True)
-
-
-def run(binary, cfg, *sets, fsize=None):
-    args = [binary, "-c", cfg]
-    for s in sets:
-        args += ["--set", s]
-
-    def pre():
-        if fsize:
-            signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past it fails with EFBIG
-            resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
-    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
-    p = subprocess.run(args, env=env, capture_output=True, text=True, timeout=120, preexec_fn=pre)
-    return p.returncode, p.stdout, p.stderr
 
 
 def main():
@@ -71,13 +49,11 @@ def main():
     try:
         toks = [(i * 7) % 100 for i in range(4000)]
         data = os.path.join(root, "train.bin")
-        with open(data, "wb") as f:
-            f.write(struct.pack("<256i", 20240520, 1, len(toks), *([0] * 253)))
-            f.write(struct.pack("<%dH" % len(toks), *toks))
+        write_shard(data, toks)
         full, part = os.path.join(root, "full"), os.path.join(root, "part")
         cfg = os.path.join(root, "cfg.yaml")
         open(cfg, "w").write(CFG.format(data=data, out=full))
-        rc, _, err = run(binary, cfg)
+        rc, _, err = run_trainer(binary, cfg)
         if rc != 0:
             sys.exit("FAIL setup: %s" % err)
         ref = open(os.path.join(full, "metrics.jsonl")).read()
@@ -89,7 +65,7 @@ def main():
         upto5 = [l for l in lines if json.loads(l)["step"] <= 5]
         with open(os.path.join(part, "metrics.jsonl"), "w") as f:
             f.write("".join(upto5) + '{"step": 6, "loss": 5.5')
-        rc, _, err = run(binary, cfg, "output_dir=" + part, "resume_from_checkpoint=auto")
+        rc, _, err = run_trainer(binary, cfg, "output_dir=" + part, "resume_from_checkpoint=auto")
         got = open(os.path.join(part, "metrics.jsonl")).read()
         strip = lambda t: [{k: v for k, v in json.loads(l).items() if k not in ("ms", "tokens_per_sec")}
                            for l in t.splitlines()]
@@ -102,7 +78,7 @@ def main():
         shutil.rmtree(part)
         shutil.copytree(full, part)
         before = open(os.path.join(part, "metrics.jsonl"), "rb").read()
-        rc, _, err = run(binary, cfg, "output_dir=" + part,
+        rc, _, err = run_trainer(binary, cfg, "output_dir=" + part,
                          "resume_from_checkpoint=" + os.path.join(part, "checkpoint-3"),
                          fsize=len(before) // 3)
         after = open(os.path.join(part, "metrics.jsonl"), "rb").read()
@@ -116,7 +92,7 @@ def main():
 
         # A metrics line cannot be written (file-size limit under one step line's growth).
         out = os.path.join(root, "full_disk")
-        rc, _, err = run(binary, cfg, "output_dir=" + out, "save_steps=0", "eval_steps=0",
+        rc, _, err = run_trainer(binary, cfg, "output_dir=" + out, "save_steps=0", "eval_steps=0",
                          "val_data=", fsize=400)
         errs = [l for l in err.splitlines() if l.strip()]
         check("metrics write fails: one error naming metrics.jsonl",
@@ -126,9 +102,7 @@ def main():
               repr(os.listdir(out)) if os.path.isdir(out) else "no output_dir")
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    bad = results.count(False)
-    print("%d passed, %d failed" % (len(results) - bad, bad))
-    sys.exit(1 if bad else 0)
+    finish()
 
 
 if __name__ == "__main__":

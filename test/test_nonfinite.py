@@ -18,11 +18,12 @@ import json
 import os
 import shutil
 import struct
-import subprocess
 import sys
 import tempfile
 
 import numpy as np
+
+from checks import check, finish, run_trainer, write_shard
 
 BAD = 200  # the token whose embedding overflows the residual stream
 
@@ -42,18 +43,6 @@ shuffle: false
 output_dir: {out}
 """
 
-results = []
-
-
-def check(name, ok, detail=""):
-    results.append(ok)
-    print(("PASS %s" % name) if ok else ("FAIL %s: %s" % (name, detail)), flush=True)
-
-
-def write_shard(path, tokens):
-    header = [20240520, 1, len(tokens)] + [0] * 253
-    with open(path, "wb") as f:
-        f.write(struct.pack("<256i", *header) + struct.pack("<%dH" % len(tokens), *tokens))
 
 
 def st_read(path):
@@ -76,12 +65,7 @@ def tensors(path):
 
 
 def run(binary, cwd, cfg, *sets):
-    args = [binary, "-c", cfg]
-    for s in sets:
-        args += ["--set", s]
-    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
-    p = subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
-    return p.returncode, p.stdout, p.stderr
+    return run_trainer(binary, cfg, *sets, cwd=cwd)
 
 
 def metrics(out):
@@ -207,9 +191,7 @@ def main():
               not isinstance(m, str) and [r["loss"] for r in m][2:] == [None, None, None], repr(m))
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    bad = results.count(False)
-    print("%d passed, %d failed" % (len(results) - bad, bad))
-    sys.exit(1 if bad else 0)
+    finish()
 
 
 if __name__ == "__main__":

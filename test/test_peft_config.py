@@ -14,10 +14,10 @@ import argparse
 import json
 import os
 import shutil
-import struct
-import subprocess
 import sys
 import tempfile
+
+from checks import check, finish, run_trainer, write_shard
 
 CFG = """model:
   vocab_size: 256
@@ -42,21 +42,12 @@ PEFT_011_FIELDS = {"peft_type", "task_type", "base_model_name_or_path", "revisio
                    "use_rslora", "modules_to_save", "init_lora_weights", "layers_to_transform",
                    "layers_pattern", "rank_pattern", "alpha_pattern", "megatron_config",
                    "megatron_core", "loftq_config", "use_dora", "layer_replication"}
-results = []
-
-
-def check(name, ok, detail=""):
-    results.append(ok)
-    print(("PASS %s" % name) if ok else ("FAIL %s: %s" % (name, detail)), flush=True)
 
 
 def run(binary, cwd, *sets):
-    args = [binary, "-c", os.path.join(cwd, "..", "cfg.yaml")]
-    for s in sets:
-        args += ["--set", s]
-    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
-    p = subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
-    return p.returncode, p.stderr
+    """Trains with the shared cfg.yaml beside cwd: (exit code, stderr)."""
+    rc, _, err = run_trainer(binary, os.path.join(cwd, "..", "cfg.yaml"), *sets, cwd=cwd)
+    return rc, err
 
 
 def first_loss(out):
@@ -73,9 +64,7 @@ def main():
     try:
         toks = [(i * 11) % 91 for i in range(3000)]
         data = os.path.join(root, "train.bin")
-        with open(data, "wb") as f:
-            f.write(struct.pack("<256i", 20240520, 1, len(toks), *([0] * 253)))
-            f.write(struct.pack("<%dH" % len(toks), *toks))
+        write_shard(data, toks)
         with open(os.path.join(root, "cfg.yaml"), "w") as f:
             f.write(CFG.format(data=data, out="out"))
         work = os.path.join(root, "w")
@@ -145,9 +134,7 @@ def main():
                   "adapter_config.json" in lines[0] and word in lines[0], "exit %s %r" % (rc, err))
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    bad = results.count(False)
-    print("%d passed, %d failed" % (len(results) - bad, bad))
-    sys.exit(1 if bad else 0)
+    finish()
 
 
 if __name__ == "__main__":

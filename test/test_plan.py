@@ -17,28 +17,15 @@ import json
 import os
 import re
 import shutil
-import struct
-import subprocess
-import sys
 import tempfile
 
+from checks import check, finish, run_trainer, write_shard
+
 UNITS = {"B": 1, "KiB": 2 ** 10, "MiB": 2 ** 20, "GiB": 2 ** 30}
-results = []
-
-
-def check(name, ok, detail=""):
-    results.append(ok)
-    print(("PASS %s" % name) if ok else ("FAIL %s: %s" % (name, detail)), flush=True)
 
 
 def run(binary, cfg, *sets):
-    args = [binary, "-c", cfg]
-    for s in sets:
-        args += [s] if s.startswith("--") else ["--set", s]
-    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
-    env.pop("LLMC_DEVICE", None)
-    p = subprocess.run(args, env=env, capture_output=True, text=True, timeout=300)
-    return p.returncode, p.stdout, p.stderr
+    return run_trainer(binary, cfg, *sets, drop_env=("LLMC_DEVICE",))
 
 
 def rows(out):
@@ -61,9 +48,7 @@ def main():
     try:
         toks = [i % 200 for i in range(5000)]
         data = os.path.join(root, "train.bin")
-        with open(data, "wb") as f:
-            f.write(struct.pack("<256i", 20240520, 1, len(toks), *([0] * 253)))
-            f.write(struct.pack("<%dH" % len(toks), *toks))
+        write_shard(data, toks)
         cfg = os.path.join(root, "cfg.yaml")
         with open(cfg, "w") as f:
             f.write("model:\n  vocab_size: 256\n  hidden_size: 64\n  intermediate_size: 160\n"
@@ -132,9 +117,7 @@ def main():
               all(v[0] <= 80 * 2 ** 30 and v[1] <= 128 * 2 ** 30 for v in r8.values() if v[2]), out + err)
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    bad = results.count(False)
-    print("%d passed, %d failed" % (len(results) - bad, bad))
-    sys.exit(1 if bad else 0)
+    finish()
 
 
 if __name__ == "__main__":

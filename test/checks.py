@@ -1,0 +1,51 @@
+"""Small pieces the end-to-end test scripts share: PASS/FAIL lines with a closing count, llm.c
+token shards, and running the trainer with --set overrides (optionally under a file-size limit,
+which makes a write fail like a full disk)."""
+import os
+import resource
+import signal
+import struct
+import subprocess
+import sys
+
+_results = []
+
+
+def check(name, ok, detail=""):
+    """Prints 'PASS name' or 'FAIL name: detail' and remembers the outcome."""
+    _results.append(bool(ok))
+    print(("PASS %s" % name) if ok else ("FAIL %s: %s" % (name, detail)), flush=True)
+
+
+def finish():
+    """Prints 'N passed, M failed' and exits 1 if any check failed."""
+    bad = _results.count(False)
+    print("%d passed, %d failed" % (len(_results) - bad, bad))
+    sys.exit(1 if bad else 0)
+
+
+def write_shard(path, tokens):
+    """A version-1 (uint16) token shard as llm.c writes it."""
+    with open(path, "wb") as f:
+        f.write(struct.pack("<256i", 20240520, 1, len(tokens), *([0] * 253)))
+        f.write(struct.pack("<%dH" % len(tokens), *tokens))
+
+
+def run_trainer(binary, cfg, *args, cwd=None, fsize=None, timeout=300, drop_env=()):
+    """Runs binary -c cfg; each arg is a key=value for --set, or a flag starting with '--'.
+    Returns (exit code, stdout, stderr); one thread, as the suite's other runs. drop_env:
+    variables not to pass on (e.g. LLMC_DEVICE, when the test chooses the device itself)."""
+    argv = [binary, "-c", cfg]
+    for a in args:
+        argv += [a] if a.startswith("--") else ["--set", a]
+
+    def limit():
+        if fsize:
+            signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+            resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
+    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+    for k in drop_env:
+        env.pop(k, None)
+    p = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout,
+                       preexec_fn=limit if fsize else None)
+    return p.returncode, p.stdout, p.stderr
