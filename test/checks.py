@@ -11,6 +11,12 @@ import sys
 _results = []
 
 
+def tiny_model_yaml(layers=1):
+    """The `model:` block of the tiny random-init model the end-to-end tests train."""
+    return ("model:\n  vocab_size: 256\n  hidden_size: 16\n  intermediate_size: 32\n"
+            "  num_hidden_layers: %d\n  num_attention_heads: 2\n  max_position_embeddings: 64\n" % layers)
+
+
 def check(name, ok, detail=""):
     """Prints 'PASS name' or 'FAIL name: detail' and remembers the outcome."""
     _results.append(bool(ok))

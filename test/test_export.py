@@ -24,7 +24,7 @@ import tempfile
 
 import numpy as np
 
-from checks import check, finish, run_trainer, write_shard
+from checks import check, finish, run_trainer, tiny_model_yaml, write_shard
 
 CFG = """train_data: {data}
 sequence_len: 8
@@ -34,14 +34,7 @@ num_threads: 1
 learning_rate: 1e-2
 output_dir: {out}
 """
-MODEL = """model:
-  vocab_size: 256
-  hidden_size: 16
-  intermediate_size: 32
-  num_hidden_layers: 2
-  num_attention_heads: 2
-  max_position_embeddings: 64
-"""
+MODEL = tiny_model_yaml(layers=2)
 BASE_FILES = {
     "tokenizer.json": '{"version": "1.0", "model": {"type": "BPE"}}\n',
     "tokenizer_config.json": '{"chat_template": "{% for m in messages %}{{ m.content }}{% endfor %}"}\n',

@@ -23,18 +23,11 @@ import tempfile
 
 import numpy as np
 
-from checks import check, finish, run_trainer, write_shard
+from checks import check, finish, run_trainer, tiny_model_yaml, write_shard
 
 BAD = 200  # the token whose embedding overflows the residual stream
 
-CFG = """model:
-  vocab_size: 256
-  hidden_size: 16
-  intermediate_size: 32
-  num_hidden_layers: 1
-  num_attention_heads: 2
-  max_position_embeddings: 64
-train_data: {data}
+CFG = tiny_model_yaml() + """train_data: {data}
 sequence_len: 8
 micro_batch_size: 2
 max_steps: 1
