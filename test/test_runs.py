@@ -131,6 +131,9 @@ def test_identity(bin_):
     err = one_error(p, "checkpoint-6: checkpoint was trained with learning_rate=0.01, "
                     "this run has learning_rate=0.02")
     check("identity_training_key: learning_rate differs", not err, err)
+    p = run(bin_, config("ident_minlr", out, max_steps=9, cosine_min_lr_ratio=0.1), "resume_from_checkpoint=auto")
+    err = one_error(p, "checkpoint was trained with cosine_min_lr_ratio=0, this run has cosine_min_lr_ratio=0.1")
+    check("identity_training_key: cosine_min_lr_ratio differs", not err, err)
     p = run(bin_, config("ident_seq", out, max_steps=9, sequence_len=8), "resume_from_checkpoint=auto")
     err = one_error(p, "checkpoint was trained with sequence_len=16, this run has sequence_len=8")
     check("identity_training_key: sequence_len differs", not err, err)
