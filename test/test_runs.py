@@ -25,27 +25,11 @@ import os
 import re
 import shutil
 import signal
-import struct
 import subprocess
-import sys
 import tempfile
 import time
 
-results = []
-TMP = None
-
-
-def check(name, ok, detail=""):
-    results.append(bool(ok))
-    print(("PASS %s" % name) if ok else ("FAIL %s: %s" % (name, detail)), flush=True)
-
-
-def write_shard(path, tokens):
-    hdr = [0] * 256
-    hdr[:3] = [20240520, 1, len(tokens)]
-    with open(path, "wb") as f:
-        f.write(struct.pack("<256i", *hdr) + struct.pack("<%dH" % len(tokens), *tokens))
-
+from checks import check, finish, write_shard
 
 LLAMA = {"vocab_size": 64, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
          "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 64}
@@ -381,9 +365,7 @@ def main():
                 fn(bin_)
     finally:
         shutil.rmtree(TMP, ignore_errors=True)
-    n_fail = results.count(False)
-    print("%d passed, %d failed" % (len(results) - n_fail, n_fail))
-    sys.exit(1 if n_fail else 0)
+    finish()
 
 
 if __name__ == "__main__":
