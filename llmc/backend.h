@@ -104,12 +104,13 @@ struct Backend {
     void (*pos_fwd)(Backend *, void *out, const void *wpe, int B, int T, int C);
     void (*pos_bwd)(Backend *, void *dwpe, const void *dout, int B, int T, int C);
 
-    // In place on x [B,T,H,D] with position t = the row's index in its sequence; tables are
-    // [T, D/2] (HF rotate_half pairs i and i + D/2). rope_bwd applies the inverse rotation.
-    void (*rope_fwd)(Backend *, void *x, const float *cos_f32, const float *sin_f32, int B, int T,
-                     int H, int D);
-    void (*rope_bwd)(Backend *, void *dx, const float *cos_f32, const float *sin_f32, int B,
-                     int T, int H, int D);
+    // In place on x [B,T,H,D]; tables are [T, D/2] (HF rotate_half pairs i and i + D/2). The
+    // position of row (b, t) is pos[b*T + t] (device int32 [B*T], each < T: packed documents
+    // restart at 0) or, with pos NULL, t. rope_bwd applies the inverse rotation.
+    void (*rope_fwd)(Backend *, void *x, const float *cos_f32, const float *sin_f32,
+                     const int32_t *pos, int B, int T, int H, int D);
+    void (*rope_bwd)(Backend *, void *dx, const float *cos_f32, const float *sin_f32,
+                     const int32_t *pos, int B, int T, int H, int D);
 
     // Causal grouped-query attention, flash style: q [B,T,Hq,D], k/v [B,T,Hkv,D], out like q,
     // lse_f32 [B,Hq,T] (natural log-sum-exp of the scaled scores). No T x T matrix is stored.

@@ -529,6 +529,8 @@ void model_alloc_acts(Model *m, int B, int T, const MemPolicy *pol) {
     m->losses = bk->dev_alloc(bk, N * sizeof(float), "token losses");
     m->tokens = bk->dev_alloc(bk, N * sizeof(int32_t), "token ids");
     m->targets = bk->dev_alloc(bk, N * sizeof(int32_t), "target ids");
+    m->doc_start = bk->dev_alloc(bk, N * sizeof(int32_t), "document starts");
+    m->pos = bk->dev_alloc(bk, N * sizeof(int32_t), "positions");
     m->d_res = bk->dev_alloc(bk, N * C * A, "backward scratch");
     m->d_ln = bk->dev_alloc(bk, N * C * A, "backward scratch");
     m->d_att = bk->dev_alloc(bk, N * QD * A, "backward scratch");
@@ -581,7 +583,7 @@ void model_free(Model *m) {
     if (m->sample_store) actstore_free(m->sample_store);
     if (m->store) {
         actstore_free(m->store);
-        void *ps[] = {m->final_ln, m->final_rstd, m->losses, m->tokens, m->targets, m->d_res,
+        void *ps[] = {m->final_ln, m->final_rstd, m->losses, m->tokens, m->targets, m->doc_start, m->pos, m->d_res,
                       m->d_ln, m->d_att, m->d_q, m->d_k, m->d_v, m->d_ff1, m->d_ff2, m->logits,
                       m->rope_cos, m->rope_sin, m->lora_tmp, m->lora_dtmp, m->lora_xd, m->lora_dxd,
                       m->qk_rot, m->qk_rstd};
@@ -731,13 +733,37 @@ void model_init_lora(Model *m, uint64_t seed) {
     }
 }
 
-void model_set_batch(Model *m, const int32_t *tokens, const int32_t *targets, int B, int T) {
+void model_set_batch(Model *m, const int32_t *tokens, const int32_t *targets,
+                     const int32_t *doc_start, int B, int T) {
     Backend *bk = m->bk;
-    bk->copy_h2d(bk, m->tokens, tokens, sizeof(int32_t) * B * T, NULL);
-    if (targets) bk->copy_h2d(bk, m->targets, targets, sizeof(int32_t) * B * T, NULL);
+    const size_t N = (size_t)B * T;
+    bk->copy_h2d(bk, m->tokens, tokens, sizeof(int32_t) * N, NULL);
+    if (targets) bk->copy_h2d(bk, m->targets, targets, sizeof(int32_t) * N, NULL);
+    m->has_docs = 0;
+    if (!doc_start) return;
+    if (m->cfg.arch != ARCH_LLAMA)
+        fail("packed documents need rotary positions; GPT-2 has learned positions");
+    int32_t *pos = xmalloc(sizeof(int32_t) * N);
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < T; t++) {
+            const size_t i = (size_t)b * T + t;
+            // A document starts at or before t and never before an earlier token's document.
+            if (doc_start[i] < 0 || doc_start[i] > t || (t > 0 && doc_start[i] < doc_start[i - 1]))
+                fail("internal: bad document start %d at row %d position %d", doc_start[i], b, t);
+            pos[i] = t - doc_start[i];
+        }
+    bk->copy_h2d(bk, m->doc_start, doc_start, sizeof(int32_t) * N, NULL);
+    bk->copy_h2d(bk, m->pos, pos, sizeof(int32_t) * N, NULL);
+    bk->sync(bk);  // pos is freed below; copies may be asynchronous
+    free(pos);
+    m->has_docs = 1;
 }
 
 // ---- forward / backward -----------------------------------------------------------------
+
+// The document map of the current batch for attention and RoPE (NULL: one document per row).
+#define DOC_START(m) ((m)->has_docs ? (const int32_t *)(m)->doc_start : NULL)
+#define DOC_POS(m) ((m)->has_docs ? (const int32_t *)(m)->pos : NULL)
 
 // A parameter on the device; a streamed one lives in its layer's slot while acquired.
 // ZeRO-3: the gathered buffer that holds unit u now.
@@ -981,8 +1007,8 @@ static void qk_prepare(Model *m, int l, const LayerActs *a, int B, int T) {
     void *qr = m->qk_rot, *kr = act_at(bk, m->qk_rot, (size_t)N * Hq * D);
     bk->rmsnorm_fwd(bk, qr, m->qk_rstd, a->q, LP(m, l, P_QNORM), N * Hq, D, c->rms_norm_eps);
     bk->rmsnorm_fwd(bk, kr, m->qk_rstd + (size_t)N * Hq, a->k, LP(m, l, P_KNORM), N * Hkv, D, c->rms_norm_eps);
-    bk->rope_fwd(bk, qr, m->rope_cos, m->rope_sin, B, T, Hq, D);
-    bk->rope_fwd(bk, kr, m->rope_cos, m->rope_sin, B, T, Hkv, D);
+    bk->rope_fwd(bk, qr, m->rope_cos, m->rope_sin, DOC_POS(m), B, T, Hq, D);
+    bk->rope_fwd(bk, kr, m->rope_cos, m->rope_sin, DOC_POS(m), B, T, Hkv, D);
 }
 
 static void layer_forward(Model *m, int l, const LayerActs *a, void *out, int B, int T, int tile) {
@@ -1002,10 +1028,10 @@ static void layer_forward(Model *m, int l, const LayerActs *a, void *out, int B,
         qk_prepare(m, l, a, B, T);
         aq = m->qk_rot, ak = act_at(bk, m->qk_rot, (size_t)N * Hq * D);
     } else if (c->arch == ARCH_LLAMA) {  // GPT-2 has learned positions instead
-        bk->rope_fwd(bk, a->q, m->rope_cos, m->rope_sin, B, T, Hq, D);
-        bk->rope_fwd(bk, a->k, m->rope_cos, m->rope_sin, B, T, Hkv, D);
+        bk->rope_fwd(bk, a->q, m->rope_cos, m->rope_sin, DOC_POS(m), B, T, Hq, D);
+        bk->rope_fwd(bk, a->k, m->rope_cos, m->rope_sin, DOC_POS(m), B, T, Hkv, D);
     }
-    bk->attention_fwd(bk, a->att, a->lse, aq, ak, a->v, B, T, Hq, Hkv, D, family_layer_window(c, l), NULL);
+    bk->attention_fwd(bk, a->att, a->lse, aq, ak, a->v, B, T, Hq, Hkv, D, family_layer_window(c, l), DOC_START(m));
     linear_fwd(bk, a->x_mid, a->att, LP(m, l, P_WO), opt_param(m, l, P_BO, 0), N, Hq * D, C);
     lora_fwd(m, l, LORA_O, a->x_mid, a->att, 0, N, Hq * D, C);
     bk->accumulate(bk, a->x_mid, a->xin, (size_t)N * C);
@@ -1071,10 +1097,10 @@ static void layer_backward(Model *m, int l, const LayerActs *a, int B, int T, in
     void *qr = m->qk_rot, *kr = qr ? act_at(bk, qr, (size_t)N * Hq * D) : NULL;
     if (qr) qk_prepare(m, l, a, B, T), aq = qr, ak = kr;  // remade from the kept projections
     bk->attention_bwd(bk, m->d_q, m->d_k, m->d_v, m->d_att, aq, ak, a->v, a->att, a->lse, B, T,
-                      Hq, Hkv, D, family_layer_window(c, l), NULL);
+                      Hq, Hkv, D, family_layer_window(c, l), DOC_START(m));
     if (c->arch == ARCH_LLAMA) {
-        bk->rope_bwd(bk, m->d_q, m->rope_cos, m->rope_sin, B, T, Hq, D);
-        bk->rope_bwd(bk, m->d_k, m->rope_cos, m->rope_sin, B, T, Hkv, D);
+        bk->rope_bwd(bk, m->d_q, m->rope_cos, m->rope_sin, DOC_POS(m), B, T, Hq, D);
+        bk->rope_bwd(bk, m->d_k, m->rope_cos, m->rope_sin, DOC_POS(m), B, T, Hkv, D);
     }
     void *dq = m->d_q, *dk = m->d_k;
     if (qr) {  // through the q/k norms; the rotated copies are dead now and take the gradients

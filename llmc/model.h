@@ -204,6 +204,10 @@ typedef struct {
     void *final_ln;
     float *final_rstd, *losses;
     int32_t *tokens, *targets;    // device copies of the current micro-batch
+    // Packed documents (model_set_batch with doc_start): first index of each token's document
+    // in its row and the RoPE position t - doc_start; has_docs 0 means one document per row.
+    int32_t *doc_start, *pos;
+    int has_docs;
     float *rope_cos, *rope_sin;   // [T, D/2]
     // q/k norm families (Qwen3): a->q/a->k keep the projections; attention reads normalized,
     // rotated copies made here (and remade before the layer's backward), with their rstd.
@@ -238,8 +242,11 @@ int model_owned_part(const Model *m, const ParamSpec *p, size_t *a, size_t *b, s
 struct Nf4Weight;
 // A weight already in NF4 (a bitsandbytes checkpoint) for a quantized table entry.
 void model_set_param_nf4(Model *m, int i, const void *nf4_weight);
-// Sets the micro-batch (host arrays of B*T ids; targets < 0 are ignored).
-void model_set_batch(Model *m, const int32_t *tokens, const int32_t *targets, int B, int T);
+// Sets the micro-batch (host arrays of B*T ids; targets < 0 are ignored). doc_start (or NULL:
+// each row is one sequence) gives, per token, the index in its row of its document's first
+// token: attention stays inside the document and positions restart at 0 (sample packing).
+void model_set_batch(Model *m, const int32_t *tokens, const int32_t *targets,
+                     const int32_t *doc_start, int B, int T);
 // Forward pass of the current batch. With loss_scale > 0 it also runs backward, accumulating
 // loss_scale * d(sum of token losses) into m->grads. Returns the sum of the token losses.
 double model_forward_backward(Model *m, int B, int T, float loss_scale);

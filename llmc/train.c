@@ -114,7 +114,7 @@ static double evaluate(Model *m, DataLoader *val, int batches, int32_t *tok, int
     loader_reset(val);
     for (int i = 0; i < batches; i++) {
         loader_next(val, tok, tgt);
-        model_set_batch(m, tok + mine, tgt + mine, B, T);
+        model_set_batch(m, tok + mine, tgt + mine, NULL, B, T);
         sum += model_forward_backward(m, B, T, 0.0f);
     }
     c->all_reduce_sum_f64(c, &sum, 1);
@@ -131,7 +131,7 @@ static void print_sample(Model *m, int T, int ntok, Rng *rng) {
     printf("---- sample ----\n");
     for (int i = 0; i < ntok; i++) {
         int start = n > T ? n - T : 0, len = n - start;
-        model_set_batch(m, ctx + start, NULL, 1, len);
+        model_set_batch(m, ctx + start, NULL, NULL, 1, len);
         model_last_logits(m, len, logits);
         double mx = -INFINITY, sum = 0;
         for (int v = 0; v < V; v++) if (logits[v] > mx) mx = logits[v];
@@ -359,7 +359,7 @@ int train_main(int argc, char **argv, int arch) {
         bk->memzero(bk, model.grads, grad_bytes, NULL);
         double loss_sum = 0;
         for (int a = 0; a < accum; a++) {
-            model_set_batch(&model, tok + a * GBT + rank * BT, tgt + a * GBT + rank * BT, B, T);
+            model_set_batch(&model, tok + a * GBT + rank * BT, tgt + a * GBT + rank * BT, NULL, B, T);
             // Dropout masks depend only on (seed, micro-batch): recompute and resume agree.
             Rng dr;
             rng_seed(&dr, (uint64_t)cfg.seed * 1000003ULL + (uint64_t)step * accum + a);

@@ -496,7 +496,7 @@ static long double rope_loss(void *p) {
     RopeCtx *c = p;
     size_t n = (size_t)c->B * c->T * c->H * c->D;
     memcpy(c->y, c->x, n * sizeof(double));
-    rope_fwd_f64(c->y, c->cs, c->sn, c->B, c->T, c->H, c->D);
+    rope_fwd_f64(c->y, c->cs, c->sn, NULL, c->B, c->T, c->H, c->D);
     return dot_wt(c->y, c->wt, n);
 }
 
@@ -562,10 +562,36 @@ static void test_rope(void) {
                 }
         report(&e, 1e-14, "rope fwd (%s tables) vs x*cos + rotate_half(x)*sin", tname[k]);
         double *g = dup_arr(c.wt, n);
-        rope_bwd_f64(g, cs, sn, B, T, H, D);
+        rope_bwd_f64(g, cs, sn, NULL, B, T, H, D);
         e = (Cmp){0};
         fd_check(&e, "dx", g, c.x, n, 1000, FD_H, rope_loss, &c);
         report(&e, FD_TOL, "rope bwd (%s tables) vs finite differences", tname[k]);
+        // Packed documents: with positions t - doc_start, each document of a row rotates
+        // exactly as the same tokens alone at the start of a row, forward and backward.
+        int32_t pos[B * T];
+        const int starts[2][3] = {{0, 4, 7}, {0, 1, 9}};  // row 0: docs of 4, 3, 2; row 1: 1, 8
+        for (int b = 0; b < B; b++)
+            for (int t = 0, d = 0; t < T; t++) {
+                while (d + 1 < 3 && starts[b][d + 1] <= t) d++;
+                pos[b * T + t] = t - starts[b][d];
+            }
+        for (int dir = 0; dir < 2; dir++) {
+            double *y = dup_arr(c.x, n);
+            (dir ? rope_bwd_f64 : rope_fwd_f64)(y, cs, sn, pos, B, T, H, D);
+            e = (Cmp){0};
+            for (int b = 0; b < B; b++)
+                for (int d = 0; d < 3 && starts[b][d] < T; d++) {
+                    const int t0 = starts[b][d], len = (d + 1 < 3 ? starts[b][d + 1] : T) - t0;
+                    double *alone = dup_arr(c.x + ((size_t)b * T + t0) * H * D, (size_t)len * H * D);
+                    (dir ? rope_bwd_f64 : rope_fwd_f64)(alone, cs, sn, NULL, 1, len, H, D);
+                    for (size_t i = 0; i < (size_t)len * H * D; i++)
+                        cmp_rel(&e, "y", i, y[((size_t)b * T + t0) * H * D + i], alone[i]);
+                    free(alone);
+                }
+            report(&e, 0, "rope %s with document positions (%s tables) = each document alone",
+                   dir ? "bwd" : "fwd", tname[k]);
+            free(y);
+        }
         free(cs), free(sn), free(c.x), free(c.wt), free(c.y), free(g);
     }
 }

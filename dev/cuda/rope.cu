@@ -27,7 +27,7 @@ static void one(CudaCtx *c, int B, int T, int H, int D) {
                     }
                 }
         CUDA_CHECK(dev_copy(dx, up_act(x, bf), x.size() * (bf ? 2 : 4), cudaMemcpyDeviceToDevice));
-        k_rope(c, dx, (const float *)dc, (const float *)ds, B, T, H, D, sign);
+        k_rope(c, dx, (const float *)dc, (const float *)ds, NULL, B, T, H, D, sign);
         snprintf(name, sizeof name, "rope_%s %s B=%d T=%d H=%d D=%d", sign > 0 ? "fwd" : "bwd", prec(bf), B, T, H, D);
         check(name, down_act(dx, x.size(), bf), ref, tol_for(bf));
     }
@@ -49,7 +49,7 @@ int main(int argc, char **argv) {
             CUDA_CHECK(dev_memset(sn, 0, (size_t)T * D / 2 * 4));
             char name[64];
             snprintf(name, sizeof name, "rope_fwd %s B=%d T=%d H=%d D=%d", prec(bf), B, T, H, D);
-            report_bw(name, bench_ms(c, 20, [&] { k_rope(c, x, (float *)cs, (float *)sn, B, T, H, D, 1); }), 2.0 * n * es);
+            report_bw(name, bench_ms(c, 20, [&] { k_rope(c, x, (float *)cs, (float *)sn, NULL, B, T, H, D, 1); }), 2.0 * n * es);
             cudaFree(x), cudaFree(cs), cudaFree(sn);
         }
         cuda_ctx_destroy(c);

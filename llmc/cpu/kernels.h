@@ -25,8 +25,10 @@
     void gelu_bwd_##S(R *dx, const R *dy, const R *x, size_t n);                                 \
     void pos_fwd_##S(R *out, const R *wpe, int B, int T, int C);                                 \
     void pos_bwd_##S(R *dwpe, const R *dout, int B, int T, int C);                               \
-    void rope_fwd_##S(R *x, const float *cosv, const float *sinv, int B, int T, int H, int D);   \
-    void rope_bwd_##S(R *dx, const float *cosv, const float *sinv, int B, int T, int H, int D);  \
+    void rope_fwd_##S(R *x, const float *cosv, const float *sinv, const int32_t *pos, int B,    \
+                      int T, int H, int D);                                                     \
+    void rope_bwd_##S(R *dx, const float *cosv, const float *sinv, const int32_t *pos, int B,   \
+                      int T, int H, int D);                                                     \
     void attention_fwd_##S(R *out, float *lse, const R *q, const R *k, const R *v, int B,        \
                            int T, int Hq, int Hkv, int D, int window, const int32_t *doc_start); \
     void attention_bwd_##S(R *dq, R *dk, R *dv, const R *dout, const R *q, const R *k,           \

@@ -438,11 +438,13 @@ static void cu_gelu_fwd(Backend *bk, void *y, const void *x, size_t n) { k_gelu_
 static void cu_gelu_bwd(Backend *bk, void *dx, const void *dy, const void *x, size_t n) { k_gelu_bwd(ctx_of(bk), dx, dy, x, n); }
 static void cu_pos_fwd(Backend *bk, void *out, const void *wpe, int B, int T, int C) { k_pos_fwd(ctx_of(bk), out, wpe, B, T, C); }
 static void cu_pos_bwd(Backend *bk, void *dwpe, const void *dout, int B, int T, int C) { k_pos_bwd(ctx_of(bk), dwpe, dout, B, T, C); }
-static void cu_rope_fwd(Backend *bk, void *x, const float *c, const float *s, int B, int T, int H, int D) {
-    k_rope(ctx_of(bk), x, c, s, B, T, H, D, 1);
+static void cu_rope_fwd(Backend *bk, void *x, const float *c, const float *s, const int32_t *pos,
+                        int B, int T, int H, int D) {
+    k_rope(ctx_of(bk), x, c, s, pos, B, T, H, D, 1);
 }
-static void cu_rope_bwd(Backend *bk, void *x, const float *c, const float *s, int B, int T, int H, int D) {
-    k_rope(ctx_of(bk), x, c, s, B, T, H, D, -1);
+static void cu_rope_bwd(Backend *bk, void *x, const float *c, const float *s, const int32_t *pos,
+                        int B, int T, int H, int D) {
+    k_rope(ctx_of(bk), x, c, s, pos, B, T, H, D, -1);
 }
 // The CUDA kernels implement the plain causal mask only: a window shorter than the row or a
 // document mask is refused here rather than ignored (the CPU backend implements both).

@@ -109,8 +109,8 @@ void k_pos_bwd(CudaCtx *c, void *dwpe, const void *dout, int B, int T, int C);
 
 // ---- rope.cu ---------------------------------------------------------------------------------
 // sign +1: forward rotation; -1: the inverse (backward).
-void k_rope(CudaCtx *c, void *x, const float *cosv, const float *sinv, int B, int T, int H, int D,
-            int sign);
+void k_rope(CudaCtx *c, void *x, const float *cosv, const float *sinv, const int32_t *pos, int B,
+            int T, int H, int D, int sign);
 
 // ---- attention.cu ----------------------------------------------------------------------------
 void k_attention_fwd(CudaCtx *c, void *out, float *lse, const void *q, const void *k, const void *v,

@@ -1,17 +1,19 @@
 // rope.cu: rotary position embedding in place on x [B,T,H,D], HF rotate_half pairing (i, i+D/2),
-// tables float [T, D/2]. sign -1 applies the inverse rotation (backward).
+// tables float [T, D/2], position pos[b*T + t] or t when pos is NULL (backend.h). sign -1
+// applies the inverse rotation (backward).
 // NOT YET RUN ON A GPU (see common.cuh).
 #include "kernels.cuh"
 
-template <class T> __global__ void rope_kernel(T *x, const float *cosv, const float *sinv, int B, int T_,
-                                              int H, int D, float sign) {
+template <class T> __global__ void rope_kernel(T *x, const float *cosv, const float *sinv,
+                                              const int32_t *pos, int B, int T_, int H, int D, float sign) {
     const int half = D / 2;
     const size_t total = (size_t)B * T_ * H * half;
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < total;
          i += (size_t)gridDim.x * blockDim.x) {
         const size_t row = i / half;  // (b, t, h)
         const int j = (int)(i % half);
-        const int t = (int)((row / H) % T_);
+        const size_t bt = row / H;
+        const int t = pos ? pos[bt] : (int)(bt % T_);
         T *v = x + row * D;
         const float a = to_f<T>(v[j]), e = to_f<T>(v[j + half]);
         const float c = cosv[(size_t)t * half + j], sn = sign * sinv[(size_t)t * half + j];
@@ -20,13 +22,13 @@ template <class T> __global__ void rope_kernel(T *x, const float *cosv, const fl
     }
 }
 
-void k_rope(CudaCtx *c, void *x, const float *cosv, const float *sinv, int B, int T, int H, int D,
-            int sign) {
+void k_rope(CudaCtx *c, void *x, const float *cosv, const float *sinv, const int32_t *pos, int B,
+            int T, int H, int D, int sign) {
     const size_t total = (size_t)B * T * H * (D / 2);
     if (!total) return;
     if (c->bf16)
-        LAUNCH(grid_for(total, 256), 256, 0, c->stream, rope_kernel<bf16>)((bf16 *)x, cosv, sinv, B, T, H, D, (float)sign);
+        LAUNCH(grid_for(total, 256), 256, 0, c->stream, rope_kernel<bf16>)((bf16 *)x, cosv, sinv, pos, B, T, H, D, (float)sign);
     else
-        LAUNCH(grid_for(total, 256), 256, 0, c->stream, rope_kernel<float>)((float *)x, cosv, sinv, B, T, H, D, (float)sign);
+        LAUNCH(grid_for(total, 256), 256, 0, c->stream, rope_kernel<float>)((float *)x, cosv, sinv, pos, B, T, H, D, (float)sign);
     LAUNCH_CHECK("rope");
 }
