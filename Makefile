@@ -19,7 +19,7 @@ LIB_SRC := llmc/util.c llmc/hfcache.c llmc/json.c llmc/metrics.c llmc/export.c l
 LIB_OBJ := $(LIB_SRC:%.c=$(BUILD)/%.o)
 C_LIB_OBJ := $(LIB_OBJ)
 HDRS := $(wildcard llmc/*.h llmc/cpu/*.h llmc/cpu/*.inc)
-TESTS := $(BUILD)/test_ops $(BUILD)/test_safetensors $(BUILD)/test_nf4
+TESTS := $(BUILD)/test_ops $(BUILD)/test_safetensors $(BUILD)/test_nf4 $(BUILD)/test_comm
 
 # ---- CUDA backend (llmc/cuda), built into the same binary when nvcc is found ----------------
 # USE_CUDA=0 forces a CPU-only build (test-asan does: sanitizers and nvcc objects do not mix);

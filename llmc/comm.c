@@ -8,6 +8,7 @@
 #include "comm.h"
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdint.h>
@@ -42,6 +43,11 @@ static void s_all_gather(Comm *c, void *r, const void *s, size_t n) {
     (void)c;
     if (r != s) memmove(r, s, n * sizeof(float));
 }
+static void s_all_to_all(Comm *c, void *r, const void *s, size_t n) {
+    (void)c;
+    if (r == s) fail("internal: all-to-all in place");
+    memcpy(r, s, n * sizeof(float));
+}
 static void s_broadcast(Comm *c, void *b, size_t n, int root) { (void)c, (void)b, (void)n, (void)root; }
 static void s_barrier(Comm *c) { (void)c; }
 static void s_destroy(Comm *c) { free(c); }
@@ -51,7 +57,7 @@ Comm *comm_single(void) {
     *c = (Comm){.name = "single", .rank = 0, .world = 1, .local_rank = 0, .timeout_s = 0,
                 .all_reduce_sum = s_allreduce, .all_reduce_sum_f64 = s_allreduce64,
                 .reduce_scatter_sum = s_reduce_scatter, .all_gather = s_all_gather,
-                .broadcast = s_broadcast, .barrier = s_barrier, .destroy = s_destroy};
+                .all_to_all = s_all_to_all, .broadcast = s_broadcast, .barrier = s_barrier, .destroy = s_destroy};
     return c;
 }
 
@@ -125,6 +131,12 @@ static void m_all_gather(Comm *c, void *r, const void *s, size_t n) {
     const void *src = (const float *)s == (float *)r + (size_t)c->rank * n ? MPI_IN_PLACE : s;
     leave(c, MPI_Allgather(src, (int)n, MPI_FLOAT, r, (int)n, MPI_FLOAT, MPI_COMM_WORLD));
 }
+static void m_all_to_all(Comm *c, void *r, const void *s, size_t n) {
+    if (r == s) fail("internal: all-to-all in place");
+    if (n > INT_MAX) fail("all-to-all of %zu elements per rank exceeds MPI's int count", n);
+    enter(c, "all-to-all");
+    leave(c, MPI_Alltoall(s, (int)n, MPI_FLOAT, r, (int)n, MPI_FLOAT, MPI_COMM_WORLD));
+}
 static void m_broadcast(Comm *c, void *b, size_t n, int root) {
     enter(c, "broadcast");
     leave(c, MPI_Bcast(b, (int)n, MPI_BYTE, root, MPI_COMM_WORLD));
@@ -169,7 +181,7 @@ static Comm *comm_env(void) {
     c->timeout_s = comm_default_timeout();  // NCCL inherits it: 0 would fail the first collective
     if (c->rank < 0 || c->rank >= c->world) fail("RANK %d is outside WORLD_SIZE %d", c->rank, c->world);
     c->all_reduce_sum = e_allreduce, c->all_reduce_sum_f64 = e_allreduce64;
-    c->reduce_scatter_sum = e_rs, c->all_gather = e_rs, c->broadcast = e_bcast, c->barrier = e_none;
+    c->reduce_scatter_sum = e_rs, c->all_gather = e_rs, c->all_to_all = e_rs, c->broadcast = e_bcast, c->barrier = e_none;
     return c;
 }
 
@@ -193,7 +205,7 @@ Comm *comm_create(int *argc, char ***argv) {
     MpiImpl *mi = xcalloc(1, sizeof(MpiImpl));
     *c = (Comm){.name = "mpi", .impl = mi, .timeout_s = 300,
                 .all_reduce_sum = m_allreduce, .all_reduce_sum_f64 = m_allreduce64,
-                .reduce_scatter_sum = m_reduce_scatter, .all_gather = m_all_gather,
+                .reduce_scatter_sum = m_reduce_scatter, .all_gather = m_all_gather, .all_to_all = m_all_to_all,
                 .broadcast = m_broadcast, .barrier = m_barrier, .destroy = m_destroy};
     MPI_Comm_rank(MPI_COMM_WORLD, &c->rank);
     MPI_Comm_size(MPI_COMM_WORLD, &c->world);

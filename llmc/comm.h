@@ -21,6 +21,9 @@ struct Comm {
     void (*reduce_scatter_sum)(Comm *, void *recv, const void *send, size_t n);
     // recv[world * n] = concatenation of every rank's send[n].
     void (*all_gather)(Comm *, void *recv, const void *send, size_t n);
+    // Block j of send (send holds world blocks of n) goes to rank j; block i of recv comes
+    // from rank i (sequence parallelism: sequence-sharded <-> head-sharded). recv != send.
+    void (*all_to_all)(Comm *, void *recv, const void *send, size_t n);
     void (*broadcast)(Comm *, void *buf, size_t bytes, int root);
     void (*barrier)(Comm *);
     void (*destroy)(Comm *);

@@ -181,6 +181,12 @@ int main(int argc, char **argv) {
         bk->download_act(bk, y.data(), d2, n);
         snprintf(name, sizeof name, "nccl world 1 %s: reduce-scatter in place, all-gather", prec(bf));
         check_true(name, !memcmp(y.data(), xr.data(), n * 4), "values changed");
+        bk->upload_act(bk, d, x.data(), 2 * n);
+        bk->memzero(bk, d2, 2 * n * bk->act_bytes, NULL);
+        c->all_to_all(c, d2, d, n);  // world 1: block 0 to itself; the rest of recv untouched
+        bk->download_act(bk, y.data(), d2, 2 * n);
+        snprintf(name, sizeof name, "nccl world 1 %s: all-to-all (grouped send/receive)", prec(bf));
+        check_true(name, !memcmp(y.data(), xr.data(), n * 4) && y[n] == 0 && y[2 * n - 1] == 0, "values changed");
         double h[3] = {1.5, -2, 1e300};
         c->all_reduce_sum_f64(c, h, 3);
         snprintf(name, sizeof name, "nccl world 1 %s: host f64 all-reduce", prec(bf));

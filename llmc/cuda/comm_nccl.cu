@@ -90,6 +90,19 @@ static void n_reduce_scatter(Comm *c, void *r, const void *s, size_t n) {
 static void n_all_gather(Comm *c, void *r, const void *s, size_t n) {
     finish(c, "all-gather", ncclAllGather(s, r, n, ni(c)->act, ni(c)->nccl, ni(c)->stream));
 }
+// One grouped send/receive per peer: NCCL has no all-to-all collective of its own.
+static void n_all_to_all(Comm *c, void *r, const void *s, size_t n) {
+    if (r == s) fail("internal: all-to-all in place");
+    NcclImpl *x = ni(c);
+    const size_t bytes = n * esize(c);
+    ncclResult_t res = ncclGroupStart();
+    for (int p = 0; p < c->world && res == ncclSuccess; p++) {
+        res = ncclSend((const char *)s + p * bytes, n, x->act, p, x->nccl, x->stream);
+        if (res == ncclSuccess) res = ncclRecv((char *)r + p * bytes, n, x->act, p, x->nccl, x->stream);
+    }
+    ncclResult_t end = ncclGroupEnd();
+    finish(c, "all-to-all", res != ncclSuccess ? res : end);
+}
 static void n_broadcast(Comm *c, void *b, size_t bytes, int root) {
     NcclImpl *x = ni(c);
     if (bytes > x->bbytes) {  // host buffers (small: a pid, a flag) go through device memory
@@ -165,6 +178,7 @@ extern "C" Comm *comm_nccl_create(Comm *boot, int rank, int world, int local_ran
     c->all_reduce_sum_f64 = n_allreduce64;
     c->reduce_scatter_sum = n_reduce_scatter;
     c->all_gather = n_all_gather;
+    c->all_to_all = n_all_to_all;
     c->broadcast = n_broadcast;
     c->barrier = n_barrier;
     c->destroy = n_destroy;
