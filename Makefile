@@ -153,8 +153,13 @@ fuzz: fuzz-build
 fuzz-quick: fuzz-build
 	bash fuzz/run.sh $(FUZZ_BUILD) 20 $(FUZZ_TARGETS)
 
-bench: train_llama
+bench: train_llama $(BUILD)/sgemm_roofline
 	bash dev/bench_cpu.sh
+
+# The SGEMM-only time of a training step, with the OpenBLAS the trainer links (dev/bench_cpu.sh).
+$(BUILD)/sgemm_roofline: dev/sgemm_roofline.c
+	@mkdir -p $(dir $@)
+	$(CC) -O2 -Wall -I$(BLAS_INC) $< -o $@ -L$(BLAS_LIB) -Wl,-rpath,$(BLAS_LIB) -lopenblas
 
 clean:
 	rm -rf build build-asan build-native build-emu train_llama train_gpt

@@ -1,13 +1,18 @@
 #!/usr/bin/env bash
-# CPU training throughput: ./train_llama vs PyTorch float32 eager on the same model, data and
-# cores. Model: 4 layers, hidden 256, intermediate 688, 4 heads / 2 kv heads, vocab 256;
-# B 4, T 256. Each side runs WARMUP + STEPS optimizer steps; the table averages the last STEPS.
+# CPU training throughput, three figures from one run on the same model, data and cores:
+# ./train_llama, PyTorch float32 eager (its BLAS is the same OpenBLAS; the core type it runs
+# is printed), and the SGEMM-only roofline of the same step (dev/sgemm_roofline.c: every
+# matrix product of the step timed alone at its shape). Prints the CPU, OpenBLAS's config and
+# core type, the three figures and the two ratios (ours/torch, roofline/ours).
+#   SHAPE=small (default): 4 layers, hidden 256, intermediate 688, 4/2 heads, vocab 256, B 8, T 256
+#   SHAPE=large:          12 layers, hidden 768, intermediate 2048, 12/12 heads, vocab 256, B 1, T 1024
+# Each side runs WARMUP + STEPS optimizer steps; the table averages the last STEPS.
 #
 #   dev/bench_cpu.sh                  # threads: 1 and all cores
-#   THREADS="2" STEPS=10 dev/bench_cpu.sh
+#   THREADS="2" STEPS=10 SHAPE=large dev/bench_cpu.sh
 #   BIN=build/train_llama NO_MAKE=1 dev/bench_cpu.sh
 #
-# Each thread count runs pinned (taskset) to cores 0..N-1, ours first, then torch.
+# Each thread count runs pinned (taskset) to cores 0..N-1: ours, torch, then the roofline.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -17,10 +22,14 @@ THREADS=${THREADS:-$( [ "$NCPU" -gt 1 ] && echo "1 $NCPU" || echo 1 )}
 STEPS=${STEPS:-10}
 WARMUP=${WARMUP:-2}
 BIN=${BIN:-./train_llama}
+SHAPE=${SHAPE:-small}
+BUILD=${BUILD:-build}
 
 # NO_MAKE=1 skips the build (e.g. BIN=build/train_llama while ./train_llama is running).
 [ "${NO_MAKE:-0}" = 1 ] || make -s >/dev/null
+make -s BUILD="$BUILD" "$BUILD/sgemm_roofline" >/dev/null
 [ -x "$BIN" ] || { echo "error: $BIN not built" >&2; exit 1; }
+echo "cpu: $(lscpu | sed -n 's/^Model name: *//p' | head -1), $(nproc) cores; $(date -u +%Y-%m-%d)"
 
 # OpenBLAS falls back to its slow generic kernels on VMs that hide the CPU model; train_llama
 # corrects that itself (backend_cpu_preinit), and torch gets the same kernels through the env.
@@ -33,7 +42,8 @@ echo "OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-unset}"
 DIR=$(mktemp -d -t bench_cpu.XXXXXX)
 trap 'rm -rf "$DIR"' EXIT
 
-"$PY" dev/bench_torch.py prepare --dir "$DIR" --steps "$STEPS" --warmup "$WARMUP"
+"$PY" dev/bench_torch.py prepare --shape "$SHAPE" --dir "$DIR" --steps "$STEPS" --warmup "$WARMUP"
+ROOF_ARGS=$("$PY" dev/bench_torch.py shape --shape "$SHAPE" --dir "$DIR")
 
 pin() {  # pin to cores 0..n-1 when taskset exists
     local n=$1; shift
@@ -47,8 +57,13 @@ for n in $THREADS; do
         > "$DIR/ours_$n.log" 2>&1 || { tail -20 "$DIR/ours_$n.log"; exit 1; }
     echo "   $(echo "$(date +%s.%N) - $t0" | bc) s wall"
     echo "== threads $n: torch"
-    OMP_NUM_THREADS=$n MKL_NUM_THREADS=$n OPENBLAS_NUM_THREADS=$n pin "$n" "$PY" dev/bench_torch.py torch --dir "$DIR" \
-        --threads "$n" --steps "$STEPS" --warmup "$WARMUP"
+    OMP_NUM_THREADS=$n MKL_NUM_THREADS=$n OPENBLAS_NUM_THREADS=$n pin "$n" "$PY" dev/bench_torch.py torch --shape "$SHAPE" \
+        --dir "$DIR" --threads "$n" --steps "$STEPS" --warmup "$WARMUP"
+    echo "== threads $n: SGEMM roofline"
+    # shellcheck disable=SC2086
+    OMP_NUM_THREADS=$n pin "$n" "$BUILD/sgemm_roofline" $ROOF_ARGS --threads "$n" > "$DIR/roofline_$n.txt"
+    head -2 "$DIR/roofline_$n.txt"
+    tail -1 "$DIR/roofline_$n.txt" > "$DIR/roofline_$n.json"
 done
 
-"$PY" dev/bench_torch.py table --dir "$DIR" --threads "$THREADS" --warmup "$WARMUP"
+"$PY" dev/bench_torch.py table --shape "$SHAPE" --dir "$DIR" --threads "$THREADS" --warmup "$WARMUP"

@@ -3,13 +3,17 @@
 
 Driven by dev/bench_cpu.sh; three subcommands:
 
-  prepare --dir D     write D/model (HF dir: 4 layers, C 256, I 688, 4 heads / 2 kv heads,
-                      vocab 256), D/train.bin (random uint16 tokens) and D/cfg.yaml
+  prepare --dir D     write D/model (HF dir of the --shape), D/train.bin (random uint16
+                      tokens) and D/cfg.yaml
   torch --dir D --threads N [--steps 10 --warmup 2]
                       time PyTorch float32 eager training steps (same model, data, optimizer,
-                      clipping) with torch.set_num_threads(N); writes D/torch_N.json
+                      clipping) with torch.set_num_threads(N); writes D/torch_N.json, with the
+                      OpenBLAS core type torch's BLAS calls run on
   table --dir D --threads "1 2" [--warmup 2]
-                      read D/ours_N/metrics.jsonl and D/torch_N.json, print a markdown table
+                      read D/ours_N/metrics.jsonl, D/torch_N.json and D/roofline_N.json (the
+                      SGEMM-only time of the same step, dev/sgemm_roofline.c), print a table
+  --shape small (default: 4 layers, C 256, I 688, 4/2 heads, V 256, B 8, T 256) or
+          large (12 layers, C 768, I 2048, 12/12 heads, V 256, B 1, T 1024)
 """
 import argparse
 import json
@@ -22,13 +26,51 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "test"))
 import llama_ref as R  # noqa: E402
 
-B, T, ACCUM = 4, 256, 1
+SHAPES = {
+    "small": dict(L=4, C=256, I=688, Hq=4, Hkv=2, V=256, B=8, T=256),
+    "large": dict(L=12, C=768, I=2048, Hq=12, Hkv=12, V=256, B=1, T=1024),
+}
+S = SHAPES["small"]
+B, T, ACCUM = S["B"], S["T"], 1
+
+
+def set_shape(name):
+    global S, B, T
+    S = SHAPES[name]
+    B, T = S["B"], S["T"]
+
+
+def shape_args(name):
+    """The same shape as dev/sgemm_roofline's options."""
+    s = SHAPES[name]
+    return (f"--layers {s['L']} --hidden {s['C']} --inter {s['I']} --heads {s['Hq']} --kv {s['Hkv']} "
+            f"--vocab {s['V']} --B {s['B']} --T {s['T']}")
 
 
 def bench_cfg():
-    return R.make_config(vocab_size=256, hidden_size=256, intermediate_size=688,
-                         num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
-                         max_position_embeddings=1024, tie_word_embeddings=False)
+    return R.make_config(vocab_size=S["V"], hidden_size=S["C"], intermediate_size=S["I"],
+                         num_hidden_layers=S["L"], num_attention_heads=S["Hq"],
+                         num_key_value_heads=S["Hkv"], max_position_embeddings=max(1024, T),
+                         tie_word_embeddings=False)
+
+
+def openblas_core():
+    """Core type of the OpenBLAS loaded in this process (torch's BLAS), or why unknown."""
+    import ctypes
+    libs = set()
+    with open("/proc/self/maps") as f:
+        for line in f:
+            p = line.split()[-1]
+            if "blas" in p and ".so" in p:
+                libs.add(p)
+    for p in sorted(libs):
+        try:
+            lib = ctypes.CDLL(p)
+            lib.openblas_get_corename.restype = ctypes.c_char_p
+            return "%s (%s)" % (lib.openblas_get_corename().decode(), p)
+        except (OSError, AttributeError):
+            continue
+    return "not OpenBLAS: " + (", ".join(sorted(libs)) or "no BLAS library mapped")
 
 
 def bench_tc(d, steps):
@@ -69,7 +111,8 @@ def cmd_torch(a):
             times.append(dt)
     ms = 1000.0 * float(np.mean(times))
     res = {"threads": a.threads, "ms": ms, "tokens_per_sec": B * T * ACCUM / (ms / 1000.0),
-           "losses": losses, "sdpa": tr.model.use_sdpa, "torch": torch.__version__}
+           "losses": losses, "sdpa": tr.model.use_sdpa, "torch": torch.__version__,
+           "openblas": openblas_core()}
     with open(os.path.join(a.dir, f"torch_{a.threads}.json"), "w") as f:
         json.dump(res, f)
     print(f"torch threads={a.threads}: {ms:.1f} ms/step, {res['tokens_per_sec']:.0f} tok/s, "
@@ -91,18 +134,23 @@ def ours_stats(d, threads, warmup):
 
 
 def cmd_table(a):
-    print(f"\nmodel: 4 layers, C 256, I 688, 4 heads / 2 kv heads, V 256; B {B}, T {T}; "
-          f"float32; mean of the steps after {a.warmup} warmup steps\n")
-    print("| threads | ours ms/step | ours tok/s | torch ms/step | torch tok/s | ours/torch |")
-    print("|---:|---:|---:|---:|---:|---:|")
+    print(f"\nmodel: {S['L']} layers, C {S['C']}, I {S['I']}, {S['Hq']} heads / {S['Hkv']} kv heads, "
+          f"V {S['V']}; B {B}, T {T}; float32; mean of the steps after {a.warmup} warmup steps\n")
+    print("| threads | ours ms/step | ours tok/s | torch ms/step | torch tok/s | SGEMM roofline ms/step "
+          "| ours/torch | ours/roofline |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|")
     for n in a.threads.split():
         o = ours_stats(a.dir, n, a.warmup)
         tp = os.path.join(a.dir, f"torch_{n}.json")
         t = json.load(open(tp)) if os.path.exists(tp) else None
+        rp = os.path.join(a.dir, f"roofline_{n}.json")
+        r = json.load(open(rp)) if os.path.exists(rp) else None
         os_ = f"{o['ms']:.1f} | {o['tokens_per_sec']:.0f}" if o else "n/a | n/a"
         ts_ = f"{t['ms']:.1f} | {t['tokens_per_sec']:.0f}" if t else "n/a | n/a"
+        rs_ = f"{r['ms']:.1f}" if r else "n/a"
         ratio = f"{o['tokens_per_sec'] / t['tokens_per_sec']:.2f}x" if (o and t) else "n/a"
-        print(f"| {n} | {os_} | {ts_} | {ratio} |")
+        roof = f"{100 * r['ms'] / o['ms']:.0f}%" if (o and r) else "n/a"
+        print(f"| {n} | {os_} | {ts_} | {rs_} | {ratio} | {roof} |")
     t = None
     for n in a.threads.split():
         tp = os.path.join(a.dir, f"torch_{n}.json")
@@ -121,19 +169,24 @@ def cmd_table(a):
     print()
     if t:
         print(f"\ntorch {t['torch']}, attention: "
-              f"{'F.scaled_dot_product_attention' if t['sdpa'] else 'matmul + masked softmax'}")
+              f"{'F.scaled_dot_product_attention' if t['sdpa'] else 'matmul + masked softmax'}; "
+              f"torch's OpenBLAS core: {t.get('openblas', 'unknown')}")
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("cmd", choices=["prepare", "torch", "table"])
+    ap.add_argument("cmd", choices=["prepare", "torch", "table", "shape"])
     ap.add_argument("--dir", required=True)
     ap.add_argument("--threads", default="1")
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--shape", choices=sorted(SHAPES), default="small")
     a = ap.parse_args()
-    if a.cmd == "prepare":
+    set_shape(a.shape)
+    if a.cmd == "shape":  # dev/sgemm_roofline's options for the same shape
+        print(shape_args(a.shape))
+    elif a.cmd == "prepare":
         cmd_prepare(a)
     elif a.cmd == "torch":
         a.threads = int(a.threads)
