@@ -18,6 +18,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         MemPolicy pol;
         config_lora(&cfg, &lora);
         config_mem_policy(&cfg, &pol);
+        config_release(&cfg);
     });
     return 0;
 }

@@ -641,6 +641,10 @@ void run_identity(RunIdentity *id, const Config *cfg, const Model *m) {
     }
     id_add(id, "seed", "%lld", cfg->seed);
     id_add(id, "sequence_len", "%d", cfg->sequence_len);
+    if (cfg->prepared_dir[0]) {  // datasets: the prepared rows' cache key (data files, tokenizer, data keys)
+        const char *slash = strrchr(cfg->prepared_dir, '/');
+        id_add(id, "prepared_data", "%s", slash ? slash + 1 : cfg->prepared_dir);
+    }
     id_add(id, "micro_batch_size", "%d", cfg->micro_batch_size);
     id_add(id, "gradient_accumulation_steps", "%d", cfg->gradient_accumulation_steps);
     id_add(id, "shuffle", "%s", cfg->shuffle ? "true" : "false");

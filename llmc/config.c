@@ -7,8 +7,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <yaml.h>
+#include <cjson/cJSON.h>
 #include "gpt2_io.h"
 #include "hfcache.h"
+#include "prepare.h"
 #include "util.h"
 
 // T_STEPS: a step count, or a fraction in (0, 1) of all steps (Axolotl's eval_steps: 0.25)
@@ -150,10 +152,11 @@ static const KeyDef KEYS[] = {
 
 // ---- Axolotl keys that are not in the table above. Each is either a note (it cannot change
 // the result here: printed once when its value does anything), refused (the message says what
-// to use instead), or a datasets-pipeline key (refused until that pipeline exists). A value that
-// makes no difference (null, false, 0, empty, or one of ok) is accepted silently. A name ending
-// in '*' is a prefix.
-typedef enum { R_NOTE, R_REFUSE, R_DATA } RuleKind;
+// to use instead), or a datasets-pipeline key (R_DATA: read by scripts/prepare_data.py in a
+// datasets: run, an error with train_data shards; R_DATA_NOTE: the same, but only a note with
+// shards). A value that makes no difference (null, false, 0, empty, or one of ok) is accepted
+// silently. A name ending in '*' is a prefix.
+typedef enum { R_NOTE, R_REFUSE, R_DATA, R_DATA_NOTE } RuleKind;
 typedef struct {
     const char *name;
     RuleKind kind;
@@ -166,10 +169,12 @@ typedef struct {
 #define NOTE_HUB "this program never uploads; the model and checkpoints stay in output_dir"
 #define NOTE_DDP "a torch.distributed setting; ranks here talk through MPI (CPU) or NCCL (GPU)"
 #define NOTE_LOADER "a PyTorch DataLoader setting; train_data shards are read one window at a time"
-#define NOTE_TOKENIZER "train_llama reads pre-tokenized train_data shards; the tokenizer is not used"
+#define NOTE_TOKENIZER "the tokenizer of tokenizer_config (else base_model) is loaded by scripts/prepare_data.py with transformers' defaults; train_data shards are already tokenized"
 #define NOTE_MODEL_CLASS "the architecture comes from base_model's config.json"
-#define NOTE_DATASET_OPT "it tunes the datasets pipeline, which is not used with train_data shards"
-#define NOTE_WANDB_EVAL "prediction tables and generation metrics are not computed; eval reports val_loss"
+#define NOTE_PACKER "sample_packing here is a deterministic first fit of whole samples into sequence_len rows"
+#define NOTE_DATASET_OPT "it tunes how Axolotl loads data; here scripts/prepare_data.py prepares datasets once into a cache, and train_data shards need no preparing"
+#define NOTE_SHARDS_DATA "it applies to datasets:, which this run does not use (train_data shards are already tokenized rows)"
+#define NOTE_WANDB_EVAL "prediction tables and generation metrics are not computed; eval reports val_loss (eval_loss with datasets:)"
 #define REFUSE_RL "RL/preference training (rl, dpo, orpo, kto, grpo, reward models) is not implemented; this program does supervised next-token training"
 #define REFUSE_PEFT_VARIANT "only plain LoRA/QLoRA (lora_r, lora_alpha, lora_dropout, lora_target_modules, use_rslora) is implemented"
 
@@ -213,19 +218,19 @@ static const Rule RULES[] = {
     {"save_safetensors", R_NOTE, "true", "weights are always written as safetensors"},
     {"save_only_model", R_NOTE, NULL, "checkpoints always include the optimizer state, so they can be resumed"},
     {"save_first_step", R_NOTE, NULL, "the first checkpoint follows save_steps"},
-    {"eval_batch_size", R_NOTE, NULL, "evaluation runs micro_batch_size rows per batch; eval_batches sets how many"},
+    {"eval_batch_size", R_NOTE, NULL, "evaluation runs micro_batch_size rows per batch (eval_batches of them from val_data shards; prepared eval rows are evaluated whole)"},
     {"group_by_length", R_NOTE, NULL, "train_data shard rows are all sequence_len tokens long"},
     {"batch_flattening", R_NOTE, NULL, "train_data shard rows are all sequence_len tokens long (no padding to flatten)"},
-    {"pad_to_sequence_len", R_NOTE, NULL, "train_data shard rows are always sequence_len tokens long"},
+    {"pad_to_sequence_len", R_DATA_NOTE, NULL, "train_data shard rows are always sequence_len tokens long"},
     {"auto_find_batch_size", R_REFUSE, NULL, "set micro_batch_size yourself; train_llama --plan shows what fits"},
     {"ddp_*", R_NOTE, NULL, NOTE_DDP}, {"dataloader_*", R_NOTE, NULL, NOTE_LOADER},
-    {"special_tokens", R_NOTE, NULL, "token ids come from the pre-tokenized train_data shards and the vocabulary is not resized"},
+    {"special_tokens", R_DATA_NOTE, NULL, "token ids come from the pre-tokenized train_data shards and the vocabulary is not resized"},
     // model and tokenizer loading
     {"model_type", R_NOTE, NULL, NOTE_MODEL_CLASS}, {"base_model_config", R_NOTE, NULL, NOTE_MODEL_CLASS},
     {"is_*_derived_model", R_NOTE, NULL, NOTE_MODEL_CLASS},
     {"base_model_ignore_patterns", R_NOTE, NULL, "only *.safetensors weights are read"},
     {"trust_remote_code", R_NOTE, NULL, "no model code is loaded; the Llama-family architecture is built in"},
-    {"tokenizer_config", R_NOTE, NULL, NOTE_TOKENIZER}, {"tokenizer_type", R_NOTE, NULL, NOTE_TOKENIZER},
+    {"tokenizer_config", R_DATA_NOTE, NULL, "train_llama reads pre-tokenized train_data shards; the tokenizer is not used"}, {"tokenizer_type", R_NOTE, NULL, NOTE_TOKENIZER},
     {"tokenizer_use_fast", R_NOTE, NULL, NOTE_TOKENIZER}, {"tokenizer_legacy", R_NOTE, NULL, NOTE_TOKENIZER},
     {"tokenizer_padding_side", R_NOTE, NULL, NOTE_TOKENIZER}, {"tokenizer_save_jinja_files", R_NOTE, NULL, NOTE_TOKENIZER},
     {"tokenizer_use_mistral_common", R_NOTE, NULL, NOTE_TOKENIZER},
@@ -285,23 +290,23 @@ static const Rule RULES[] = {
     {"curriculum_sampling", R_REFUSE, NULL, "use shuffle: false to visit train_data in order"},
     {"image_size", R_REFUSE, NULL, "multimodal models are not supported"},
     {"image_resize_algorithm", R_REFUSE, NULL, "multimodal models are not supported"},
-    // the datasets pipeline (not implemented yet)
+    // the datasets pipeline: passed to scripts/prepare_data.py (prepare.h)
     {"datasets", R_DATA, NULL, NULL}, {"test_datasets", R_DATA, NULL, NULL},
     {"pretraining_dataset", R_DATA, NULL, NULL}, {"chat_template", R_DATA, NULL, NULL},
     {"chat_template_jinja", R_DATA, NULL, NULL}, {"eot_tokens", R_DATA, NULL, NULL},
     {"default_system_message", R_DATA, NULL, NULL}, {"dataset_prepared_path", R_DATA, NULL, NULL},
     {"val_set_size", R_DATA, NULL, NULL}, {"sample_packing", R_DATA, NULL, NULL},
     {"eval_sample_packing", R_DATA, NULL, NULL}, {"train_on_inputs", R_DATA, "true", NULL},
-    {"max_packed_sequence_len", R_DATA, NULL, NULL}, {"sample_pack_sequentially", R_DATA, NULL, NULL},
+    {"max_packed_sequence_len", R_NOTE, NULL, "packed rows are sequence_len tokens long"}, {"sample_pack_sequentially", R_DATA, NULL, NULL},
     {"pretraining_sample_concatenation", R_DATA, NULL, NULL},
-    {"sample_packing_*", R_NOTE, NULL, "sample_packing is off"}, {"multipack_real_batches", R_NOTE, NULL, "sample_packing is off"},
-    {"sample_packing_eff_est", R_NOTE, NULL, "sample_packing is off"}, {"total_num_tokens", R_NOTE, NULL, "the step count comes from the train_data shards"},
+    {"sample_packing_*", R_NOTE, NULL, NOTE_PACKER}, {"multipack_real_batches", R_NOTE, NULL, NOTE_PACKER},
+    {"sample_packing_eff_est", R_NOTE, NULL, NOTE_PACKER}, {"total_num_tokens", R_NOTE, NULL, "the step count comes from the data (train_data shards or prepared rows)"},
     {"dataset_processes", R_NOTE, NULL, NOTE_DATASET_OPT}, {"dataset_num_proc", R_NOTE, NULL, NOTE_DATASET_OPT},
     {"dataset_keep_in_memory", R_NOTE, NULL, NOTE_DATASET_OPT}, {"dataset_shard_*", R_NOTE, NULL, NOTE_DATASET_OPT},
-    {"dataset_exact_deduplication", R_NOTE, NULL, NOTE_DATASET_OPT}, {"shuffle_merged_datasets", R_NOTE, NULL, NOTE_DATASET_OPT},
+    {"dataset_exact_deduplication", R_NOTE, NULL, NOTE_DATASET_OPT}, {"shuffle_merged_datasets", R_DATA_NOTE, NULL, NOTE_SHARDS_DATA},
     {"shuffle_before_merging_datasets", R_NOTE, NULL, NOTE_DATASET_OPT}, {"skip_prepare_dataset", R_NOTE, NULL, NOTE_DATASET_OPT},
     {"is_preprocess", R_NOTE, NULL, NOTE_DATASET_OPT}, {"streaming", R_NOTE, NULL, NOTE_DATASET_OPT},
-    {"drop_long_sequences", R_NOTE, NULL, NOTE_DATASET_OPT}, {"excess_length_strategy", R_NOTE, NULL, NOTE_DATASET_OPT},
+    {"drop_long_sequences", R_NOTE, NULL, NOTE_DATASET_OPT}, {"excess_length_strategy", R_DATA_NOTE, NULL, NOTE_SHARDS_DATA},
     {"min_sample_len", R_NOTE, NULL, NOTE_DATASET_OPT},
 };
 #define NRULES (sizeof RULES / sizeof RULES[0])
@@ -344,10 +349,10 @@ static int harmless(const char *v) {
     return end != v && !*end && d == 0;
 }
 
-static const char *DATA_MSG = "the datasets pipeline (datasets, prompt formats, sample packing, "
-                              "tokenization) is not implemented yet; tokenize your data into "
-                              "train_data/val_data token shards (scripts/tokenize_hf.py) and set "
-                              "train_data (and val_data)";
+// Datasets-pipeline keys that ask for something: whether they are used (a datasets: run) or
+// an error/note (train_data shards) is known once every key is read (config_finish).
+static struct { const Rule *rule; char key[64], shown[96], origin[160]; } data_keys[64];
+static int n_data_keys;
 
 // value: the scalar as written, or NULL for a list/mapping (nonempty says whether it has items).
 // Returns 0 when key has no rule.
@@ -364,7 +369,12 @@ static int apply_rule(const char *key, const char *value, int nonempty, const ch
     snprintf(shown, sizeof shown, "%s", value ? value : "...");
     if (r->kind == R_NOTE) printf("note: %s has no effect here: %s\n", key, r->msg);
     else if (r->kind == R_REFUSE) fail("%s: key '%s' (%s) is not supported: %s", origin, key, shown, r->msg);
-    else fail("%s: key '%s' (%s): %s", origin, key, shown, DATA_MSG);
+    else if (n_data_keys < (int)(sizeof data_keys / sizeof data_keys[0])) {
+        data_keys[n_data_keys].rule = r;
+        snprintf(data_keys[n_data_keys].key, sizeof data_keys[0].key, "%.63s", key);
+        snprintf(data_keys[n_data_keys].shown, sizeof data_keys[0].shown, "%s", shown);
+        snprintf(data_keys[n_data_keys++].origin, sizeof data_keys[0].origin, "%.159s", origin);
+    }
     return 1;
 }
 
@@ -590,8 +600,14 @@ void config_set(Config *cfg, const char *key, const char *value, const char *ori
     if (!set_key(cfg, key, value, origin)) fail("%s: unknown key '%s'%s", origin, key, suggest(key));
 }
 
+void config_release(Config *cfg) {
+    cJSON_Delete(cfg->yaml_json);
+    cfg->yaml_json = NULL;
+}
+
 static void set_defaults(Config *cfg) {
     memset(cfg, 0, sizeof *cfg);
+    n_data_keys = 0;
     model_config_defaults(&cfg->model);
     for (size_t i = 0; i < NKEYS; i++)
         if (KEYS[i].def) config_set(cfg, KEYS[i].name, KEYS[i].def, "default");
@@ -768,6 +784,8 @@ void config_load_yaml(Config *cfg, const char *path) {
         if (root->type != YAML_MAPPING_NODE) fail("%s: expected a mapping of key: value lines", path);
         unknown_keys[0] = 0, n_unknown = 0;
         load_mapping(cfg, &doc, root, "", path);
+        config_release(cfg);  // the whole document, for scripts/prepare_data.py
+        cfg->yaml_json = prepare_yaml_to_json(&doc, root, path);
         if (n_unknown == 1)
             fail("%s:%zu: unknown key '%s'%s", path, first_unknown_line, first_unknown, suggest(first_unknown));
         if (n_unknown)
@@ -825,7 +843,7 @@ static void finish_axolotl_keys(Config *cfg, const char *src) {
         fail("%s: eval_strategy: epoch conflicts with eval_steps/evals_per_epoch; drop one", src);
     if (!strcmp(cfg->save_strategy, "epoch") && (cfg->save_steps_spec > 0 || cfg->saves_per_epoch))
         fail("%s: save_strategy: epoch conflicts with save_steps/saves_per_epoch; drop one", src);
-    if (cfg->early_stopping_patience && !cfg->val_data[0])
+    if (cfg->early_stopping_patience && !cfg->val_data[0] && !prepare_wants_data(cfg))
         fail("%s: early_stopping_patience needs val_data (validation shards) to watch val_loss", src);
     if (cfg->early_stopping_patience && !strcmp(cfg->eval_strategy, "no"))
         fail("%s: early_stopping_patience needs evaluations, but eval_strategy is no", src);
@@ -843,6 +861,34 @@ static void finish_axolotl_keys(Config *cfg, const char *src) {
         snprintf(cfg->base_model_id, sizeof cfg->base_model_id, "%.255s", cfg->base_model);
         snprintf(cfg->base_model, sizeof cfg->base_model, "%s", dir);
         printf("base_model %s: %s (Hugging Face cache)\n", cfg->base_model_id, dir);
+    }
+}
+
+// datasets: (prepared by scripts/prepare_data.py) or train_data shards, and the pipeline's keys.
+static void finish_data_keys(Config *cfg, const char *src) {
+    cfg->datasets_run = prepare_wants_data(cfg);
+    if (cfg->datasets_run) {
+        if (cfg->train_data[0])
+            fail("%s: set datasets (prepared from your files by scripts/prepare_data.py) or train_data (token "
+                 "shards), not both", src);
+        if (cfg->val_data[0])
+            fail("%s: val_data (token shards) does not go with datasets:; evaluate with val_set_size or "
+                 "test_datasets", src);
+        prepare_resolve_tokenizer(cfg);
+        return;
+    }
+    if (cfg->preprocess_only)
+        fail("%s: --preprocess prepares datasets: (or pretraining_dataset:), and this config has none", src);
+    if (!cfg->train_data[0])
+        fail("%s: no training data: set datasets (Axolotl's list of dataset files) or train_data (a token "
+             "shard path or glob)", src);
+    for (int i = 0; i < n_data_keys; i++) {
+        if (data_keys[i].rule->kind == R_DATA_NOTE)
+            printf("note: %s has no effect here: %s\n", data_keys[i].key, data_keys[i].rule->msg);
+        else
+            fail("%s: key '%s' (%s) belongs to the datasets pipeline (datasets:, prepared by "
+                 "scripts/prepare_data.py), but this run reads train_data token shards: remove it, or use "
+                 "datasets: instead of train_data", data_keys[i].origin, data_keys[i].key, data_keys[i].shown);
     }
 }
 
@@ -866,7 +912,7 @@ void config_finish(Config *cfg) {
              "would divide 0 by 0); the usual value is 1e-8", src, cfg->adam_epsilon);
     if (cfg->fsdp) cfg->zero_stage = 3;
     if (cfg->zero_stage == 2) fail("%s: zero_stage 2 is not supported: use 1 (optimizer state) or 3 (fsdp)", src);
-    if (!cfg->train_data[0]) fail("%s: key 'train_data' is required (a token shard path or glob)", src);
+    finish_data_keys(cfg, src);
     if (cfg->has_model_block) {
         ModelConfig *m = &cfg->model;
         if (cfg->arch == ARCH_GPT2) gpt2_complete_config(m);  // 4C MLP, MHA, padded vocab
@@ -889,8 +935,9 @@ void config_finish(Config *cfg) {
 
 void config_print_help(FILE *f) {
     fprintf(f,
-            "usage: train_llama -c CONFIG.yaml [--set key=value]... [--plan]\n"
+            "usage: train_llama -c CONFIG.yaml [--set key=value]... [--plan | --preprocess]\n"
             "  --plan  print the memory plan of every mode and exit without training\n"
+            "  --preprocess  prepare the config's datasets: (scripts/prepare_data.py, cached) and exit\n"
             "       train_llama --quantize IN_DIR OUT_DIR\n"
             "  write IN_DIR's model with NF4 decoder weights in bitsandbytes' layout\n"
             "Trains a Llama-family model. Keys (YAML, Axolotl names; --set overrides):\n");
@@ -917,6 +964,8 @@ void config_from_args(Config *cfg, int argc, char **argv, int arch) {
             path = argv[i];
         } else if (!strcmp(argv[i], "--plan")) {
             cfg->plan_only = 1;
+        } else if (!strcmp(argv[i], "--preprocess")) {
+            cfg->preprocess_only = 1;
         } else if (!strcmp(argv[i], "--set")) {
             if (++i >= argc) fail("--set needs key=value");
         } else {
@@ -933,6 +982,7 @@ void config_from_args(Config *cfg, int argc, char **argv, int arch) {
         char key[256];
         snprintf(key, sizeof key, "%.*s", (int)(eq - kv), kv);
         config_set(cfg, key, eq + 1, "--set");
+        if (!strchr(key, '.')) prepare_json_set(cfg, key, eq + 1);
     }
     config_finish(cfg);
 }
@@ -960,7 +1010,7 @@ void config_plan_steps(Config *cfg, size_t windows) {
         printf("warmup_ratio %g: %d warmup steps\n", cfg->warmup_ratio, cfg->warmup_steps);
     }
     // Evaluation: Hugging Face rounds a fraction of all steps up; per epoch rounds down (at least 1).
-    const int have_val = cfg->val_data[0] != 0;
+    const int have_val = cfg->val_data[0] != 0 || cfg->has_eval_rows;
     if (!strcmp(cfg->eval_strategy, "no")) {
         cfg->eval_steps = 0;
         if (have_val) printf("eval_strategy: no: val_data is never evaluated\n");
@@ -970,8 +1020,8 @@ void config_plan_steps(Config *cfg, size_t windows) {
         cfg->eval_steps = spe / cfg->evals_per_epoch > 0 ? spe / cfg->evals_per_epoch : 1;
     } else if (have_val && (!cfg->eval_steps || !strcmp(cfg->eval_strategy, "epoch"))) {
         cfg->eval_steps = spe;
-        printf("val_data%s: evaluating every epoch (every %d steps) and after the last step\n",
-               strcmp(cfg->eval_strategy, "epoch") ? " without eval_steps" : "", spe);
+        printf("%s%s: evaluating every epoch (every %d steps) and after the last step\n",
+               cfg->val_data[0] ? "val_data" : "eval data", strcmp(cfg->eval_strategy, "epoch") ? " without eval_steps" : "", spe);
     }
     if (cfg->eval_steps && have_val && (cfg->eval_steps_spec < 1 || cfg->evals_per_epoch))
         printf("evaluating every %d steps\n", cfg->eval_steps);

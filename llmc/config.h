@@ -54,6 +54,13 @@ typedef struct {
     char base_model_id[256];       // the hub id base_model was resolved from ("" for a directory)
     unsigned char given[160];      // given[i]: KEYS[i] was set by the YAML or --set
     int fsdp_config_given, fsdp_given;
+    // prepared data (prepare.h): datasets:/pretraining_dataset: instead of train_data shards
+    void *yaml_json;               // the whole config as JSON (cJSON *; --set applied) for the script
+    int datasets_run;              // the config asks for prepared data
+    int preprocess_only;           // --preprocess: prepare the data and exit
+    char tokenizer_dir[1024];      // resolved tokenizer directory (datasets runs)
+    char prepared_dir[1024];       // the prepared directory (train.bin, eval.bin) once prepared
+    int has_eval_rows;             // eval.bin exists: evaluations as with val_data
 } Config;
 
 // Parse argv (-c FILE, --set k=v..., --help). Fails with a one-line message on any bad input.
@@ -62,6 +69,8 @@ void config_load_yaml(Config *cfg, const char *path);
 void config_set(Config *cfg, const char *key, const char *value, const char *origin);
 void config_finish(Config *cfg);  // cross-key checks after all sources are applied
 void config_print_help(FILE *f);
+// Frees what the configuration holds on the heap (the config's JSON).
+void config_release(Config *cfg);
 // Once the training data's size is known (windows: global micro-batches per epoch): max_steps
 // from num_epochs, warmup_ratio, fractional/per-epoch eval and save cadence; prints the plan.
 void config_plan_steps(Config *cfg, size_t windows);

@@ -22,7 +22,9 @@
 #include "model.h"
 #include "optim.h"
 #include "plan.h"
+#include "prepare.h"
 #include "quantize.h"
+#include "rows.h"
 #include "export.h"
 #include "gpt2_io.h"
 #include "metrics.h"
@@ -119,6 +121,61 @@ static double evaluate(Model *m, DataLoader *val, int batches, int32_t *tok, int
     }
     c->all_reduce_sum_f64(c, &sum, 1);
     return sum / ((double)batches * val->B * T);
+}
+
+// Evaluation over prepared rows (the whole eval set, in batches of world x B rows; the last
+// batch is filled with empty rows). Returns the token-weighted loss: the sum of every eval
+// target's loss over the number of targets, which packing and batch size cannot change. *hf
+// gets Hugging Face Trainer's figure, the mean of each batch's mean (batches without targets
+// skipped), which does change with them.
+static double evaluate_rows(Model *m, RowLoader *ev, int32_t *tok, int32_t *tgt, int32_t *ds, Comm *c,
+                            double *hf, long long *ntargets) {
+    const int T = ev->T, GB = ev->B, B = GB / c->world;
+    const size_t mine = (size_t)c->rank * B * T, nb = (ev->nrows + GB - 1) / GB;
+    double *sums = xcalloc(nb, sizeof(double));
+    long long *cnt = xcalloc(nb, sizeof(long long)), n = 0;
+    // Tests: LLMC_DUMP_EVAL_TOKEN_LOSSES=FILE appends "row position loss" per target (one rank).
+    const char *dump_path = getenv("LLMC_DUMP_EVAL_TOKEN_LOSSES");
+    FILE *dump = dump_path && *dump_path && c->world == 1 ? fopen(dump_path, "a") : NULL;
+    float *tl = dump ? xmalloc(sizeof(float) * (size_t)B * T) : NULL;
+    if (dump) fprintf(dump, "# eval\n");
+    for (size_t i = 0; i < nb; i++) {
+        for (int j = 0; j < GB; j++)
+            rows_read(ev, i * GB + j, tok + (size_t)j * T, tgt + (size_t)j * T, ds + (size_t)j * T);
+        for (size_t k = 0; k < (size_t)GB * T; k++) cnt[i] += tgt[k] >= 0;
+        model_set_batch(m, tok + mine, tgt + mine, ev->packed ? ds + mine : NULL, B, T);
+        sums[i] = model_forward_backward(m, B, T, 0.0f);
+        if (dump) {
+            m->bk->copy_d2h(m->bk, tl, m->losses, sizeof(float) * (size_t)B * T, NULL);
+            m->bk->sync(m->bk);
+            for (size_t k = 0; k < (size_t)B * T; k++)
+                if (tgt[k] >= 0 && i * GB + k / T < ev->nrows)
+                    fprintf(dump, "%zu %zu %.9g\n", i * GB + k / T, k % T, (double)tl[k]);
+        }
+    }
+    if (dump) fclose(dump);
+    free(tl);
+    c->all_reduce_sum_f64(c, sums, nb);
+    double tot = 0, hsum = 0;
+    size_t hn = 0;
+    for (size_t i = 0; i < nb; i++) {
+        tot += sums[i], n += cnt[i];
+        if (cnt[i]) hsum += sums[i] / (double)cnt[i], hn++;
+    }
+    free(sums);
+    free(cnt);
+    *hf = hn ? hsum / (double)hn : NAN;
+    *ntargets = n;
+    return n ? tot / (double)n : NAN;
+}
+
+// "1h02m", "3m05s", "12s": the time left at the mean step time so far.
+static void format_eta(char *out, size_t cap, double ms) {
+    long long s = ms > 0 && ms < 1e15 ? (long long)(ms / 1000.0 + 0.5) : 0;
+    if (s >= 86400) snprintf(out, cap, "%lldd%02lldh", s / 86400, s % 86400 / 3600);
+    else if (s >= 3600) snprintf(out, cap, "%lldh%02lldm", s / 3600, s % 3600 / 60);
+    else if (s >= 60) snprintf(out, cap, "%lldm%02llds", s / 60, s % 60);
+    else snprintf(out, cap, "%llds", s);
 }
 
 // Byte-level sample: temperature-1 sampling from a newline, window capped at T.
@@ -238,6 +295,19 @@ int train_main(int argc, char **argv, int arch) {
     }
     Config cfg;
     config_from_args(&cfg, argc, argv, arch);
+    if (cfg.datasets_run && !cfg.plan_only) {  // Axolotl datasets: prepared (or found in its cache) by scripts/prepare_data.py
+        ModelConfig vc = cfg.model;
+        if (cfg.base_model[0] && arch == ARCH_GPT2) gpt2_read_config(cfg.base_model, &vc);
+        else if (cfg.base_model[0]) load_hf_config(cfg.base_model, &vc);
+        prepare_data(&cfg, vc.vocab_size, comm);
+        if (cfg.preprocess_only) {
+            printf("--preprocess: prepared data in %s\n", cfg.prepared_dir);
+            fflush(stdout);
+            comm->barrier(comm);
+            comm->destroy(comm);
+            return 0;
+        }
+    }
     Backend *bk = make_backend(&cfg, &comm);
     const int B = cfg.micro_batch_size, T = cfg.sequence_len, accum = cfg.gradient_accumulation_steps;
 
@@ -298,12 +368,42 @@ int train_main(int argc, char **argv, int arch) {
 
     // ---- data: every rank reads the global batch (world x B rows) and trains on its rows, so
     // N ranks see exactly the tokens one rank sees with micro batch N x B.
+    // Prepared rows (datasets:) are served world x B at a time the same way.
     DataLoader train, val;
-    loader_open(&train, cfg.train_data, world * B, T, mc.vocab_size, cfg.shuffle, (uint64_t)cfg.seed, "train_data");
-    int have_val = cfg.val_data[0] != 0;
-    if (have_val) loader_open(&val, cfg.val_data, world * B, T, mc.vocab_size, 0, 0, "val_data");
-    config_plan_steps(&cfg, train.total_windows);  // num_epochs -> max_steps, warmup_ratio, cadences
-    if (cfg.eval_steps && !have_val) fail("eval_steps is %d but no val_data is set", cfg.eval_steps);
+    RowLoader rtrain, rval;
+    const int prepared = cfg.prepared_dir[0] != 0;
+    int have_val;
+    double steps_per_epoch;  // optimizer steps in one pass over the training data
+    if (prepared) {
+        char p[1200];
+        snprintf(p, sizeof p, "%s/train.bin", cfg.prepared_dir);
+        rows_open(&rtrain, p, world * B, accum, T, mc.vocab_size, cfg.shuffle, (uint64_t)cfg.seed, "train rows");
+        snprintf(p, sizeof p, "%s/eval.bin", cfg.prepared_dir);
+        have_val = cfg.has_eval_rows = path_exists(p);
+        if (have_val) rows_open(&rval, p, world * B, 1, T, mc.vocab_size, 0, 0, "eval rows");
+        if (arch == ARCH_GPT2 && (rtrain.packed || (have_val && rval.packed)))
+            fail("sample_packing needs rotary positions that restart per document; GPT-2 has learned positions: "
+                 "set sample_packing: false (and eval_sample_packing: false)");
+        steps_per_epoch = (double)rows_steps_per_epoch(&rtrain);
+        printf("data: %s: %zu train rows%s, %llu target tokens", cfg.prepared_dir, rtrain.nrows,
+               rtrain.packed ? " (packed)" : "", (unsigned long long)rtrain.ntargets);
+        if (have_val)
+            printf("; %zu eval rows%s, %llu target tokens", rval.nrows, rval.packed ? " (packed)" : "",
+                   (unsigned long long)rval.ntargets);
+        printf("\ndata: %.0f steps per epoch = ceil(%zu rows / %d rows per step (micro_batch_size %d x "
+               "gradient_accumulation_steps %d x %d ranks))\n", steps_per_epoch, rtrain.nrows,
+               B * accum * world, B, accum, world);
+        config_plan_steps(&cfg, rows_steps_per_epoch(&rtrain) * accum);  // num_epochs -> max_steps, ...
+        if (cfg.eval_steps && !have_val)
+            fail("eval_steps is %d but there is no eval data (set val_set_size or test_datasets)", cfg.eval_steps);
+    } else {
+        loader_open(&train, cfg.train_data, world * B, T, mc.vocab_size, cfg.shuffle, (uint64_t)cfg.seed, "train_data");
+        have_val = cfg.val_data[0] != 0;
+        if (have_val) loader_open(&val, cfg.val_data, world * B, T, mc.vocab_size, 0, 0, "val_data");
+        steps_per_epoch = (double)train.total_windows / accum;
+        config_plan_steps(&cfg, train.total_windows);  // num_epochs -> max_steps, warmup_ratio, cadences
+        if (cfg.eval_steps && !have_val) fail("eval_steps is %d but no val_data is set", cfg.eval_steps);
+    }
 
     // ---- output and resume
     if (mkdir_p(cfg.output_dir) != 0) fail("%s: cannot create output_dir: %s", cfg.output_dir, strerror(errno));
@@ -322,7 +422,8 @@ int train_main(int argc, char **argv, int arch) {
         if (dir[0]) {
             if (!path_exists(dir)) fail("resume_from_checkpoint: '%s' does not exist", dir);
             checkpoint_load(&model, &ls, dir);
-            loader_seek(&train, ls.data_epoch, ls.data_next);
+            if (prepared) rows_seek(&rtrain, ls.data_epoch, ls.data_next);
+            else loader_seek(&train, ls.data_epoch, ls.data_next);
             printf("resumed from %s at step %d\n", dir, ls.step);
         } else {
             printf("resume_from_checkpoint: auto found no checkpoint in %s; starting fresh\n", cfg.output_dir);
@@ -337,6 +438,7 @@ int train_main(int argc, char **argv, int arch) {
                       schedule_from_name(cfg.lr_scheduler), cfg.cosine_min_lr_ratio};
     const size_t BT = (size_t)B * T, GBT = BT * world;  // this rank's rows, the global batch
     int32_t *tok = xmalloc(sizeof(int32_t) * GBT * accum), *tgt = xmalloc(sizeof(int32_t) * GBT * accum);
+    int32_t *dst = prepared ? xmalloc(sizeof(int32_t) * GBT * accum) : NULL;  // document starts
     const size_t grad_bytes = (cfg.zero_stage >= 3 ? model.local_n : model.tab.shard * model.tab.world) * bk->act_bytes;
 
     int bad_in_row = 0;  // consecutive skipped (non-finite) steps
@@ -344,6 +446,8 @@ int train_main(int argc, char **argv, int arch) {
     int early_stop = 0, no_better = 0, best_step = 0;     // early_stopping_patience
     double best_val = INFINITY;
     if (stopped) printf("interrupted by %s before the first step; nothing to save\n", strsignal(stopped));
+    const int first_step = ls.step;
+    const double loop_t0 = now_ms();
     for (int step = ls.step; step < cfg.max_steps && !stopped && !early_stop; step++) {
         double t0 = now_ms();
         bk->mem.peak = bk->mem.in_use;  // peaks are per step
@@ -353,13 +457,19 @@ int train_main(int argc, char **argv, int arch) {
         double comm0 = comm->busy_ms;
         // Load the whole step first: the loss is a mean over all its valid targets.
         long long count = 0;
-        for (int a = 0; a < accum; a++) loader_next(&train, tok + a * GBT, tgt + a * GBT);
+        for (int a = 0; a < accum; a++) {
+            if (prepared) rows_next(&rtrain, tok + a * GBT, tgt + a * GBT, dst + a * GBT);
+            else loader_next(&train, tok + a * GBT, tgt + a * GBT);
+        }
         for (size_t i = 0; i < GBT * accum; i++) count += tgt[i] >= 0;
         float scale = count ? (float)(1.0 / (double)count) : 0.0f;
         bk->memzero(bk, model.grads, grad_bytes, NULL);
         double loss_sum = 0;
         for (int a = 0; a < accum; a++) {
-            model_set_batch(&model, tok + a * GBT + rank * BT, tgt + a * GBT + rank * BT, NULL, B, T);
+            // Packed rows carry their document map (unpacked: one sample per row, then padding,
+            // which no real token attends to, so the plain causal mask is the same).
+            model_set_batch(&model, tok + a * GBT + rank * BT, tgt + a * GBT + rank * BT,
+                            prepared && rtrain.packed ? dst + a * GBT + rank * BT : NULL, B, T);
             // Dropout masks depend only on (seed, micro-batch): recompute and resume agree.
             Rng dr;
             rng_seed(&dr, (uint64_t)cfg.seed * 1000003ULL + (uint64_t)step * accum + a);
@@ -389,21 +499,25 @@ int train_main(int argc, char **argv, int arch) {
         double ms = now_ms() - t0;
         double tps = (double)GBT * accum / (ms / 1000.0);
         ls.step = step + 1;
-        ls.data_epoch = train.epoch;
-        ls.data_next = train.next;
+        ls.data_epoch = prepared ? rtrain.epoch : train.epoch;
+        ls.data_next = prepared ? rtrain.next : train.next;
+        char eta[32];
+        format_eta(eta, sizeof eta, (now_ms() - loop_t0) / (ls.step - first_step) * (cfg.max_steps - ls.step));
         char peak[32], hpeak[32], dpeak[32];
         format_bytes(peak, sizeof peak, (double)bk->mem.peak);
         format_bytes(hpeak, sizeof hpeak, (double)bk->mem.host_peak);
         format_bytes(dpeak, sizeof dpeak, (double)bk->mem.disk_peak);
         if (ls.step % cfg.log_steps == 0 || ls.step == cfg.max_steps || ls.step == 1)
-            printf("step %5d/%d | loss %.6f | lr %.3e | norm %.4f | %.1f ms | %.0f tok/s | dev %s host %s disk %s%s\n",
-                   ls.step, cfg.max_steps, loss, lr, norm, ms, tps, peak, hpeak, dpeak, skip ? " | skipped" : "");
+            printf("step %5d/%d | epoch %.2f/%.3g | loss %.6f | lr %.3e | norm %.4f | %.1f ms | %.0f tok/s | "
+                   "dev %s host %s disk %s | eta %s%s\n", ls.step, cfg.max_steps, ls.step / steps_per_epoch,
+                   cfg.max_steps / steps_per_epoch, loss, lr, norm, ms, tps, peak, hpeak, dpeak, eta,
+                   skip ? " | skipped" : "");
         char nl[32], nn[32];
         metrics_line(&metrics,
-                     "\"step\": %d, \"loss\": %s, \"lr\": %.9g, \"grad_norm\": %s, \"ms\": %.3f, "
+                     "\"step\": %d, \"epoch\": %.6g, \"loss\": %s, \"lr\": %.9g, \"grad_norm\": %s, \"ms\": %.3f, "
                      "\"tokens_per_sec\": %.1f, \"device_peak_bytes\": %zu, \"host_peak_bytes\": %zu, "
                      "\"disk_peak_bytes\": %zu, \"streamed_weight_bytes\": %.0f, \"comm_ms\": %.3f%s",
-                     ls.step, metrics_num(nl, sizeof nl, loss), lr, metrics_num(nn, sizeof nn, norm), ms,
+                     ls.step, ls.step / steps_per_epoch, metrics_num(nl, sizeof nl, loss), lr, metrics_num(nn, sizeof nn, norm), ms,
                      tps, bk->mem.peak, bk->mem.host_peak, bk->mem.disk_peak,
                      model.streamer ? streamer_bytes_loaded(model.streamer) - streamed0 : 0.0,
                      comm->busy_ms - comm0, skip ? ", \"skipped\": true" : "");
@@ -413,9 +527,20 @@ int train_main(int argc, char **argv, int arch) {
                  "set max_grad_norm)", ls.step, loss, norm, bad_in_row);
         fflush(stdout);
         if (cfg.eval_steps && (ls.step % cfg.eval_steps == 0 || ls.step == cfg.max_steps)) {
-            double vl = evaluate(&model, &val, cfg.eval_batches, tok, tgt, comm);
-            printf("step %5d/%d | val_loss %.6f\n", ls.step, cfg.max_steps, vl);
-            metrics_line(&metrics, "\"step\": %d, \"val_loss\": %s", ls.step, metrics_num(nl, sizeof nl, vl));
+            double vl;
+            if (prepared) {
+                double hf;
+                long long ntg;
+                vl = evaluate_rows(&model, &rval, tok, tgt, dst, comm, &hf, &ntg);
+                printf("step %5d/%d | eval_loss %.6f | eval_tokens %lld | eval_loss_hf %.6f\n", ls.step,
+                       cfg.max_steps, vl, ntg, hf);
+                metrics_line(&metrics, "\"step\": %d, \"eval_loss\": %s, \"eval_tokens\": %lld, \"eval_loss_hf\": %s",
+                             ls.step, metrics_num(nl, sizeof nl, vl), ntg, metrics_num(nn, sizeof nn, hf));
+            } else {
+                vl = evaluate(&model, &val, cfg.eval_batches, tok, tgt, comm);
+                printf("step %5d/%d | val_loss %.6f\n", ls.step, cfg.max_steps, vl);
+                metrics_line(&metrics, "\"step\": %d, \"val_loss\": %s", ls.step, metrics_num(nl, sizeof nl, vl));
+            }
             if (vl < best_val) best_val = vl, best_step = ls.step, no_better = 0;
             else if (cfg.early_stopping_patience && ++no_better >= cfg.early_stopping_patience && ls.step < cfg.max_steps) {
                 early_stop = 1;
@@ -457,8 +582,14 @@ int train_main(int argc, char **argv, int arch) {
     metrics_close(&metrics);
     free(tok);
     free(tgt);
-    loader_close(&train);
-    if (have_val) loader_close(&val);
+    free(dst);
+    if (prepared) {
+        rows_close(&rtrain);
+        if (have_val) rows_close(&rval);
+    } else {
+        loader_close(&train);
+        if (have_val) loader_close(&val);
+    }
     model_free(&model);
     bk->destroy(bk);  // model_free removed the disk tier's files
     comm->barrier(comm);

@@ -190,7 +190,7 @@ def refused_keys(e):
 def datasets_keys_refused(e):
     text = yaml_text(e.base("ds")) + "datasets:\n  - path: tatsu-lab/alpaca\n    type: alpaca\n"
     rc, out, err = e.run("ds", text)
-    one_error(rc, err, "datasets", "not implemented yet", "train_data", "cfg.yaml")
+    one_error(rc, err, "datasets", "train_data", "not both", "cfg.yaml")
     for i, (k, v) in enumerate([("train_on_inputs", "false"), ("sample_packing", "true"),
                                 ("val_set_size", "0.05"), ("chat_template", "chatml"),
                                 ("dataset_prepared_path", "last_run_prepared")]):

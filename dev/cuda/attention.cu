@@ -1,16 +1,29 @@
 // dev/cuda/attention.cu: causal GQA flash attention forward (out, lse) and backward (dq, dk, dv)
 // against a naive double reference (full softmax per row); shapes exercise GQA groups, T not a
 // multiple of the tile, the WMMA bf16 path (D 16/64/128), the generic path (fp32, odd D, and
-// bf16 forced generic); the backward must be bit-identical on repeat. Then TFLOP/s
-// (causal FLOPs: forward 2 * 2 * B * Hq * T^2/2 * D, backward 2.5x that).
+// bf16 forced generic); the masks of backend.h: a sliding window (keys i - W < j <= i) and
+// packed documents (doc_start: keys of the query's own document only), alone and together,
+// with documents and windows short enough that whole key tiles are skipped; the backward must
+// be bit-identical on repeat. Then TFLOP/s (causal FLOPs: forward 2 * 2 * B * Hq * T^2/2 * D,
+// backward 2.5x that).
+#include <algorithm>
 #include "dev_common.cuh"
 
 struct Ref {
     std::vector<double> out, lse, dq, dk, dv;
 };
 
+// lo(i): the first key query i of row b sees (backend.h), written out directly.
+static int ref_lo(int b, int i, int T, int window, const std::vector<int32_t> &ds) {
+    int lo = 0;
+    if (window > 0) lo = std::max(lo, i - window + 1);
+    if (!ds.empty()) lo = std::max(lo, (int)ds[(size_t)b * T + i]);
+    return lo;
+}
+
 static Ref reference(const std::vector<float> &q, const std::vector<float> &k, const std::vector<float> &v,
-                     const std::vector<float> &dO, int B, int T, int Hq, int Hkv, int D) {
+                     const std::vector<float> &dO, int B, int T, int Hq, int Hkv, int D, int window,
+                     const std::vector<int32_t> &ds) {
     Ref r;
     const int g = Hq / Hkv;
     const double sc = 1.0 / sqrt((double)D);
@@ -23,26 +36,26 @@ static Ref reference(const std::vector<float> &q, const std::vector<float> &k, c
     for (int b = 0; b < B; b++)
         for (int h = 0; h < Hq; h++)
             for (int i = 0; i < T; i++) {
-                const int hk = h / g;
+                const int hk = h / g, lo = ref_lo(b, i, T, window, ds);
                 double mx = -INFINITY, s = 0;
-                for (int j = 0; j <= i; j++) {
+                for (int j = lo; j <= i; j++) {
                     double d = 0;
                     for (int e = 0; e < D; e++) d += (double)Q(b, i, h)[e] * K(b, j, hk)[e];
                     p[j] = d * sc;
                     mx = fmax(mx, p[j]);
                 }
-                for (int j = 0; j <= i; j++) s += exp(p[j] - mx);
+                for (int j = lo; j <= i; j++) s += exp(p[j] - mx);
                 const double lse = mx + log(s);
                 r.lse[((size_t)b * Hq + h) * T + i] = lse;
                 double *o = &r.out[(((size_t)b * T + i) * Hq + h) * D];
-                for (int j = 0; j <= i; j++) {
+                for (int j = lo; j <= i; j++) {
                     p[j] = exp(p[j] - lse);
                     for (int e = 0; e < D; e++) o[e] += p[j] * V(b, j, hk)[e];
                 }
                 const float *go = &dO[(((size_t)b * T + i) * Hq + h) * D];
                 double Di = 0;
                 for (int e = 0; e < D; e++) Di += go[e] * o[e];
-                for (int j = 0; j <= i; j++) {
+                for (int j = lo; j <= i; j++) {
                     double d = 0;
                     for (int e = 0; e < D; e++) d += (double)go[e] * V(b, j, hk)[e];
                     const double ds = p[j] * (d - Di);
@@ -56,26 +69,44 @@ static Ref reference(const std::vector<float> &q, const std::vector<float> &k, c
     return r;
 }
 
-static void one(CudaCtx *c, int B, int T, int Hq, int Hkv, int D, int force_generic) {
+// Packed documents: each row cut into documents of 1..maxlen tokens (doc_start per token).
+static std::vector<int32_t> make_docs(int B, int T, int maxlen) {
+    std::vector<int32_t> ds((size_t)B * T);
+    for (int b = 0; b < B; b++)
+        for (int t = 0, start = 0, left = 0; t < T; t++) {
+            if (left == 0) start = t, left = 1 + (int)(urand() * maxlen);
+            ds[(size_t)b * T + t] = start;
+            left--;
+        }
+    return ds;
+}
+
+// window 0: none; docs 0: one document per row, else documents of at most docs tokens.
+static void one(CudaCtx *c, int B, int T, int Hq, int Hkv, int D, int force_generic, int window = 0, int docs = 0) {
     const int bf = c->bf16;
     c->force_generic_attention = force_generic;
-    char tag[128], name[192];
-    snprintf(tag, sizeof tag, "%s [%s] B=%d T=%d Hq=%d Hkv=%d D=%d", prec(bf), k_attention_path(c, D), B, T, Hq, Hkv, D);
+    char tag[160], name[224];
+    snprintf(tag, sizeof tag, "%s [%s] B=%d T=%d Hq=%d Hkv=%d D=%d%s", prec(bf), k_attention_path(c, D), B, T, Hq,
+             Hkv, D, window && docs ? " window+docs" : window ? " window" : docs ? " docs" : "");
+    if (window) snprintf(tag + strlen(tag), sizeof tag - strlen(tag), " W=%d", window);
+    if (docs) snprintf(tag + strlen(tag), sizeof tag - strlen(tag), " doclen<=%d", docs);
     const size_t nq = (size_t)B * T * Hq * D, nk = (size_t)B * T * Hkv * D;
     std::vector<float> q = randn(nq), k = randn(nk), v = randn(nk), dO = randn(nq);
     round_act(q, bf), round_act(k, bf), round_act(v, bf), round_act(dO, bf);
-    Ref r = reference(q, k, v, dO, B, T, Hq, Hkv, D);
+    std::vector<int32_t> ds = docs ? make_docs(B, T, docs) : std::vector<int32_t>();
+    int32_t *d_ds = docs ? (int32_t *)up_bytes(ds.data(), ds.size() * 4) : nullptr;
+    Ref r = reference(q, k, v, dO, B, T, Hq, Hkv, D, window, ds);
     void *dq_in = up_act(q, bf), *dk_in = up_act(k, bf), *dv_in = up_act(v, bf), *ddo = up_act(dO, bf);
     const size_t es = bf ? 2 : 4;
     void *out = dmalloc(nq * es), *dq = dmalloc(nq * es), *dk = dmalloc(nk * es), *dv = dmalloc(nk * es);
     float *lse = (float *)dmalloc((size_t)B * Hq * T * 4);
-    k_attention_fwd(c, out, lse, dq_in, dk_in, dv_in, B, T, Hq, Hkv, D);
+    k_attention_fwd(c, out, lse, dq_in, dk_in, dv_in, B, T, Hq, Hkv, D, window, d_ds);
     snprintf(name, sizeof name, "attention_fwd out %s", tag);
     check(name, down_act(out, nq, bf), r.out, tol_for(bf));
     // lse is compared with an absolute tolerance relative to its typical size (~log T)
     snprintf(name, sizeof name, "attention_fwd lse %s", tag);
     check(name, down_f32(lse, r.lse.size()), r.lse, bf ? 2e-3 : 1e-5);
-    k_attention_bwd(c, dq, dk, dv, ddo, dq_in, dk_in, dv_in, out, lse, B, T, Hq, Hkv, D);
+    k_attention_bwd(c, dq, dk, dv, ddo, dq_in, dk_in, dv_in, out, lse, B, T, Hq, Hkv, D, window, d_ds);
     std::vector<float> g_dq = down_act(dq, nq, bf), g_dk = down_act(dk, nk, bf), g_dv = down_act(dv, nk, bf);
     snprintf(name, sizeof name, "attention_bwd dq %s", tag);
     check(name, g_dq, r.dq, bf ? 2e-2 : 1e-5);
@@ -83,12 +114,13 @@ static void one(CudaCtx *c, int B, int T, int Hq, int Hkv, int D, int force_gene
     check(name, g_dk, r.dk, bf ? 2e-2 : 1e-5);
     snprintf(name, sizeof name, "attention_bwd dv %s", tag);
     check(name, g_dv, r.dv, tol_for(bf));
-    k_attention_bwd(c, dq, dk, dv, ddo, dq_in, dk_in, dv_in, out, lse, B, T, Hq, Hkv, D);
+    k_attention_bwd(c, dq, dk, dv, ddo, dq_in, dk_in, dv_in, out, lse, B, T, Hq, Hkv, D, window, d_ds);
     std::vector<float> h_dq = down_act(dq, nq, bf), h_dk = down_act(dk, nk, bf);
     snprintf(name, sizeof name, "attention_bwd repeat is bit-identical %s", tag);
     check_true(name, !memcmp(g_dq.data(), h_dq.data(), nq * 4) && !memcmp(g_dk.data(), h_dk.data(), nk * 4), "two runs differ");
     cudaFree(dq_in), cudaFree(dk_in), cudaFree(dv_in), cudaFree(ddo), cudaFree(out), cudaFree(dq), cudaFree(dk),
         cudaFree(dv), cudaFree(lse);
+    if (d_ds) cudaFree(d_ds);
     c->force_generic_attention = 0;
 }
 
@@ -105,9 +137,9 @@ static void bench(CudaCtx *c, int B, int T, int Hq, int Hkv, int D) {
     const double flops = 2.0 * 2.0 * B * Hq * ((double)T * T / 2) * D;
     char name[128];
     snprintf(name, sizeof name, "attention_fwd %s [%s] B=%d T=%d Hq=%d Hkv=%d D=%d", prec(bf), k_attention_path(c, D), B, T, Hq, Hkv, D);
-    report_flops(name, bench_ms(c, 5, [&] { k_attention_fwd(c, o, lse, q, k, v, B, T, Hq, Hkv, D); }), flops);
+    report_flops(name, bench_ms(c, 5, [&] { k_attention_fwd(c, o, lse, q, k, v, B, T, Hq, Hkv, D, 0, nullptr); }), flops);
     snprintf(name, sizeof name, "attention_bwd %s [%s] B=%d T=%d Hq=%d Hkv=%d D=%d", prec(bf), k_attention_path(c, D), B, T, Hq, Hkv, D);
-    report_flops(name, bench_ms(c, 5, [&] { k_attention_bwd(c, dq, dk, dv, g, q, k, v, o, lse, B, T, Hq, Hkv, D); }), 2.5 * flops);
+    report_flops(name, bench_ms(c, 5, [&] { k_attention_bwd(c, dq, dk, dv, g, q, k, v, o, lse, B, T, Hq, Hkv, D, 0, nullptr); }), 2.5 * flops);
     cudaFree(q), cudaFree(k), cudaFree(v), cudaFree(o), cudaFree(g), cudaFree(dq), cudaFree(dk), cudaFree(dv), cudaFree(lse);
 }
 
@@ -119,6 +151,11 @@ int main(int argc, char **argv) {
         one(c, 1, 130, 2, 1, 64, 0);
         one(c, 1, 40, 3, 3, 24, 0);  // D not a multiple of 16: generic in bf16 too
         if (bf) one(c, 1, 70, 2, 1, 64, 1);
+        // masks: windows and documents shorter than a tile (whole key tiles skipped), both paths
+        one(c, 1, 130, 2, 1, 16, 0, 20, 0);   // window (bf16: WMMA, 64-row tiles)
+        one(c, 2, 100, 2, 2, 24, 0, 0, 40);   // documents, generic (D 24)
+        one(c, 1, 150, 4, 2, 16, 0, 45, 30);  // window and documents, GQA
+        if (bf) one(c, 1, 130, 2, 1, 16, 1, 33, 50);  // bf16 forced generic
         if (!g_quick) {
             one(c, 1, 200, 4, 1, 128, 0);
             bench(c, 4, 4096, 32, 8, 128);

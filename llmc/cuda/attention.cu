@@ -1,5 +1,13 @@
-// attention.cu: causal grouped-query flash attention, forward and backward.
-// NOT YET RUN ON A GPU (see common.cuh).
+// attention.cu: causal grouped-query flash attention, forward and backward, with the sliding
+// window and packed-document masks. NOT YET RUN ON A GPU (see common.cuh); the masks are checked
+// on the CPU emulator only (make test-cuda-emu: dev/cuda/attention.cu).
+//
+// Mask (backend.h): query i of row b sees keys j with lo(i) <= j <= i, where
+//   lo(i) = max(doc_start[b*T + i], i - window + 1)   (window 0: no window; doc_start NULL: 0).
+// lo is non-decreasing in i (a document starts at or after the previous token's), so a query
+// tile's first row has the smallest lo: the forward and dQ kernels start at the key tile that
+// holds it, and the dK/dV kernel stops at the first query tile whose first row cannot see its
+// key tile. Key tiles that no row of a query tile sees are never loaded.
 //
 // Semantics (backend.h): q [B,T,Hq,D], k/v [B,T,Hkv,D], out like q, lse [B,Hq,T] = natural
 // log-sum-exp of the scaled scores (scale 1/sqrt(D)); query head h reads kv head h/(Hq/Hkv)
@@ -28,6 +36,21 @@
 
 static inline float att_scale(int D) { return (float)(1.0 / sqrt((double)D)); }
 
+// First visible key of query i; ds is the row's doc_start (NULL: the row is one document).
+__device__ __forceinline__ int att_lo(int i, int window, const int32_t *ds) {
+    int lo = window > 0 && i - window + 1 > 0 ? i - window + 1 : 0;
+    if (ds) {
+        const int d = ds[i];
+        if (d > lo) lo = d < i ? d : i;
+    }
+    return lo;
+}
+
+// The first key tile (of size tile) a query tile starting at i0 needs.
+__device__ __forceinline__ int att_first_tile(int i0, int T_, int tile, int window, const int32_t *ds) {
+    return i0 < T_ ? att_lo(i0, window, ds) / tile * tile : 0;
+}
+
 // ==== generic path ========================================================================
 #define GB 32   // query and key rows per tile
 #define GT 128  // threads per block
@@ -36,22 +59,25 @@ template <class T> __device__ __forceinline__ float ldf(const T *p) { return to_
 
 template <class T>
 __global__ void __launch_bounds__(GT) att_fwd_generic(T *out, float *lse, const T *q, const T *k, const T *v,
-                                                     int T_, int Hq, int Hkv, int D, float scale) {
+                                                     int T_, int Hq, int Hkv, int D, float scale, int window,
+                                                     const int32_t *doc_start) {
     DYNAMIC_SMEM(smem);
     const int qb = gridDim.x - 1 - blockIdx.x, h = blockIdx.y, b = blockIdx.z;
     const int hk = h / (Hq / Hkv), i0 = qb * GB, ldq = Hq * D, ldk = Hkv * D, DK = D + 1;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int32_t *drow = doc_start ? doc_start + (size_t)b * T_ : nullptr;
     float *sQ = (float *)smem, *sK = sQ + GB * D, *sV = sK + GB * DK, *sO = sV + GB * D;
     float *sS = sO + GB * D, *sM = sS + GB * (GB + 1), *sL = sM + GB, *sC = sL + GB;
+    int *sLo = (int *)(sC + GB);
     for (int e = tid; e < GB * D; e += GT) {
         const int r = e / D, d = e % D, i = i0 + r;
         sQ[e] = i < T_ ? ldf(q + ((size_t)b * T_ + i) * ldq + (size_t)h * D + d) : 0.0f;
         sO[e] = 0.0f;
     }
-    if (tid < GB) sM[tid] = -INFINITY, sL[tid] = 0.0f;
+    if (tid < GB) sM[tid] = -INFINITY, sL[tid] = 0.0f, sLo[tid] = i0 + tid < T_ ? att_lo(i0 + tid, window, drow) : 0;
     __syncthreads();
     const int jend = i0 + GB < T_ ? i0 + GB : T_;
-    for (int j0 = 0; j0 < jend; j0 += GB) {
+    for (int j0 = att_first_tile(i0, T_, GB, window, drow); j0 < jend; j0 += GB) {
         for (int e = tid; e < GB * D; e += GT) {
             const int r = e / D, d = e % D, j = j0 + r;
             const size_t o = ((size_t)b * T_ + j) * ldk + (size_t)hk * D + d;
@@ -62,7 +88,7 @@ __global__ void __launch_bounds__(GT) att_fwd_generic(T *out, float *lse, const 
         for (int e = tid; e < GB * GB; e += GT) {
             const int r = e / GB, cc = e % GB, i = i0 + r, j = j0 + cc;
             float s = -INFINITY;
-            if (j <= i && j < T_) {
+            if (j <= i && j < T_ && j >= sLo[r]) {
                 float acc = 0.0f;
                 for (int d = 0; d < D; d++) acc += sQ[r * D + d] * sK[cc * DK + d];
                 s = acc * scale;
@@ -77,7 +103,7 @@ __global__ void __launch_bounds__(GT) att_fwd_generic(T *out, float *lse, const 
             const float sum = warp_sum(p);
             sS[r * (GB + 1) + lane] = p;
             if (lane == 0) {
-                const float corr = expf(mold - mnew);
+                const float corr = mnew == -INFINITY ? 1.0f : expf(mold - mnew);  // nothing visible yet
                 sC[r] = corr;
                 sL[r] = sL[r] * corr + sum;
                 sM[r] = mnew;
@@ -99,7 +125,7 @@ __global__ void __launch_bounds__(GT) att_fwd_generic(T *out, float *lse, const 
     if (tid < GB && i0 + tid < T_) lse[((size_t)b * Hq + h) * T_ + i0 + tid] = sM[tid] + logf(sL[tid]);
 }
 
-static size_t generic_fwd_smem(int D) { return sizeof(float) * ((size_t)GB * (4 * D + 1) + GB * (GB + 1) + 3 * GB); }
+static size_t generic_fwd_smem(int D) { return sizeof(float) * ((size_t)GB * (4 * D + 1) + GB * (GB + 1) + 4 * GB); }
 
 // Di[b,h,i] = sum_d dO * O: a warp per (b, i, h) row.
 template <class T>
@@ -119,13 +145,17 @@ __global__ void att_bwd_dot(float *Di, const T *dout, const T *out, int B, int T
 template <class T>
 __global__ void __launch_bounds__(GT) att_bwd_dkdv_generic(T *dk, T *dv, const T *dout, const T *q, const T *k,
                                                           const T *v, const float *lse, const float *Di,
-                                                          int T_, int Hq, int Hkv, int D, float scale) {
+                                                          int T_, int Hq, int Hkv, int D, float scale, int window,
+                                                          const int32_t *doc_start) {
     DYNAMIC_SMEM(smem);
     const int kb = blockIdx.x, hk = blockIdx.y, b = blockIdx.z, group = Hq / Hkv;
     const int j0 = kb * GB, ldq = Hq * D, ldk = Hkv * D, DK = D + 1, tid = threadIdx.x;
+    const int jlast = (j0 + GB < T_ ? j0 + GB : T_) - 1;
+    const int32_t *drow = doc_start ? doc_start + (size_t)b * T_ : nullptr;
     float *sK = (float *)smem, *sV = sK + GB * DK, *sdK = sV + GB * DK, *sdV = sdK + GB * D;
     float *sQ = sdV + GB * D, *sdO = sQ + GB * D, *sP = sdO + GB * D, *sdS = sP + GB * (GB + 1);
     float *sL = sdS + GB * (GB + 1), *sDi = sL + GB;
+    int *sLo = (int *)(sDi + GB);
     for (int e = tid; e < GB * D; e += GT) {
         const int r = e / D, d = e % D, j = j0 + r;
         const size_t o = ((size_t)b * T_ + j) * ldk + (size_t)hk * D + d;
@@ -135,6 +165,7 @@ __global__ void __launch_bounds__(GT) att_bwd_dkdv_generic(T *dk, T *dv, const T
     }
     for (int h = hk * group; h < (hk + 1) * group; h++)
         for (int i0 = j0; i0 < T_; i0 += GB) {
+            if (att_lo(i0, window, drow) > jlast) break;  // neither this query tile nor a later one sees the keys
             __syncthreads();  // the previous tile's readers are done
             for (int e = tid; e < GB * D; e += GT) {
                 const int r = e / D, d = e % D, i = i0 + r;
@@ -146,12 +177,13 @@ __global__ void __launch_bounds__(GT) att_bwd_dkdv_generic(T *dk, T *dv, const T
                 const int i = i0 + tid;
                 sL[tid] = i < T_ ? lse[((size_t)b * Hq + h) * T_ + i] : 0.0f;
                 sDi[tid] = i < T_ ? Di[((size_t)b * Hq + h) * T_ + i] : 0.0f;
+                sLo[tid] = i < T_ ? att_lo(i, window, drow) : 0;
             }
             __syncthreads();
             for (int e = tid; e < GB * GB; e += GT) {
                 const int r = e / GB, cc = e % GB, i = i0 + r, j = j0 + cc;
                 float p = 0.0f, ds = 0.0f;
-                if (i < T_ && j <= i) {
+                if (i < T_ && j <= i && j >= sLo[r]) {
                     float s = 0.0f, dp = 0.0f;
                     for (int d = 0; d < D; d++) {
                         s += sQ[r * D + d] * sK[cc * DK + d];
@@ -187,20 +219,23 @@ __global__ void __launch_bounds__(GT) att_bwd_dkdv_generic(T *dk, T *dv, const T
 }
 
 static size_t generic_dkdv_smem(int D) {
-    return sizeof(float) * ((size_t)2 * GB * (D + 1) + 4 * (size_t)GB * D + 2 * GB * (GB + 1) + 2 * GB);
+    return sizeof(float) * ((size_t)2 * GB * (D + 1) + 4 * (size_t)GB * D + 2 * GB * (GB + 1) + 3 * GB);
 }
 
 // dQ for one query tile of one query head, summed over the key tiles at or below the diagonal.
 template <class T>
 __global__ void __launch_bounds__(GT) att_bwd_dq_generic(T *dq, const T *dout, const T *q, const T *k, const T *v,
                                                         const float *lse, const float *Di, int T_, int Hq,
-                                                        int Hkv, int D, float scale) {
+                                                        int Hkv, int D, float scale, int window,
+                                                        const int32_t *doc_start) {
     DYNAMIC_SMEM(smem);
     const int qb = gridDim.x - 1 - blockIdx.x, h = blockIdx.y, b = blockIdx.z;
     const int hk = h / (Hq / Hkv), i0 = qb * GB, ldq = Hq * D, ldk = Hkv * D, DK = D + 1;
     const int tid = threadIdx.x;
+    const int32_t *drow = doc_start ? doc_start + (size_t)b * T_ : nullptr;
     float *sQ = (float *)smem, *sdO = sQ + GB * D, *sdQ = sdO + GB * D, *sK = sdQ + GB * D;
     float *sV = sK + GB * DK, *sdS = sV + GB * DK, *sL = sdS + GB * (GB + 1), *sDi = sL + GB;
+    int *sLo = (int *)(sDi + GB);
     for (int e = tid; e < GB * D; e += GT) {
         const int r = e / D, d = e % D, i = i0 + r;
         const size_t o = ((size_t)b * T_ + i) * ldq + (size_t)h * D + d;
@@ -212,9 +247,10 @@ __global__ void __launch_bounds__(GT) att_bwd_dq_generic(T *dq, const T *dout, c
         const int i = i0 + tid;
         sL[tid] = i < T_ ? lse[((size_t)b * Hq + h) * T_ + i] : 0.0f;
         sDi[tid] = i < T_ ? Di[((size_t)b * Hq + h) * T_ + i] : 0.0f;
+        sLo[tid] = i < T_ ? att_lo(i, window, drow) : 0;
     }
     const int jend = i0 + GB < T_ ? i0 + GB : T_;
-    for (int j0 = 0; j0 < jend; j0 += GB) {
+    for (int j0 = att_first_tile(i0, T_, GB, window, drow); j0 < jend; j0 += GB) {
         __syncthreads();
         for (int e = tid; e < GB * D; e += GT) {
             const int r = e / D, d = e % D, j = j0 + r;
@@ -226,7 +262,7 @@ __global__ void __launch_bounds__(GT) att_bwd_dq_generic(T *dq, const T *dout, c
         for (int e = tid; e < GB * GB; e += GT) {
             const int r = e / GB, cc = e % GB, i = i0 + r, j = j0 + cc;
             float ds = 0.0f;
-            if (i < T_ && j <= i) {
+            if (i < T_ && j <= i && j >= sLo[r]) {
                 float s = 0.0f, dp = 0.0f;
                 for (int d = 0; d < D; d++) {
                     s += sQ[r * D + d] * sK[cc * DK + d];
@@ -253,7 +289,7 @@ __global__ void __launch_bounds__(GT) att_bwd_dq_generic(T *dq, const T *dout, c
 }
 
 static size_t generic_dq_smem(int D) {
-    return sizeof(float) * ((size_t)3 * GB * D + 2 * GB * (D + 1) + GB * (GB + 1) + 2 * GB);
+    return sizeof(float) * ((size_t)3 * GB * D + 2 * GB * (D + 1) + GB * (GB + 1) + 3 * GB);
 }
 
 // ==== WMMA path (bf16) =====================================================================
@@ -308,23 +344,27 @@ __device__ __forceinline__ void tile_qkT(float *dst, int lds, const bf16 *a, con
 }
 
 __global__ void __launch_bounds__(WT) att_fwd_wmma(bf16 *out, float *lse, const bf16 *q, const bf16 *k,
-                                                  const bf16 *v, int T_, int Hq, int Hkv, int D, float scale) {
+                                                  const bf16 *v, int T_, int Hq, int Hkv, int D, float scale,
+                                                  int window, const int32_t *doc_start) {
     DYNAMIC_SMEM(smem);
     const WLayout L = wlayout(D);
     const int qb = gridDim.x - 1 - blockIdx.x, h = blockIdx.y, b = blockIdx.z;
     const int hk = h / (Hq / Hkv), i0 = qb * WB, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const size_t ldq = (size_t)Hq * D, ldk = (size_t)Hkv * D;
+    const int32_t *drow = doc_start ? doc_start + (size_t)b * T_ : nullptr;
     bf16 *sQ = (bf16 *)smem, *sK = sQ + WB * L.ldh, *sV = sK + WB * L.ldh;
     float *sS = (float *)(sV + WB * L.ldh);
     bf16 *sP = (bf16 *)(sS + WB * L.lds);
     float *sO = (float *)(sP + WB * L.ldp);
+    int *sLo = (int *)(sO + WB * L.ldo);
     load_tile(sQ, L.ldh, q, (size_t)b * T_ + i0, i0, T_, ldq, (size_t)h * D, D);
     for (int e = threadIdx.x; e < WB * L.ldo; e += WT) sO[e] = 0.0f;
+    for (int e = threadIdx.x; e < WB; e += WT) sLo[e] = i0 + e < T_ ? att_lo(i0 + e, window, drow) : 0;
     // running max and sum of row 16*warp + lane live in lane `lane` (< 16) of the owning warp
     float m_run = -INFINITY, l_run = 0.0f;
     const int r0 = 16 * warp;
     const int jend = i0 + WB < T_ ? i0 + WB : T_;
-    for (int j0 = 0; j0 < jend; j0 += WB) {
+    for (int j0 = att_first_tile(i0, T_, WB, window, drow); j0 < jend; j0 += WB) {
         __syncthreads();  // previous K/V readers are done (and, first time, sQ/sO are ready)
         load_tile(sK, L.ldh, k, (size_t)b * T_ + j0, j0, T_, ldk, (size_t)hk * D, D);
         load_tile(sV, L.ldh, v, (size_t)b * T_ + j0, j0, T_, ldk, (size_t)hk * D, D);
@@ -334,14 +374,14 @@ __global__ void __launch_bounds__(WT) att_fwd_wmma(bf16 *out, float *lse, const 
         for (int rr = 0; rr < 16; rr++) {
             const int r = r0 + rr, i = i0 + r;
             const int ja = j0 + lane, jb = j0 + lane + 32;
-            const bool va = ja <= i && ja < T_, vb = jb <= i && jb < T_;
+            const bool va = ja <= i && ja < T_ && ja >= sLo[r], vb = jb <= i && jb < T_ && jb >= sLo[r];
             const float sa = sS[r * L.lds + lane] * scale, sb = sS[r * L.lds + lane + 32] * scale;
             const float mx = warp_max(fmaxf(va ? sa : -INFINITY, vb ? sb : -INFINITY));
             const float mold = __shfl_sync(0xffffffffu, m_run, rr), lold = __shfl_sync(0xffffffffu, l_run, rr);
             const float mnew = fmaxf(mold, mx);
             const float pa = va ? expf(sa - mnew) : 0.0f, pb = vb ? expf(sb - mnew) : 0.0f;
             const float sum = warp_sum(pa + pb);
-            const float corr = expf(mold - mnew);
+            const float corr = mnew == -INFINITY ? 1.0f : expf(mold - mnew);  // nothing visible yet
             sP[r * L.ldp + lane] = __float2bfloat16_rn(pa);
             sP[r * L.ldp + lane + 32] = __float2bfloat16_rn(pb);
             if (lane == rr) m_run = mnew, l_run = lold * corr + sum;
@@ -375,18 +415,18 @@ __global__ void __launch_bounds__(WT) att_fwd_wmma(bf16 *out, float *lse, const 
 
 static size_t wmma_fwd_smem(int D) {
     const WLayout L = wlayout(D);
-    return (size_t)WB * (3 * L.ldh * 2 + L.lds * 4 + L.ldp * 2 + L.ldo * 4);
+    return (size_t)WB * (3 * L.ldh * 2 + L.lds * 4 + L.ldp * 2 + L.ldo * 4 + 4);
 }
 
 // P and scale*dS of a warp's 16 query rows against a 64-key tile, from the score and dP tiles.
 __device__ __forceinline__ void wmma_probs(bf16 *sP, bf16 *sdS, const float *sS, const float *sdP, const float *sL,
-                                           const float *sDi, WLayout L, int r0, int i0, int j0, int T_,
-                                           float scale) {
+                                           const float *sDi, const int *sLo, WLayout L, int r0, int i0, int j0,
+                                           int T_, float scale) {
     const int lane = threadIdx.x & 31;
     for (int e = lane; e < 16 * WB; e += 32) {
         const int r = r0 + e / WB, cc = e % WB, i = i0 + r, j = j0 + cc;
         float p = 0.0f, ds = 0.0f;
-        if (i < T_ && j <= i) {
+        if (i < T_ && j <= i && j >= sLo[r]) {
             p = expf(sS[r * L.lds + cc] * scale - sL[r]);
             ds = p * (sdP[r * L.lds + cc] - sDi[r]);
         }
@@ -398,22 +438,26 @@ __device__ __forceinline__ void wmma_probs(bf16 *sP, bf16 *sdS, const float *sS,
 __global__ void __launch_bounds__(WT) att_bwd_dkdv_wmma(bf16 *dk, bf16 *dv, const bf16 *dout, const bf16 *q,
                                                        const bf16 *k, const bf16 *v, const float *lse,
                                                        const float *Di, int T_, int Hq, int Hkv, int D,
-                                                       float scale) {
+                                                       float scale, int window, const int32_t *doc_start) {
     DYNAMIC_SMEM(smem);
     const WLayout L = wlayout(D);
     const int kb = blockIdx.x, hk = blockIdx.y, b = blockIdx.z, group = Hq / Hkv;
     const int j0 = kb * WB, warp = threadIdx.x >> 5, r0 = 16 * warp;
+    const int jlast = (j0 + WB < T_ ? j0 + WB : T_) - 1;
+    const int32_t *drow = doc_start ? doc_start + (size_t)b * T_ : nullptr;
     const size_t ldq = (size_t)Hq * D, ldk = (size_t)Hkv * D;
     bf16 *sK = (bf16 *)smem, *sV = sK + WB * L.ldh, *sQ = sV + WB * L.ldh, *sdO = sQ + WB * L.ldh;
     float *sdK = (float *)(sdO + WB * L.ldh), *sdV = sdK + WB * L.ldo;
     float *sS = sdV + WB * L.ldo, *sdP = sS + WB * L.lds;
     bf16 *sP = (bf16 *)(sdP + WB * L.lds), *sdS = sP + WB * L.ldp;
     float *sL = (float *)(sdS + WB * L.ldp), *sDi = sL + WB;
+    int *sLo = (int *)(sDi + WB);
     load_tile(sK, L.ldh, k, (size_t)b * T_ + j0, j0, T_, ldk, (size_t)hk * D, D);
     load_tile(sV, L.ldh, v, (size_t)b * T_ + j0, j0, T_, ldk, (size_t)hk * D, D);
     for (int e = threadIdx.x; e < WB * L.ldo; e += WT) sdK[e] = sdV[e] = 0.0f;
     for (int h = hk * group; h < (hk + 1) * group; h++)
         for (int i0 = j0; i0 < T_; i0 += WB) {
+            if (att_lo(i0, window, drow) > jlast) break;  // neither this query tile nor a later one sees the keys
             __syncthreads();  // the previous tile's readers are done
             load_tile(sQ, L.ldh, q, (size_t)b * T_ + i0, i0, T_, ldq, (size_t)h * D, D);
             load_tile(sdO, L.ldh, dout, (size_t)b * T_ + i0, i0, T_, ldq, (size_t)h * D, D);
@@ -421,13 +465,14 @@ __global__ void __launch_bounds__(WT) att_bwd_dkdv_wmma(bf16 *dk, bf16 *dv, cons
                 const int i = i0 + threadIdx.x;
                 sL[threadIdx.x] = i < T_ ? lse[((size_t)b * Hq + h) * T_ + i] : 0.0f;
                 sDi[threadIdx.x] = i < T_ ? Di[((size_t)b * Hq + h) * T_ + i] : 0.0f;
+                sLo[threadIdx.x] = i < T_ ? att_lo(i, window, drow) : 0;
             }
             __syncthreads();
             // this warp's 16 query rows: S = Q K^T, dP = dO V^T
             tile_qkT(sS + r0 * L.lds, L.lds, sQ + r0 * L.ldh, sK, L.ldh, D);
             tile_qkT(sdP + r0 * L.lds, L.lds, sdO + r0 * L.ldh, sV, L.ldh, D);
             __syncwarp();
-            wmma_probs(sP, sdS, sS, sdP, sL, sDi, L, r0, i0, j0, T_, scale);
+            wmma_probs(sP, sdS, sS, sdP, sL, sDi, sLo, L, r0, i0, j0, T_, scale);
             __syncthreads();  // the products below read every warp's rows of P and dS
             // this warp's 16 key rows: dV += P^T dO, dK += dS^T Q
             for (int nt = 0; nt < D / 16; nt++) {
@@ -461,21 +506,24 @@ __global__ void __launch_bounds__(WT) att_bwd_dkdv_wmma(bf16 *dk, bf16 *dv, cons
 
 static size_t wmma_dkdv_smem(int D) {
     const WLayout L = wlayout(D);
-    return (size_t)WB * (4 * L.ldh * 2 + 2 * L.ldo * 4 + 2 * L.lds * 4 + 2 * L.ldp * 2 + 2 * 4);
+    return (size_t)WB * (4 * L.ldh * 2 + 2 * L.ldo * 4 + 2 * L.lds * 4 + 2 * L.ldp * 2 + 3 * 4);
 }
 
 __global__ void __launch_bounds__(WT) att_bwd_dq_wmma(bf16 *dq, const bf16 *dout, const bf16 *q, const bf16 *k,
                                                      const bf16 *v, const float *lse, const float *Di, int T_,
-                                                     int Hq, int Hkv, int D, float scale) {
+                                                     int Hq, int Hkv, int D, float scale, int window,
+                                                     const int32_t *doc_start) {
     DYNAMIC_SMEM(smem);
     const WLayout L = wlayout(D);
     const int qb = gridDim.x - 1 - blockIdx.x, h = blockIdx.y, b = blockIdx.z;
     const int hk = h / (Hq / Hkv), i0 = qb * WB, warp = threadIdx.x >> 5, r0 = 16 * warp;
     const size_t ldq = (size_t)Hq * D, ldk = (size_t)Hkv * D;
+    const int32_t *drow = doc_start ? doc_start + (size_t)b * T_ : nullptr;
     bf16 *sQ = (bf16 *)smem, *sdO = sQ + WB * L.ldh, *sK = sdO + WB * L.ldh, *sV = sK + WB * L.ldh;
     float *sdQ = (float *)(sV + WB * L.ldh), *sS = sdQ + WB * L.ldo, *sdP = sS + WB * L.lds;
     bf16 *sdS = (bf16 *)(sdP + WB * L.lds);
     float *sL = (float *)(sdS + WB * L.ldp), *sDi = sL + WB;
+    int *sLo = (int *)(sDi + WB);
     load_tile(sQ, L.ldh, q, (size_t)b * T_ + i0, i0, T_, ldq, (size_t)h * D, D);
     load_tile(sdO, L.ldh, dout, (size_t)b * T_ + i0, i0, T_, ldq, (size_t)h * D, D);
     for (int e = threadIdx.x; e < WB * L.ldo; e += WT) sdQ[e] = 0.0f;
@@ -483,9 +531,10 @@ __global__ void __launch_bounds__(WT) att_bwd_dq_wmma(bf16 *dq, const bf16 *dout
         const int i = i0 + threadIdx.x;
         sL[threadIdx.x] = i < T_ ? lse[((size_t)b * Hq + h) * T_ + i] : 0.0f;
         sDi[threadIdx.x] = i < T_ ? Di[((size_t)b * Hq + h) * T_ + i] : 0.0f;
+        sLo[threadIdx.x] = i < T_ ? att_lo(i, window, drow) : 0;
     }
     const int jend = i0 + WB < T_ ? i0 + WB : T_;
-    for (int j0 = 0; j0 < jend; j0 += WB) {
+    for (int j0 = att_first_tile(i0, T_, WB, window, drow); j0 < jend; j0 += WB) {
         __syncthreads();
         load_tile(sK, L.ldh, k, (size_t)b * T_ + j0, j0, T_, ldk, (size_t)hk * D, D);
         load_tile(sV, L.ldh, v, (size_t)b * T_ + j0, j0, T_, ldk, (size_t)hk * D, D);
@@ -493,7 +542,7 @@ __global__ void __launch_bounds__(WT) att_bwd_dq_wmma(bf16 *dq, const bf16 *dout
         tile_qkT(sS + r0 * L.lds, L.lds, sQ + r0 * L.ldh, sK, L.ldh, D);
         tile_qkT(sdP + r0 * L.lds, L.lds, sdO + r0 * L.ldh, sV, L.ldh, D);
         __syncwarp();
-        wmma_probs(nullptr, sdS, sS, sdP, sL, sDi, L, r0, i0, j0, T_, scale);
+        wmma_probs(nullptr, sdS, sS, sdP, sL, sDi, sLo, L, r0, i0, j0, T_, scale);
         __syncwarp();
         for (int nt = 0; nt < D / 16; nt++) {
             FragC acc;
@@ -517,7 +566,7 @@ __global__ void __launch_bounds__(WT) att_bwd_dq_wmma(bf16 *dq, const bf16 *dout
 
 static size_t wmma_dq_smem(int D) {
     const WLayout L = wlayout(D);
-    return (size_t)WB * (4 * L.ldh * 2 + L.ldo * 4 + 2 * L.lds * 4 + L.ldp * 2 + 2 * 4);
+    return (size_t)WB * (4 * L.ldh * 2 + L.ldo * 4 + 2 * L.lds * 4 + L.ldp * 2 + 3 * 4);
 }
 
 // ==== dispatch ===============================================================================
@@ -543,7 +592,7 @@ template <class K> static void smem_optin(CudaCtx *c, K kernel, size_t bytes, in
 }
 
 void k_attention_fwd(CudaCtx *c, void *out, float *lse, const void *q, const void *k, const void *v,
-                     int B, int T, int Hq, int Hkv, int D) {
+                     int B, int T, int Hq, int Hkv, int D, int window, const int32_t *doc_start) {
     if (B <= 0 || T <= 0) return;
     const float scale = att_scale(D);
     const void *ptrs[] = {out, q, k, v};
@@ -551,16 +600,16 @@ void k_attention_fwd(CudaCtx *c, void *out, float *lse, const void *q, const voi
         const size_t sm = wmma_fwd_smem(D);
         smem_optin(c, att_fwd_wmma, sm, D);
         dim3 g((T + WB - 1) / WB, Hq, B);
-        LAUNCH(g, WT, sm, c->stream, att_fwd_wmma)((bf16 *)out, lse, (const bf16 *)q, (const bf16 *)k, (const bf16 *)v, T, Hq, Hkv, D, scale);
+        LAUNCH(g, WT, sm, c->stream, att_fwd_wmma)((bf16 *)out, lse, (const bf16 *)q, (const bf16 *)k, (const bf16 *)v, T, Hq, Hkv, D, scale, window, doc_start);
     } else {
         const size_t sm = generic_fwd_smem(D);
         dim3 g((T + GB - 1) / GB, Hq, B);
         if (c->bf16) {
             smem_optin(c, att_fwd_generic<bf16>, sm, D);
-            LAUNCH(g, GT, sm, c->stream, att_fwd_generic<bf16>)((bf16 *)out, lse, (const bf16 *)q, (const bf16 *)k, (const bf16 *)v, T, Hq, Hkv, D, scale);
+            LAUNCH(g, GT, sm, c->stream, att_fwd_generic<bf16>)((bf16 *)out, lse, (const bf16 *)q, (const bf16 *)k, (const bf16 *)v, T, Hq, Hkv, D, scale, window, doc_start);
         } else {
             smem_optin(c, att_fwd_generic<float>, sm, D);
-            LAUNCH(g, GT, sm, c->stream, att_fwd_generic<float>)((float *)out, lse, (const float *)q, (const float *)k, (const float *)v, T, Hq, Hkv, D, scale);
+            LAUNCH(g, GT, sm, c->stream, att_fwd_generic<float>)((float *)out, lse, (const float *)q, (const float *)k, (const float *)v, T, Hq, Hkv, D, scale, window, doc_start);
         }
     }
     LAUNCH_CHECK("attention_fwd");
@@ -568,7 +617,7 @@ void k_attention_fwd(CudaCtx *c, void *out, float *lse, const void *q, const voi
 
 void k_attention_bwd(CudaCtx *c, void *dq, void *dk, void *dv, const void *dout, const void *q,
                      const void *k, const void *v, const void *out, const float *lse, int B, int T,
-                     int Hq, int Hkv, int D) {
+                     int Hq, int Hkv, int D, int window, const int32_t *doc_start) {
     if (B <= 0 || T <= 0) return;
     const float scale = att_scale(D);
     float *Di = (float *)ctx_scratch(c, SCR_ATT_D, (size_t)B * Hq * T * sizeof(float));
@@ -583,21 +632,21 @@ void k_attention_bwd(CudaCtx *c, void *dq, void *dk, void *dv, const void *dout,
         smem_optin(c, att_bwd_dkdv_wmma, s1, D);
         smem_optin(c, att_bwd_dq_wmma, s2, D);
         dim3 g1((T + WB - 1) / WB, Hkv, B), g2((T + WB - 1) / WB, Hq, B);
-        LAUNCH(g1, WT, s1, c->stream, att_bwd_dkdv_wmma)((bf16 *)dk, (bf16 *)dv, (const bf16 *)dout, (const bf16 *)q, (const bf16 *)k, (const bf16 *)v, lse, Di, T, Hq, Hkv, D, scale);
-        LAUNCH(g2, WT, s2, c->stream, att_bwd_dq_wmma)((bf16 *)dq, (const bf16 *)dout, (const bf16 *)q, (const bf16 *)k, (const bf16 *)v, lse, Di, T, Hq, Hkv, D, scale);
+        LAUNCH(g1, WT, s1, c->stream, att_bwd_dkdv_wmma)((bf16 *)dk, (bf16 *)dv, (const bf16 *)dout, (const bf16 *)q, (const bf16 *)k, (const bf16 *)v, lse, Di, T, Hq, Hkv, D, scale, window, doc_start);
+        LAUNCH(g2, WT, s2, c->stream, att_bwd_dq_wmma)((bf16 *)dq, (const bf16 *)dout, (const bf16 *)q, (const bf16 *)k, (const bf16 *)v, lse, Di, T, Hq, Hkv, D, scale, window, doc_start);
     } else {
         const size_t s1 = generic_dkdv_smem(D), s2 = generic_dq_smem(D);
         dim3 g1((T + GB - 1) / GB, Hkv, B), g2((T + GB - 1) / GB, Hq, B);
         if (c->bf16) {
             smem_optin(c, att_bwd_dkdv_generic<bf16>, s1, D);
             smem_optin(c, att_bwd_dq_generic<bf16>, s2, D);
-            LAUNCH(g1, GT, s1, c->stream, att_bwd_dkdv_generic<bf16>)((bf16 *)dk, (bf16 *)dv, (const bf16 *)dout, (const bf16 *)q, (const bf16 *)k, (const bf16 *)v, lse, Di, T, Hq, Hkv, D, scale);
-            LAUNCH(g2, GT, s2, c->stream, att_bwd_dq_generic<bf16>)((bf16 *)dq, (const bf16 *)dout, (const bf16 *)q, (const bf16 *)k, (const bf16 *)v, lse, Di, T, Hq, Hkv, D, scale);
+            LAUNCH(g1, GT, s1, c->stream, att_bwd_dkdv_generic<bf16>)((bf16 *)dk, (bf16 *)dv, (const bf16 *)dout, (const bf16 *)q, (const bf16 *)k, (const bf16 *)v, lse, Di, T, Hq, Hkv, D, scale, window, doc_start);
+            LAUNCH(g2, GT, s2, c->stream, att_bwd_dq_generic<bf16>)((bf16 *)dq, (const bf16 *)dout, (const bf16 *)q, (const bf16 *)k, (const bf16 *)v, lse, Di, T, Hq, Hkv, D, scale, window, doc_start);
         } else {
             smem_optin(c, att_bwd_dkdv_generic<float>, s1, D);
             smem_optin(c, att_bwd_dq_generic<float>, s2, D);
-            LAUNCH(g1, GT, s1, c->stream, att_bwd_dkdv_generic<float>)((float *)dk, (float *)dv, (const float *)dout, (const float *)q, (const float *)k, (const float *)v, lse, Di, T, Hq, Hkv, D, scale);
-            LAUNCH(g2, GT, s2, c->stream, att_bwd_dq_generic<float>)((float *)dq, (const float *)dout, (const float *)q, (const float *)k, (const float *)v, lse, Di, T, Hq, Hkv, D, scale);
+            LAUNCH(g1, GT, s1, c->stream, att_bwd_dkdv_generic<float>)((float *)dk, (float *)dv, (const float *)dout, (const float *)q, (const float *)k, (const float *)v, lse, Di, T, Hq, Hkv, D, scale, window, doc_start);
+            LAUNCH(g2, GT, s2, c->stream, att_bwd_dq_generic<float>)((float *)dq, (const float *)dout, (const float *)q, (const float *)k, (const float *)v, lse, Di, T, Hq, Hkv, D, scale, window, doc_start);
         }
     }
     LAUNCH_CHECK("attention_bwd");

@@ -113,11 +113,12 @@ void k_rope(CudaCtx *c, void *x, const float *cosv, const float *sinv, const int
             int T, int H, int D, int sign);
 
 // ---- attention.cu ----------------------------------------------------------------------------
+// window (0: none) and doc_start (device [B*T], NULL: one document per row): backend.h's mask.
 void k_attention_fwd(CudaCtx *c, void *out, float *lse, const void *q, const void *k, const void *v,
-                     int B, int T, int Hq, int Hkv, int D);
+                     int B, int T, int Hq, int Hkv, int D, int window, const int32_t *doc_start);
 void k_attention_bwd(CudaCtx *c, void *dq, void *dk, void *dv, const void *dout, const void *q,
                      const void *k, const void *v, const void *out, const float *lse, int B, int T,
-                     int Hq, int Hkv, int D);
+                     int Hq, int Hkv, int D, int window, const int32_t *doc_start);
 // Which path a shape takes ("wmma-bf16" or "generic"), for tests and reports.
 const char *k_attention_path(const CudaCtx *c, int D);
 

@@ -1,0 +1,61 @@
+// rows.h: prepared rows (train.bin / eval.bin written by scripts/prepare_data.py) and their
+// batch loader. The format is the contract in DESIGN.md ("Prepared datasets"):
+//
+//   header: 256 int32, little endian
+//     [0] magic 20241124  [1] version 1  [2] T (row length = sequence_len)  [3] nrows
+//     [4] flags (bit 0: packed)  [5] max token id + 1  [6] ndocs  [7..8] target count (uint64)
+//   then nrows rows of 3*T int32: tokens[T], targets[T], doc_start[T]
+//
+// targets[t] is the id to predict at t (tokens[t+1] of the same document) or -1 (not trained);
+// doc_start[t] is the in-row index of the first token of t's document (positions restart there
+// and attention stays inside it). The loader checks every row it reads (ids against the
+// vocabulary, targets against the next token of the same document, the document map), and
+// the whole file once at open, so a bad file ends the run before training with one line
+// naming the file and the row.
+//
+// Batches: a loader serves micro-batches of B rows (B = world x micro_batch_size: every rank
+// reads the global micro-batch and trains on its part, as with token shards). An epoch is
+// steps_per_epoch = ceil(nrows / (B x accum)) optimizer steps; the slots of the last step that
+// no row fills are empty rows (every target -1: they add nothing to the loss or the
+// gradients). Shuffled, the rows of each epoch are visited in a seeded random order that
+// depends only on (seed, epoch), so a resumed run (epoch, next slot) rebuilds it exactly.
+#pragma once
+#include <stddef.h>
+#include <stdint.h>
+
+#define ROWS_MAGIC 20241124
+#define ROWS_VERSION 1
+#define ROWS_FLAG_PACKED 1
+
+typedef struct {
+    char *path;
+    uint64_t size, dev, ino;  // identity of the file opened (checked before each read)
+    int fd;
+    int T, packed, vocab;
+    size_t nrows;
+    uint64_t ndocs, ntargets;  // from the header, checked against the rows at open
+    int max_id1;               // header [5]
+    int B, accum, shuffle;
+    uint64_t seed;
+    size_t slots;              // rows one epoch serves: steps_per_epoch x B x accum >= nrows
+    // position: epoch and the index of the next slot in that epoch
+    uint64_t epoch;
+    size_t next;
+    size_t *order;             // the epoch's row order (a permutation of 0..nrows-1)
+    int32_t *buf;              // one row: 3*T int32
+} RowLoader;
+
+// Opens and checks path (every row is read once). B rows per micro-batch, accum micro-batches
+// per optimizer step. T must be the run's sequence_len; ids must be < vocab. what names the
+// file's role in messages ("train rows"). Fails with one line on any problem.
+void rows_open(RowLoader *rl, const char *path, int B, int accum, int T, int vocab, int shuffle,
+               uint64_t seed, const char *what);
+// Optimizer steps in one epoch.
+size_t rows_steps_per_epoch(const RowLoader *rl);
+// Next micro-batch: tokens, targets, doc_start, each [B*T]. Past the epoch's rows: empty rows.
+void rows_next(RowLoader *rl, int32_t *tokens, int32_t *targets, int32_t *doc_start);
+// Reads row r (no shuffle, no epoch) into the three arrays [T] each; r >= nrows: an empty row.
+void rows_read(RowLoader *rl, size_t r, int32_t *tokens, int32_t *targets, int32_t *doc_start);
+// Position for checkpoints (fails when next is past the epoch: the data changed).
+void rows_seek(RowLoader *rl, uint64_t epoch, size_t next);
+void rows_close(RowLoader *rl);
