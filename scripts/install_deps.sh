@@ -3,7 +3,7 @@
 set -euo pipefail
 SUDO=""
 [ "$(id -u)" -ne 0 ] && SUDO="sudo"
-pkgs="build-essential libopenblas-openmp-dev libyaml-dev libcjson-dev libstb-dev libopenmpi-dev openmpi-bin python3 python3-torch python3-numpy clang libclang-rt-dev libomp-dev"
+pkgs="build-essential libopenblas-openmp-dev libyaml-dev libcjson-dev libstb-dev libopenmpi-dev openmpi-bin python3 python3-torch python3-numpy python3-matplotlib clang libclang-rt-dev libomp-dev"
 missing=""
 for p in $pkgs; do dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"; done
 if [ -n "$missing" ]; then
@@ -11,10 +11,12 @@ if [ -n "$missing" ]; then
     $SUDO apt-get update -q
     $SUDO apt-get install -y -q --no-install-recommends $missing
 fi
-# Data preparation (scripts/tokenize_hf.py and its test): Hugging Face tokenizers, pinned, into
-# Debian's python3 (python3-pip; Debian marks its Python as externally managed, hence the flag).
-PY_PKGS="tokenizers==0.22.2 transformers==4.57.6 jinja2==3.1.6"
-if ! /usr/bin/python3 -c "import tokenizers, transformers, jinja2" >/dev/null 2>&1; then
+# Data preparation (scripts/prepare_data.py, scripts/tokenize_hf.py and their tests): Hugging Face
+# tokenizers and chat templates, and pyarrow for parquet datasets (17.x: the last line that works
+# with Debian's numpy 1.x), pinned, into Debian's python3 (python3-pip; Debian marks its Python as
+# externally managed, hence the flag).
+PY_PKGS="tokenizers==0.22.2 transformers==4.57.6 jinja2==3.1.6 pyarrow==17.0.0"
+if ! /usr/bin/python3 -c "import tokenizers, transformers, jinja2, pyarrow.parquet" >/dev/null 2>&1; then
     dpkg -s python3-pip >/dev/null 2>&1 || { export DEBIAN_FRONTEND=noninteractive; $SUDO apt-get update -q; \
         $SUDO apt-get install -y -q --no-install-recommends python3-pip; }
     $SUDO /usr/bin/python3 -m pip install -q --break-system-packages $PY_PKGS

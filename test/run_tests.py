@@ -39,6 +39,7 @@ def tests(build):
         ("peft_config", [PY, "test/test_peft_config.py", "--bin", bin_]),
         ("tokenize_hf", [PY, "test/test_tokenize_hf.py"]),
         ("plan", [PY, "test/test_plan.py", "--bin", bin_]),
+        ("prepare_data", [PY, "test/test_prepare_data.py"]),
         ("datasets_c", [PY, "test/test_datasets_c.py", "--bin", bin_]),
         ("plot", [PY, "test/test_plot.py", "--bin", bin_]),
         ("train_smoke", [PY, "test/test_train_smoke.py", "--bin", bin_]),

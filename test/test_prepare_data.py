@@ -1,0 +1,512 @@
+#!/usr/bin/env python3
+"""scripts/prepare_data.py against the rules it implements (Axolotl's prompt strategies, as the
+issue states them), with byte-level BPE tokenizers made by test/hf_fixtures.py:
+
+  alpaca            prompt masked, response tokenized apart (no BOS) + EOS; the no-input system
+                    prompt when input is empty; train_on_inputs trains the prompt too
+  chat_llama3       sharegpt from/value, roles_to_train [gpt]: each trained run is one assistant
+                    turn's content + <|eot_id|> when eos_token is <|eot_id|>; headers never trained;
+                    train_on_eos all/last; without the eos override the turn end is not trained
+  chat_chatml       tokenizer_default chatml template, eot_tokens [<|im_end|>]; legacy rule
+  input_output      segments with label flags, no special tokens added
+  completion        long texts cut into sequence_len pieces, every token trained, EOS at the end
+  pretraining       pretraining_dataset plain text, packed, documents isolated
+  packing           packed rows hold the same documents as unpacked rows, targets never cross
+  val_split         ceil(val_set_size * n) eval samples, deterministic by seed
+  excess_length     drop (counted) / truncate / raise (file:line)
+  formats           json list, parquet, csv, a directory, data_files, split slices
+  cache             second run hits; a changed data file or tokenizer misses; stale dirs rebuilt
+  errors            one line each, naming file:line and field or the config key
+"""
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import types
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(ROOT, "scripts"))
+import hf_fixtures as F  # noqa: E402
+from checks import check, finish  # noqa: E402
+
+import prepare_data as P  # noqa: E402
+
+SCRIPT = os.path.join(ROOT, "scripts", "prepare_data.py")
+VOCAB = 1024
+
+
+class Env:
+    def __init__(self, root):
+        self.root = root
+        self.tok = {}
+        for kind in ("llama3", "llama2", "qwen2"):
+            d = os.path.join(root, "tok_" + kind)
+            F.make_tokenizer(d, kind)
+            self.tok[kind] = d
+        from transformers import AutoTokenizer
+        self.hf = {k: AutoTokenizer.from_pretrained(d) for k, d in self.tok.items()}
+        self.n = 0
+
+    def spec(self, config, kind="llama3", T=256, seed=42, vocab=VOCAB):
+        self.n += 1
+        d = os.path.join(self.root, "run%d" % self.n)
+        os.makedirs(d)
+        return {"spec_version": 1, "config_path": os.path.join(d, "cfg.yaml"), "config_dir": d,
+                "tokenizer_dir": self.tok[kind], "sequence_len": T, "seed": seed,
+                "prepared_root": os.path.join(d, "prepared"), "vocab_size": vocab, "config": config}
+
+    def data(self, spec, name, rows):
+        F.write_jsonl(os.path.join(spec["config_dir"], name), rows)
+        return name
+
+    def run(self, spec, force=False):
+        """In-process run: (prepared dir, meta) or raises DataError."""
+        sp = os.path.join(spec["config_dir"], "spec.json")
+        with open(sp, "w") as f:
+            json.dump(spec, f)
+        res = os.path.join(spec["config_dir"], "result.txt")
+        P.run(types.SimpleNamespace(spec=sp, result=res, force=force))
+        d = open(res).read().strip()
+        return d, json.load(open(os.path.join(d, "meta.json")))
+
+    def err(self, spec):
+        try:
+            self.run(spec)
+        except P.DataError as e:
+            return str(e)
+        return ""
+
+
+def read_rows(path):
+    raw = np.fromfile(path, "<i4")
+    h, T = raw[:256], int(raw[2])
+    return h, raw[256:].reshape(int(h[3]), 3, T)
+
+
+def docs_of(path):
+    """(header, [(tokens, targets)] per document), the padding run at a row's end left out."""
+    h, body = read_rows(path)
+    pad = json.load(open(os.path.join(os.path.dirname(path), "meta.json")))["pad_token_id"]
+    out = []
+    for tok, tgt, ds in body:
+        T = len(tok)
+        t = 0
+        while t < T:
+            e = t + 1
+            while e < T and ds[e] == ds[t]:
+                e += 1
+            is_pad = e == T and t > 0 and all(int(x) == pad for x in tok[t:e]) and all(y < 0 for y in tgt[t:e])
+            if not is_pad:
+                out.append(([int(x) for x in tok[t:e]], [int(x) for x in tgt[t:e]]))
+            t = e
+    return h, out
+
+
+def trained_runs(tok, tgt):
+    """Contiguous runs of trained target ids (targets[t] = tokens[t+1])."""
+    runs, cur = [], []
+    for t in range(len(tok)):
+        if tgt[t] >= 0:
+            cur.append(tgt[t])
+        elif cur:
+            runs.append(cur)
+            cur = []
+    if cur:
+        runs.append(cur)
+    return runs
+
+
+def dec(hf, ids):
+    return hf.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+
+
+# ---- cases -----------------------------------------------------------------------------------
+
+def case_alpaca(e):
+    rows = F.alpaca_rows(9, seed=1)
+    sp = e.spec({"datasets": [{"path": "a.jsonl", "type": "alpaca"}]})
+    e.data(sp, "a.jsonl", rows)
+    d, meta = e.run(sp)
+    hf = e.hf["llama3"]
+    _, docs = docs_of(os.path.join(d, "train.bin"))
+    by_text = {}
+    for tok, tgt in docs:
+        by_text[dec(hf, tok)] = (tok, tgt)
+    bad = []
+    for r in rows:
+        sysp = P.ALPACA_SYSTEM if r["input"] else P.ALPACA_SYSTEM_NO_INPUT
+        prompt = sysp + "\n\n### Instruction:\n" + r["instruction"] + "\n\n" + \
+            ("### Input:\n" + r["input"] + "\n\n" if r["input"] else "") + "### Response:\n"
+        full = "<|begin_of_text|>" + prompt + r["output"] + "<|end_of_text|>"
+        if full not in by_text:
+            bad.append("missing sample %r" % full[:80])
+            continue
+        tok, tgt = by_text[full]
+        p = hf(prompt)["input_ids"]
+        resp = hf(r["output"], add_special_tokens=False)["input_ids"] + [hf.eos_token_id]
+        want_tgt = [-1] * (len(p) - 1) + resp + [-1]
+        if tok != p + resp or tgt != want_tgt:
+            bad.append("sample %r: tokens/targets differ" % r["instruction"])
+    check("alpaca: prompt masked, response (no BOS) + EOS trained, no-input system prompt (%d samples)" % len(rows),
+          not bad and meta["train_samples"] == len(rows), "; ".join(bad[:3]))
+    sp = e.spec({"datasets": [{"path": "a.jsonl", "type": "alpaca"}], "train_on_inputs": True})
+    e.data(sp, "a.jsonl", rows)
+    d, _ = e.run(sp)
+    _, docs = docs_of(os.path.join(d, "train.bin"))
+    ok = all(tg[:-1] == tk[1:] and tg[-1] == -1 for tk, tg in docs)
+    check("alpaca: train_on_inputs trains every next token", ok)
+
+
+def llama3_convs():
+    return F.sharegpt_rows(8, seed=3)
+
+
+def case_chat_llama3(e):
+    hf = e.hf["llama3"]
+    rows = llama3_convs()
+    ds = {"path": "c.jsonl", "type": "chat_template", "field_messages": "conversations",
+          "message_property_mappings": {"role": "from", "content": "value"}, "roles_to_train": ["gpt"]}
+    eot = hf.convert_tokens_to_ids("<|eot_id|>")
+    heads = {hf.convert_tokens_to_ids(x) for x in ("<|start_header_id|>", "<|end_header_id|>")}
+
+    def go(extra, ds_extra=None):
+        cfg = {"datasets": [dict(ds, **(ds_extra or {}))], "chat_template": "llama3"}
+        cfg.update(extra)
+        sp = e.spec(cfg)
+        e.data(sp, "c.jsonl", rows)
+        d, _ = e.run(sp)
+        return docs_of(os.path.join(d, "train.bin"))[1]
+
+    docs = go({"special_tokens": {"eos_token": "<|eot_id|>"}})
+    want = sorted(m["value"].strip() + "<|eot_id|>" for r in rows for m in r["conversations"] if m["from"] == "gpt")
+    got = sorted(dec(hf, run) for tk, tg in docs for run in trained_runs(tk, tg))
+    no_head = all(x not in heads for tk, tg in docs for x in tg if x >= 0)
+    check("chat llama3: trained runs = assistant contents + <|eot_id|> (%d turns), headers never trained"
+          % len(want), got == want and no_head, "got %r want %r" % (got[:2], want[:2]))
+    docs = go({})
+    got = sorted(dec(hf, run) for tk, tg in docs for run in trained_runs(tk, tg))
+    want2 = sorted(w[:-len("<|eot_id|>")] for w in want)
+    check("chat llama3: without eos_token <|eot_id|> the turn end is not trained (Axolotl's default eot = eos)",
+          got == want2, "got %r" % got[:2])
+    docs = go({"special_tokens": {"eos_token": "<|eot_id|>"}}, {"train_on_eos": "all"})
+    n_eot = sum(1 for tk, tg in docs for x in tg if x == eot)
+    n_turns = sum(len(r["conversations"]) for r in rows)
+    check("chat llama3: train_on_eos all trains every turn's <|eot_id|> (%d of %d)" % (n_eot, n_turns),
+          n_eot == n_turns)
+    docs = go({"special_tokens": {"eos_token": "<|eot_id|>"}}, {"train_on_eos": "last"})
+    n_eot = sum(1 for tk, tg in docs for x in tg if x == eot)
+    check("chat llama3: train_on_eos last trains only the last <|eot_id|> of each conversation",
+          n_eot == len(rows), "%d for %d conversations" % (n_eot, len(rows)))
+    docs = go({"special_tokens": {"eos_token": "<|eot_id|>"}}, {"roles_to_train": ["human", "gpt"]})
+    n_runs = sum(len(trained_runs(tk, tg)) for tk, tg in docs)
+    n_ug = sum(1 for r in rows for m in r["conversations"] if m["from"] in ("human", "gpt"))
+    check("chat llama3: roles_to_train [human, gpt] maps to user and assistant (%d runs)" % n_runs, n_runs == n_ug)
+
+
+def case_chat_chatml(e):
+    hf = e.hf["qwen2"]
+    rows = F.messages_rows(8, seed=4)
+    sp = e.spec({"datasets": [{"path": "m.jsonl", "type": "chat_template"}], "eot_tokens": ["<|im_end|>"]},
+                kind="qwen2")
+    e.data(sp, "m.jsonl", rows)
+    d, _ = e.run(sp)
+    docs = docs_of(os.path.join(d, "train.bin"))[1]
+    got = sorted(dec(hf, run) for tk, tg in docs for run in trained_runs(tk, tg))
+    want = sorted(m["content"] + "<|im_end|>" for r in rows for m in r["messages"] if m["role"] == "assistant")
+    full_ok = all(dec(hf, tk).startswith("<|im_start|>") for tk, tg in docs)
+    check("chat chatml (tokenizer_default, no BOS): trained runs = assistant content + <|im_end|>, not the newline",
+          got == want and full_ok, "got %r want %r" % (got[:2], want[:2]))
+    sp = e.spec({"datasets": [{"path": "m.jsonl", "type": "chat_template", "roles_to_train": [],
+                               "train_on_eos": "none"}]}, kind="qwen2")
+    e.data(sp, "m.jsonl", rows)
+    d, _ = e.run(sp)
+    docs = docs_of(os.path.join(d, "train.bin"))[1]
+    ok = len(docs) == len(rows)
+    for tk, tg in docs:
+        runs = trained_runs(tk, tg)
+        ok &= len(runs) == 1 and tg[-1] == -1 and tg[-2] >= 0  # one run to the end
+        if not ok:
+            print(tk, tg)
+            break
+    check("chat chatml: roles_to_train [] and train_on_eos none = Axolotl's legacy rule (everything after the "
+          "last prompt)", ok)
+
+
+def case_input_output(e):
+    hf = e.hf["llama2"]
+    rows = [{"segments": [{"text": "<s>question: one two", "label": False}, {"text": " answer three</s>",
+                                                                             "label": True}]}] * 3
+    sp = e.spec({"datasets": [{"path": "io.jsonl", "type": "input_output"}]}, kind="llama2")
+    e.data(sp, "io.jsonl", rows)
+    d, _ = e.run(sp)
+    docs = docs_of(os.path.join(d, "train.bin"))[1]
+    a = hf("<s>question: one two", add_special_tokens=False)["input_ids"]
+    b = hf(" answer three</s>", add_special_tokens=False)["input_ids"]
+    want = [-1] * (len(a) - 1) + b + [-1]
+    check("input_output: segments concatenated without added tokens, label false masked",
+          len(docs) == 3 and all(tk == a + b and tg == want for tk, tg in docs), docs[:1])
+
+
+def case_completion(e):
+    hf = e.hf["llama2"]
+    rows = [{"body": F.sentence(np.random.default_rng(i), 60, 90)} for i in range(3)]
+    T = 32
+    sp = e.spec({"datasets": [{"path": "t.jsonl", "type": "completion", "field": "body"}]}, kind="llama2", T=T)
+    e.data(sp, "t.jsonl", rows)
+    d, meta = e.run(sp)
+    docs = docs_of(os.path.join(d, "train.bin"))[1]
+    want = []
+    for r in rows:
+        ids = hf(r["body"])["input_ids"] + [hf.eos_token_id]
+        want += [ids[i:i + T] for i in range(0, len(ids), T) if len(ids[i:i + T]) >= 2]
+    ok = sorted(tk for tk, tg in docs) == sorted(want) and all(tg[:-1] == tk[1:] for tk, tg in docs)
+    check("completion: field body, BOS + text + EOS cut into %d-token pieces, all trained (%d pieces)" % (T, len(want)),
+          ok and meta["dropped_long"] == 0)
+
+
+def case_pretraining(e):
+    rows = F.text_rows(12, seed=5, lo=3, hi=20)
+    sp = e.spec({"pretraining_dataset": [{"path": "p.jsonl", "type": "pretrain", "text_column": "text"}]},
+                kind="llama2", T=64)
+    e.data(sp, "p.jsonl", rows)
+    d, meta = e.run(sp)
+    h, body = read_rows(os.path.join(d, "train.bin"))
+    docs = docs_of(os.path.join(d, "train.bin"))[1]
+    hf = e.hf["llama2"]
+    want = sorted(hf(r["text"])["input_ids"] + [hf.eos_token_id] for r in rows)
+    check("pretraining_dataset: packed rows (%d) of BOS + text + EOS documents" % h[3],
+          meta["packed"] and h[4] & 1 and sorted(tk for tk, _ in docs) == want and h[3] < len(rows))
+
+
+def case_packing(e):
+    rows = F.alpaca_rows(20, seed=6)
+    base = {"datasets": [{"path": "a.jsonl", "type": "alpaca"}]}
+    got = {}
+    for packed in (False, True):
+        sp = e.spec(dict(base, sample_packing=packed), T=512)
+        e.data(sp, "a.jsonl", rows)
+        d, meta = e.run(sp)
+        h, body = read_rows(os.path.join(d, "train.bin"))
+        got[packed] = (h, sorted(docs_of(os.path.join(d, "train.bin"))[1]), body)
+    h0, d0, _ = got[False]
+    h1, d1, body = got[True]
+    cross = 0
+    for tok, tgt, ds in body:
+        for t in range(len(tok) - 1):
+            if tgt[t] >= 0 and ds[t + 1] != ds[t]:
+                cross += 1
+    check("packing: %d rows instead of %d, the same documents and targets, none crossing a boundary"
+          % (h1[3], h0[3]), h1[3] < h0[3] and d0 == d1 and cross == 0 and h1[6] == h0[6] == 20
+          and h1[7] == h0[7])
+
+
+def case_val_split(e):
+    rows = F.alpaca_rows(21, seed=7)
+
+    def split(seed, v):
+        sp = e.spec({"datasets": [{"path": "a.jsonl", "type": "alpaca"}], "val_set_size": v}, seed=seed)
+        e.data(sp, "a.jsonl", rows)
+        d, meta = e.run(sp)
+        ev = sorted(tuple(tk) for tk, _ in docs_of(os.path.join(d, "eval.bin"))[1])
+        return meta, ev
+    m1, e1 = split(1, 0.1)
+    m2, e2 = split(1, 0.1)
+    m3, e3 = split(2, 0.1)
+    m4, _ = split(1, 5)
+    check("val_split: ceil(0.1 x 21) = 3 eval samples, the same for the same seed, others for another seed",
+          m1["eval_samples"] == 3 and m1["train_samples"] == 18 and e1 == e2 and e1 != e3, (m1, m3))
+    check("val_split: an integer val_set_size is a count (5)", m4["eval_samples"] == 5 and m4["train_samples"] == 16)
+
+
+def case_excess_length(e):
+    rows = F.alpaca_rows(6, seed=8)
+    rows[2]["output"] = F.sentence(np.random.default_rng(0), 150, 150)
+    for how in ("drop", "truncate", "raise"):
+        sp = e.spec({"datasets": [{"path": "a.jsonl", "type": "alpaca"}], "excess_length_strategy": how}, T=128)
+        e.data(sp, "a.jsonl", rows)
+        if how == "raise":
+            msg = e.err(sp)
+            check("excess_length raise: names the file and line", "a.jsonl:3:" in msg and "sequence_len 128" in msg, msg)
+            continue
+        d, meta = e.run(sp)
+        if how == "drop":
+            check("excess_length drop: one dropped, counted with its line", meta["dropped_long"] == 1 and
+                  meta["train_samples"] == 5 and meta["first_dropped"].endswith("a.jsonl:3"), meta)
+        else:
+            docs = docs_of(os.path.join(d, "train.bin"))[1]
+            check("excess_length truncate: kept, cut to sequence_len", meta["train_samples"] == 6 and
+                  max(len(tk) for tk, _ in docs) == 128, meta)
+
+
+def case_formats(e):
+    rows = F.alpaca_rows(8, seed=9)
+    sp = e.spec({"datasets": [{"path": "a.jsonl", "type": "alpaca"}]})
+    e.data(sp, "a.jsonl", rows)
+    d, _ = e.run(sp)
+    ref = sorted(docs_of(os.path.join(d, "train.bin"))[1])
+
+    def same(name, cfg_ds, write):
+        sp = e.spec({"datasets": [cfg_ds]})
+        write(sp["config_dir"])
+        try:
+            d, _ = e.run(sp)
+            got = sorted(docs_of(os.path.join(d, "train.bin"))[1])
+            check("formats: %s gives the same samples" % name, got == ref)
+        except P.DataError as ex:
+            check("formats: %s gives the same samples" % name, False, str(ex))
+
+    def json_list(dd):
+        with open(os.path.join(dd, "a.json"), "w") as f:
+            json.dump(rows, f, indent=1)
+    same("a JSON list (.json)", {"path": "a.json", "type": "alpaca"}, json_list)
+
+    def parquet(dd):
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+        pq.write_table(pa.Table.from_pylist(rows), os.path.join(dd, "a.parquet"))
+    try:
+        import pyarrow  # noqa: F401
+        same("parquet", {"path": "a.parquet", "type": "alpaca"}, parquet)
+    except ImportError:
+        print("SKIP formats: parquet (pyarrow not installed)")
+
+    def directory(dd):
+        F.write_jsonl(os.path.join(dd, "data", "part-0.jsonl"), rows[:5])
+        F.write_jsonl(os.path.join(dd, "data", "part-1.jsonl"), rows[5:])
+    same("a directory of jsonl files", {"path": "data", "type": "alpaca"}, directory)
+    same("data_files in a directory", {"path": "data", "type": "alpaca", "data_files": ["part-0.jsonl", "part-1.jsonl"]},
+         directory)
+
+    def csvf(dd):
+        import csv
+        with open(os.path.join(dd, "a.csv"), "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=["instruction", "input", "output"])
+            w.writeheader()
+            w.writerows(rows)
+    same("csv", {"path": "a.csv", "type": "alpaca"}, csvf)
+    sp = e.spec({"datasets": [{"path": "a.jsonl", "type": "alpaca", "split": "train[:50%]"}]})
+    e.data(sp, "a.jsonl", rows)
+    d, meta = e.run(sp)
+    check("formats: split train[:50%] takes the first half", meta["train_samples"] == 4)
+
+
+def case_cache(e):
+    rows = F.alpaca_rows(6, seed=10)
+    sp = e.spec({"datasets": [{"path": "a.jsonl", "type": "alpaca"}]})
+    e.data(sp, "a.jsonl", rows)
+    d1, m1 = e.run(sp)
+    t1 = os.stat(os.path.join(d1, "train.bin")).st_mtime_ns
+    d2, _ = e.run(sp)
+    check("cache: a second run reuses the directory", d1 == d2 and os.stat(os.path.join(d2, "train.bin")).st_mtime_ns == t1)
+    e.data(sp, "a.jsonl", rows[:5])
+    d3, m3 = e.run(sp)
+    check("cache: a changed data file prepares again", d3 != d1 and m3["train_samples"] == 5)
+    sp2 = dict(sp, sequence_len=200)
+    d4, _ = e.run(sp2)
+    check("cache: another sequence_len is another key", d4 not in (d1, d3))
+    os.remove(os.path.join(d3, "meta.json"))
+    d5, m5 = e.run(sp)
+    check("cache: a directory without meta.json is stale and rebuilt", d5 == d3 and m5["train_samples"] == 5)
+    left = [x for x in os.listdir(sp["prepared_root"]) if x.startswith(".tmp")]
+    check("cache: no temporary directories left", not left, left)
+
+
+def one_line(e, name, spec, *needles):
+    sp = os.path.join(spec["config_dir"], "spec.json")
+    with open(sp, "w") as f:
+        json.dump(spec, f)
+    p = subprocess.run([sys.executable, SCRIPT, "--spec", sp, "--result", os.path.join(spec["config_dir"], "r.txt")],
+                       capture_output=True, text=True)
+    err = p.stderr.strip().splitlines()
+    ok = p.returncode == 1 and len(err) == 1 and err[0].startswith("error: ") and all(n in err[0] for n in needles)
+    check("errors: %s" % name, ok, "rc %d: %r" % (p.returncode, p.stderr[-400:]))
+
+
+def case_errors(e):
+    bad = F.alpaca_rows(4, seed=11)
+    del bad[2]["output"]
+    sp = e.spec({"datasets": [{"path": "a.jsonl", "type": "alpaca"}]})
+    e.data(sp, "a.jsonl", bad)
+    one_line(e, "a record without output names file:line and field", sp, "a.jsonl:3: output: missing")
+    sp = e.spec({"datasets": [{"path": "a.jsonl", "type": "alpaca"}]})
+    with open(os.path.join(sp["config_dir"], "a.jsonl"), "w") as f:
+        f.write('{"instruction": "a", "output": "b"}\n{"instruction": "a", "output": \n')
+    one_line(e, "invalid JSON names its line", sp, "a.jsonl:2: invalid JSON")
+    sp = e.spec({"datasets": [{"path": "a.jsonl", "type": "sharegpt"}]})
+    e.data(sp, "a.jsonl", F.alpaca_rows(2))
+    one_line(e, "an unsupported type names it and the supported ones", sp, "datasets[0].type: 'sharegpt'", "chat_template")
+    sp = e.spec({"datasets": [{"path": "a.jsonl", "type": "alpaca", "shards": 4}]})
+    e.data(sp, "a.jsonl", F.alpaca_rows(2))
+    one_line(e, "an unsupported dataset key is refused by name", sp, "datasets[0].shards: not supported")
+    sp = e.spec({"datasets": [{"path": "tatsu-lab/alpaca", "type": "alpaca"}]})
+    one_line(e, "a hub dataset id says it is not downloaded", sp, "tatsu-lab/alpaca", "not downloaded")
+    sp = e.spec({"datasets": [{"path": "a.jsonl", "type": "alpaca"}], "test_datasets": [{"path": "a.jsonl",
+                 "type": "alpaca"}], "val_set_size": 0.1})
+    e.data(sp, "a.jsonl", F.alpaca_rows(2))
+    one_line(e, "val_set_size with test_datasets", sp, "val_set_size", "not both")
+    sp = e.spec({"datasets": [{"path": "m.jsonl", "type": "chat_template"}], "chat_template": "chatml"}, kind="llama2")
+    e.data(sp, "m.jsonl", F.messages_rows(2))
+    one_line(e, "chatml on a tokenizer without <|im_start|>", sp, "chat_template", "<|im_start|>")
+    sp = e.spec({"datasets": [{"path": "m.jsonl", "type": "chat_template"}]}, kind="llama2")
+    e.data(sp, "m.jsonl", F.messages_rows(2))
+    one_line(e, "tokenizer_default without a template", sp, "chat_template", "no chat template")
+    n = len(e.hf["llama3"])
+    sp = e.spec({"datasets": [{"path": "a.jsonl", "type": "alpaca"}], "special_tokens": {"pad_token": "<PAD>"}},
+                vocab=n)
+    e.data(sp, "a.jsonl", F.alpaca_rows(2))
+    one_line(e, "a new special token beyond vocab_size", sp, "special_tokens.pad_token", "vocab_size is %d" % n)
+    sp = e.spec({"datasets": [{"path": "a.jsonl", "type": "alpaca"}]}, vocab=300)
+    e.data(sp, "a.jsonl", F.alpaca_rows(2))
+    one_line(e, "token ids beyond the model's vocab_size", sp, "a.jsonl:1: token id", "vocab_size 300")
+    sp = e.spec({"datasets": [{"path": "m.jsonl", "type": "chat_template", "field_messages": "conv"}]}, kind="qwen2")
+    e.data(sp, "m.jsonl", F.messages_rows(2))
+    one_line(e, "missing field_messages names the field", sp, "m.jsonl:1: conv: expected a non-empty list")
+    sp = e.spec({"datasets": [{"path": "a.jsonl", "type": "alpaca"}], "default_system_message": "hi"})
+    e.data(sp, "a.jsonl", F.alpaca_rows(2))
+    one_line(e, "default_system_message refused", sp, "default_system_message: not supported")
+    sp = e.spec({"datasets": [{"path": "a.json", "type": "alpaca"}]})
+    with open(os.path.join(sp["config_dir"], "a.json"), "w") as f:
+        f.write('[\n {"instruction": "a", "output": "b"},\n {"instruction": 3,\n  "output": "c"}\n]\n')
+    one_line(e, "a JSON list's record is named by its line", sp, "a.json:3: instruction: expected a string")
+
+
+CASES = [case_alpaca, case_chat_llama3, case_chat_chatml, case_input_output, case_completion, case_pretraining,
+         case_packing, case_val_split, case_excess_length, case_formats, case_cache, case_errors]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("-k", default="")
+    args = ap.parse_args()
+    try:
+        import tokenizers  # noqa: F401
+        import transformers  # noqa: F401
+    except ImportError:
+        print("SKIP prepare_data: tokenizers/transformers not installed (scripts/install_deps.sh)")
+        return
+    os.environ["TRANSFORMERS_VERBOSITY"] = "error"
+    root = tempfile.mkdtemp(prefix="test_prepare_data.")
+    try:
+        e = Env(root)
+        for c in CASES:
+            if args.k in c.__name__:
+                try:
+                    c(e)
+                except Exception as ex:  # noqa: BLE001 - a crash is one failure with its reason
+                    import traceback
+                    traceback.print_exc()
+                    check(c.__name__, False, "%s: %s" % (type(ex).__name__, ex))
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    finish()
+
+
+if __name__ == "__main__":
+    main()
