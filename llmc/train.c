@@ -465,7 +465,14 @@ int train_main(int argc, char **argv, int arch) {
         float scale = count ? (float)(1.0 / (double)count) : 0.0f;
         bk->memzero(bk, model.grads, grad_bytes, NULL);
         double loss_sum = 0;
+        int ran = 0;  // micro-batches computed
         for (int a = 0; a < accum; a++) {
+            // A micro-batch with no target anywhere (the empty rows that fill an epoch's last
+            // step) adds exactly zero to every gradient: skip it on all ranks alike.
+            long long any = 0;
+            for (size_t i = 0; i < GBT && !any; i++) any = tgt[a * GBT + i] >= 0;
+            if (!any) continue;
+            ran++;
             // Packed rows carry their document map (unpacked: one sample per row, then padding,
             // which no real token attends to, so the plain causal mask is the same).
             model_set_batch(&model, tok + a * GBT + rank * BT, tgt + a * GBT + rank * BT,
@@ -497,7 +504,7 @@ int train_main(int argc, char **argv, int arch) {
         }
         bk->sync(bk);
         double ms = now_ms() - t0;
-        double tps = (double)GBT * accum / (ms / 1000.0);
+        double tps = (double)GBT * ran / (ms / 1000.0);  // tokens computed (skipped empty micro-batches not counted)
         ls.step = step + 1;
         ls.data_epoch = prepared ? rtrain.epoch : train.epoch;
         ls.data_next = prepared ? rtrain.next : train.next;

@@ -247,8 +247,9 @@ class Tok:
             import transformers
             from transformers import AutoTokenizer, PreTrainedTokenizerFast
         except ImportError:
-            raise DataError("datasets: tokenizing needs Python transformers and tokenizers "
-                            "(scripts/install_deps.sh installs them)")
+            raise DataError("datasets: tokenizing needs Python's transformers and tokenizers, which %s does not "
+                            "have: install them (scripts/install_deps.sh) or set $LLMC_PYTHON to a Python that "
+                            "has them" % sys.executable)
         transformers.logging.set_verbosity_error()
         try:
             if os.path.exists(os.path.join(d, "tokenizer_config.json")):
