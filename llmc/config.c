@@ -293,7 +293,8 @@ static const Rule RULES[] = {
     // the datasets pipeline: passed to scripts/prepare_data.py (prepare.h)
     {"datasets", R_DATA, NULL, NULL}, {"test_datasets", R_DATA, NULL, NULL},
     {"pretraining_dataset", R_DATA, NULL, NULL}, {"chat_template", R_DATA, NULL, NULL},
-    {"chat_template_jinja", R_DATA, NULL, NULL}, {"eot_tokens", R_DATA, NULL, NULL},
+    {"chat_template_jinja", R_DATA, NULL, NULL}, {"chat_template_kwargs", R_DATA, NULL, NULL},
+    {"eot_tokens", R_DATA, NULL, NULL},
     {"default_system_message", R_DATA, NULL, NULL}, {"dataset_prepared_path", R_DATA, NULL, NULL},
     {"val_set_size", R_DATA, NULL, NULL}, {"sample_packing", R_DATA, NULL, NULL},
     {"eval_sample_packing", R_DATA, NULL, NULL}, {"train_on_inputs", R_DATA, "true", NULL},
@@ -303,11 +304,11 @@ static const Rule RULES[] = {
     {"sample_packing_eff_est", R_NOTE, NULL, NOTE_PACKER}, {"total_num_tokens", R_NOTE, NULL, "the step count comes from the data (train_data shards or prepared rows)"},
     {"dataset_processes", R_NOTE, NULL, NOTE_DATASET_OPT}, {"dataset_num_proc", R_NOTE, NULL, NOTE_DATASET_OPT},
     {"dataset_keep_in_memory", R_NOTE, NULL, NOTE_DATASET_OPT}, {"dataset_shard_*", R_NOTE, NULL, NOTE_DATASET_OPT},
-    {"dataset_exact_deduplication", R_NOTE, NULL, NOTE_DATASET_OPT}, {"shuffle_merged_datasets", R_DATA_NOTE, NULL, NOTE_SHARDS_DATA},
-    {"shuffle_before_merging_datasets", R_NOTE, NULL, NOTE_DATASET_OPT}, {"skip_prepare_dataset", R_NOTE, NULL, NOTE_DATASET_OPT},
+    {"dataset_exact_deduplication", R_DATA, NULL, NULL}, {"shuffle_merged_datasets", R_DATA_NOTE, NULL, NOTE_SHARDS_DATA},
+    {"shuffle_before_merging_datasets", R_DATA, NULL, NULL}, {"skip_prepare_dataset", R_NOTE, NULL, NOTE_DATASET_OPT},
     {"is_preprocess", R_NOTE, NULL, NOTE_DATASET_OPT}, {"streaming", R_NOTE, NULL, NOTE_DATASET_OPT},
     {"drop_long_sequences", R_NOTE, NULL, NOTE_DATASET_OPT}, {"excess_length_strategy", R_DATA_NOTE, NULL, NOTE_SHARDS_DATA},
-    {"min_sample_len", R_NOTE, NULL, NOTE_DATASET_OPT},
+    {"min_sample_len", R_DATA, NULL, NULL},
 };
 #define NRULES (sizeof RULES / sizeof RULES[0])
 

@@ -31,7 +31,8 @@ DATA_KEYS = ("datasets", "test_datasets", "pretraining_dataset", "val_set_size",
              "eval_sample_packing", "pad_to_sequence_len", "train_on_inputs", "chat_template",
              "chat_template_jinja", "chat_template_kwargs", "eot_tokens", "default_system_message",
              "special_tokens", "tokens", "excess_length_strategy", "sample_pack_sequentially",
-             "pretraining_sample_concatenation", "shuffle_merged_datasets", "min_sample_len")
+             "pretraining_sample_concatenation", "shuffle_merged_datasets", "min_sample_len",
+             "dataset_exact_deduplication", "shuffle_before_merging_datasets")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
                    "chat_template.jinja", "chat_template.json", "vocab.json", "merges.txt", "added_tokens.json")
 DATA_EXT = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv", ".txt": "text"}
@@ -617,6 +618,9 @@ def load_section(spec, tok, cfg, entries, key, counts):
                     raise DataError("%s: expected a JSON object per record" % loc)
                 for ids, labels in strat(rec, loc):
                     samples.append((ids, labels, loc))
+        if cfg.get("shuffle_before_merging_datasets"):
+            mine = samples[n0:]
+            samples[n0:] = [mine[j] for j in permutation(len(mine), int(spec["seed"]))]
         counts.append({"key": k, "path": ds.get("path"), "type": ds.get("type"), "samples": len(samples) - n0})
     return samples
 
@@ -675,6 +679,17 @@ def fit_length(spec, cfg, samples, what):
             continue
         out.append((ids, labels, loc))
     return out, long_, first
+
+
+def dedup(samples):
+    """dataset_exact_deduplication: the first of identical samples (tokens and labels) kept."""
+    seen, out = set(), []
+    for s in samples:
+        key = (tuple(s[0]), tuple(s[1]))
+        if key not in seen:
+            seen.add(key)
+            out.append(s)
+    return out, len(samples) - len(out)
 
 
 def permutation(n, seed):
@@ -832,6 +847,10 @@ def config_checks(spec):
     v = cfg.get("val_set_size") or 0
     if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
         raise DataError("%s: expected a fraction below 1 or a number of samples" % where_cfg(spec, "val_set_size"))
+    if cfg.get("pretraining_sample_concatenation") is not None:
+        raise DataError("%s: not supported; pretraining_dataset documents are packed whole into rows, each "
+                        "attending only to itself (sample_packing: false puts one per row)"
+                        % where_cfg(spec, "pretraining_sample_concatenation"))
     if cfg.get("datasets") and cfg.get("pretraining_dataset"):
         raise DataError("%s: set either datasets or pretraining_dataset, not both" % where_cfg(spec, "pretraining_dataset"))
     return cfg
@@ -844,7 +863,7 @@ def prepare(spec, out_dir, h):
     counts = []
     if cfg.get("pretraining_dataset"):
         train = load_pretraining(spec, tok, cfg, counts)
-        packed = True
+        packed = cfg.get("sample_packing") is not False  # packed unless turned off explicitly
     else:
         train = load_section(spec, tok, cfg, cfg.get("datasets"), "datasets", counts)
         packed = bool(cfg.get("sample_packing"))
@@ -856,6 +875,11 @@ def prepare(spec, out_dir, h):
                             "model's?)" % (loc, max(ids), tok.vocab, spec["tokenizer_dir"]))
     n_in = len(train)
     train, dropped, first = fit_length(spec, cfg, train, "a")
+    dups = 0
+    if cfg.get("dataset_exact_deduplication"):
+        train, d1 = dedup(train)
+        evals, d2 = dedup(evals)
+        dups = d1 + d2
     evals, edrop, efirst = fit_length(spec, cfg, evals, "an eval")
     if cfg.get("shuffle_merged_datasets", True) is not False:
         train = [train[i] for i in permutation(len(train), seed)]
@@ -879,11 +903,13 @@ def prepare(spec, out_dir, h):
         ev_rows, ev_tgt, _ = write_rows(os.path.join(out_dir, "eval.bin"), evals, T, eval_packed, tok.pad)
     meta = {"format_version": FORMAT_VERSION, "hash": h, "train_rows": tr_rows, "eval_rows": ev_rows,
             "train_samples": len(train), "eval_samples": len(evals), "train_target_tokens": tr_tgt,
-            "eval_target_tokens": ev_tgt, "dropped_long": dropped + edrop, "first_dropped": first or efirst,
+            "eval_target_tokens": ev_tgt, "dropped_long": dropped + edrop, "duplicates_removed": dups, "first_dropped": first or efirst,
             "sequence_len": T, "packed": packed, "eval_packed": eval_packed, "tokenizer_dir": spec["tokenizer_dir"],
             "pad_token_id": tok.pad, "datasets": counts}
     with open(os.path.join(out_dir, "meta.json"), "w") as fh:
         json.dump(meta, fh, indent=1)
+    if dups:
+        print("data: dataset_exact_deduplication removed %d duplicate samples" % dups)
     if dropped + edrop:
         print("data: dropped %d samples longer than sequence_len %d (the first: %s); excess_length_strategy: "
               "truncate keeps them cut" % (dropped + edrop, T, first or efirst))

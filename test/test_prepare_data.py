@@ -477,7 +477,35 @@ def case_errors(e):
     one_line(e, "a JSON list's record is named by its line", sp, "a.json:3: instruction: expected a string")
 
 
-CASES = [case_alpaca, case_chat_llama3, case_chat_chatml, case_input_output, case_completion, case_pretraining,
+def case_dataset_keys(e):
+    rows = F.alpaca_rows(6, seed=12)
+    rows = rows + rows[:2]  # two exact duplicates
+    sp = e.spec({"datasets": [{"path": "a.jsonl", "type": "alpaca"}], "dataset_exact_deduplication": True})
+    e.data(sp, "a.jsonl", rows)
+    d, meta = e.run(sp)
+    check("dataset_exact_deduplication drops the 2 duplicates", meta["train_samples"] == 6 and
+          meta["duplicates_removed"] == 2, meta)
+    sp = e.spec({"datasets": [{"path": "a.jsonl", "type": "alpaca"}], "min_sample_len": 60})
+    e.data(sp, "a.jsonl", rows[:6])
+    d, meta = e.run(sp)
+    _, docs = docs_of(os.path.join(d, "train.bin"))
+    check("min_sample_len 60 drops shorter samples (%d kept)" % meta["train_samples"],
+          0 < meta["train_samples"] < 6 and min(len(tk) for tk, _ in docs) >= 60)
+    outs = []
+    for before in (False, True):
+        sp = e.spec({"datasets": [{"path": "a.jsonl", "type": "alpaca"}], "val_set_size": 2,
+                     "shuffle_merged_datasets": False, "shuffle_before_merging_datasets": before})
+        e.data(sp, "a.jsonl", rows[:6])
+        d, meta = e.run(sp)
+        outs.append(sorted(docs_of(os.path.join(d, "eval.bin"))[1]))
+    check("shuffle_before_merging_datasets changes which samples the split sees last", outs[0] != outs[1])
+    sp = e.spec({"pretraining_dataset": [{"path": "p.jsonl"}], "pretraining_sample_concatenation": True})
+    e.data(sp, "p.jsonl", F.text_rows(3))
+    msg = e.err(sp)
+    check("pretraining_sample_concatenation is refused with what happens instead", "not supported" in msg, msg)
+
+
+CASES = [case_alpaca, case_dataset_keys, case_chat_llama3, case_chat_chatml, case_input_output, case_completion, case_pretraining,
          case_packing, case_val_split, case_excess_length, case_formats, case_cache, case_errors]
 
 
