@@ -455,10 +455,12 @@ class ChatTemplate:
             for dst, src in self.mapping.items():
                 if m.get(src) is not None:
                     t[dst] = m[src]
-            if not isinstance(t.get("role"), str):
-                raise DataError("%s: %s: missing (expected the role as a string)" % (ml, self.mapping["role"]))
-            if not isinstance(t.get("content"), str):
-                raise DataError("%s: %s: missing (expected the content as a string)" % (ml, self.mapping["content"]))
+            for what in ("role", "content"):
+                src = self.mapping[what]
+                if not isinstance(t.get(what), str):
+                    raise DataError("%s: %s: %s" % (ml, src, "missing (expected the %s as a string)" % what
+                                                    if m.get(src) is None else "expected a string, got %s"
+                                                    % type(m[src]).__name__))
             t["role"] = self.roles.get(t["role"], t["role"])
             if self.field_training and m.get(self.field_training) is not None:
                 t["training"] = bool(m[self.field_training])

@@ -41,6 +41,7 @@ def tests(build):
         ("plan", [PY, "test/test_plan.py", "--bin", bin_]),
         ("prepare_data", [PY, "test/test_prepare_data.py"]),
         ("datasets_c", [PY, "test/test_datasets_c.py", "--bin", bin_]),
+        ("datasets_ref", [PY, "test/test_datasets_ref.py", "--bin", bin_]),
         ("axolotl_datasets", [PY, "test/test_axolotl_datasets.py", "--bin", bin_]),
         ("plot", [PY, "test/test_plot.py", "--bin", bin_]),
         ("train_smoke", [PY, "test/test_train_smoke.py", "--bin", bin_]),

@@ -471,6 +471,18 @@ def case_errors(e):
     sp = e.spec({"datasets": [{"path": "a.jsonl", "type": "alpaca"}], "default_system_message": "hi"})
     e.data(sp, "a.jsonl", F.alpaca_rows(2))
     one_line(e, "default_system_message refused", sp, "default_system_message: not supported")
+    sp = e.spec({"datasets": [{"path": "m.jsonl", "type": "chat_template"}]}, kind="qwen2")
+    e.data(sp, "m.jsonl", F.messages_rows(2) + [{"messages": []}])
+    one_line(e, "an empty conversation names its line", sp, "m.jsonl:3: messages: expected a non-empty list")
+    left = os.listdir(sp["prepared_root"]) if os.path.isdir(sp["prepared_root"]) else []
+    check("errors: nothing (not even a temporary directory) left in the cache after a failure", not left, left)
+    sp = e.spec({"datasets": [{"path": "a.jsonl", "type": "alpaca"}]})
+    with open(os.path.join(sp["config_dir"], "a.jsonl"), "wb") as f:
+        f.write(b'{"instruction": "a", "output": "b"}\n{"instruction": "caf\xe9", "output": "b"}\n')
+    one_line(e, "invalid UTF-8 names its line", sp, "a.jsonl:2: not valid UTF-8")
+    sp = e.spec({"datasets": [{"path": "m.jsonl", "type": "chat_template"}]}, kind="qwen2")
+    e.data(sp, "m.jsonl", [{"messages": [{"role": "user", "content": 5}]}])
+    one_line(e, "a message content of the wrong type", sp, "m.jsonl:1: messages[0]: content: expected a string, got int")
     sp = e.spec({"datasets": [{"path": "a.json", "type": "alpaca"}]})
     with open(os.path.join(sp["config_dir"], "a.json"), "w") as f:
         f.write('[\n {"instruction": "a", "output": "b"},\n {"instruction": 3,\n  "output": "c"}\n]\n')
