@@ -51,6 +51,10 @@ struct Backend {
     void (*copy_h2d)(Backend *, void *dst, const void *src, size_t bytes, Queue *q);
     void (*copy_d2h)(Backend *, void *dst, const void *src, size_t bytes, Queue *q);
     void (*copy_d2d)(Backend *, void *dst, const void *src, size_t bytes, Queue *q);
+    // rows x width bytes between device buffers with row pitches (sequence parallelism's
+    // head <-> sequence reshuffles).
+    void (*copy_2d)(Backend *, void *dst, size_t dpitch, const void *src, size_t spitch, size_t width,
+                    size_t rows, Queue *q);
     // Convert between host float32 and a device act tensor (synchronous).
     void (*upload_act)(Backend *, void *dst, const float *src, size_t n);
     void (*download_act)(Backend *, float *dst, const void *src, size_t n);

@@ -39,6 +39,9 @@ static void c_queue_destroy(Backend *bk, Queue *q) { (void)bk, (void)q; }
 static Event *c_event_create(Backend *bk) { (void)bk; return (Event *)(uintptr_t)1; }
 static void c_event_destroy(Backend *bk, Event *e) { (void)bk, (void)e; }
 static void c_sync(Backend *bk) { (void)bk; }
+static void c_copy_2d(Backend *bk, void *dst, size_t dp, const void *src, size_t sp, size_t w, size_t rows, Queue *q) {
+    (void)bk, (void)dst, (void)dp, (void)src, (void)sp, (void)w, (void)rows, (void)q;
+}
 
 void plan_measure(const ModelConfig *c, const LoraConfig *lora, const ModelOptions *base,
                   const MemPolicy *p, int B, int T, int act_bytes, size_t *dev, size_t *host, size_t *disk) {
@@ -46,7 +49,7 @@ void plan_measure(const ModelConfig *c, const LoraConfig *lora, const ModelOptio
     Backend bk = {.name = "plan", .act_bytes = act_bytes, .dry_run = 1, .impl = &ci,
                   .dev_alloc = c_dev_alloc, .dev_free = c_dev_free, .host_alloc = c_host_alloc,
                   .host_free = c_host_free, .memzero = c_memzero, .copy_h2d = c_copy,
-                  .copy_d2h = c_copy, .copy_d2d = c_copy, .queue_create = c_queue_create,
+                  .copy_d2h = c_copy, .copy_d2d = c_copy, .copy_2d = c_copy_2d, .queue_create = c_queue_create,
                   .queue_destroy = c_queue_destroy, .event_create = c_event_create,
                   .event_destroy = c_event_destroy, .sync = c_sync};
     Model m;

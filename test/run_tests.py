@@ -23,6 +23,7 @@ def tests(build):
         ("nf4", [os.path.join(build, "test_nf4")]),
         ("nf4_ref", [PY, "test/test_nf4.py", "--build", build]),
         ("comm", [PY, "test/test_comm.py", "--build", build]),
+        ("seqpar", [PY, "test/test_seqpar.py", "--build", build]),
         ("bad_inputs", [PY, "test/test_bad_inputs.py", "--bin", bin_]),
         ("axolotl_config", [PY, "test/test_axolotl_config.py", "--bin", bin_]),
         ("shards_live", [PY, "test/test_shards_live.py", "--bin", bin_]),

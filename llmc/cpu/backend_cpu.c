@@ -70,6 +70,11 @@ static void cpu_copy(Backend *bk, void *dst, const void *src, size_t bytes, Queu
     (void)bk; (void)q;
     memcpy(dst, src, bytes);
 }
+static void cpu_copy_2d(Backend *bk, void *dst, size_t dpitch, const void *src, size_t spitch, size_t width,
+                        size_t rows, Queue *q) {
+    (void)bk; (void)q;
+    for (size_t r = 0; r < rows; r++) memcpy((char *)dst + r * dpitch, (const char *)src + r * spitch, width);
+}
 
 static void cpu_upload(Backend *bk, void *dst, const float *src, size_t n) {
     (void)bk;
@@ -244,6 +249,7 @@ Backend *backend_cpu_create(int threads) {
     bk->copy_h2d = cpu_copy;
     bk->copy_d2h = cpu_copy;
     bk->copy_d2d = cpu_copy;
+    bk->copy_2d = cpu_copy_2d;
     bk->upload_act = cpu_upload;
     bk->download_act = cpu_download;
     bk->host_from_f32 = cpu_upload;  // host and "device" are both float arrays here

@@ -290,6 +290,12 @@ static void cu_copy_d2h(Backend *bk, void *dst, const void *src, size_t bytes, Q
 static void cu_copy_d2d(Backend *bk, void *dst, const void *src, size_t bytes, Queue *q) {
     if (bytes) CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_of(bk, q)));
 }
+static void cu_copy_2d(Backend *bk, void *dst, size_t dpitch, const void *src, size_t spitch, size_t width,
+                       size_t rows, Queue *q) {
+    if (width && rows)
+        CUDA_CHECK(cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, rows, cudaMemcpyDeviceToDevice,
+                                     stream_of(bk, q)));
+}
 
 // ---- host-side float <-> bf16 (round to nearest even, NaN kept a quiet NaN) -----------------
 static inline uint16_t f32_to_bf16(float f) {
@@ -562,6 +568,7 @@ extern "C" Backend *backend_cuda_create(int dtype_bf16, int device_index) {
     bk->copy_h2d = cu_copy_h2d;
     bk->copy_d2h = cu_copy_d2h;
     bk->copy_d2d = cu_copy_d2d;
+    bk->copy_2d = cu_copy_2d;
     bk->upload_act = cu_upload_act;
     bk->download_act = cu_download_act;
     bk->host_from_f32 = cu_host_from_f32;

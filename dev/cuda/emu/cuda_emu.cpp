@@ -454,6 +454,16 @@ cudaError_t cudaMemcpyAsync(void *d, const void *s, size_t n, enum cudaMemcpyKin
     memmove(d, s, n);
     return cudaSuccess;
 }
+cudaError_t cudaMemcpy2DAsync(void *d, size_t dpitch, const void *s, size_t spitch, size_t width, size_t rows,
+                              enum cudaMemcpyKind k, cudaStream_t st) {
+    (void)k;
+    if (width > dpitch || width > spitch) return cudaErrorInvalidPitchValue;
+    for (size_t r = 0; r < rows && width; r++) {
+        copy_op((char *)d + r * dpitch, (const char *)s + r * spitch, st, "cudaMemcpy2DAsync", false);
+        memmove((char *)d + r * dpitch, (const char *)s + r * spitch, width);
+    }
+    return cudaSuccess;
+}
 cudaError_t cudaMemset(void *d, int v, size_t n) {
     if (n) emu::hz_begin(nullptr, "cudaMemset"), emu::hz_ptr(d, 1);
     memset(d, v, n);
