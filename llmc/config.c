@@ -138,6 +138,8 @@ static const KeyDef KEYS[] = {
     NUM("fsdp", T_BOOL, fsdp, "false", 0, 1,
         "shard parameters, gradients and optimizer (zero_stage 3); or Axolotl's list [full_shard, auto_wrap]"),
     NUM("zero_stage", T_INT, zero_stage, "0", 0, 3, "0: all-reduce gradients; 1: shard optimizer state; 3: fsdp"),
+    NUM("sequence_parallel_degree", T_INT, sequence_parallel_degree, "1", 1, 4096,
+        "ranks that split each sequence (Ulysses all-to-all around attention); must equal the rank count"),
     NUM("offload_optimizer", T_BOOL, offload_optimizer, "false", 0, 1,
         "fp32 master and AdamW moments in host memory, updated on the CPU"),
     ENUM("device", device, "auto", "auto|cpu|cuda",
@@ -276,10 +278,9 @@ static const Rule RULES[] = {
     // distributed
     {"deepspeed", R_REFUSE, NULL, "DeepSpeed is not used; set zero_stage: 1 (optimizer state sharded) or fsdp: true (zero_stage 3), and offload_optimizer: true for ZeRO-Offload"},
     {"fsdp_version", R_NOTE, NULL, "sharding here is one implementation (zero_stage 3)"},
-    {"sequence_parallel_degree", R_REFUSE, "1", "sequence parallelism is not implemented; long contexts fit through gradient_checkpointing and activation_offloading"},
-    {"context_parallel_size", R_REFUSE, "1", "context parallelism is not implemented; long contexts fit through gradient_checkpointing and activation_offloading"},
     {"tensor_parallel_size", R_REFUSE, "1", "tensor parallelism is not implemented; use fsdp: true"},
-    {"heads_k_stride", R_NOTE, NULL, "used only with sequence parallelism"}, {"ring_attn_func", R_NOTE, NULL, "used only with sequence parallelism"},
+    {"heads_k_stride", R_NOTE, NULL, "sequence parallelism here moves all key/value heads in one all-to-all"},
+    {"ring_attn_func", R_NOTE, NULL, "sequence parallelism here is Ulysses (all-to-all around attention), not ring attention; the result is the same"},
     {"torchdistx_path", R_NOTE, NULL, "used only by adamw_anyprecision"},
     // training modes
     {"rl", R_REFUSE, NULL, REFUSE_RL}, {"rl_beta", R_REFUSE, NULL, REFUSE_RL}, {"trl", R_REFUSE, NULL, REFUSE_RL},
@@ -315,6 +316,7 @@ static const Rule RULES[] = {
 // Aliases: Axolotl's other names for keys of the table.
 static const char *const ALIASES[][2] = {
     {"logging_steps", "log_steps"}, {"peft_use_rslora", "use_rslora"}, {"bfloat16", "bf16"},
+    {"context_parallel_size", "sequence_parallel_degree"},
 };
 
 static const Rule *find_rule(const char *name) {

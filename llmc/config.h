@@ -44,6 +44,7 @@ typedef struct {
     double lora_alpha, lora_dropout;
     // sharding
     int fsdp, zero_stage, offload_optimizer;
+    int sequence_parallel_degree;  // ranks that share each sequence (Ulysses); 1: off
     // runtime
     char device[16], precision[16];
     char bf16[8], fp16[8];        // Axolotl's precision keys as written ("" unset), mapped onto dtype

@@ -11,6 +11,7 @@
 #include "actstore.h"
 #include "nf4.h"
 #include "comm.h"
+#include "seqpar.h"
 #include "weights.h"
 #include "util.h"
 
@@ -529,8 +530,15 @@ void model_alloc_acts(Model *m, int B, int T, const MemPolicy *pol) {
     m->losses = bk->dev_alloc(bk, N * sizeof(float), "token losses");
     m->tokens = bk->dev_alloc(bk, N * sizeof(int32_t), "token ids");
     m->targets = bk->dev_alloc(bk, N * sizeof(int32_t), "target ids");
-    m->doc_start = bk->dev_alloc(bk, N * sizeof(int32_t), "document starts");
+    const int spn = m->opt.seq_parallel > 1 ? m->opt.seq_parallel : 1;
+    const int Tg = T * spn;  // whole sequences: attention's document map and the RoPE table
+    m->doc_start = bk->dev_alloc(bk, (size_t)B * Tg * sizeof(int32_t), "document starts");
     m->pos = bk->dev_alloc(bk, N * sizeof(int32_t), "positions");
+    if (spn > 1) {
+        if (c->arch != ARCH_LLAMA) fail("sequence_parallel_degree needs rotary positions; GPT-2 has learned ones");
+        m->sp = xcalloc(1, sizeof(SeqPar));
+        seqpar_init(m->sp, bk, m->opt.comm, spn, B, Tg, c->num_attention_heads, c->num_key_value_heads, c->head_dim);
+    }
     m->d_res = bk->dev_alloc(bk, N * C * A, "backward scratch");
     m->d_ln = bk->dev_alloc(bk, N * C * A, "backward scratch");
     m->d_att = bk->dev_alloc(bk, N * QD * A, "backward scratch");
@@ -558,20 +566,20 @@ void model_alloc_acts(Model *m, int B, int T, const MemPolicy *pol) {
 
     // RoPE tables: angle = t * inv_freq in float32 as HF computes it, cos/sin in double.
     const int half = c->head_dim / 2;
-    m->rope_cos = bk->dev_alloc(bk, sizeof(float) * T * half, "rope table");
-    m->rope_sin = bk->dev_alloc(bk, sizeof(float) * T * half, "rope table");
+    m->rope_cos = bk->dev_alloc(bk, sizeof(float) * Tg * half, "rope table");
+    m->rope_sin = bk->dev_alloc(bk, sizeof(float) * Tg * half, "rope table");
     if (bk->dry_run) return;
-    float *inv = xmalloc(sizeof(float) * half), *cs = xmalloc(sizeof(float) * T * half),
-          *sn = xmalloc(sizeof(float) * T * half);
+    float *inv = xmalloc(sizeof(float) * half), *cs = xmalloc(sizeof(float) * Tg * half),
+          *sn = xmalloc(sizeof(float) * Tg * half);
     rope_inv_freq(c, inv);
-    for (int t = 0; t < T; t++)
+    for (int t = 0; t < Tg; t++)
         for (int i = 0; i < half; i++) {
             float ang = (float)t * inv[i];
             cs[(size_t)t * half + i] = (float)cos(ang);
             sn[(size_t)t * half + i] = (float)sin(ang);
         }
-    bk->copy_h2d(bk, m->rope_cos, cs, sizeof(float) * T * half, NULL);
-    bk->copy_h2d(bk, m->rope_sin, sn, sizeof(float) * T * half, NULL);
+    bk->copy_h2d(bk, m->rope_cos, cs, sizeof(float) * Tg * half, NULL);
+    bk->copy_h2d(bk, m->rope_sin, sn, sizeof(float) * Tg * half, NULL);
     bk->sync(bk);
     free(inv);
     free(cs);
@@ -588,6 +596,10 @@ void model_free(Model *m) {
                       m->rope_cos, m->rope_sin, m->lora_tmp, m->lora_dtmp, m->lora_xd, m->lora_dxd,
                       m->qk_rot, m->qk_rstd};
         for (size_t i = 0; i < sizeof ps / sizeof ps[0]; i++) bk->dev_free(bk, ps[i]);
+    }
+    if (m->sp) {
+        seqpar_free(m->sp, bk);
+        free(m->sp);
     }
     if (m->streamer) {
         streamer_free(m->streamer);
@@ -733,13 +745,36 @@ void model_init_lora(Model *m, uint64_t seed) {
     }
 }
 
+// Sequence parallel: the global positions of this rank's tokens (t0 + t, or that minus the
+// document start) and the whole rows' document map.
+static void set_batch_sp(Model *m, const int32_t *doc_start, int B, int T) {
+    Backend *bk = m->bk;
+    const int Tg = m->sp->T, t0 = m->sp->rank * T;
+    int32_t *pos = xmalloc(sizeof(int32_t) * (size_t)B * T);
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < T; t++) {
+            const int g = t0 + t;
+            const int32_t *ds = doc_start ? doc_start + (size_t)b * Tg : NULL;
+            if (ds && (ds[g] < 0 || ds[g] > g || (g > 0 && ds[g] < ds[g - 1])))
+                fail("internal: bad document start %d at row %d position %d", ds[g], b, g);
+            pos[(size_t)b * T + t] = ds ? g - ds[g] : g;
+        }
+    if (doc_start) bk->copy_h2d(bk, m->doc_start, doc_start, sizeof(int32_t) * B * Tg, NULL);
+    bk->copy_h2d(bk, m->pos, pos, sizeof(int32_t) * B * T, NULL);
+    bk->sync(bk);
+    free(pos);
+    m->has_docs = doc_start != NULL;
+    m->has_pos = 1;
+}
+
 void model_set_batch(Model *m, const int32_t *tokens, const int32_t *targets,
                      const int32_t *doc_start, int B, int T) {
     Backend *bk = m->bk;
     const size_t N = (size_t)B * T;
     bk->copy_h2d(bk, m->tokens, tokens, sizeof(int32_t) * N, NULL);
     if (targets) bk->copy_h2d(bk, m->targets, targets, sizeof(int32_t) * N, NULL);
-    m->has_docs = 0;
+    m->has_docs = m->has_pos = 0;
+    if (m->sp) return set_batch_sp(m, doc_start, B, T);
     if (!doc_start) return;
     if (m->cfg.arch != ARCH_LLAMA)
         fail("packed documents need rotary positions; GPT-2 has learned positions");
@@ -756,14 +791,32 @@ void model_set_batch(Model *m, const int32_t *tokens, const int32_t *targets,
     bk->copy_h2d(bk, m->pos, pos, sizeof(int32_t) * N, NULL);
     bk->sync(bk);  // pos is freed below; copies may be asynchronous
     free(pos);
-    m->has_docs = 1;
+    m->has_docs = m->has_pos = 1;
 }
 
 // ---- forward / backward -----------------------------------------------------------------
 
 // The document map of the current batch for attention and RoPE (NULL: one document per row).
 #define DOC_START(m) ((m)->has_docs ? (const int32_t *)(m)->doc_start : NULL)
-#define DOC_POS(m) ((m)->has_docs ? (const int32_t *)(m)->pos : NULL)
+#define DOC_POS(m) ((m)->has_pos ? (const int32_t *)(m)->pos : NULL)
+
+// Attention over the current batch: the backend's op, or through sequence parallelism's
+// reshuffles when each rank holds a slice of every sequence.
+static void attend_fwd(Model *m, void *out, float *lse, const void *q, const void *k, const void *v, int B, int T,
+                       int window) {
+    const ModelConfig *c = &m->cfg;
+    if (m->sp) seqpar_attention_fwd(m->sp, m->bk, out, lse, q, k, v, B, window, DOC_START(m));
+    else m->bk->attention_fwd(m->bk, out, lse, q, k, v, B, T, c->num_attention_heads, c->num_key_value_heads,
+                              c->head_dim, window, DOC_START(m));
+}
+
+static void attend_bwd(Model *m, void *dq, void *dk, void *dv, const void *dout, const void *q, const void *k,
+                       const void *v, const void *out, const float *lse, int B, int T, int window) {
+    const ModelConfig *c = &m->cfg;
+    if (m->sp) seqpar_attention_bwd(m->sp, m->bk, dq, dk, dv, dout, q, k, v, out, lse, B, window, DOC_START(m));
+    else m->bk->attention_bwd(m->bk, dq, dk, dv, dout, q, k, v, out, lse, B, T, c->num_attention_heads,
+                              c->num_key_value_heads, c->head_dim, window, DOC_START(m));
+}
 
 // A parameter on the device; a streamed one lives in its layer's slot while acquired.
 // ZeRO-3: the gathered buffer that holds unit u now.
@@ -1031,7 +1084,7 @@ static void layer_forward(Model *m, int l, const LayerActs *a, void *out, int B,
         bk->rope_fwd(bk, a->q, m->rope_cos, m->rope_sin, DOC_POS(m), B, T, Hq, D);
         bk->rope_fwd(bk, a->k, m->rope_cos, m->rope_sin, DOC_POS(m), B, T, Hkv, D);
     }
-    bk->attention_fwd(bk, a->att, a->lse, aq, ak, a->v, B, T, Hq, Hkv, D, family_layer_window(c, l), DOC_START(m));
+    attend_fwd(m, a->att, a->lse, aq, ak, a->v, B, T, family_layer_window(c, l));
     linear_fwd(bk, a->x_mid, a->att, LP(m, l, P_WO), opt_param(m, l, P_BO, 0), N, Hq * D, C);
     lora_fwd(m, l, LORA_O, a->x_mid, a->att, 0, N, Hq * D, C);
     bk->accumulate(bk, a->x_mid, a->xin, (size_t)N * C);
@@ -1096,8 +1149,7 @@ static void layer_backward(Model *m, int l, const LayerActs *a, int B, int T, in
     const void *aq = a->q, *ak = a->k;
     void *qr = m->qk_rot, *kr = qr ? act_at(bk, qr, (size_t)N * Hq * D) : NULL;
     if (qr) qk_prepare(m, l, a, B, T), aq = qr, ak = kr;  // remade from the kept projections
-    bk->attention_bwd(bk, m->d_q, m->d_k, m->d_v, m->d_att, aq, ak, a->v, a->att, a->lse, B, T,
-                      Hq, Hkv, D, family_layer_window(c, l), DOC_START(m));
+    attend_bwd(m, m->d_q, m->d_k, m->d_v, m->d_att, aq, ak, a->v, a->att, a->lse, B, T, family_layer_window(c, l));
     if (c->arch == ARCH_LLAMA) {
         bk->rope_bwd(bk, m->d_q, m->rope_cos, m->rope_sin, DOC_POS(m), B, T, Hq, D);
         bk->rope_bwd(bk, m->d_k, m->rope_cos, m->rope_sin, DOC_POS(m), B, T, Hkv, D);

@@ -162,6 +162,8 @@ typedef struct {
     int zero_stage;          // 0: all-reduce gradients; 1: shard optimizer state (ZeRO-1)
     int offload_optimizer;   // fp32 master and AdamW moments in host memory, update on the CPU
     int load_in_4bit;        // QLoRA: frozen decoder linear weights stored NF4
+    int seq_parallel;        // sequence_parallel_degree: every rank holds T / n tokens of each
+                             // sequence (model_alloc_acts takes that local T); 0 or 1: off
 } ModelOptions;
 
 typedef struct {
@@ -208,6 +210,10 @@ typedef struct {
     // in its row and the RoPE position t - doc_start; has_docs 0 means one document per row.
     int32_t *doc_start, *pos;
     int has_docs;
+    // Sequence parallelism (seqpar.h): doc_start then covers the whole sequences ([B][T x n]),
+    // pos holds this rank's global positions, and attention runs through the reshuffles.
+    struct SeqPar *sp;
+    int has_pos;
     float *rope_cos, *rope_sin;   // [T, D/2]
     // q/k norm families (Qwen3): a->q/a->k keep the projections; attention reads normalized,
     // rotated copies made here (and remade before the layer's backward), with their rstd.
@@ -245,6 +251,7 @@ void model_set_param_nf4(Model *m, int i, const void *nf4_weight);
 // Sets the micro-batch (host arrays of B*T ids; targets < 0 are ignored). doc_start (or NULL:
 // each row is one sequence) gives, per token, the index in its row of its document's first
 // token: attention stays inside the document and positions restart at 0 (sample packing).
+// Sequence parallel: tokens/targets are this rank's slice (B x T/n), doc_start the whole rows.
 void model_set_batch(Model *m, const int32_t *tokens, const int32_t *targets,
                      const int32_t *doc_start, int B, int T);
 // Forward pass of the current batch. With loss_scale > 0 it also runs backward, accumulating

@@ -120,7 +120,10 @@ int plan_rows(const Config *cfg, const ModelConfig *c, const Backend *bk, const 
               PlanRow *rows, int max) {
     const PlanDevice *dev = plan_device(cfg, bk);
     const size_t host_limit = plan_host_limit(cfg);
-    const int B = cfg->micro_batch_size, T = cfg->sequence_len, A = bk ? bk->act_bytes : dev->act_bytes;
+    // Sequence parallel: each rank holds T / n tokens, and runs attention over all T for 1/n of
+    // the heads.
+    const int spn = mo && mo->seq_parallel > 1 ? mo->seq_parallel : 1;
+    const int B = cfg->micro_batch_size, T = cfg->sequence_len / spn, A = bk ? bk->act_bytes : dev->act_bytes;
     const int world = mo && mo->comm ? mo->comm->world : 1;
     const double fixed = dev->fixed_device_bytes + (world > 1 ? dev->comm_device_bytes : 0);
     MemPolicy base;
@@ -131,9 +134,9 @@ int plan_rows(const Config *cfg, const ModelConfig *c, const Backend *bk, const 
     // sixteen plans of it are built.
     if (bk && !cfg->plan_only) model_check_memory(c, &lora, mo, bk);
     const double F = dev->gemm_flops, link = dev->link_bytes_per_s, disk = dev->disk_bytes_per_s;
-    const double fwd = forward_flops(c, B, T), accum = cfg->gradient_accumulation_steps;
+    const double attn = attention_flops(c, B, cfg->sequence_len) / spn;
+    const double fwd = forward_flops(c, B, T) - attention_flops(c, B, T) + attn, accum = cfg->gradient_accumulation_steps;
     // Forward + backward is about 3 forwards; attention's part runs at its own, lower rate.
-    const double attn = attention_flops(c, B, T);
     const double step_s = 3 * accum * ((fwd - attn) / F + attn / (F * dev->attn_efficiency));
     int n = 0;
     for (int tiled = 0; tiled < 2; tiled++)

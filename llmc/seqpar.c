@@ -1,6 +1,7 @@
 // seqpar.c: see seqpar.h.
 #include "seqpar.h"
 #include <stdio.h>
+#include <string.h>
 #include "util.h"
 
 const char *seqpar_unsupported(int n, int T, int Hq, int Hkv) {
@@ -23,18 +24,70 @@ int seqpar_first(int n, int H, int kv, int r) {
     return kv && H < n ? (int)((long)r * H / n) : r * (H / n);
 }
 
-void seqpar_init(SeqPar *sp, Backend *bk, Comm *c, int n, int B, int T, int Hq, int D) {
-    sp->n = n, sp->rank = c->rank % n, sp->T = T, sp->comm = c;
-    // Every reshuffle moves at most one sequence-sharded tensor of Hq heads (the largest).
-    sp->cap = (size_t)B * (T / n) * Hq * D * bk->act_bytes;
-    sp->send = bk->dev_alloc(bk, sp->cap, "sequence-parallel send staging");
-    sp->recv = bk->dev_alloc(bk, sp->cap, "sequence-parallel receive staging");
+// Bytes of one head-sharded query-layout and key/value-layout tensor; the staging is the
+// largest reshuffle, one sequence-sharded tensor of Hq heads.
+static void sizes(int n, int B, int T, int Hq, int Hkv, int D, size_t e, size_t *qb, size_t *kb) {
+    *qb = (size_t)B * T * (Hq / n) * D * e;
+    *kb = (size_t)B * T * seqpar_heads(n, Hkv, 1) * D * e;
+}
+
+size_t seqpar_bytes(int n, int B, int T, int Hq, int Hkv, int D, size_t act_bytes) {
+    size_t qb, kb;
+    sizes(n, B, T, Hq, Hkv, D, act_bytes, &qb, &kb);
+    return 2 * qb + 4 * qb + 4 * kb;  // staging (2 x the query layout), q/o/dout/dq, k/v/dk/dv
+}
+
+void seqpar_init(SeqPar *sp, Backend *bk, Comm *c, int n, int B, int T, int Hq, int Hkv, int D) {
+    if (c->world != n)
+        fail("sequence_parallel_degree %d needs exactly %d ranks (this run has %d); data parallelism "
+             "across sequence-parallel groups is not implemented", n, n, c->world);
+    const char *why = seqpar_unsupported(n, T, Hq, Hkv);
+    if (why[0]) fail("sequence_parallel_degree %d: %s", n, why);
+    memset(sp, 0, sizeof *sp);
+    sp->n = n, sp->rank = c->rank, sp->T = T, sp->comm = c, sp->Hq = Hq, sp->Hkv = Hkv, sp->D = D;
+    size_t qb, kb;
+    sizes(n, B, T, Hq, Hkv, D, bk->act_bytes, &qb, &kb);
+    sp->cap = qb;
+    sp->send = bk->dev_alloc(bk, qb, "sequence-parallel send staging");
+    sp->recv = bk->dev_alloc(bk, qb, "sequence-parallel receive staging");
+    void **qs[] = {&sp->q, &sp->o, &sp->dout, &sp->dq}, **ks[] = {&sp->k, &sp->v, &sp->dk, &sp->dv};
+    for (int i = 0; i < 4; i++) *qs[i] = bk->dev_alloc(bk, qb, "sequence-parallel attention (query heads)");
+    for (int i = 0; i < 4; i++) *ks[i] = bk->dev_alloc(bk, kb, "sequence-parallel attention (key/value heads)");
 }
 
 void seqpar_free(SeqPar *sp, Backend *bk) {
-    if (sp->send) bk->dev_free(bk, sp->send);
-    if (sp->recv) bk->dev_free(bk, sp->recv);
-    sp->send = sp->recv = NULL;
+    void **all[] = {&sp->send, &sp->recv, &sp->q, &sp->o, &sp->dout, &sp->dq, &sp->k, &sp->v, &sp->dk, &sp->dv};
+    for (size_t i = 0; i < sizeof all / sizeof *all; i++) {
+        if (*all[i]) bk->dev_free(bk, *all[i]);
+        *all[i] = NULL;
+    }
+}
+
+void seqpar_attention_fwd(SeqPar *sp, Backend *bk, void *out, float *lse, const void *q, const void *k,
+                          const void *v, int B, int window, const int32_t *doc_start) {
+    const int n = sp->n, Hq = sp->Hq, Hkv = sp->Hkv, D = sp->D;
+    seqpar_to_heads(sp, bk, sp->q, q, B, Hq, D, 0);
+    seqpar_to_heads(sp, bk, sp->k, k, B, Hkv, D, 1);
+    seqpar_to_heads(sp, bk, sp->v, v, B, Hkv, D, 1);
+    bk->attention_fwd(bk, sp->o, lse, sp->q, sp->k, sp->v, B, sp->T, Hq / n, seqpar_heads(n, Hkv, 1), D, window,
+                      doc_start);
+    seqpar_to_seq(sp, bk, out, sp->o, B, Hq, D, 0);
+}
+
+void seqpar_attention_bwd(SeqPar *sp, Backend *bk, void *dq, void *dk, void *dv, const void *dout,
+                          const void *q, const void *k, const void *v, const void *out, const float *lse, int B,
+                          int window, const int32_t *doc_start) {
+    const int n = sp->n, Hq = sp->Hq, Hkv = sp->Hkv, D = sp->D;
+    seqpar_to_heads(sp, bk, sp->q, q, B, Hq, D, 0);
+    seqpar_to_heads(sp, bk, sp->k, k, B, Hkv, D, 1);
+    seqpar_to_heads(sp, bk, sp->v, v, B, Hkv, D, 1);
+    seqpar_to_heads(sp, bk, sp->o, out, B, Hq, D, 0);
+    seqpar_to_heads(sp, bk, sp->dout, dout, B, Hq, D, 0);
+    bk->attention_bwd(bk, sp->dq, sp->dk, sp->dv, sp->dout, sp->q, sp->k, sp->v, sp->o, lse, B, sp->T, Hq / n,
+                      seqpar_heads(n, Hkv, 1), D, window, doc_start);
+    seqpar_to_seq(sp, bk, dq, sp->dq, B, Hq, D, 0);
+    seqpar_to_seq(sp, bk, dk, sp->dk, B, Hkv, D, 1);
+    seqpar_to_seq(sp, bk, dv, sp->dv, B, Hkv, D, 1);
 }
 
 void seqpar_to_heads(SeqPar *sp, Backend *bk, void *x_h, const void *x_loc, int B, int H, int D, int kv) {

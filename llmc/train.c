@@ -29,6 +29,7 @@
 #include "gpt2_io.h"
 #include "metrics.h"
 #include "train.h"
+#include "seqpar.h"
 #include "util.h"
 #include "weights.h"
 #include "stb_ds.h"
@@ -108,16 +109,43 @@ static void print_box(const Config *cfg, const Model *m, const Backend *bk, size
     printf("+-----------------------------------------------------------------+\n");
 }
 
-// Mean validation loss; with several ranks each evaluates its rows of every global batch.
-static double evaluate(Model *m, DataLoader *val, int batches, int32_t *tok, int32_t *tgt, Comm *c) {
-    const int T = val->T, B = val->B / c->world;
-    const size_t mine = (size_t)c->rank * B * T;
+// How a global batch of rows is split over the ranks: data parallel, rank r takes rows
+// [r B, (r + 1) B); sequence parallel (n > 1), every rank takes the same rows and keeps its
+// slice of T / n tokens of each (copied into tok/tgt), with the whole rows' document map.
+typedef struct {
+    int n, rank, dp;     // sequence-parallel degree, this rank, data-parallel ranks (world / n)
+    int32_t *tok, *tgt;  // this rank's slices (sequence parallel)
+} Split;
+
+// Sets this rank's part of a global batch (rows of T tokens; ds may be NULL) on the model;
+// returns the model's tokens per row.
+static int set_part(Model *m, Split *s, const int32_t *tok, const int32_t *tgt, const int32_t *ds, int B, int T) {
+    if (s->n <= 1) {
+        const size_t mine = (size_t)s->rank * B * T;
+        model_set_batch(m, tok + mine, tgt ? tgt + mine : NULL, ds ? ds + mine : NULL, B, T);
+        m->row_base = mine;
+        return T;
+    }
+    const int Tl = T / s->n;
+    for (int b = 0; b < B; b++) {
+        memcpy(s->tok + (size_t)b * Tl, tok + (size_t)b * T + (size_t)s->rank * Tl, sizeof(int32_t) * Tl);
+        if (tgt) memcpy(s->tgt + (size_t)b * Tl, tgt + (size_t)b * T + (size_t)s->rank * Tl, sizeof(int32_t) * Tl);
+    }
+    model_set_batch(m, s->tok, tgt ? s->tgt : NULL, ds, B, Tl);
+    m->row_base = (size_t)s->rank * Tl;  // dropout follows global token indices (one row: see config)
+    return Tl;
+}
+
+// Mean validation loss; with several ranks each evaluates its part of every global batch.
+static double evaluate(Model *m, DataLoader *val, int batches, int32_t *tok, int32_t *tgt, Split *sp) {
+    Comm *c = m->opt.comm;
+    const int T = val->T, B = val->B / sp->dp;
     double sum = 0;
     loader_reset(val);
     for (int i = 0; i < batches; i++) {
         loader_next(val, tok, tgt);
-        model_set_batch(m, tok + mine, tgt + mine, NULL, B, T);
-        sum += model_forward_backward(m, B, T, 0.0f);
+        const int Tm = set_part(m, sp, tok, tgt, NULL, B, T);
+        sum += model_forward_backward(m, B, Tm, 0.0f);
     }
     c->all_reduce_sum_f64(c, &sum, 1);
     return sum / ((double)batches * val->B * T);
@@ -128,10 +156,11 @@ static double evaluate(Model *m, DataLoader *val, int batches, int32_t *tok, int
 // target's loss over the number of targets, which packing and batch size cannot change. *hf
 // gets Hugging Face Trainer's figure, the mean of each batch's mean (batches without targets
 // skipped), which does change with them.
-static double evaluate_rows(Model *m, RowLoader *ev, int32_t *tok, int32_t *tgt, int32_t *ds, Comm *c,
+static double evaluate_rows(Model *m, RowLoader *ev, int32_t *tok, int32_t *tgt, int32_t *ds, Split *sp,
                             double *hf, long long *ntargets) {
-    const int T = ev->T, GB = ev->B, B = GB / c->world;
-    const size_t mine = (size_t)c->rank * B * T, nb = (ev->nrows + GB - 1) / GB;
+    Comm *c = m->opt.comm;
+    const int T = ev->T, GB = ev->B, B = GB / sp->dp;
+    const size_t nb = (ev->nrows + GB - 1) / GB;
     double *sums = xcalloc(nb, sizeof(double));
     long long *cnt = xcalloc(nb, sizeof(long long)), n = 0;
     // Tests: LLMC_DUMP_EVAL_TOKEN_LOSSES=FILE appends "row position loss" per target (one rank).
@@ -143,8 +172,8 @@ static double evaluate_rows(Model *m, RowLoader *ev, int32_t *tok, int32_t *tgt,
         for (int j = 0; j < GB; j++)
             rows_read(ev, i * GB + j, tok + (size_t)j * T, tgt + (size_t)j * T, ds + (size_t)j * T);
         for (size_t k = 0; k < (size_t)GB * T; k++) cnt[i] += tgt[k] >= 0;
-        model_set_batch(m, tok + mine, tgt + mine, ev->packed ? ds + mine : NULL, B, T);
-        sums[i] = model_forward_backward(m, B, T, 0.0f);
+        const int Tm = set_part(m, sp, tok, tgt, ev->packed ? ds : NULL, B, T);
+        sums[i] = model_forward_backward(m, B, Tm, 0.0f);
         if (dump) {
             m->bk->copy_d2h(m->bk, tl, m->losses, sizeof(float) * (size_t)B * T, NULL);
             m->bk->sync(m->bk);
@@ -320,8 +349,26 @@ int train_main(int argc, char **argv, int arch) {
     // ---- memory plan: --plan prints it; auto picks from it; a limit names what would fit
     MemPolicy pol;
     config_mem_policy(&cfg, &pol);
+    // Sequence parallelism: the ranks split every sequence (all of them, for now: no data
+    // parallelism across groups); each holds T / n tokens through the whole layer.
+    const int spn = cfg.sequence_parallel_degree;
+    if (spn > 1) {
+        if (spn != world)
+            fail("sequence_parallel_degree %d needs exactly %d ranks (this run has %d; data parallelism across "
+                 "sequence-parallel groups is not implemented)", spn, spn, world);
+        if (arch != ARCH_LLAMA) fail("sequence_parallel_degree: GPT-2's learned positions are not supported");
+        const char *why = seqpar_unsupported(spn, T, mc.num_attention_heads, mc.num_key_value_heads);
+        if (why[0]) fail("sequence_parallel_degree %d: %s", spn, why);
+        if (cfg.lora_dropout > 0 && B > 1)
+            fail("sequence_parallel_degree with lora_dropout needs micro_batch_size 1 (dropout masks follow "
+                 "global token indices)");
+        if (cfg.sample_steps && mc.vocab_size == 256)
+            printf("note: sample_steps: no samples are generated with sequence_parallel_degree %d\n", spn);
+    }
+    const Split split0 = {.n = spn, .rank = rank, .dp = world / spn};
     ModelOptions mo = {.stream = pol.stream_frozen, .comm = comm, .zero_stage = cfg.zero_stage,
-                       .offload_optimizer = cfg.offload_optimizer, .load_in_4bit = cfg.load_in_4bit};
+                       .offload_optimizer = cfg.offload_optimizer, .load_in_4bit = cfg.load_in_4bit,
+                       .seq_parallel = spn};
     PlanRow rows[32];
     int nrows = 0;
     char fitting[1024] = "";
@@ -363,7 +410,7 @@ int train_main(int argc, char **argv, int arch) {
     if (lora.r && cfg.lora_model_dir[0]) load_adapter(&model, cfg.lora_model_dir);
     else if (lora.r) model_init_lora(&model, (uint64_t)cfg.seed);
     size_t before = bk->mem.in_use;
-    model_alloc_acts(&model, B, T, &pol);
+    model_alloc_acts(&model, B, T / spn, &pol);
     size_t acts_bytes = bk->mem.in_use - before;
 
     // ---- data: every rank reads the global batch (world x B rows) and trains on its rows, so
@@ -377,10 +424,10 @@ int train_main(int argc, char **argv, int arch) {
     if (prepared) {
         char p[1200];
         snprintf(p, sizeof p, "%s/train.bin", cfg.prepared_dir);
-        rows_open(&rtrain, p, world * B, accum, T, mc.vocab_size, cfg.shuffle, (uint64_t)cfg.seed, "train rows");
+        rows_open(&rtrain, p, split0.dp * B, accum, T, mc.vocab_size, cfg.shuffle, (uint64_t)cfg.seed, "train rows");
         snprintf(p, sizeof p, "%s/eval.bin", cfg.prepared_dir);
         have_val = cfg.has_eval_rows = path_exists(p);
-        if (have_val) rows_open(&rval, p, world * B, 1, T, mc.vocab_size, 0, 0, "eval rows");
+        if (have_val) rows_open(&rval, p, split0.dp * B, 1, T, mc.vocab_size, 0, 0, "eval rows");
         if (arch == ARCH_GPT2 && (rtrain.packed || (have_val && rval.packed)))
             fail("sample_packing needs rotary positions that restart per document; GPT-2 has learned positions: "
                  "set sample_packing: false (and eval_sample_packing: false)");
@@ -392,14 +439,14 @@ int train_main(int argc, char **argv, int arch) {
                    (unsigned long long)rval.ntargets);
         printf("\ndata: %.0f steps per epoch = ceil(%zu rows / %d rows per step (micro_batch_size %d x "
                "gradient_accumulation_steps %d x %d ranks))\n", steps_per_epoch, rtrain.nrows,
-               B * accum * world, B, accum, world);
+               B * accum * split0.dp, B, accum, split0.dp);
         config_plan_steps(&cfg, rows_steps_per_epoch(&rtrain) * accum);  // num_epochs -> max_steps, ...
         if (cfg.eval_steps && !have_val)
             fail("eval_steps is %d but there is no eval data (set val_set_size or test_datasets)", cfg.eval_steps);
     } else {
-        loader_open(&train, cfg.train_data, world * B, T, mc.vocab_size, cfg.shuffle, (uint64_t)cfg.seed, "train_data");
+        loader_open(&train, cfg.train_data, split0.dp * B, T, mc.vocab_size, cfg.shuffle, (uint64_t)cfg.seed, "train_data");
         have_val = cfg.val_data[0] != 0;
-        if (have_val) loader_open(&val, cfg.val_data, world * B, T, mc.vocab_size, 0, 0, "val_data");
+        if (have_val) loader_open(&val, cfg.val_data, split0.dp * B, T, mc.vocab_size, 0, 0, "val_data");
         steps_per_epoch = (double)train.total_windows / accum;
         config_plan_steps(&cfg, train.total_windows);  // num_epochs -> max_steps, warmup_ratio, cadences
         if (cfg.eval_steps && !have_val) fail("eval_steps is %d but no val_data is set", cfg.eval_steps);
@@ -436,7 +483,9 @@ int train_main(int argc, char **argv, int arch) {
     OptimConfig oc = {cfg.learning_rate, cfg.adam_beta1, cfg.adam_beta2, cfg.adam_epsilon,
                       cfg.weight_decay, cfg.max_grad_norm, cfg.warmup_steps, cfg.max_steps,
                       schedule_from_name(cfg.lr_scheduler), cfg.cosine_min_lr_ratio};
-    const size_t BT = (size_t)B * T, GBT = BT * world;  // this rank's rows, the global batch
+    const size_t BT = (size_t)B * T, GBT = BT * split0.dp;  // this rank's rows, the global batch
+    Split split = split0;
+    if (spn > 1) split.tok = xmalloc(sizeof(int32_t) * BT / spn), split.tgt = xmalloc(sizeof(int32_t) * BT / spn);
     int32_t *tok = xmalloc(sizeof(int32_t) * GBT * accum), *tgt = xmalloc(sizeof(int32_t) * GBT * accum);
     int32_t *dst = prepared ? xmalloc(sizeof(int32_t) * GBT * accum) : NULL;  // document starts
     const size_t grad_bytes = (cfg.zero_stage >= 3 ? model.local_n : model.tab.shard * model.tab.world) * bk->act_bytes;
@@ -475,14 +524,13 @@ int train_main(int argc, char **argv, int arch) {
             ran++;
             // Packed rows carry their document map (unpacked: one sample per row, then padding,
             // which no real token attends to, so the plain causal mask is the same).
-            model_set_batch(&model, tok + a * GBT + rank * BT, tgt + a * GBT + rank * BT,
-                            prepared && rtrain.packed ? dst + a * GBT + rank * BT : NULL, B, T);
+            const int Tm = set_part(&model, &split, tok + a * GBT, tgt + a * GBT,
+                                    prepared && rtrain.packed ? dst + a * GBT : NULL, B, T);
             // Dropout masks depend only on (seed, micro-batch): recompute and resume agree.
             Rng dr;
             rng_seed(&dr, (uint64_t)cfg.seed * 1000003ULL + (uint64_t)step * accum + a);
             model.dropout_seed = rng_next(&dr);
-            model.row_base = (size_t)rank * BT;
-            loss_sum += model_forward_backward(&model, B, T, scale);
+            loss_sum += model_forward_backward(&model, B, Tm, scale);
         }
         comm->all_reduce_sum_f64(comm, &loss_sum, 1);
         float loss = (float)(loss_sum * scale);
@@ -538,13 +586,13 @@ int train_main(int argc, char **argv, int arch) {
             if (prepared) {
                 double hf;
                 long long ntg;
-                vl = evaluate_rows(&model, &rval, tok, tgt, dst, comm, &hf, &ntg);
+                vl = evaluate_rows(&model, &rval, tok, tgt, dst, &split, &hf, &ntg);
                 printf("step %5d/%d | eval_loss %.6f | eval_tokens %lld | eval_loss_hf %.6f\n", ls.step,
                        cfg.max_steps, vl, ntg, hf);
                 metrics_line(&metrics, "\"step\": %d, \"eval_loss\": %s, \"eval_tokens\": %lld, \"eval_loss_hf\": %s",
                              ls.step, metrics_num(nl, sizeof nl, vl), ntg, metrics_num(nn, sizeof nn, hf));
             } else {
-                vl = evaluate(&model, &val, cfg.eval_batches, tok, tgt, comm);
+                vl = evaluate(&model, &val, cfg.eval_batches, tok, tgt, &split);
                 printf("step %5d/%d | val_loss %.6f\n", ls.step, cfg.max_steps, vl);
                 metrics_line(&metrics, "\"step\": %d, \"val_loss\": %s", ls.step, metrics_num(nl, sizeof nl, vl));
             }
@@ -556,7 +604,7 @@ int train_main(int argc, char **argv, int arch) {
             }
         }
         // Every rank runs the sampler (ZeRO-3 gathers are collective); only rank 0 prints.
-        if (cfg.sample_steps && mc.vocab_size == 256 &&
+        if (cfg.sample_steps && mc.vocab_size == 256 && spn == 1 &&
             (ls.step % cfg.sample_steps == 0 || ls.step == cfg.max_steps))
             print_sample(&model, T, cfg.sample_tokens, &ls.sample_rng);
         // No checkpoint in the middle of a run of skipped steps: the last one stays the last
@@ -589,6 +637,8 @@ int train_main(int argc, char **argv, int arch) {
     metrics_close(&metrics);
     free(tok);
     free(tgt);
+    free(split.tok);
+    free(split.tgt);
     free(dst);
     if (prepared) {
         rows_close(&rtrain);

@@ -177,7 +177,7 @@ def refused_keys(e):
              ({"fp16": "true"}, ["fp16", "bf16"]),
              ({"optimizer": "lion_8bit"}, ["lion_8bit", "adamw_torch"]),
              ({"lr_scheduler_kwargs": "{a: 1}"}, ["lr_scheduler_kwargs"]),
-             ({"sequence_parallel_degree": 2}, ["sequence_parallel_degree"])]
+             ({"sequence_parallel_degree": 2}, ["sequence_parallel_degree 2 needs exactly 2 ranks"])]
     for i, (over, needles) in enumerate(cases):
         rc, out, err = e.run("refuse%d" % i, e.base("refuse%d" % i, **over))
         one_error(rc, err, *needles)

@@ -70,7 +70,7 @@ static void run_shape(Backend *bk, int n, int B, int T, int Hq, int Hkv, int D, 
     bk->attention_bwd(bk, dq, dk, dv, dout, q, k, v, o, lse, B, T, Hq, Hkv, D, window, dmap);
 
     SeqPar sp;
-    seqpar_init(&sp, bk, C, n, B, T, Hq, D);
+    seqpar_init(&sp, bk, C, n, B, T, Hq, Hkv, D);
     const size_t nq = (size_t)B * Tl * Hq * D, nk = (size_t)B * Tl * Hkv * D;
     const size_t hq_n = (size_t)B * T * hq * D, hk_n = (size_t)B * T * hk * D;
     float *ql = xmalloc(4 * nq), *kl = xmalloc(4 * nk), *vl = xmalloc(4 * nk), *dol = xmalloc(4 * nq);
@@ -119,6 +119,12 @@ static void run_shape(Backend *bk, int n, int B, int T, int Hq, int Hkv, int D, 
            fmaxf(eq, fmaxf(ek, ev)));
     if (Hkv >= n) expect(eq == 0 && ek == 0 && ev == 0, "backward not bit-identical without replication",
                          fmaxf(eq, fmaxf(ek, ev)));
+    // the same through the layer-level wrappers (lse kept head-sharded)
+    seqpar_attention_fwd(&sp, bk, ol, lseh, ql, kl, vl, B, window, dmap);
+    expect(maxdiff(ol, oref, nq) == 0, "seqpar_attention_fwd differs", maxdiff(ol, oref, nq));
+    seqpar_attention_bwd(&sp, bk, dql, dkl, dvl, dol, ql, kl, vl, ol, lseh, B, window, dmap);
+    eq = maxdiff(dql, rq, nq), ek = maxdiff(dkl, rk, nk), ev = maxdiff(dvl, rv, nk);
+    expect(eq <= 1e-6f && ek <= 1e-6f && ev <= 1e-6f, "seqpar_attention_bwd differs", fmaxf(eq, fmaxf(ek, ev)));
     seqpar_free(&sp, bk);
     free(q), free(k), free(v), free(o), free(dq), free(dk), free(dv), free(dout), free(lse), free(ds);
     free(ql), free(kl), free(vl), free(dol), free(qh), free(kh), free(vh), free(oh), free(doh), free(dqh);

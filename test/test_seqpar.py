@@ -1,37 +1,193 @@
 #!/usr/bin/python3
-"""Runs build/test_seqpar (sequence parallelism's reshuffles and attention through them) alone
-and under `mpirun -np 2`, `-np 3` and `-np 4`; without mpirun the MPI cases SKIP.
-    /usr/bin/python3 test/test_seqpar.py --build build
+"""Sequence parallelism (sequence_parallel_degree, Ulysses): the reshuffles and attention
+through them (build/test_seqpar under mpirun -np 1-4), then training under mpirun -np N with
+sequence_parallel_degree N against one process, on tiny Hugging Face models:
+
+  gqa_n2 / gqa_n4   Llama GQA 4/2 heads: 2 ranks split the key/value heads, 4 replicate them
+  zero1 / zero3     with zero_stage 1 and 3 (fsdp)
+  lora              LoRA on all seven projections
+  hidden_states     with activation_offloading: hidden_states (recompute + host tier)
+  window            Mistral, sliding_window 8 < sequence_len 32
+  qwen3             q/k norms and head_dim independent of the hidden size
+  packed            prepared rows with three documents per row (the whole rows' document map)
+  errors            a degree that is not the rank count, T or heads that do not split
+
+Each run: 4 steps (grad accumulation 2, clipping, warmup + cosine); the per-step losses and the
+final weights must match the one-process run within 1e-5 (relative; the largest difference
+is printed). adam_epsilon is 1e-2 in these runs, as in test_sharding.py: N ranks sum each
+weight gradient in another order than one process, and with eps 1e-8 AdamW turns the rounding
+of near-zero gradients into update differences of up to ~lr; with 1e-2 the update is smooth
+in g, while a real error (a wrong slice, position or head) moves the weights by ~1e-3.
 """
 import argparse
+import json
 import os
 import shutil
 import subprocess
 import sys
+import tempfile
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+import llama_ref as R  # noqa: E402
+from checks import check, finish  # noqa: E402
+
+TOL = 1e-5
+ENV = dict(os.environ, OMP_NUM_THREADS="1", OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+           LLMC_DEVICE="cpu")
+
+
+def unit(build):
+    exe = os.path.join(build, "test_seqpar")
+    runs = [("single", [exe])]
+    if shutil.which("mpirun"):
+        for n in (2, 3, 4):
+            runs.append(("mpi %d" % n, ["mpirun", "-np", str(n), "--oversubscribe", "--bind-to", "none", exe]))
+    for name, cmd in runs:
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=ENV)
+        out = [x for x in r.stdout.splitlines() if x.startswith(("PASS", "FAIL"))]
+        check(out[0][5:] if out and r.returncode == 0 else "reshuffles (%s)" % name,
+              r.returncode == 0 and len(out) == 1 and out[0].startswith("PASS"),
+              "exit %d: %s" % (r.returncode, out or r.stderr.strip().splitlines()[-3:]))
+
+
+class Env:
+    def __init__(self, root, binary):
+        self.root, self.bin, self.n = root, binary, 0
+        R.write_shard(os.path.join(root, "train.bin"), R.random_tokens(40000, 64, seed=1))
+
+    def model(self, name, **kw):
+        d = os.path.join(self.root, name)
+        if not os.path.exists(d):
+            cfg = R.make_config(vocab_size=64, hidden_size=kw.pop("hidden_size", 32), intermediate_size=64,
+                                num_hidden_layers=2, max_position_embeddings=128, **kw)
+            R.save_hf_dir(d, cfg, R.init_weights(cfg, seed=3))
+        return d
+
+    def run(self, model, ranks, extra=None, expect_ok=True):
+        self.n += 1
+        out = os.path.join(self.root, "out%d" % self.n)
+        cfg = {"base_model": model, "train_data": os.path.join(self.root, "train.bin"), "sequence_len": 32,
+               "micro_batch_size": 2, "gradient_accumulation_steps": 2, "max_steps": 4, "learning_rate": 0.01,
+               "warmup_steps": 1, "lr_scheduler": "cosine", "max_grad_norm": 0.5, "adam_epsilon": 0.01,
+               "num_threads": 1, "seed": 7, "output_dir": out}
+        if ranks > 1:
+            cfg["sequence_parallel_degree"] = ranks
+        cfg.update(extra or {})
+        y = os.path.join(self.root, "cfg%d.yaml" % self.n)
+        R.write_yaml(y, {k: v for k, v in cfg.items() if v is not None})
+        cmd = [self.bin, "-c", y]
+        if ranks > 1:
+            cmd = ["mpirun", "-np", str(ranks), "--oversubscribe", "--bind-to", "none"] + cmd
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=ENV, cwd=self.root)
+        return p, out
+
+
+def losses(out):
+    return [r["loss"] for r in map(json.loads, open(os.path.join(out, "metrics.jsonl"))) if "loss" in r]
+
+
+def weights(out):
+    for f in ("model.safetensors", "adapter_model.safetensors"):
+        if os.path.exists(os.path.join(out, f)):
+            return R.read_safetensors(os.path.join(out, f))
+    return {}
+
+
+def compare(e, name, model, n, extra=None):
+    p1, o1 = e.run(model, 1, extra)
+    pn, on = e.run(model, n, extra)
+    if p1.returncode or pn.returncode:
+        check("%s: runs" % name, False, (p1.stderr + pn.stderr).strip().splitlines()[-2:])
+        return
+    l1, ln = losses(o1), losses(on)
+    w1, wn = weights(o1), weights(on)
+    dl = max(abs(a - b) / max(abs(b), 1e-30) for a, b in zip(ln, l1)) if l1 and len(l1) == len(ln) else 1
+    dw = max((float(np.max(np.abs(wn[k] - w1[k]))) / max(float(np.max(np.abs(w1[k]))), 1e-30) for k in w1),
+             default=1) if w1 and set(w1) == set(wn) else 1
+    check("%s: %d ranks = 1 process: losses %.1e, weights %.1e (relative, %d tensors)" % (name, n, dl, dw, len(w1)),
+          dl <= TOL and dw <= TOL and len(l1) == 4)
+
+
+def rows_env(e):
+    """A prepared-rows directory (3 documents per row) and a stand-in preparation script."""
+    d = os.path.join(e.root, "prepared")
+    os.makedirs(d, exist_ok=True)
+    rng = np.random.default_rng(5)
+    T, nrows = 32, 8
+    body = np.zeros((nrows, 3, T), np.int32)
+    ntg = 0
+    for r in range(nrows):
+        cuts = [0, 9, 20, T]
+        for a, b in zip(cuts, cuts[1:]):
+            body[r, 0, a:b] = rng.integers(1, 64, size=b - a)
+            body[r, 2, a:b] = a
+            body[r, 1, a:b] = -1
+            body[r, 1, a:b - 1] = body[r, 0, a + 1:b]
+        ntg += int((body[r, 1] >= 0).sum())
+    h = np.zeros(256, np.int32)
+    h[:9] = [20241124, 1, T, nrows, 1, 64, 3 * nrows, ntg, 0]
+    with open(os.path.join(d, "train.bin"), "wb") as f:
+        f.write(h.tobytes())
+        f.write(body.tobytes())
+    sd = os.path.join(e.root, "scripts")
+    os.makedirs(sd, exist_ok=True)
+    with open(os.path.join(sd, "prepare_data.py"), "w") as f:
+        f.write("import sys\na = sys.argv[1:]\nopen(a[a.index('--result') + 1], 'w').write(%r + '\\n')\n"
+                "print('data: using prepared %s (cache hit)')\n" % (d, d))
+    return sd
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--build", default="build")
+    ap.add_argument("-k", default="")
     a = ap.parse_args()
-    exe = os.path.join(a.build, "test_seqpar")
-    runs = [("single", [exe])]
-    if shutil.which("mpirun"):
-        for n in (2, 3, 4):
-            runs.append(("mpi %d" % n, ["mpirun", "-np", str(n), "--oversubscribe", "--bind-to", "none", exe]))
-    else:
-        print("SKIP sequence parallel under MPI: no mpirun on PATH")
-    failed = 0
-    env = dict(os.environ, OMP_NUM_THREADS="1", OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
-    for name, cmd in runs:
-        r = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
-        out = [l for l in r.stdout.splitlines() if l.startswith(("PASS", "FAIL"))]
-        if r.returncode == 0 and len(out) == 1 and out[0].startswith("PASS"):
-            print(out[0])
-        else:
-            failed += 1
-            print("FAIL sequence parallel (%s): exit %d: %s" % (name, r.returncode, (out or r.stderr.strip().splitlines()[-3:] or ["no output"])))
-    sys.exit(1 if failed else 0)
+    if not shutil.which("mpirun"):
+        print("SKIP sequence parallel: no mpirun on PATH")
+        return
+    if "unit" in "unit " + a.k or not a.k:
+        unit(a.build)
+    root = tempfile.mkdtemp(prefix="test_seqpar.")
+    try:
+        e = Env(root, os.path.abspath(os.path.join(a.build, "train_llama")))
+        llama = e.model("llama", num_attention_heads=4, num_key_value_heads=2)
+        cases = [
+            ("gqa_n2", llama, 2, None), ("gqa_n4", llama, 4, None),
+            ("zero1", llama, 2, {"zero_stage": 1}), ("zero3", llama, 2, {"zero_stage": 3}),
+            ("lora", llama, 2, {"adapter": "lora", "lora_r": 4, "lora_alpha": 8, "lora_target_linear": True}),
+            ("hidden_states", llama, 2, {"gradient_checkpointing": True, "activation_offloading": "hidden_states"}),
+            ("window", e.model("mistral", model_type="mistral", num_attention_heads=4, num_key_value_heads=2,
+                               sliding_window=8), 2, None),
+            ("qwen3", e.model("qwen3", model_type="qwen3", hidden_size=32, num_attention_heads=4,
+                              num_key_value_heads=2, head_dim=16), 4, None),
+        ]
+        for name, model, n, extra in cases:
+            if a.k in name:
+                compare(e, name, model, n, extra)
+        if a.k in "packed":
+            sd = rows_env(e)
+            ENV["LLMC_SCRIPTS_DIR"] = sd
+            ENV["LLMC_PYTHON"] = sys.executable
+            extra = {"train_data": None, "datasets": [{"path": "x.jsonl", "type": "completion"}],
+                     "tokenizer_config": llama, "micro_batch_size": 1}
+            open(os.path.join(root, "tokenizer.json"), "w").write("{}")
+            shutil.copy(os.path.join(root, "tokenizer.json"), os.path.join(llama, "tokenizer.json"))
+            compare(e, "packed", llama, 2, extra)
+        if a.k in "errors":
+            for what, n, extra, needle in [
+                    ("a degree other than the rank count", 2, {"sequence_parallel_degree": 4}, "needs exactly 4 ranks"),
+                    ("sequence_len not divisible", 3, {"sequence_len": 31}, "not divisible by 3"),
+                    ("heads that do not split", 3, {"sequence_len": 36}, "attention heads do not split")]:
+                p, _ = e.run(llama, n, extra)
+                err = [x for x in p.stderr.splitlines() if "error" in x]
+                check("errors: %s" % what, p.returncode != 0 and err and needle in err[0], p.stderr[-300:])
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    finish()
 
 
 if __name__ == "__main__":
