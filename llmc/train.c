@@ -380,6 +380,9 @@ int train_main(int argc, char **argv, int arch) {
     if (cfg.plan_only) {
         plan_print(rows, nrows, (size_t)cfg.device_memory_limit, plan_host_limit(&cfg), stdout);
         plan_print_assumptions(plan_device(&cfg, bk), world, stdout);
+        fflush(stdout);
+        comm->barrier(comm);
+        comm->destroy(comm);  // under mpirun every rank plans; all must finalize
         return 0;
     }
     lock_output_dir(cfg.output_dir, comm);  // before anything is loaded: a second run stops at once
