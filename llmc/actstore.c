@@ -48,8 +48,9 @@ struct ActStore {
 #define AT(st, arr, l, s) ((st)->arr[(size_t)(l) * S_COUNT + (s)])
 
 int mlp_tile_rows(const ModelConfig *c, const MemPolicy *p, int B, int T) {
+    // Every mode runs the MLP over the same row chunks, so the weight gradients sum in the
+    // same order whether or not tiled_mlp recomputes the chunks: tiling changes no bits.
     int N = B * T;  // model_alloc_acts checked that it fits an int
-    if (!p->tiled_mlp) return N;
     int shards = p->mlp_shards > 0 ? p->mlp_shards : (int)(((int64_t)T + c->hidden_size - 1) / c->hidden_size);
     if (shards < 1) shards = 1;
     return (N + shards - 1) / shards;

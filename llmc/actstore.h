@@ -18,7 +18,7 @@ typedef struct ActStore ActStore;
 
 // Bytes of one saved tensor of kind s (0 when the kind does not exist, e.g. tiled MLP).
 size_t slot_bytes(const ModelConfig *c, const MemPolicy *p, int B, int T, int act_bytes, int s);
-// Rows per MLP tile (B*T when not tiled).
+// Rows per MLP chunk, the same in every mode (tiled_mlp only decides what a chunk keeps).
 int mlp_tile_rows(const ModelConfig *c, const MemPolicy *p, int B, int T);
 int act_tile_rows(const ActStore *st);
 
