@@ -219,6 +219,8 @@ BASE_MODES = {
 }
 MODES = dict(BASE_MODES)
 MODES.update({k + " + tiled MLP": dict(v, tiled_mlp="true") for k, v in BASE_MODES.items()})
+MODES.update({k + " + tiled MLP + attention": dict(v, tiled_mlp="true", tiled_attention="true")
+              for k, v in BASE_MODES.items()})
 
 
 def slug(s):
@@ -322,7 +324,7 @@ def check_peaks_and_plan():
     jobs.append((big_base, "pk_plan", {}, None, True))
     runs = run_many(jobs)
     failed = [r for r in runs.values() if r.rc != 0]
-    check("peaks: all 16 modes train the 8-layer model", not failed,
+    check("peaks: all %d modes train the 8-layer model" % len(MODES), not failed,
           "\n  ".join("%s: %s" % (r.name, why(r)) for r in failed))
     dev = {m: peak(runs["pk_" + slug(m)], "device_peak_bytes") for m in MODES}
     host = {m: peak(runs["pk_" + slug(m)], "host_peak_bytes") for m in MODES}
@@ -339,6 +341,8 @@ def check_peaks_and_plan():
           "lowest two: %s\n  %s" % (low, table))
     check("peaks: checkpointing and selective below plain",
           0 < dev["checkpointing"] < dev["plain"] and 0 < dev["selective"] < dev["plain"], table)
+    check("peaks: tiled attention lowers every mode's device peak below its tiled-MLP-only row",
+          all(0 < dev[m + " + tiled MLP + attention"] < dev[m + " + tiled MLP"] for m in BASE_MODES), table)
     check("peaks: disk mode uses disk and far less host memory than host offload",
           disk["offload disk"] > 0 and 0 <= host["offload disk"] < 0.5 * host["offload true"]
           and disk["offload true"] == 0, table)
@@ -349,7 +353,7 @@ def check_peaks_and_plan():
     except ValueError as e:
         plan = {}
         pr.stderr += " " + str(e)
-    check("plan: --plan prints a row for each of the 16 modes", pr.rc == 0 and set(plan) == set(MODES),
+    check("plan: --plan prints a row for each of the %d modes" % len(MODES), pr.rc == 0 and set(plan) == set(MODES),
           "rc %d rows %s\n%s" % (pr.rc, sorted(plan), pr.stdout[-1500:] + pr.stderr[-300:]))
     bad, badhd = [], []
     for m in MODES:
