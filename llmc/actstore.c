@@ -19,6 +19,10 @@
 #include "util.h"
 
 #define MAXDEPTH 64
+// In-flight copies hide the copy time of short layers. A layer whose kept tensor is large
+// (long context) computes far longer than its copy takes, so a kind's stash holds no more
+// buffers than fit in this (and never fewer than the two a layer needs).
+#define STASH_CAP_BYTES ((size_t)2 << 30)
 
 struct ActStore {
     Backend *bk;
@@ -168,6 +172,7 @@ ActStore *actstore_create(Backend *bk, const ModelConfig *c, const MemPolicy *p,
             // A layer writes the next layer's input while reading its own: two at least.
             // More buffers than tensors of the kind that ever leave would never be used.
             int d = st->depth < kind_offloaded[s] ? st->depth : kind_offloaded[s];
+            if ((size_t)d * st->bytes[s] > STASH_CAP_BYTES) d = (int)(STASH_CAP_BYTES / st->bytes[s]);
             int min_d = p->tier == TIER_HOST_SYNC ? (s == S_XIN ? 2 : 1) : 2;
             st->kdepth[s] = d < min_d ? min_d : d;
             for (int k = 0; k < st->kdepth[s]; k++) {

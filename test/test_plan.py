@@ -9,7 +9,8 @@
     where "device" memory is host memory, device + host must fit), and `auto` picks only among
     modes that fit both budgets, or stops with an error when none does;
   * the Llama-3.1-8B shape (config.json only: planning loads no weights) with QLoRA r16 at 131K
-    tokens on an 80 GB GPU has a fitting mode.
+    tokens on an 80 GB GPU has a fitting mode, and at 524,288 tokens hidden_states + tiled MLP
+    fits 80 GiB device + 128 GiB host with no disk.
 Usage: /usr/bin/python3 test/test_plan.py --bin build/train_llama
 """
 import argparse
@@ -108,7 +109,7 @@ def main():
         os.makedirs(d8)
         json.dump({"model_type": "llama", "vocab_size": 128256, "hidden_size": 4096,
                    "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,
-                   "num_key_value_heads": 8, "max_position_embeddings": 131072, "rms_norm_eps": 1e-5,
+                   "num_key_value_heads": 8, "max_position_embeddings": 1048576, "rms_norm_eps": 1e-5,
                    "rope_theta": 500000.0, "torch_dtype": "bfloat16"}, open(os.path.join(d8, "config.json"), "w"))
         c8 = os.path.join(root, "c8.yaml")
         with open(c8, "w") as f:
@@ -121,6 +122,14 @@ def main():
         check("8B QLoRA r16 at 131K tokens: a mode fits 80 GiB device and 128 GiB host",
               rc == 0 and any(v[2] for v in r8.values()) and
               all(v[0] <= 80 * 2 ** 30 and v[1] <= 128 * 2 ** 30 for v in r8.values() if v[2]), out + err)
+        # 524,288 tokens with no disk: hidden states on the host, the MLP tiled, and the offload
+        # stash capped (two 4 GiB buffers, not max_fwd_stash_size's five).
+        rc, out, err = run(binary, c8, "sequence_len=524288", "--plan")
+        r8 = rows(out)
+        hs = r8.get("hidden_states + tiled MLP", (0, 0, False))
+        check("8B QLoRA r16 at 524,288 tokens: hidden_states + tiled MLP fits 80 GiB device and 128 GiB host "
+              "(%.1f GiB, %.1f GiB)" % (hs[0] / 2 ** 30, hs[1] / 2 ** 30),
+              rc == 0 and hs[2] and 0 < hs[0] <= 80 * 2 ** 30 and 0 < hs[1] <= 128 * 2 ** 30, out + err)
     finally:
         shutil.rmtree(root, ignore_errors=True)
     finish()
