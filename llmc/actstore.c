@@ -41,7 +41,7 @@ struct ActStore {
     int next_k[S_COUNT], kdepth[S_COUNT];  // ring position and depth per kind
     int *stash_k;                    // [L][S_COUNT] ring index a kept tensor used in forward
     void **scratch;                  // [sets][S_COUNT]
-    void *tile[3], *final_res, *sink;
+    void *tile[4], *final_res, *sink;  // tile: gate, up, h, ln2 of one MLP chunk
     void *att_tile[3];               // ln1, q, att of one attention tile (tiled_attention)
     int att_rows;                    // rows per attention tile
     Queue *copyq;
@@ -83,7 +83,8 @@ size_t slot_bytes(const ModelConfig *c, const MemPolicy *p, int B, int T, int A,
     const size_t KD = (size_t)c->num_key_value_heads * c->head_dim;
     switch (s) {
     case S_LN1: return p->tiled_attention ? 0 : N * C * A;  // tiled: one tile at a time
-    case S_XIN: case S_XMID: case S_LN2: return N * C * A;
+    case S_LN2: return p->tiled_mlp ? 0 : N * C * A;  // tiled: one MLP chunk at a time
+    case S_XIN: case S_XMID: return N * C * A;
     case S_RSTD1: case S_RSTD2: return N * sizeof(float) * (c->arch == ARCH_GPT2 ? 2 : 1);  // (mean,) rstd
     case S_Q: case S_ATT: return p->tiled_attention ? 0 : N * QD * A;
     case S_K: case S_V: return N * KD * A;
@@ -203,9 +204,11 @@ ActStore *actstore_create(Backend *bk, const ModelConfig *c, const MemPolicy *p,
             }
     }
     st->tile_rows = mlp_tile_rows(c, p, B, T);
-    if (p->tiled_mlp)
+    if (p->tiled_mlp) {
         for (int i = 0; i < 3; i++)
             st->tile[i] = bk->dev_alloc(bk, (size_t)st->tile_rows * c->intermediate_size * A, "tiled MLP buffers");
+        st->tile[3] = bk->dev_alloc(bk, (size_t)st->tile_rows * c->hidden_size * A, "tiled MLP buffers");
+    }
     st->att_rows = att_tile_rows(c, p, T, att_align);
     if (p->tiled_attention) {
         const size_t R = att_span_max_rows(B, T, st->att_rows);
@@ -215,7 +218,6 @@ ActStore *actstore_create(Backend *bk, const ModelConfig *c, const MemPolicy *p,
         st->att_tile[2] = bk->dev_alloc(bk, R * QD * A, "tiled attention buffers");
     }
     st->final_res = bk->dev_alloc(bk, st->bytes[S_XIN], "final residual");
-    if (st->pol.recompute == RC_FULL) st->sink = bk->dev_alloc(bk, st->bytes[S_XIN], "recompute output");
     return st;
 }
 
@@ -234,9 +236,9 @@ void actstore_free(ActStore *st) {
             free(st->jobs[s][k]);
         }
     for (int i = 0; i < st->sets * S_COUNT; i++) bk->dev_free(bk, st->scratch[i]);
-    for (int i = 0; i < 3; i++) bk->dev_free(bk, st->tile[i]), bk->dev_free(bk, st->att_tile[i]);
+    for (int i = 0; i < 4; i++) bk->dev_free(bk, st->tile[i]);
+    for (int i = 0; i < 3; i++) bk->dev_free(bk, st->att_tile[i]);
     bk->dev_free(bk, st->final_res);
-    bk->dev_free(bk, st->sink);
     if (st->copyq) {
         bk->queue_destroy(bk, st->copyq);
         bk->event_destroy(bk, st->ev_compute);
@@ -283,7 +285,7 @@ static void fill(ActStore *st, int l, LayerActs *a, int backward) {
     a->att = st->pol.tiled_attention ? st->att_tile[2] : ptr(st, l, S_ATT, backward);
     a->lse = ptr(st, l, S_LSE, backward);
     a->x_mid = ptr(st, l, S_XMID, backward);
-    a->ln2 = ptr(st, l, S_LN2, backward);
+    a->ln2 = st->pol.tiled_mlp ? st->tile[3] : ptr(st, l, S_LN2, backward);
     a->rstd2 = ptr(st, l, S_RSTD2, backward);
     a->gate = st->pol.tiled_mlp ? st->tile[0] : ptr(st, l, S_GATE, backward);
     a->up = st->pol.tiled_mlp ? st->tile[1] : ptr(st, l, S_UP, backward);
@@ -300,6 +302,7 @@ void *act_fwd_output(ActStore *st, int l) {
     return l + 1 < st->L ? ptr(st, l + 1, S_XIN, 0) : st->final_res;
 }
 void *act_recompute_sink(ActStore *st) { return st->sink; }
+void act_set_sink(ActStore *st, void *buf) { st->sink = buf; }
 
 void act_fwd_done(ActStore *st, int l, int for_backward) {
     Backend *bk = st->bk;

@@ -54,6 +54,8 @@ int act_is_saved(const ActStore *st, int l, int s);
 // segment during its recompute (written in forward order from the segment start).
 int act_segment_start(const ActStore *st, int l);
 void *act_recompute_sink(ActStore *st);  // throwaway output of a segment's last layer
+// The sink is borrowed: the model lends a [B*T, hidden] buffer that is dead during backward.
+void act_set_sink(ActStore *st, void *buf);
 
 // "recompute every 2, kept tensors on host (async), tiled MLP" for the config box.
 void mem_policy_describe(const MemPolicy *p, char *out, size_t cap);

@@ -533,7 +533,8 @@ void model_alloc_acts(Model *m, int B, int T, const MemPolicy *pol) {
     const size_t tile = (size_t)act_tile_rows(m->store);
     // Tiled attention keeps one span's rows of the query-sized tensors; whole otherwise.
     const size_t QR = pol->tiled_attention ? att_span_max_rows(B, T, act_att_rows(m->store)) : N;
-    m->final_ln = bk->dev_alloc(bk, N * C * A, "final norm output");
+    // The final norm and the classifier run over the MLP's row chunks: one chunk's output at a time.
+    m->final_ln = bk->dev_alloc(bk, tile * C * A, "final norm output");
     m->final_rstd = bk->dev_alloc(bk, 2 * N * sizeof(float), "final norm statistics");
     m->losses = bk->dev_alloc(bk, N * sizeof(float), "token losses");
     m->tokens = bk->dev_alloc(bk, N * sizeof(int32_t), "token ids");
@@ -549,9 +550,15 @@ void model_alloc_acts(Model *m, int B, int T, const MemPolicy *pol) {
     }
     m->d_res = bk->dev_alloc(bk, N * C * A, "backward scratch");
     m->d_ln = bk->dev_alloc(bk, N * C * A, "backward scratch");
+    // Full checkpointing's throwaway output (the recomputed top of a segment) goes where d_ln
+    // is: it is dead between two layers' backward passes.
+    act_set_sink(m->store, m->d_ln);
     m->d_att = bk->dev_alloc(bk, QR * QD * A, "backward scratch");
     m->d_q = bk->dev_alloc(bk, QR * QD * A, "backward scratch");
     m->d_k = bk->dev_alloc(bk, N * KD * A, "backward scratch");
+    // Tiles sum dK/dV over many calls: in float when activations are narrower.
+    if (A < 4 && act_att_rows(m->store) < T)
+        m->dkv_f32 = bk->dev_alloc(bk, 2 * N * KD * sizeof(float), "attention dK/dV float sums");
     m->d_v = bk->dev_alloc(bk, N * KD * A, "backward scratch");
     m->d_ff1 = bk->dev_alloc(bk, tile * I * A, "backward scratch (MLP)");
     m->d_ff2 = bk->dev_alloc(bk, tile * I * A, "backward scratch (MLP)");
@@ -603,7 +610,7 @@ void model_free(Model *m) {
         void *ps[] = {m->final_ln, m->final_rstd, m->losses, m->tokens, m->targets, m->doc_start, m->pos, m->d_res,
                       m->d_ln, m->d_att, m->d_q, m->d_k, m->d_v, m->d_ff1, m->d_ff2, m->logits,
                       m->rope_cos, m->rope_sin, m->lora_tmp, m->lora_dtmp, m->lora_xd, m->lora_dxd,
-                      m->q_rot, m->k_rot, m->qk_rstd};
+                      m->q_rot, m->k_rot, m->qk_rstd, m->dkv_f32};
         for (size_t i = 0; i < sizeof ps / sizeof ps[0]; i++) bk->dev_free(bk, ps[i]);
     }
     if (m->sp) {
@@ -866,10 +873,12 @@ static void attend_bwd(Model *m, void *dq, void *dk, void *dv, const void *dout,
     }
     Backend *bk = m->bk;
     const size_t kv = (size_t)s.b0 * T * Hkv * D;
-    // A sequence's first tile writes its key/value gradients, later tiles add to them.
+    // A sequence's first tile writes its key/value gradients, later tiles add to them (through
+    // float sums when activations are bf16).
+    float *fk = m->dkv_f32, *fv = fk ? fk + (size_t)m->B * T * Hkv * D : NULL;
     bk->attention_bwd(bk, dq, act_at(bk, dk, kv), act_at(bk, dv, kv), dout, q, act_at(bk, k, kv), act_at(bk, v, kv),
                       out, lse + (size_t)s.b0 * Hq * T, s.nb, T, s.t0, s.n, Hq, Hkv, D, window,
-                      ds ? ds + (size_t)s.b0 * T : NULL, s.t0 > 0);
+                      ds ? ds + (size_t)s.b0 * T : NULL, s.t0 > 0, fk ? fk + kv : NULL, fv ? fv + kv : NULL);
 }
 
 // A parameter on the device; a streamed one lives in its layer's slot while acquired.
@@ -1089,11 +1098,6 @@ static void norm_fwd(Model *m, void *out, float *stats, const void *x, const voi
     norm_fwd_rows(m, out, stats, N, 0, x, w, b, N);
 }
 
-static void norm_bwd(Model *m, void *dx, void *dw, void *db, const void *dout, const void *x, const void *w,
-                     const float *stats, int N) {
-    norm_bwd_rows(m, dx, dw, db, dout, x, w, stats, N, 0, N);
-}
-
 // The MLP's first half for rows [r0, r0+n), into the tile buffers when tiled, else into the
 // full tensors: Llama h = silu(gate) * up; GPT-2 h = gelu(fc), fc kept in the gate buffer.
 static void mlp_tile_fwd(Model *m, int l, const LayerActs *a, int r0, int n) {
@@ -1101,7 +1105,7 @@ static void mlp_tile_fwd(Model *m, int l, const LayerActs *a, int r0, int n) {
     Backend *bk = m->bk;
     const int C = m->cfg.hidden_size, I = m->cfg.intermediate_size;
     const size_t off = tiled ? 0 : (size_t)r0 * I;
-    const void *ln2 = act_at(bk, a->ln2, (size_t)r0 * C);
+    const void *ln2 = tiled ? a->ln2 : act_at(bk, a->ln2, (size_t)r0 * C);
     void *gate = act_at(bk, a->gate, off), *up = act_at(bk, a->up, off), *h = act_at(bk, a->h, off);
     if (m->cfg.arch == ARCH_GPT2) {
         linear_fwd(bk, gate, ln2, LP(m, l, P_WUP), opt_param(m, l, P_BUP, 0), n, C, I);
@@ -1188,15 +1192,24 @@ static void attn_fwd_span(Model *m, int l, const LayerActs *a, Span s, int B, in
 // attention changes no bits.
 static int span_count(int B, int T, int arows) { return att_span_count(B, T, arows); }
 
+// ln2 of MLP chunk [r0, r0+n): into the chunk buffer (tiled MLP) or the whole tensor.
+static void ln2_fwd(Model *m, int l, const LayerActs *a, int N, int r0, int n) {
+    const size_t C = m->cfg.hidden_size;
+    void *ln2 = m->pol.tiled_mlp ? a->ln2 : act_at(m->bk, a->ln2, (size_t)r0 * C);
+    norm_fwd_rows(m, ln2, a->rstd2, N, r0, act_at(m->bk, a->x_mid, (size_t)r0 * C), LP(m, l, P_LN2),
+                  opt_param(m, l, P_LN2B, 0), n);
+}
+
 static void layer_forward(Model *m, int l, const LayerActs *a, void *out, int B, int T, int tile, int arows) {
     Backend *bk = m->bk;
     const ModelConfig *c = &m->cfg;
     const int N = B * T, C = c->hidden_size, I = c->intermediate_size;
     for (int k = 0, ns = span_count(B, T, arows); k < ns; k++) attn_fwd_span(m, l, a, span_at(B, T, arows, k), B, T);
-    norm_fwd(m, a->ln2, a->rstd2, a->x_mid, LP(m, l, P_LN2), opt_param(m, l, P_LN2B, 0), N);
-    // The MLP runs over row tiles (one tile unless tiled_mlp): T x I never exists whole.
+    // The MLP runs over row chunks; tiled, a chunk's ln2, gate, up and h are all that exist of
+    // them (T x intermediate never does).
     for (int r0 = 0; r0 < N; r0 += tile) {
         int n = N - r0 < tile ? N - r0 : tile;
+        ln2_fwd(m, l, a, N, r0, n);
         mlp_tile_fwd(m, l, a, r0, n);
         const void *h = m->pol.tiled_mlp ? a->h : act_at(bk, a->h, (size_t)r0 * I);
         void *o = act_at(bk, out, (size_t)r0 * C);
@@ -1212,8 +1225,8 @@ static void recompute_cheap(Model *m, int l, const LayerActs *a, int N) {
     Backend *bk = m->bk;
     const ModelConfig *c = &m->cfg;
     if (!m->pol.tiled_attention) norm_fwd(m, a->ln1, a->rstd1, a->xin, LP(m, l, P_LN1), opt_param(m, l, P_LN1B, 0), N);
+    if (m->pol.tiled_mlp) return;  // ln2 and the MLP are remade chunk by chunk
     norm_fwd(m, a->ln2, a->rstd2, a->x_mid, LP(m, l, P_LN2), opt_param(m, l, P_LN2B, 0), N);
-    if (m->pol.tiled_mlp) return;
     if (c->arch == ARCH_GPT2) bk->gelu_fwd(bk, a->h, a->gate, (size_t)N * c->intermediate_size);
     else bk->swiglu_fwd(bk, a->h, a->gate, a->up, (size_t)N * c->intermediate_size);
 }
@@ -1225,13 +1238,15 @@ static void layer_backward(Model *m, int l, const LayerActs *a, int B, int T, in
     const int N = B * T, C = c->hidden_size, I = c->intermediate_size, D = c->head_dim;
     const int Hq = c->num_attention_heads, Hkv = c->num_key_value_heads, QD = Hq * D, KD = Hkv * D;
     const int tiled = m->pol.tiled_attention, window = family_layer_window(c, l);
-    // MLP: out = x_mid + down(silu(gate) * up); d_res carries d(out) = part of d(x_mid).
-    // Tiled: each tile's gate/up/h are recomputed from ln2 just before its backward.
+    // MLP: out = x_mid + down(silu(gate) * up); d_res carries d(out) = part of d(x_mid). Chunk
+    // by chunk, ending with ln2's backward for the chunk's rows (so its weight gradient sums
+    // per chunk in every mode). Tiled: the chunk's ln2, gate, up and h are remade first.
     for (int r0 = 0; r0 < N; r0 += tile) {
         int n = N - r0 < tile ? N - r0 : tile;
-        if (m->pol.tiled_mlp) mlp_tile_fwd(m, l, a, r0, n);
+        if (m->pol.tiled_mlp) ln2_fwd(m, l, a, N, r0, n), mlp_tile_fwd(m, l, a, r0, n);
         const size_t off = m->pol.tiled_mlp ? 0 : (size_t)r0 * I;
-        const void *dy = act_at(bk, m->d_res, (size_t)r0 * C), *ln2 = act_at(bk, a->ln2, (size_t)r0 * C);
+        const void *dy = act_at(bk, m->d_res, (size_t)r0 * C);
+        const void *ln2 = m->pol.tiled_mlp ? a->ln2 : act_at(bk, a->ln2, (size_t)r0 * C);
         void *dln2 = act_at(bk, m->d_ln, (size_t)r0 * C);
         const void *h = act_at(bk, a->h, off);
         linear_bwd(bk, m->d_ff1, LG(m, l, P_WDOWN), opt_param(m, l, P_BDOWN, 1), dy, h, LP(m, l, P_WDOWN), n, I, C, 0);
@@ -1240,15 +1255,17 @@ static void layer_backward(Model *m, int l, const LayerActs *a, int B, int T, in
             bk->gelu_bwd(bk, m->d_ff1, m->d_ff1, act_at(bk, a->gate, off), (size_t)n * I);
             linear_bwd(bk, dln2, LG(m, l, P_WUP), opt_param(m, l, P_BUP, 1), m->d_ff1, ln2, LP(m, l, P_WUP), n, C, I, 0);
             lora_bwd(m, l, LORA_UP, dln2, m->d_ff1, ln2, r0, n, C, I);
-            continue;
+        } else {
+            bk->swiglu_bwd(bk, m->d_ff1, m->d_ff2, m->d_ff1, act_at(bk, a->gate, off), act_at(bk, a->up, off),
+                           (size_t)n * I);
+            linear_bwd(bk, dln2, LG(m, l, P_WGATE), NULL, m->d_ff1, ln2, LP(m, l, P_WGATE), n, C, I, 0);
+            lora_bwd(m, l, LORA_GATE, dln2, m->d_ff1, ln2, r0, n, C, I);
+            linear_bwd(bk, dln2, LG(m, l, P_WUP), NULL, m->d_ff2, ln2, LP(m, l, P_WUP), n, C, I, 1);
+            lora_bwd(m, l, LORA_UP, dln2, m->d_ff2, ln2, r0, n, C, I);
         }
-        bk->swiglu_bwd(bk, m->d_ff1, m->d_ff2, m->d_ff1, act_at(bk, a->gate, off), act_at(bk, a->up, off), (size_t)n * I);
-        linear_bwd(bk, dln2, LG(m, l, P_WGATE), NULL, m->d_ff1, ln2, LP(m, l, P_WGATE), n, C, I, 0);
-        lora_bwd(m, l, LORA_GATE, dln2, m->d_ff1, ln2, r0, n, C, I);
-        linear_bwd(bk, dln2, LG(m, l, P_WUP), NULL, m->d_ff2, ln2, LP(m, l, P_WUP), n, C, I, 1);
-        lora_bwd(m, l, LORA_UP, dln2, m->d_ff2, ln2, r0, n, C, I);
+        norm_bwd_rows(m, (void *)dy, LG(m, l, P_LN2), opt_param(m, l, P_LN2B, 1), dln2,
+                      act_at(bk, a->x_mid, (size_t)r0 * C), LP(m, l, P_LN2), a->rstd2, N, r0, n);
     }
-    norm_bwd(m, m->d_res, LG(m, l, P_LN2), opt_param(m, l, P_LN2B, 1), m->d_ln, a->x_mid, LP(m, l, P_LN2), a->rstd2, N);
     // Attention: x_mid = x + o_proj(att); d_res now holds d(x_mid), which is also part of d(x).
     // Query spans in order: d(att), then attention's backward, which gives the span's dq and
     // adds to the whole dk/dv; then the q projection. Tiled, each span's ln1, q and attention
@@ -1375,15 +1392,27 @@ double model_forward_backward(Model *m, int B, int T, float loss_scale) {
     }
     forward_layers(m, m->store, B, T, train);
     void *res = act_final_residual(m->store);
-    norm_fwd(m, m->final_ln, m->final_rstd, res, P(m, t->final_norm), opt_param_global(m, t->final_norm_bias, 0), N);
-    // The fused classifier produces d(final_ln) and the head's gradient in the same pass.
-    bk->classifier_ce(bk, m->losses, train ? m->d_ln : NULL, train ? G(m, t->lm_head) : NULL,
-                      m->final_ln, P(m, t->lm_head), m->targets, N, c->vocab_size, C, loss_scale);
+    // The final norm and the fused classifier (which produces d(final_ln) and the head's
+    // gradient in the same pass) run over the MLP's row chunks, so the norm's output exists
+    // one chunk at a time.
+    const int R = act_tile_rows(m->store);
+    for (int r0 = 0; r0 < N; r0 += R) {
+        const int n = N - r0 < R ? N - r0 : R;
+        norm_fwd_rows(m, m->final_ln, m->final_rstd, N, r0, act_at(bk, res, (size_t)r0 * C), P(m, t->final_norm),
+                      opt_param_global(m, t->final_norm_bias, 0), n);
+        bk->classifier_ce(bk, m->losses + r0, train ? act_at(bk, m->d_ln, (size_t)r0 * C) : NULL,
+                          train ? G(m, t->lm_head) : NULL, m->final_ln, P(m, t->lm_head), m->targets + r0, n,
+                          c->vocab_size, C, loss_scale);
+    }
     double loss = bk->sum_f32(bk, m->losses, N);
     if (!train) return loss;
     bk->memzero(bk, m->d_res, (size_t)N * C * bk->act_bytes, NULL);
-    norm_bwd(m, m->d_res, G(m, t->final_norm), opt_param_global(m, t->final_norm_bias, 1), m->d_ln, res,
-             P(m, t->final_norm), m->final_rstd, N);
+    for (int r0 = 0; r0 < N; r0 += R) {
+        const int n = N - r0 < R ? N - r0 : R;
+        norm_bwd_rows(m, act_at(bk, m->d_res, (size_t)r0 * C), G(m, t->final_norm),
+                      opt_param_global(m, t->final_norm_bias, 1), act_at(bk, m->d_ln, (size_t)r0 * C),
+                      act_at(bk, res, (size_t)r0 * C), P(m, t->final_norm), m->final_rstd, N, r0, n);
+    }
     backward_layers(m, B, T);
     if (G(m, t->embed)) bk->embedding_bwd(bk, G(m, t->embed), m->d_res, m->tokens, N, C, c->vocab_size);
     if (t->pos_embed >= 0 && G(m, t->pos_embed)) bk->pos_bwd(bk, G(m, t->pos_embed), m->d_res, B, T, C);
@@ -1402,12 +1431,15 @@ void model_last_logits(Model *m, int T, float *out) {
                        .tiled_mlp = m->pol.tiled_mlp, .mlp_shards = m->pol.mlp_shards,
                        .tiled_attention = m->pol.tiled_attention};
         m->sample_store = actstore_create(bk, c, &p, 1, m->T, bk->att_block);
+        act_set_sink(m->sample_store, m->d_ln);
     }
     if (m->opt.zero_stage >= 3) z3_begin_pass(m);
     forward_layers(m, m->sample_store, 1, T, 0);
     void *res = act_final_residual(m->sample_store);
-    norm_fwd(m, m->final_ln, m->final_rstd, res, P(m, m->tab.final_norm), opt_param_global(m, m->tab.final_norm_bias, 0), T);
-    bk->matmul(bk, m->logits, act_at(bk, m->final_ln, (size_t)(T - 1) * C), P(m, m->tab.lm_head),
+    // Only the last position's logits are needed: its row alone is normalized.
+    norm_fwd_rows(m, m->final_ln, m->final_rstd, T, T - 1, act_at(bk, res, (size_t)(T - 1) * C),
+                  P(m, m->tab.final_norm), opt_param_global(m, m->tab.final_norm_bias, 0), 1);
+    bk->matmul(bk, m->logits, m->final_ln, P(m, m->tab.lm_head),
                1, c->vocab_size, C, 0, 1, 1.0f, 0.0f);
     bk->download_act(bk, out, m->logits, c->vocab_size);
 }

@@ -222,6 +222,7 @@ typedef struct {
     float *qk_rstd;               // [N, Hq + Hkv]: q rows' then k rows' statistics
     // Backward scratch.
     void *d_res, *d_ln, *d_att, *d_q, *d_k, *d_v, *d_ff1, *d_ff2;  // d_ff*: one MLP tile
+    float *dkv_f32;               // [2][N, Hkv D] dK/dV sums across attention tiles (bf16 only)
     void *logits;                 // [V] for sampling
 } Model;
 

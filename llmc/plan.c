@@ -88,9 +88,9 @@ static const Mode MODES[] = {
 // about 0.5 GiB, the 32 MiB cuBLASLt workspace (backend_cuda.cu) and kernel scratch.
 static const PlanDevice DEVICES[] = {
     {"H100 80GB (CUDA backend, bf16)", 2, 650e12, 0.33, 50e9, 5e9, 640.0 * (1 << 20),
-     256.0 * (1 << 20), "H100 SXM datasheet peaks; sustained fractions assumed, not measured here", 0, 0},
+     256.0 * (1 << 20), "H100 SXM datasheet peaks; sustained fractions assumed, not measured here", 0, 64},
     {"H100 80GB (CUDA backend, fp32)", 4, 50e12, 0.33, 50e9, 5e9, 640.0 * (1 << 20),
-     256.0 * (1 << 20), "H100 SXM datasheet fp32 (non-tensor) peak 67 TFLOP/s; fractions assumed", 0, 0},
+     256.0 * (1 << 20), "H100 SXM datasheet fp32 (non-tensor) peak 67 TFLOP/s; fractions assumed", 0, 64},
     {"CPU backend (float32)", 4, 100e9, 1.0, 8e9, 1e9, 0, 0,
      "a 2-core x86-64 machine's order of magnitude; \"device\" memory is host memory", 1, 64},
 };

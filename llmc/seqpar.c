@@ -84,7 +84,7 @@ void seqpar_attention_bwd(SeqPar *sp, Backend *bk, void *dq, void *dk, void *dv,
     seqpar_to_heads(sp, bk, sp->o, out, B, Hq, D, 0);
     seqpar_to_heads(sp, bk, sp->dout, dout, B, Hq, D, 0);
     bk->attention_bwd(bk, sp->dq, sp->dk, sp->dv, sp->dout, sp->q, sp->k, sp->v, sp->o, lse, B, sp->T, 0, sp->T, Hq / n,
-                      seqpar_heads(n, Hkv, 1), D, window, doc_start, 0);
+                      seqpar_heads(n, Hkv, 1), D, window, doc_start, 0, NULL, NULL);
     seqpar_to_seq(sp, bk, dq, sp->dq, B, Hq, D, 0);
     seqpar_to_seq(sp, bk, dk, sp->dk, B, Hkv, D, 1);
     seqpar_to_seq(sp, bk, dv, sp->dv, B, Hkv, D, 1);

@@ -62,19 +62,16 @@ def main():
         check("cuda plan without device_memory_limit: one error naming it",
               rc == 1 and len(lines) == 1 and "device_memory_limit" in lines[0], err)
         rc, out, err = run(binary, cfg, "device=cuda", "device_memory_limit=80GiB", "dtype=float32", "--plan")
-        cuda32, cuda_out = rows(out), out
+        cuda32 = rows(out)
         check("cuda plan runs without a GPU and prints its assumptions",
               rc == 0 and len(cuda32) >= 8 and "assumptions (H100" in out and "TFLOP/s" in out, out + err)
         fixed = re.search(r"fixed device memory ([\d.]+) (\w+)", out)
         fixed = float(fixed.group(1)) * UNITS[fixed.group(2)] if fixed else -1
         rc, out, err = run(binary, cfg, "device=cpu", "--plan")
         cpu = rows(out)
-        # The CUDA kernels have no query tiles yet: its plan has no tiled-attention rows.
-        tiled_att = {k for k in cpu if k.endswith("+ attention")}
-        check("cuda plan has no tiled-attention rows (and says why); the cpu plan has %d" % len(tiled_att),
-              len(tiled_att) == 8 and not any(k.endswith("+ attention") for k in cuda32)
-              and "no query tiles" in cuda_out, sorted(cuda32))
-        cpu = {k: v for k, v in cpu.items() if k not in tiled_att}
+        check("cuda and cpu plans both have the 8 tiled-attention rows",
+              sum(k.endswith("+ attention") for k in cpu) == 8 and sum(k.endswith("+ attention") for k in cuda32) == 8,
+              sorted(cuda32))
         check("cuda fp32 plan = cpu plan + the stated fixed device memory, every row",
               len(cpu) >= 8 and cpu.keys() == cuda32.keys() and fixed > 0 and
               all(abs(cuda32[k][0] - cpu[k][0] - fixed) <= 0.01 * cpu[k][0] + 2 ** 20 and

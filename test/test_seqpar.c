@@ -67,7 +67,7 @@ static void run_shape(Backend *bk, int n, int B, int T, int Hq, int Hkv, int D, 
     const int32_t *dmap = docs ? ds : NULL;
     // Full attention on every rank: the reference.
     bk->attention_fwd(bk, o, lse, q, k, v, B, T, 0, T, Hq, Hkv, D, window, dmap);
-    bk->attention_bwd(bk, dq, dk, dv, dout, q, k, v, o, lse, B, T, 0, T, Hq, Hkv, D, window, dmap, 0);
+    bk->attention_bwd(bk, dq, dk, dv, dout, q, k, v, o, lse, B, T, 0, T, Hq, Hkv, D, window, dmap, 0, NULL, NULL);
 
     SeqPar sp;
     seqpar_init(&sp, bk, C, n, B, T, Hq, Hkv, D);
@@ -107,7 +107,7 @@ static void run_shape(Backend *bk, int n, int B, int T, int Hq, int Hkv, int D, 
     slice(oref, o, B, T, Tl, Hq, D, r);
     expect(maxdiff(ol, oref, nq) == 0, "attention forward through the reshuffles differs", maxdiff(ol, oref, nq));
     seqpar_to_heads(&sp, bk, doh, dol, B, Hq, D, 0);
-    bk->attention_bwd(bk, dqh, dkh, dvh, doh, qh, kh, vh, oh, lseh, B, T, 0, T, hq, hk, D, window, dmap, 0);
+    bk->attention_bwd(bk, dqh, dkh, dvh, doh, qh, kh, vh, oh, lseh, B, T, 0, T, hq, hk, D, window, dmap, 0, NULL, NULL);
     float *dql = xmalloc(4 * nq), *dkl = xmalloc(4 * nk), *dvl = xmalloc(4 * nk);
     float *rq = xmalloc(4 * nq), *rk = xmalloc(4 * nk), *rv = xmalloc(4 * nk);
     seqpar_to_seq(&sp, bk, dql, dqh, B, Hq, D, 0);

@@ -176,8 +176,9 @@ static void cpu_attention_fwd(Backend *bk, void *out, float *lse, const void *q,
 static void cpu_attention_bwd(Backend *bk, void *dq, void *dk, void *dv, const void *dout,
                               const void *q, const void *k, const void *v, const void *out,
                               const float *lse, int B, int T, int q0, int nq, int Hq, int Hkv,
-                              int D, int window, const int32_t *doc_start, int accumulate) {
-    (void)bk;
+                              int D, int window, const int32_t *doc_start, int accumulate, float *dk_f32,
+                              float *dv_f32) {
+    (void)bk, (void)dk_f32, (void)dv_f32;  // float activations are their own running sums
     attention_bwd_f32(dq, dk, dv, dout, q, k, v, out, lse, B, T, q0, nq, Hq, Hkv, D, window,
                       doc_start, accumulate);
 }
