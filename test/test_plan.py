@@ -18,6 +18,7 @@ import json
 import os
 import re
 import shutil
+import subprocess
 import tempfile
 
 from checks import check, finish, run_trainer, write_shard
@@ -106,7 +107,7 @@ def main():
         os.makedirs(d8)
         json.dump({"model_type": "llama", "vocab_size": 128256, "hidden_size": 4096,
                    "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,
-                   "num_key_value_heads": 8, "max_position_embeddings": 1048576, "rms_norm_eps": 1e-5,
+                   "num_key_value_heads": 8, "max_position_embeddings": 4194304, "rms_norm_eps": 1e-5,
                    "rope_theta": 500000.0, "torch_dtype": "bfloat16"}, open(os.path.join(d8, "config.json"), "w"))
         c8 = os.path.join(root, "c8.yaml")
         with open(c8, "w") as f:
@@ -127,6 +128,18 @@ def main():
         check("8B QLoRA r16 at 524,288 tokens: hidden_states + tiled MLP fits 80 GiB device and 128 GiB host "
               "(%.1f GiB, %.1f GiB)" % (hs[0] / 2 ** 30, hs[1] / 2 ** 30),
               rc == 0 and hs[2] and 0 < hs[0] <= 80 * 2 ** 30 and 0 < hs[1] <= 128 * 2 ** 30, out + err)
+        # 4,194,304 tokens per sequence over 8 ranks (sequence_parallel_degree 8, ALST's 3.7M).
+        if shutil.which("mpirun"):
+            env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+            env.pop("LLMC_DEVICE", None)
+            p = subprocess.run(["mpirun", "-np", "8", "--oversubscribe", "--bind-to", "none", binary, "-c", c8,
+                                "--set", "sequence_len=4194304", "--set", "sequence_parallel_degree=8", "--plan"],
+                               capture_output=True, text=True, timeout=300, env=env)
+            fit = {k: v for k, v in rows(p.stdout).items() if v[2]}
+            check("8B QLoRA r16 at 4,194,304 tokens over 8 ranks (sequence parallel): a mode fits 80 GiB device "
+                  "and 128 GiB host per rank (%s)" % ", ".join("%s %.1f GiB" % (k, v[0] / 2 ** 30) for k, v in fit.items()),
+                  p.returncode == 0 and fit and all(v[0] <= 80 * 2 ** 30 and v[1] <= 128 * 2 ** 30 for v in fit.values()),
+                  p.stdout[-2000:] + p.stderr[-500:])
     finally:
         shutil.rmtree(root, ignore_errors=True)
     finish()
