@@ -17,6 +17,8 @@ Tiny Hugging Face models, sequence_len 200 in tiles of 64 (the CPU kernel's quer
   qwen3             q/k norms, head_dim 16 independent of hidden 32, tied embeddings
   qwen2             q/k/v biases
   packed            prepared rows with three documents per row (document starts inside tiles)
+  gpt2              train_gpt (LayerNorm with bias, learned positions), alone and with tiled MLP +
+                    hidden_states
   zero3             zero_stage 3 under mpirun -np 2 (skipped without mpirun)
   memory            T 2048: tiled attention's device peak below the untiled run's, and within
                     10% of --plan's prediction
@@ -66,12 +68,22 @@ class Env:
                "min_offload_size": 0, "output_dir": out}
         cfg.update(extra or {})
         y = os.path.join(self.root, "cfg%d.yaml" % self.n)
-        R.write_yaml(y, {k: v for k, v in cfg.items() if v is not None})
+        write_yaml(y, {k: v for k, v in cfg.items() if v is not None})
         cmd = [self.bin, "-c", y] + list(args)
         if ranks > 1:
             cmd = ["mpirun", "-np", str(ranks), "--oversubscribe", "--bind-to", "none"] + cmd
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=ENV, cwd=self.root)
         return p, out
+
+
+def write_yaml(path, d):
+    """llama_ref.write_yaml, plus a dict value as an indented block (a `model:` shape)."""
+    flat = {k: v for k, v in d.items() if not isinstance(v, dict)}
+    R.write_yaml(path, flat)
+    with open(path, "a") as f:
+        for k, v in d.items():
+            if isinstance(v, dict):
+                f.write("%s:\n" % k + "".join("  %s: %s\n" % (k2, R._yaml_scalar(v2)) for k2, v2 in v.items()))
 
 
 def metrics(out):
@@ -165,6 +177,23 @@ def main():
             extra = {"train_data": None, "datasets": [{"path": "x.jsonl", "type": "completion"}],
                      "tokenizer_config": llama}
             compare(e, "packed", llama, extra, {})
+        if a.k in "gpt2":
+            gpt = os.path.abspath(os.path.join(a.build, "train_gpt"))
+            g = {"model": {"vocab_size": 64, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
+                           "max_position_embeddings": 256}, "base_model": None}
+            for tiled in ({}, {"tiled_mlp": True, "gradient_checkpointing": True,
+                               "activation_offloading": "hidden_states"}):
+                e.bin, keep = gpt, e.bin
+                p0, o0 = e.run(None, g)
+                p1, o1 = e.run(None, dict(g, tiled_attention=True, **tiled))
+                e.bin = keep
+                same = (not p0.returncode and not p1.returncode and
+                        [(r["loss"], r["grad_norm"]) for r in metrics(o0)] ==
+                        [(r["loss"], r["grad_norm"]) for r in metrics(o1)] and
+                        open(os.path.join(o0, "model.bin"), "rb").read() == open(os.path.join(o1, "model.bin"), "rb").read())
+                check("gpt2 (train_gpt, tiled attention, %s): losses, grad norms and model.bin bit-identical"
+                      % (", ".join("%s=%s" % kv for kv in tiled.items()) or "alone"), same,
+                      (p0.stderr + p1.stderr)[-400:])
         if a.k in "memory":
             memory(e, llama)
         have_mpi = shutil.which("mpirun") is not None
