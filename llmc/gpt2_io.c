@@ -83,7 +83,7 @@ static int is_dir(const char *path) {
 
 static int json_int(const cJSON *o, const char *key, const char *path, int need) {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
-    if (!v) {
+    if (!v || cJSON_IsNull(v)) {  // n_inner: null means 4 x n_embd
         if (need) fail("%s: config.json has no '%s' (a GPT-2 config.json has n_embd, n_layer, n_head, n_positions, vocab_size)", path, key);
         return 0;
     }
