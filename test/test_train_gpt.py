@@ -20,6 +20,9 @@ model sources.
                    Conv1D weights in x out) under openai-community/gpt2 in a temporary HF cache
                    and as a directory: -e gpt2 / -e DIR give the reference's first-step loss
   overfit          -a 1 trains on the first val batch every step
+  llmc_cpu         llm.c's own train_gpt2.c, built outside this repository, ran on a fixture this
+                   test writes; its first 10 losses (figures in LLMC_CPU_LOSSES) are matched
+                   within 1e-4 by train_gpt with the same settings
 """
 import argparse
 import json
@@ -490,6 +493,45 @@ def check_overfit(work):
     report("overfit", errs)
 
 
+# llm.c's own train_gpt2.c (github.com/karpathy/llm.c at f1e2ace, built outside this repository:
+#   gcc -O3 -Ofast -fno-finite-math-only -march=native -fopenmp -DOMP train_gpt2.c -lm -o train_gpt2
+# and run as its README says, `OMP_NUM_THREADS=1 ./train_gpt2`, in a directory holding the
+# fixture check_llmc_cpu writes: gpt2_124M.bin and dev/data/tinyshakespeare/*.bin). Its train
+# shard holds one batch (300 tokens, B 4 x T 64), so llm.c's shuffled order is that batch every
+# step. "step N: train loss X" for N = 0..9, as it printed them (2025-11-25):
+LLMC_CPU_LOSSES = [5.245461, 5.221939, 5.198602, 5.175468, 5.152555, 5.129877, 5.107446, 5.085273,
+                   5.063368, 5.041736]
+
+
+def llmc_cpu_fixture(d):
+    cfg = G.make_config(vocab_size=97, hidden_size=32, num_layers=2, num_heads=4, max_seq_len=64)
+    G.write_checkpoint(os.path.join(d, "gpt2_124M.bin"), cfg, G.init_weights(cfg, seed=11))
+    os.makedirs(os.path.join(d, "dev", "data", "tinyshakespeare"), exist_ok=True)
+    G.write_shard(os.path.join(d, "dev/data/tinyshakespeare/tiny_shakespeare_train.bin"), G.random_tokens(300, 97, 21))
+    G.write_shard(os.path.join(d, "dev/data/tinyshakespeare/tiny_shakespeare_val.bin"), G.random_tokens(600, 97, 22))
+
+
+def check_llmc_cpu(work):
+    """train_gpt with train_gpt2.c's fixed settings (B 4, T 64, AdamW lr 1e-4 constant, betas
+    0.9/0.999, no decay, no clipping: the last two through the YAML, train_gpt2.c has no flags)
+    gives llm.c's losses within 1e-4."""
+    d = os.path.join(work, "llmc_cpu")
+    os.makedirs(d)
+    llmc_cpu_fixture(d)
+    write_yaml(os.path.join(d, "llmc.yaml"), dict(shuffle="false", adam_beta2=0.999, max_grad_norm=0,
+                                                 num_threads=1, device="cpu"))
+    run("-c llmc.yaml -e gpt2_124M.bin -i dev/data/tinyshakespeare/tiny_shakespeare_train.bin "
+        "-j dev/data/tinyshakespeare/tiny_shakespeare_val.bin -b 4 -t 64 -x 10 -l 1e-4 -k constant -c 0 -v 0 -s 0 -o out".split(), d)
+    rows = [r["loss"] for r in read_metrics(os.path.join(d, "out", "metrics.jsonl")) if "loss" in r]
+    errs = []
+    if len(rows) != 10:
+        errs.append("%d steps" % len(rows))
+    for i, (a, b) in enumerate(zip(rows, LLMC_CPU_LOSSES)):
+        if abs(a - b) > 1e-4:
+            errs.append("step %d: loss %.6f, llm.c's train_gpt2.c %.6f" % (i, a, b))
+    report("llmc_cpu", errs)
+
+
 def main():
     global ARGS
     ap = argparse.ArgumentParser()
@@ -512,7 +554,8 @@ def main():
                   ("sample", lambda: check_sample(work, cfg, w)),
                   ("descriptors", lambda: check_descriptors(work)),
                   ("hf_gpt2", lambda: check_hf_gpt2(work, tokens)),
-                  ("overfit", lambda: check_overfit(work))]
+                  ("overfit", lambda: check_overfit(work)),
+                  ("llmc_cpu", lambda: check_llmc_cpu(work))]
         for name, fn in checks:
             if ARGS.k in name:
                 try:
