@@ -62,8 +62,13 @@ static const KeyDef KEYS[] = {
     NUM("num_epochs", T_FLOAT, num_epochs, "0", 0, 1e6,
         "passes over train_data (max_steps overrides); unset: 1"),
     NUM("learning_rate", T_FLOAT, learning_rate, "3e-4", 0, 10, "peak learning rate"),
-    ENUM("lr_scheduler", lr_scheduler, "cosine", "constant|linear|cosine|constant_with_warmup",
-         "schedule after warmup"),
+    ENUM("lr_scheduler", lr_scheduler, "cosine", "constant|linear|cosine|constant_with_warmup|wsd",
+         "schedule after warmup (wsd: constant, then 1 - sqrt decay over the last 20% of steps, llm.c's)"),
+    NUM("final_lr_fraction", T_FLOAT, final_lr_fraction, "-1", -1, 1,
+        "cosine/linear/wsd end at this fraction of learning_rate (llm.c's -q); -1: unset (cosine_min_lr_ratio, else 0)"),
+    ENUM("warmup_style", warmup_style, "hf", "hf|llmc", "warmup lr: hf = lr s/warmup_steps, llmc = lr (s+1)/warmup_steps"),
+    NUM("total_batch_size", T_INT, total_batch_size, "0", 0, BIG,
+        "tokens per optimizer step (llm.c's -d): sets gradient_accumulation_steps; 0: unset"),
     ENUM("optimizer", optimizer, "adamw_torch",
          "adamw_torch|adamw_torch_fused|adamw_hf|adamw_bnb_8bit|adamw_8bit|paged_adamw_8bit|paged_adamw_32bit",
          "all run this program's AdamW (float32 moments)"),
@@ -84,7 +89,10 @@ static const KeyDef KEYS[] = {
          "no: never evaluate; epoch: every epoch; auto/steps: from eval_steps"),
     NUM("early_stopping_patience", T_INT, early_stopping_patience, "0", 0, BIG,
         "stop after N evaluations without a better val_loss; 0 disables"),
-    NUM("eval_batches", T_INT, eval_batches, "8", 1, BIG, "validation batches per evaluation"),
+    NUM("eval_batches", T_INT, eval_batches, "8", 0, BIG, "validation batches per evaluation; 0: the whole val_data"),
+    STR("hellaswag_data", hellaswag_data, "", "train_gpt: llm.c's HellaSwag .bin, evaluated with val_data (eval_steps)"),
+    NUM("overfit_single_batch", T_BOOL, overfit_single_batch, "false", 0, 1,
+        "train on the first val_data batch every step (llm.c's -a 1)"),
     NUM("sample_steps", T_INT, sample_steps, "0", 0, BIG, "print a sample every N steps (byte vocab)"),
     NUM("sample_tokens", T_INT, sample_tokens, "200", 1, 100000, "length of a sample"),
     NUM("save_steps", T_STEPS, save_steps_spec, "0", 0, BIG,
@@ -446,6 +454,12 @@ static int parse_bool(const char *v, int *out);
 // Keys whose value is more than one field: fsdp's list form, optimizer notes, gpu_memory_limit.
 // Returns 1 when it handled key.
 static int special_set(Config *cfg, const char *key, const char *value, const char *origin) {
+    if (!strcmp(key, "model") && cfg->arch == ARCH_GPT2) {  // train_gpt: a descriptor (d12, gpt3:c768)
+        if (!gpt2_descriptor(value, &cfg->model))
+            fail("%s: model '%s' is not a GPT-2 descriptor (%s) or a mapping", origin, value, GPT2_DESCRIPTORS);
+        cfg->has_model_block = 1;
+        return 1;
+    }
     if (!strcmp(key, "fsdp")) {
         int b;
         cfg->fsdp_given = 1;
@@ -713,9 +727,7 @@ static void load_mapping(Config *cfg, yaml_document_t *doc, yaml_node_t *map, co
             if (!strcmp(scalar(yaml_document_get_node(doc, q->key)), scalar(kn)))
                 fail("%s: key '%s' appears twice", origin, key);
         if (!*prefix && !strcmp(key, "model") && vn->type == YAML_SCALAR_NODE && cfg->arch == ARCH_GPT2) {
-            if (!gpt2_descriptor(scalar(vn), &cfg->model))
-                fail("%s: model '%s' is not a GPT-2 descriptor (d12, d24, d36, d48) or a mapping", origin, scalar(vn));
-            cfg->has_model_block = 1;
+            config_set(cfg, "model", scalar(vn), origin);
             continue;
         }
         if (!*prefix && !strcmp(key, "model")) {
@@ -840,6 +852,11 @@ static void finish_axolotl_keys(Config *cfg, const char *src) {
         fail("%s: set warmup_steps (%d) or warmup_ratio (%g), not both", src, cfg->warmup_steps, cfg->warmup_ratio);
     if (cfg->cosine_min_lr_ratio > 0 && strcmp(cfg->lr_scheduler, "cosine"))
         fail("%s: cosine_min_lr_ratio needs lr_scheduler: cosine (it is %s)", src, cfg->lr_scheduler);
+    if (cfg->final_lr_fraction >= 0) {  // llm.c's -q: the decay's end for cosine, linear and wsd
+        if (cfg->cosine_min_lr_ratio > 0)
+            fail("%s: set final_lr_fraction or cosine_min_lr_ratio, not both", src);
+        cfg->cosine_min_lr_ratio = cfg->final_lr_fraction;
+    }
     if (cfg->eval_steps_spec > 0 && cfg->evals_per_epoch)
         fail("%s: set eval_steps or evals_per_epoch, not both", src);
     if (cfg->save_steps_spec > 0 && cfg->saves_per_epoch)
@@ -858,7 +875,7 @@ static void finish_axolotl_keys(Config *cfg, const char *src) {
     if (cfg->auto_resume_from_checkpoints && !cfg->resume_from_checkpoint[0])
         snprintf(cfg->resume_from_checkpoint, sizeof cfg->resume_from_checkpoint, "auto");
     // A hub id that is not a local path resolves in the local Hugging Face cache (never the network).
-    if (cfg->base_model[0] && cfg->arch != ARCH_GPT2 && !path_exists(cfg->base_model) &&
+    if (cfg->base_model[0] && !path_exists(cfg->base_model) &&
         hf_is_hub_id(cfg->base_model)) {
         char dir[1024], why[2048];
         if (hf_resolve(cfg->base_model, NULL, dir, sizeof dir, why, sizeof why))
@@ -977,8 +994,9 @@ void config_from_args(Config *cfg, int argc, char **argv, int arch) {
             fail("unknown argument '%s' (see --help)", argv[i]);
         }
     }
-    if (!path) fail("no config: use -c CONFIG.yaml (see --help)");
-    config_load_yaml(cfg, path);
+    // train_gpt builds its llm.c flags into --set settings and may have no file.
+    if (!path && arch != ARCH_GPT2) fail("no config: use -c CONFIG.yaml (see --help)");
+    if (path) config_load_yaml(cfg, path);
     // --set applies after the file, in order, whatever its position on the line.
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--set")) continue;

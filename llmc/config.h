@@ -23,6 +23,15 @@ typedef struct {
     double warmup_ratio, cosine_min_lr_ratio;
     double weight_decay, max_grad_norm, adam_beta1, adam_beta2, adam_epsilon;
     long long seed;
+    // llm.c's training semantics (train_gpt's flags; see README "train_gpt"): tokens per step
+    // (0: from gradient_accumulation_steps), lr at the end of the decay as a fraction of the
+    // peak (-1: unset), warmup convention (hf: s/w, llmc: (s+1)/w), HellaSwag eval file,
+    // training on the first val batch again and again
+    int total_batch_size;
+    double final_lr_fraction;
+    char warmup_style[8];
+    char hellaswag_data[1024];
+    int overfit_single_batch;
     // evaluation, output, checkpoints
     int eval_steps, eval_batches, sample_steps, sample_tokens, save_steps, log_steps;
     double eval_steps_spec, save_steps_spec;  // as written: N steps, or a fraction (0, 1) of all

@@ -1,10 +1,15 @@
 // gpt2_io.c: see gpt2_io.h.
 #include "gpt2_io.h"
 #include <errno.h>
+#include <math.h>
+#include <sys/stat.h>
+#include <cjson/cJSON.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include "json.h"
+#include "safetensors.h"
 #include "stb_ds.h"
 #include "util.h"
 
@@ -30,19 +35,175 @@ void gpt2_complete_config(ModelConfig *c) {
     c->attention_bias = 1;
 }
 
-int gpt2_descriptor(const char *name, ModelConfig *c) {
-    static const struct { const char *name; int L, C, NH; } d[] = {
-        {"d12", 12, 768, 12}, {"d24", 24, 1024, 16}, {"d36", 36, 1280, 20}, {"d48", 48, 1600, 25}};
-    for (size_t i = 0; i < sizeof d / sizeof d[0]; i++) {
-        if (strcmp(name, d[i].name)) continue;
-        model_config_defaults(c);
-        c->vocab_size = 50257;
-        c->max_position_embeddings = 1024;
-        c->num_hidden_layers = d[i].L, c->hidden_size = d[i].C, c->num_attention_heads = d[i].NH;
-        gpt2_complete_config(c);
-        return 1;
+// Parses a whole positive decimal number; 0 for anything else.
+static int whole_number(const char *s) {
+    long v = 0;
+    if (!*s) return 0;
+    for (; *s; s++) {
+        if (*s < '0' || *s > '9' || v > 1000000) return 0;
+        v = v * 10 + (*s - '0');
     }
-    return 0;
+    return (int)v;
+}
+
+int gpt2_descriptor(const char *name, ModelConfig *c) {
+    // llm.c's tables: GPT-2 by depth (the width and heads of each), GPT-3 by width (depth and
+    // head size of each).
+    static const struct { int L, C, NH; } g2[] = {{6, 384, 6},     {12, 768, 12},   {24, 1024, 16},
+                                                  {36, 1280, 20},  {48, 1600, 25},  {60, 1920, 30},
+                                                  {72, 2880, 30},  {84, 3456, 36}};
+    static const struct { int C, L, HS; } g3[] = {{384, 6, 64},    {768, 12, 64},   {1024, 24, 64},
+                                                  {1536, 24, 96},  {2048, 24, 128}, {2560, 32, 80},
+                                                  {4096, 32, 128}, {5140, 40, 128}, {12288, 96, 128}};
+    int L = 0, C = 0, NH = 0, maxT = 0;
+    if (name[0] == 'd' || !strncmp(name, "gpt2:d", 6)) {
+        int depth = whole_number(name + (name[0] == 'd' ? 1 : 6));
+        for (size_t i = 0; i < sizeof g2 / sizeof g2[0]; i++)
+            if (g2[i].L == depth) L = g2[i].L, C = g2[i].C, NH = g2[i].NH, maxT = 1024;
+    } else if (!strncmp(name, "gpt3:c", 6)) {
+        int width = whole_number(name + 6);
+        for (size_t i = 0; i < sizeof g3 / sizeof g3[0]; i++)
+            if (g3[i].C == width) L = g3[i].L, C = g3[i].C, NH = g3[i].C / g3[i].HS, maxT = 2048;
+    }
+    if (!L) return 0;
+    model_config_defaults(c);
+    c->vocab_size = 50257;
+    c->max_position_embeddings = maxT;
+    c->num_hidden_layers = L, c->hidden_size = C, c->num_attention_heads = NH;
+    gpt2_complete_config(c);
+    return 1;
+}
+
+// ---- Hugging Face GPT-2 directories (GPT2LMHeadModel)
+
+static int is_dir(const char *path) {
+    struct stat st;
+    return stat(path, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+static int json_int(const cJSON *o, const char *key, const char *path, int need) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    if (!v || cJSON_IsNull(v)) {  // n_inner: null means 4 x n_embd
+        if (need) fail("%s: config.json has no '%s' (a GPT-2 config.json has n_embd, n_layer, n_head, n_positions, vocab_size)", path, key);
+        return 0;
+    }
+    if (!cJSON_IsNumber(v) || v->valuedouble != (double)(int)v->valuedouble || v->valuedouble <= 0)
+        fail("%s: config.json: '%s' must be a positive integer", path, key);
+    return (int)v->valuedouble;
+}
+
+static void hf_gpt2_config(const char *dir, ModelConfig *c) {
+    char path[4096];
+    join_path(path, sizeof path, dir, "config.json");
+    cJSON *o = json_read_file(path);  // strict: duplicate keys, trailing data, NUL are errors
+    if (!cJSON_IsObject(o)) fail("%s: not a JSON object", path);
+    const cJSON *mt = cJSON_GetObjectItemCaseSensitive(o, "model_type");
+    if (!cJSON_IsString(mt) || strcmp(mt->valuestring, "gpt2"))
+        fail("%s: model_type is %s; train_gpt trains GPT-2 (model_type gpt2) (use train_llama for Llama-family models)",
+             path, cJSON_IsString(mt) ? mt->valuestring : "missing");
+    const cJSON *act = cJSON_GetObjectItemCaseSensitive(o, "activation_function");
+    if (act && (!cJSON_IsString(act) || (strcmp(act->valuestring, "gelu_new") && strcmp(act->valuestring, "gelu_pytorch_tanh"))))
+        fail("%s: activation_function %s is not implemented (GPT-2's gelu_new, the tanh form, is)", path,
+             cJSON_IsString(act) ? act->valuestring : "(not a string)");
+    const cJSON *eps = cJSON_GetObjectItemCaseSensitive(o, "layer_norm_epsilon");
+    if (eps && (!cJSON_IsNumber(eps) || fabs(eps->valuedouble - 1e-5) > 1e-12))
+        fail("%s: layer_norm_epsilon must be 1e-5 (GPT-2's; the kernels use it)", path);
+    const cJSON *sa = cJSON_GetObjectItemCaseSensitive(o, "scale_attn_by_inverse_layer_idx");
+    if (cJSON_IsTrue(sa)) fail("%s: scale_attn_by_inverse_layer_idx: true is not implemented", path);
+    model_config_defaults(c);
+    c->vocab_size = json_int(o, "vocab_size", path, 1);
+    c->max_position_embeddings = json_int(o, "n_positions", path, 1);
+    c->num_hidden_layers = json_int(o, "n_layer", path, 1);
+    c->num_attention_heads = json_int(o, "n_head", path, 1);
+    c->hidden_size = json_int(o, "n_embd", path, 1);
+    int inner = json_int(o, "n_inner", path, 0);
+    cJSON_Delete(o);
+    if (inner && inner != 4 * c->hidden_size) fail("%s: n_inner %d is not 4 x n_embd (GPT-2's MLP)", path, inner);
+    if (c->hidden_size % c->num_attention_heads)
+        fail("%s: n_embd %d is not a multiple of n_head %d", path, c->hidden_size, c->num_attention_heads);
+    gpt2_complete_config(c);
+    model_config_validate(c, path);
+}
+
+// The tensor of a GPT2LMHeadModel / GPT2Model file by its name without the prefix.
+static const StTensor *hf_find(const StModel *sm, const char *name) {
+    char full[160];
+    snprintf(full, sizeof full, "transformer.%s", name);
+    const StTensor *t = st_model_find(sm, full);
+    return t ? t : st_model_find(sm, name);
+}
+
+static float *hf_tensor(const StModel *sm, const char *dir, const char *name, int64_t d0, int64_t d1) {
+    const StTensor *t = hf_find(sm, name);
+    if (!t) fail("%s: model.safetensors has no tensor '%s' (or 'transformer.%s')", dir, name, name);
+    int ok = d1 ? t->ndim == 2 && t->shape[0] == d0 && t->shape[1] == d1 : t->ndim == 1 && t->shape[0] == d0;
+    if (!ok) fail("%s: tensor '%s' has the wrong shape (expected [%lld%s%lld])", dir, name, (long long)d0,
+                  d1 ? ", " : "", d1 ? (long long)d1 : 0LL);
+    float *w = xmalloc(sizeof(float) * st_numel(t));
+    st_to_f32(t, w);
+    return w;
+}
+
+// Conv1D keeps weights as [in, out]; the table holds [out, in] rows [r0, r0 + rows) of it.
+static void set_transposed(Model *m, int idx, const float *w, int64_t in, int64_t out, int64_t r0, int64_t rows) {
+    float *t = xmalloc(sizeof(float) * rows * in);
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t i = 0; i < in; i++) t[r * in + i] = w[i * out + r0 + r];
+    model_set_param(m, idx, t);
+    free(t);
+}
+
+static void hf_gpt2_load(Model *m, const char *dir) {
+    const ModelConfig *c = &m->cfg;
+    const int64_t C = c->hidden_size, I = c->intermediate_size, V = c->vocab_size, Vp = c->padded_vocab;
+    StModel *sm = st_open_model_dir(dir);
+    const ParamTable *t = &m->tab;
+    float *w = hf_tensor(sm, dir, "wte.weight", V, C);
+    float *pad = xcalloc((size_t)(Vp * C), sizeof(float));  // padded rows stay zero, as llm.c's
+    memcpy(pad, w, sizeof(float) * V * C);
+    model_set_param(m, t->embed, pad);
+    free(pad), free(w);
+    w = hf_tensor(sm, dir, "wpe.weight", c->max_position_embeddings, C);
+    model_set_param(m, t->pos_embed, w), free(w);
+    w = hf_tensor(sm, dir, "ln_f.weight", C, 0), model_set_param(m, t->final_norm, w), free(w);
+    w = hf_tensor(sm, dir, "ln_f.bias", C, 0), model_set_param(m, t->final_norm_bias, w), free(w);
+    char n[128];
+    for (int l = 0; l < c->num_hidden_layers; l++) {
+        const int *lp = t->layer_param + l * P_PER_LAYER;
+        static const struct { const char *name; int kind; } vec[] = {
+            {"ln_1.weight", P_LN1}, {"ln_1.bias", P_LN1B}, {"ln_2.weight", P_LN2}, {"ln_2.bias", P_LN2B},
+            {"attn.c_proj.bias", P_BO}, {"mlp.c_fc.bias", P_BUP}, {"mlp.c_proj.bias", P_BDOWN}};
+        for (size_t i = 0; i < sizeof vec / sizeof vec[0]; i++) {
+            snprintf(n, sizeof n, "h.%d.%s", l, vec[i].name);
+            w = hf_tensor(sm, dir, n, vec[i].kind == P_BUP ? I : C, 0);
+            model_set_param(m, lp[vec[i].kind], w), free(w);
+        }
+        snprintf(n, sizeof n, "h.%d.attn.c_attn.weight", l);
+        w = hf_tensor(sm, dir, n, C, 3 * C);
+        set_transposed(m, lp[P_WQ], w, C, 3 * C, 0, C);
+        set_transposed(m, lp[P_WK], w, C, 3 * C, C, C);
+        set_transposed(m, lp[P_WV], w, C, 3 * C, 2 * C, C);
+        free(w);
+        snprintf(n, sizeof n, "h.%d.attn.c_attn.bias", l);
+        w = hf_tensor(sm, dir, n, 3 * C, 0);
+        model_set_param(m, lp[P_BQ], w), model_set_param(m, lp[P_BK], w + C), model_set_param(m, lp[P_BV], w + 2 * C);
+        free(w);
+        snprintf(n, sizeof n, "h.%d.attn.c_proj.weight", l);
+        w = hf_tensor(sm, dir, n, C, C), set_transposed(m, lp[P_WO], w, C, C, 0, C), free(w);
+        snprintf(n, sizeof n, "h.%d.mlp.c_fc.weight", l);
+        w = hf_tensor(sm, dir, n, C, I), set_transposed(m, lp[P_WUP], w, C, I, 0, I), free(w);
+        snprintf(n, sizeof n, "h.%d.mlp.c_proj.weight", l);
+        w = hf_tensor(sm, dir, n, I, C), set_transposed(m, lp[P_WDOWN], w, I, C, 0, C), free(w);
+    }
+    // A separate lm_head must equal wte (GPT-2 ties them); anything else would be dropped.
+    const StTensor *head = st_model_find(sm, "lm_head.weight");
+    if (head) {
+        float *h = hf_tensor(sm, dir, "lm_head.weight", V, C), *e = hf_tensor(sm, dir, "wte.weight", V, C);
+        if (memcmp(h, e, sizeof(float) * V * C))
+            fail("%s: lm_head.weight differs from wte.weight; GPT-2's head is tied to the embedding", dir);
+        free(h), free(e);
+    }
+    st_model_close(sm);
 }
 
 static void read_header(const char *path, int32_t h[256], FILE **fp) {
@@ -59,6 +220,10 @@ static void read_header(const char *path, int32_t h[256], FILE **fp) {
 }
 
 void gpt2_read_config(const char *path, ModelConfig *c) {
+    if (is_dir(path)) {
+        hf_gpt2_config(path, c);
+        return;
+    }
     int32_t h[256];
     FILE *f;
     read_header(path, h, &f);
@@ -119,6 +284,10 @@ static size_t source_offset(const Model *m, int i, const size_t off[T_COUNT]) {
 }
 
 void gpt2_load(Model *m, const char *path) {
+    if (is_dir(path)) {
+        hf_gpt2_load(m, path);
+        return;
+    }
     int32_t h[256];
     FILE *f;
     read_header(path, h, &f);

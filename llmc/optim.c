@@ -11,17 +11,25 @@
 int schedule_from_name(const char *name) {
     if (!strcmp(name, "linear")) return SCHED_LINEAR;
     if (!strcmp(name, "cosine")) return SCHED_COSINE;
+    if (!strcmp(name, "wsd")) return SCHED_WSD;
     return SCHED_CONSTANT;
 }
 
 double lr_at(const OptimConfig *oc, int s) {
     const int w = oc->warmup_steps, total = oc->max_steps;
-    if (s < w) return oc->lr * (double)s / (double)w;
+    const double r = oc->min_lr_ratio;
+    if (s < w) return oc->lr * (double)(s + (oc->warmup_plus_one != 0)) / (double)w;
     double rest = (double)(total - w > 1 ? total - w : 1);
     switch (oc->schedule) {
     case SCHED_LINEAR: {
         double f = (double)(total - s) / rest;
-        return oc->lr * (f > 0 ? f : 0);
+        return oc->lr * (r + (1.0 - r) * (f > 0 ? f : 0));
+    }
+    case SCHED_WSD: {
+        const int d = (int)(0.8f * (float)total);  // llm.c computes the decay point in float32
+        if (s < d) return oc->lr;
+        double f = (double)(s - d) / (double)(total - d > 0 ? total - d : 1);
+        return oc->lr * (r + (1.0 - r) * (1.0 - sqrt(f < 1 ? f : 1)));
     }
     case SCHED_COSINE: {
         double f = 0.5 * (1.0 + cos(M_PI * (double)(s - w) / rest));

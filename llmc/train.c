@@ -27,6 +27,7 @@
 #include "rows.h"
 #include "export.h"
 #include "gpt2_io.h"
+#include "gpt2_cli.h"
 #include "metrics.h"
 #include "train.h"
 #include "seqpar.h"
@@ -337,6 +338,14 @@ int train_main(int argc, char **argv, int arch) {
             return 0;
         }
     }
+    if (cfg.total_batch_size) {  // llm.c's -d: tokens per step over all ranks
+        const long long per = (long long)cfg.micro_batch_size * cfg.sequence_len * (world / cfg.sequence_parallel_degree);
+        if (cfg.total_batch_size % per)
+            fail("total_batch_size %d is not a multiple of micro_batch_size x sequence_len x data-parallel ranks = %lld",
+                 cfg.total_batch_size, per);
+        cfg.gradient_accumulation_steps = (int)(cfg.total_batch_size / per);
+    }
+    if (cfg.hellaswag_data[0] && arch != ARCH_GPT2) fail("hellaswag_data: train_gpt only (GPT-2's vocabulary)");
     Backend *bk = make_backend(&cfg, &comm);
     const int B = cfg.micro_batch_size, T = cfg.sequence_len, accum = cfg.gradient_accumulation_steps;
 
@@ -447,7 +456,11 @@ int train_main(int argc, char **argv, int arch) {
         if (cfg.eval_steps && !have_val)
             fail("eval_steps is %d but there is no eval data (set val_set_size or test_datasets)", cfg.eval_steps);
     } else {
-        loader_open(&train, cfg.train_data, split0.dp * B, T, mc.vocab_size, cfg.shuffle, (uint64_t)cfg.seed, "train_data");
+        if (cfg.overfit_single_batch && !cfg.val_data[0]) fail("overfit_single_batch needs val_data (its first batch is trained on)");
+        if (cfg.overfit_single_batch)  // llm.c's -a 1: the first val batch, again and again
+            loader_open(&train, cfg.val_data, split0.dp * B, T, mc.vocab_size, 0, 0, "val_data");
+        else
+            loader_open(&train, cfg.train_data, split0.dp * B, T, mc.vocab_size, cfg.shuffle, (uint64_t)cfg.seed, "train_data");
         have_val = cfg.val_data[0] != 0;
         if (have_val) loader_open(&val, cfg.val_data, split0.dp * B, T, mc.vocab_size, 0, 0, "val_data");
         steps_per_epoch = (double)train.total_windows / accum;
@@ -481,11 +494,20 @@ int train_main(int argc, char **argv, int arch) {
     }
     Metrics metrics;
     metrics_open(&metrics, cfg.output_dir, ls.step, rank == 0);
-    print_box(&cfg, &model, bk, acts_bytes);
+    if (arch == ARCH_GPT2) gpt2_print_box(&cfg, &model, bk, world, acts_bytes);
+    else print_box(&cfg, &model, bk, acts_bytes);
+    HellaSwag hsw = {0};
+    if (cfg.hellaswag_data[0]) {
+        if (spn > 1) fail("hellaswag_data: not with sequence_parallel_degree %d", spn);
+        hellaswag_open(&hsw, cfg.hellaswag_data, T, mc.vocab_size);
+        printf("hellaswag: %s: %d examples\n", cfg.hellaswag_data, hsw.n);
+    }
+    const int val_batches = !have_val || prepared ? 0 : cfg.eval_batches ? cfg.eval_batches : (int)val.total_windows;
 
     OptimConfig oc = {cfg.learning_rate, cfg.adam_beta1, cfg.adam_beta2, cfg.adam_epsilon,
                       cfg.weight_decay, cfg.max_grad_norm, cfg.warmup_steps, cfg.max_steps,
-                      schedule_from_name(cfg.lr_scheduler), cfg.cosine_min_lr_ratio};
+                      schedule_from_name(cfg.lr_scheduler), cfg.cosine_min_lr_ratio,
+                      !strcmp(cfg.warmup_style, "llmc")};
     const size_t BT = (size_t)B * T, GBT = BT * split0.dp;  // this rank's rows, the global batch
     Split split = split0;
     if (spn > 1) split.tok = xmalloc(sizeof(int32_t) * BT / spn), split.tgt = xmalloc(sizeof(int32_t) * BT / spn);
@@ -499,6 +521,13 @@ int train_main(int argc, char **argv, int arch) {
     double best_val = INFINITY;
     if (stopped) printf("interrupted by %s before the first step; nothing to save\n", strsignal(stopped));
     const int first_step = ls.step;
+    // llm.c evaluates before the first step too (its "val loss" at step 0).
+    if (arch == ARCH_GPT2 && val_batches && cfg.eval_steps && first_step == 0 && cfg.max_steps > 0 && !stopped) {
+        double vl = evaluate(&model, &val, val_batches, tok, tgt, &split);
+        printf("step %5d/%d | val_loss %.6f\n", 0, cfg.max_steps, vl);
+        char nl[32];
+        metrics_line(&metrics, "\"step\": 0, \"val_loss\": %s", metrics_num(nl, sizeof nl, vl));
+    }
     const double loop_t0 = now_ms();
     for (int step = ls.step; step < cfg.max_steps && !stopped && !early_stop; step++) {
         double t0 = now_ms();
@@ -509,6 +538,7 @@ int train_main(int argc, char **argv, int arch) {
         double comm0 = comm->busy_ms;
         // Load the whole step first: the loss is a mean over all its valid targets.
         long long count = 0;
+        if (cfg.overfit_single_batch && !prepared) loader_reset(&train);
         for (int a = 0; a < accum; a++) {
             if (prepared) rows_next(&rtrain, tok + a * GBT, tgt + a * GBT, dst + a * GBT);
             else loader_next(&train, tok + a * GBT, tgt + a * GBT);
@@ -565,7 +595,15 @@ int train_main(int argc, char **argv, int arch) {
         format_bytes(peak, sizeof peak, (double)bk->mem.peak);
         format_bytes(hpeak, sizeof hpeak, (double)bk->mem.host_peak);
         format_bytes(dpeak, sizeof dpeak, (double)bk->mem.disk_peak);
-        if (ls.step % cfg.log_steps == 0 || ls.step == cfg.max_steps || ls.step == 1)
+        if (arch == ARCH_GPT2 && (ls.step % cfg.log_steps == 0 || ls.step == cfg.max_steps || ls.step == 1)) {
+            // llm.c's step line (its loss and grad-norm z-scores aside), then the memory peaks
+            char mfu[32] = "MFU n/a";
+            double f = gpt2_mfu(&model, bk, &cfg, (double)GBT * ran / split0.dp, ms / 1000.0);
+            if (f >= 0) snprintf(mfu, sizeof mfu, "%.1f%% MFU", 100 * f);
+            printf("step %4d/%d | loss %7.6f | norm %6.4f | lr %.2e | %.2f ms | %s | %.0f tok/s | dev %s host %s | "
+                   "eta %s%s\n", ls.step, cfg.max_steps, loss, norm, lr, ms, mfu, tps, peak, hpeak, eta,
+                   skip ? " | skipped" : "");
+        } else if (ls.step % cfg.log_steps == 0 || ls.step == cfg.max_steps || ls.step == 1)
             printf("step %5d/%d | epoch %.2f/%.3g | loss %.6f | lr %.3e | norm %.4f | %.1f ms | %.0f tok/s | "
                    "dev %s host %s disk %s | eta %s%s\n", ls.step, cfg.max_steps, ls.step / steps_per_epoch,
                    cfg.max_steps / steps_per_epoch, loss, lr, norm, ms, tps, peak, hpeak, dpeak, eta,
@@ -595,7 +633,7 @@ int train_main(int argc, char **argv, int arch) {
                 metrics_line(&metrics, "\"step\": %d, \"eval_loss\": %s, \"eval_tokens\": %lld, \"eval_loss_hf\": %s",
                              ls.step, metrics_num(nl, sizeof nl, vl), ntg, metrics_num(nn, sizeof nn, hf));
             } else {
-                vl = evaluate(&model, &val, cfg.eval_batches, tok, tgt, &split);
+                vl = evaluate(&model, &val, val_batches, tok, tgt, &split);
                 printf("step %5d/%d | val_loss %.6f\n", ls.step, cfg.max_steps, vl);
                 metrics_line(&metrics, "\"step\": %d, \"val_loss\": %s", ls.step, metrics_num(nl, sizeof nl, vl));
             }
@@ -606,10 +644,19 @@ int train_main(int argc, char **argv, int arch) {
                        "(best %.6f at step %d)\n", ls.step, no_better, best_val, best_step);
             }
         }
+        if (hsw.n && ((cfg.eval_steps && ls.step % cfg.eval_steps == 0) || ls.step == cfg.max_steps)) {
+            int good;
+            double acc = hellaswag_eval(&model, &hsw, B, T, &good);
+            printf("HellaSwag: %d/%d = %f\n", good, hsw.n, acc);
+            metrics_line(&metrics, "\"step\": %d, \"hellaswag_acc\": %.9g, \"hellaswag_correct\": %d, \"hellaswag_examples\": %d",
+                         ls.step, acc, good, hsw.n);
+        }
         // Every rank runs the sampler (ZeRO-3 gathers are collective); only rank 0 prints.
-        if (cfg.sample_steps && mc.vocab_size == 256 && spn == 1 &&
-            (ls.step % cfg.sample_steps == 0 || ls.step == cfg.max_steps))
-            print_sample(&model, T, cfg.sample_tokens, &ls.sample_rng);
+        if (cfg.sample_steps && (mc.vocab_size == 256 || arch == ARCH_GPT2) && spn == 1 &&
+            (ls.step % cfg.sample_steps == 0 || ls.step == cfg.max_steps)) {
+            if (arch == ARCH_GPT2) gpt2_sample(&model, T, cfg.sample_tokens);
+            else print_sample(&model, T, cfg.sample_tokens, &ls.sample_rng);
+        }
         // No checkpoint in the middle of a run of skipped steps: the last one stays the last
         // good state to go back to. (The final model is written: its weights are unchanged.)
         if (((cfg.save_steps && ls.step % cfg.save_steps == 0) || ls.step == cfg.max_steps || early_stop) && !skip) {
@@ -638,6 +685,7 @@ int train_main(int argc, char **argv, int arch) {
     }
     fflush(stdout);
     metrics_close(&metrics);
+    hellaswag_close(&hsw);
     free(tok);
     free(tgt);
     free(split.tok);
