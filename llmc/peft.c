@@ -305,7 +305,7 @@ static void refuse_unsupported(const char *path, const cJSON *o) {
 
 void peft_read_targets(const char *path, const cJSON *o, const ModelConfig *c, LoraConfig *lc) {
     refuse_unsupported(path, o);
-    const PeftKeys k = {path, "target_modules", "layers_to_transform", "layers_pattern"};
+    const PeftKeys k = {path, "target_modules", "layers_to_transform", "layers_pattern", 0};
     peft_select(&k, cJSON_GetObjectItemCaseSensitive(o, "target_modules"),
                 cJSON_GetObjectItemCaseSensitive(o, "layers_to_transform"),
                 cJSON_GetObjectItemCaseSensitive(o, "layers_pattern"), 0, c, lc);
