@@ -26,7 +26,7 @@ static void fuzz_checkpoint_setup(int lora) {
     char *argv[] = {"fuzz", "-c", yaml, NULL};
     config_from_args(&cfg, 3, argv, ARCH_LLAMA);
     LoraConfig lc;
-    config_lora(&cfg, &lc);
+    config_lora(&cfg, &cfg.model, &lc);
     ModelOptions mo = {0};
     Backend *bk = backend_cpu_create(1);
     model_create(&fuzz_model, bk, &cfg.model, &lc, &mo);

@@ -16,7 +16,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         config_from_args(&cfg, 3, argv, arch);
         LoraConfig lora;
         MemPolicy pol;
-        config_lora(&cfg, &lora);
+        config_lora(&cfg, &cfg.model, &lora);
         config_mem_policy(&cfg, &pol);
         config_release(&cfg);
     });

@@ -328,7 +328,7 @@ int save_adapter(const Model *m, const char *dir, const char *base_model) {
     const int sel[] = {SEL_ADAPTER};
     join_path(path, sizeof path, dir, "adapter_model.safetensors");
     if (write_tensors(m, path, sel, 1, 0, NULL) != 0) return -1;
-    cJSON *o = peft_adapter_config(&m->tab.lora, base_model);
+    cJSON *o = peft_adapter_config(&m->tab.lora, &m->cfg, base_model);
     join_path(path, sizeof path, dir, "adapter_config.json");
     return write_json(path, o);
 }
@@ -347,15 +347,13 @@ void load_adapter(Model *m, const char *dir) {
     if (cJSON_IsTrue(rs) != (lc->rslora != 0))
         fail("%s: adapter use_rslora is %s but use_rslora is %s", path, cJSON_IsTrue(rs) ? "true" : "false",
              lc->rslora ? "true" : "false");
-    int targets = peft_read_targets(path, o, m->cfg.num_hidden_layers);
-    if (targets != lc->targets) {
-        char have[96] = "", want[96] = "";
-        for (int t = 0; t < LORA_TARGETS; t++) {
-            if (targets >> t & 1) snprintf(have + strlen(have), sizeof have - strlen(have), " %s", LORA_TARGET_NAMES[t]);
-            if (lc->targets >> t & 1) snprintf(want + strlen(want), sizeof want - strlen(want), " %s", LORA_TARGET_NAMES[t]);
-        }
-        fail("%s: the adapter's target_modules select%s; lora_target_modules is%s", path, have, want);
-    }
+    LoraConfig got = *lc;
+    peft_read_targets(path, o, &m->cfg, &got);
+    char diff[256];
+    peft_describe_difference(&got, lc, m->cfg.num_hidden_layers, diff, sizeof diff);
+    if (diff[0])
+        fail("%s: the adapter's target_modules/layers_to_transform differ from the run's lora_target_modules "
+             "(adapter vs run, %s)", path, diff);
     cJSON_Delete(o);
     join_path(path, sizeof path, dir, "adapter_model.safetensors");
     StFile *f = st_open(path);
@@ -637,6 +635,16 @@ void run_identity(RunIdentity *id, const Config *cfg, const Model *m) {
             if (lc->targets >> t & 1)
                 snprintf(tm + strlen(tm), sizeof tm - strlen(tm), "%s%s", tm[0] ? "," : "", LORA_TARGET_NAMES[t]);
         id_add(id, "lora_target_modules", "%s", tm);
+        if (lc->per_layer) {  // which layers carry which projections: a LORA_* mask per layer
+            char lt[sizeof id->val[0]];
+            uint64_t h = 1469598103934665603ULL;  // FNV-1a of the masks, when they do not fit
+            for (int l = 0; l < c->num_hidden_layers; l++) {
+                if (2 * l + 3 <= (int)sizeof lt) snprintf(lt + 2 * l, 3, "%02x", lc->layer_targets[l]);
+                h = (h ^ lc->layer_targets[l]) * 1099511628211ULL;
+            }
+            if (2 * c->num_hidden_layers + 1 > (int)sizeof lt) snprintf(lt, sizeof lt, "fnv1a:%016" PRIx64, h);
+            id_add(id, "lora_layer_targets", "%s", lt);
+        }
         id_add(id, "use_rslora", "%s", lc->rslora ? "true" : "false");
     }
     id_add(id, "seed", "%lld", cfg->seed);

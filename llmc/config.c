@@ -10,6 +10,7 @@
 #include <cjson/cJSON.h>
 #include "gpt2_io.h"
 #include "hfcache.h"
+#include "peft.h"
 #include "prepare.h"
 #include "util.h"
 
@@ -133,7 +134,14 @@ static const KeyDef KEYS[] = {
     NUM("lora_dropout", T_FLOAT, lora_dropout, "0", 0, 0.999, "dropout on the adapter input"),
     {"lora_target_modules", T_LIST, offsetof(Config, lora_target_modules),
      sizeof(((Config *)0)->lora_target_modules), "", 0, 0, NULL,
-     "list of q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj"},
+     "list of q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj or full module paths; "
+     "or a regex string (PEFT's target_modules)"},
+    {"peft_layers_to_transform", T_LIST, offsetof(Config, peft_layers_to_transform),
+     sizeof(((Config *)0)->peft_layers_to_transform), "", 0, 0, NULL,
+     "layer indices whose lora_target_modules are adapted (PEFT's layers_to_transform)"},
+    {"peft_layers_pattern", T_LIST, offsetof(Config, peft_layers_pattern),
+     sizeof(((Config *)0)->peft_layers_pattern), "", 0, 0, NULL,
+     "module name before the layer index (PEFT's layers_pattern; this model's is layers)"},
     NUM("lora_target_linear", T_BOOL, lora_target_linear, "false", 0, 1, "adapt all seven projections"),
     NUM("use_rslora", T_BOOL, use_rslora, "false", 0, 1, "scale alpha/sqrt(r)"),
     STR("lora_model_dir", lora_model_dir, "", "start from this PEFT adapter directory"),
@@ -278,8 +286,6 @@ static const Rule RULES[] = {
     {"lora_fan_in_fan_out", R_REFUSE, NULL, "Conv1D-style (fan_in_fan_out) layers do not occur in Llama-family models"},
     {"lora_modules_to_save", R_REFUSE, NULL, "training embed_tokens/lm_head beside the adapter is not implemented"},
     {"peft_use_dora", R_REFUSE, NULL, "DoRA is not implemented; " REFUSE_PEFT_VARIANT},
-    {"peft_layers_to_transform", R_REFUSE, NULL, "layer subsets are not implemented; " REFUSE_PEFT_VARIANT},
-    {"peft_layers_pattern", R_REFUSE, NULL, REFUSE_PEFT_VARIANT},
     {"peft_layer_replication", R_REFUSE, NULL, REFUSE_PEFT_VARIANT},
     {"peft_init_lora_weights", R_REFUSE, "true", "only PEFT's default (Kaiming A, zero B) initialisation is implemented"},
     {"peft", R_REFUSE, NULL, "LoftQ initialisation is not implemented"},
@@ -754,13 +760,17 @@ static void load_mapping(Config *cfg, yaml_document_t *doc, yaml_node_t *map, co
         }
         const KeyDef *kd = find_key(key);
         if (vn->type == YAML_SEQUENCE_NODE && ((kd && kd->type == T_LIST) || !strcmp(key, "fsdp"))) {
-            char joined[1024] = "";
+            // lora_target_modules keeps its brackets: a list of names, not a regex string.
+            const int brackets = !strcmp(key, "lora_target_modules");
+            char joined[8192] = "";
             for (yaml_node_item_t *it = vn->data.sequence.items.start; it < vn->data.sequence.items.top; it++) {
                 yaml_node_t *e = yaml_document_get_node(doc, *it);
                 if (e->type != YAML_SCALAR_NODE) fail("%s: key '%s' expects a list of names", origin, key);
                 size_t len = strlen(joined);
-                snprintf(joined + len, sizeof joined - len, "%s%s", len ? "," : "", scalar(e));
+                if (len + strlen(scalar(e)) + 3 >= sizeof joined) fail("%s: key '%s': list too long", origin, key);
+                snprintf(joined + len, sizeof joined - len, "%s%s", len ? "," : brackets ? "[" : "", scalar(e));
             }
+            if (brackets) strcat(joined, joined[0] ? "]" : "[]");
             config_set(cfg, key, joined, origin);
             continue;
         }
@@ -1124,7 +1134,31 @@ void config_mem_policy(const Config *cfg, MemPolicy *p) {
     snprintf(p->disk_dir, sizeof p->disk_dir, "%s", cfg->activation_offloading_dir);
 }
 
-void config_lora(const Config *cfg, LoraConfig *lora) {
+// A comma-separated list as a cJSON array of strings (ints: numbers); NULL when empty.
+static cJSON *csv_array(const char *src, const char *key, const char *csv, int ints) {
+    if (!csv[0]) return NULL;
+    cJSON *a = cJSON_CreateArray();
+    char *copy = xmalloc(strlen(csv) + 1);
+    strcpy(copy, csv);
+    for (char *save, *tok = strtok_r(copy, ", []", &save); tok; tok = strtok_r(NULL, ", []", &save)) {
+        if (!ints) {
+            cJSON_AddItemToArray(a, cJSON_CreateString(tok));
+            continue;
+        }
+        char *end;
+        long v = strtol(tok, &end, 10);
+        if (*end || v < 0 || v > 1000000) {
+            free(copy);
+            cJSON_Delete(a);
+            fail("%s: %s: '%s' is not a layer index", src, key, tok);
+        }
+        cJSON_AddItemToArray(a, cJSON_CreateNumber((double)v));
+    }
+    free(copy);
+    return a;
+}
+
+void config_lora(const Config *cfg, const ModelConfig *mc, LoraConfig *lora) {
     memset(lora, 0, sizeof *lora);
     if (!strcmp(cfg->adapter, "none")) return;
     const char *src = cfg->path[0] ? cfg->path : "config";
@@ -1132,18 +1166,44 @@ void config_lora(const Config *cfg, LoraConfig *lora) {
     lora->alpha = (float)cfg->lora_alpha;
     lora->dropout = (float)cfg->lora_dropout;
     lora->rslora = cfg->use_rslora;
-    if (cfg->lora_target_linear) lora->targets = (1 << LORA_TARGETS) - 1;
-    char list[256];
-    snprintf(list, sizeof list, "%s", cfg->lora_target_modules);
-    for (char *save, *tok = strtok_r(list, ", []", &save); tok; tok = strtok_r(NULL, ", []", &save)) {
-        int found = -1;
-        for (int t = 0; t < LORA_TARGETS; t++)
-            if (!strcmp(tok, LORA_TARGET_NAMES[t])) found = t;
-        if (found < 0)
-            fail("%s: lora_target_modules: unknown module '%s' (expected q_proj, k_proj, v_proj, o_proj, "
-                 "gate_proj, up_proj or down_proj)", src, tok);
-        lora->targets |= 1 << found;
-    }
-    if (!lora->targets)
+    const char *tm = cfg->lora_target_modules;
+    if (!tm[0] && !cfg->lora_target_linear)
         fail("%s: adapter: %s needs lora_target_modules or lora_target_linear: true", src, cfg->adapter);
+    // lora_target_modules as PEFT's target_modules: a YAML list (or "[a,b]") is a list of names;
+    // a string with regex characters a regular expression; any other string a comma-separated
+    // list of names. lora_target_linear adds every projection's short name (Axolotl).
+    int is_list = tm[0] == '[' || !tm[tm[0] ? strcspn(tm, "\\*+?()|{}^$[]") : 0];
+    if (!is_list && cfg->lora_target_linear)
+        fail("%s: lora_target_linear: true adds names to a list of lora_target_modules, not to the regex '%s'",
+             src, tm);
+    if (!strcmp(tm, "all-linear")) is_list = 0;
+    cJSON *t = is_list ? csv_array(src, "lora_target_modules", tm, 0) : cJSON_CreateString(tm);
+    if (mc->arch == ARCH_GPT2) {  // GPT-2: short names on every layer
+        const cJSON *e;
+        if (!is_list || cfg->peft_layers_to_transform[0])
+            fail("%s: lora_target_modules: GPT-2 runs take a list of q_proj/k_proj/v_proj/o_proj/up_proj/down_proj "
+                 "for every layer", src);
+        if (cfg->lora_target_linear) lora->targets = (1 << LORA_TARGETS) - 1;
+        cJSON_ArrayForEach(e, t) {
+            int found = -1;
+            for (int k = 0; k < LORA_TARGETS; k++)
+                if (!strcmp(e->valuestring, LORA_TARGET_NAMES[k])) found = k;
+            if (found < 0)
+                fail("%s: lora_target_modules: unknown module '%s' (expected q_proj, k_proj, v_proj, o_proj, "
+                     "gate_proj, up_proj or down_proj)", src, e->valuestring);
+            lora->targets |= 1 << found;
+        }
+        cJSON_Delete(t);
+        return;
+    }
+    cJSON *ltt = csv_array(src, "peft_layers_to_transform", cfg->peft_layers_to_transform, 1);
+    cJSON *lp = csv_array(src, "peft_layers_pattern", cfg->peft_layers_pattern, 0);
+    if (lp && !ltt)
+        fail("%s: peft_layers_pattern only says where peft_layers_to_transform finds the layer index; give "
+             "peft_layers_to_transform too", src);
+    const PeftKeys k = {src, "lora_target_modules", "peft_layers_to_transform", "peft_layers_pattern", 1};
+    peft_select(&k, t, ltt, lp, cfg->lora_target_linear, mc, lora);
+    cJSON_Delete(t);
+    cJSON_Delete(ltt);
+    cJSON_Delete(lp);
 }

@@ -48,7 +48,8 @@ typedef struct {
     long long host_memory_limit;  // planning's host budget; 0: this machine's RAM
     int plan_only;  // --plan
     // adapters
-    char adapter[16], lora_target_modules[256], lora_model_dir[1024];
+    char adapter[16], lora_target_modules[4096], lora_model_dir[1024];
+    char peft_layers_to_transform[1024], peft_layers_pattern[256];  // comma-joined lists
     int lora_r, lora_target_linear, use_rslora, merge_lora, load_in_4bit, layer_offloading;
     double lora_alpha, lora_dropout;
     // sharding
@@ -87,6 +88,7 @@ void config_plan_steps(Config *cfg, size_t windows);
 // After a checkpoint: remove the oldest checkpoint-N beyond save_total_limit (never keep_step's).
 void config_prune_checkpoints(const Config *cfg, int keep_step);
 // The LoRA settings the keys describe (r = 0 without an adapter); fails on a bad target list.
-void config_lora(const Config *cfg, LoraConfig *lora);
+// The adapter settings of the run for the model mc (its layers: the targets may select some).
+void config_lora(const Config *cfg, const ModelConfig *mc, LoraConfig *lora);
 // The memory policy the keys describe (activation_offloading: auto is resolved by the planner).
 void config_mem_policy(const Config *cfg, MemPolicy *p);

@@ -29,7 +29,7 @@ void model_config_defaults(ModelConfig *c) {
 #define MAX_PARAMS 10000000000000LL
 
 // Mirrors param_table_build (model_create checks that the two agree).
-void model_size(const ModelConfig *c, int64_t I, int64_t Vp, int lora_r, int lora_targets, ModelSize *s) {
+void model_size(const ModelConfig *c, int64_t I, int64_t Vp, const LoraConfig *lora, ModelSize *s) {
     const int64_t C = c->hidden_size, V = c->vocab_size;
     const int gpt2 = c->arch == ARCH_GPT2;
     // Output and input widths of the seven projections, in LORA_* order (GPT-2: q/k/v/o are
@@ -59,23 +59,41 @@ void model_size(const ModelConfig *c, int64_t I, int64_t Vp, int lora_r, int lor
         outside = count_add(count_mul(count_of(c->tie_word_embeddings ? V : 2 * V), count_of(C)), count_of(C));
         tensors = count_of(c->tie_word_embeddings ? 2 : 3);
     }
-    Count adapters = count_of(0);
-    if (lora_r > 0)
-        for (int k = 0; k < LORA_TARGETS; k++)
-            if (lora_targets >> k & 1 && !(gpt2 && k == LORA_GATE)) {
-                adapters = count_add(adapters, count_mul(count_of(lora_r), count_add(in[k], out[k])));
-                layer_tensors += 2;
-            }
+    // Adapters of one layer whose LORA_* mask is m: parameters, and tensors in *nt.
+#define LAYER_ADAPTERS(m, nt, acc)                                                                  \
+    for (int k = 0; k < LORA_TARGETS; k++)                                                          \
+        if ((m) >> k & 1 && !(gpt2 && k == LORA_GATE)) {                                            \
+            acc = count_add(acc, count_mul(count_of(lora->r), count_add(in[k], out[k])));           \
+            (nt) += 2;                                                                              \
+        }
     const Count L = count_of(c->num_hidden_layers);
-    s->layer_params = count_add(layer, adapters);
-    s->params = count_add(outside, count_mul(L, s->layer_params));
-    s->trainable = lora_r > 0 ? count_mul(L, adapters) : s->params;
-    s->tensors = count_add(tensors, count_mul(L, count_of(layer_tensors)));
+    const int lora_r = lora ? lora->r : 0;
+    Count adapters = count_of(0), most = count_of(0), ltens = count_of(0);  // all layers; largest layer
+    if (lora_r > 0 && lora->per_layer) {
+        for (int l = 0; l < c->num_hidden_layers; l++) {
+            Count a = count_of(0);
+            int nt = 0;
+            LAYER_ADAPTERS(lora_layer_targets(lora, l), nt, a)
+            adapters = count_add(adapters, a);
+            ltens = count_add(ltens, count_of(nt));
+            if (a.n > most.n) most = a;
+        }
+    } else if (lora_r > 0) {
+        int nt = 0;
+        LAYER_ADAPTERS(lora->targets, nt, most)
+        adapters = count_mul(L, most);
+        ltens = count_mul(L, count_of(nt));
+    }
+#undef LAYER_ADAPTERS
+    s->layer_params = count_add(layer, most);
+    s->params = count_add(outside, count_add(count_mul(L, layer), adapters));
+    s->trainable = lora_r > 0 ? adapters : s->params;
+    s->tensors = count_add(count_add(tensors, count_mul(L, count_of(layer_tensors))), ltens);
 }
 
 void model_fail_size(const ModelConfig *c, int64_t I, int64_t Vp, const char *src, const char *why) {
     ModelSize s;
-    model_size(c, I, Vp, 0, 0, &s);
+    model_size(c, I, Vp, NULL, &s);
     const int64_t V = c->arch == ARCH_GPT2 ? Vp : c->vocab_size;
     fail("%s%smodel needs %.1f GiB for its %.3g parameters in 16 bits (num_hidden_layers %d x %.3g per layer "
          "from hidden_size %d, intermediate_size %lld, %d heads of head_dim %d; vocab_size %lld x hidden_size %d); %s",
@@ -103,7 +121,7 @@ void model_config_validate(const ModelConfig *c, const char *src) {
     if (c->arch == ARCH_GPT2 && c->padded_vocab < c->vocab_size)
         fail("%s: padded vocab %d is smaller than vocab_size %d", src, c->padded_vocab, c->vocab_size);
     ModelSize s;
-    model_size(c, c->intermediate_size, c->padded_vocab, 0, 0, &s);
+    model_size(c, c->intermediate_size, c->padded_vocab, NULL, &s);
     if (s.params.n > MAX_PARAMS)
         model_fail_size(c, c->intermediate_size, c->padded_vocab, src, "more than this trainer can address");
     // Table entries and the per-layer index rows (layer x P_PER_LAYER) are indexed by an int.
@@ -231,7 +249,7 @@ void param_table_build(ParamTable *t, const ModelConfig *c, const LoraConfig *lo
         static const int weight_of[LORA_TARGETS] = {P_WQ, P_WK, P_WV, P_WO, P_WGATE, P_WUP, P_WDOWN};
         for (int l = 0; l < L; l++)
             for (int k = 0; k < LORA_TARGETS; k++) {
-                if (!(t->lora.targets >> k & 1) || t->layer_param[l * P_PER_LAYER + weight_of[k]] < 0) continue;
+                if (!(lora_layer_targets(&t->lora, l) >> k & 1) || t->layer_param[l * P_PER_LAYER + weight_of[k]] < 0) continue;
                 const ParamSpec *w = &t->specs[t->layer_param[l * P_PER_LAYER + weight_of[k]]];
                 const char *proj = k < LORA_GATE ? "self_attn" : "mlp";
                 if (c->arch == ARCH_GPT2) proj = k < LORA_GATE ? "attn" : "mlp";
@@ -353,7 +371,7 @@ static void fail_memory(const ModelConfig *c, const ModelSize *s, double need, d
 
 void model_check_memory(const ModelConfig *c, const LoraConfig *lora, const ModelOptions *mo, const Backend *bk) {
     ModelSize s;
-    model_size(c, c->intermediate_size, c->padded_vocab, lora ? lora->r : 0, lora ? lora->targets : 0, &s);
+    model_size(c, c->intermediate_size, c->padded_vocab, lora, &s);
     // Sizes passed model_config_validate (below 1e13 parameters), so doubles hold them exactly
     // enough and sums of them cannot overflow.
     const double L = c->num_hidden_layers, have = host_capacity();
@@ -391,7 +409,7 @@ void model_create(Model *m, Backend *bk, const ModelConfig *cfg, const LoraConfi
     param_table_build(&m->tab, cfg, lora, m->opt.stream, world, m->opt.load_in_4bit, zero3);
     const ParamTable *t = &m->tab;
     ModelSize s;
-    model_size(cfg, cfg->intermediate_size, cfg->padded_vocab, t->lora.r, t->lora.targets, &s);
+    model_size(cfg, cfg->intermediate_size, cfg->padded_vocab, &t->lora, &s);
     if (s.params.n != (int64_t)t->num_params || s.tensors.n != (int64_t)arrlen(t->specs) ||
         s.trainable.n != (int64_t)t->num_trainable)
         fail("internal: model_size (%lld tensors, %lld parameters) disagrees with the table (%d, %zu)",

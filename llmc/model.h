@@ -52,14 +52,26 @@ enum {
     P_LORA_A, P_LORA_B = P_LORA_A + LORA_TARGETS, P_PER_LAYER = P_LORA_B + LORA_TARGETS
 };
 extern const char *const LORA_TARGET_NAMES[LORA_TARGETS];  // "q_proj", ..., "down_proj"
+// Per-layer LoRA targeting covers models of up to this many layers.
+#define LORA_MAX_LAYERS 1024
 
 // LoRA: y = W x + scale * B(A(dropout(x))) on the target projections; the base is frozen.
 typedef struct {
     int r;            // 0: no adapters (full fine-tuning)
     float alpha, dropout;
-    int targets;      // bit t set: LORA_* target t is adapted
+    int targets;      // bit t set: LORA_* target t is adapted (in some layer)
     int rslora;       // scale alpha/sqrt(r) instead of alpha/r
+    // Per-layer targeting (PEFT's layers_to_transform, full module paths, regexes): when
+    // per_layer is set, layer l adapts the projections of layer_targets[l] (possibly none)
+    // and targets is their union; otherwise every layer adapts targets.
+    int per_layer;
+    unsigned char layer_targets[LORA_MAX_LAYERS];
 } LoraConfig;
+
+// The LORA_* bit mask of the projections layer l adapts.
+static inline int lora_layer_targets(const LoraConfig *lc, int l) {
+    return lc->per_layer ? lc->layer_targets[l] : lc->targets;
+}
 
 typedef struct {
     char name[96];     // Hugging Face name, e.g. model.layers.3.self_attn.q_proj.weight
@@ -115,12 +127,12 @@ static inline Count count_add(Count a, Count b) {
 // The parameter table's totals, computed from the config without building it.
 typedef struct {
     Count tensors, params, trainable;
-    Count layer_params;  // one decoder layer, adapters included
+    Count layer_params;  // one decoder layer, the adapters of the most adapted layer included
 } ModelSize;
 // intermediate and padded_vocab are passed apart so that a GPT-2 config whose derived widths
 // overflow an int can still be measured (for its error message).
-void model_size(const ModelConfig *c, int64_t intermediate, int64_t padded_vocab, int lora_r,
-                int lora_targets, ModelSize *s);
+void model_size(const ModelConfig *c, int64_t intermediate, int64_t padded_vocab,
+                const LoraConfig *lora, ModelSize *s);
 // Fails with "model needs X GiB for its N parameters (the keys that make it large); why".
 // src may be NULL.
 void model_fail_size(const ModelConfig *c, int64_t intermediate, int64_t padded_vocab,

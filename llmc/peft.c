@@ -1,9 +1,12 @@
-// peft.c: see peft.h.
+// peft.c: see peft.h. The matching rules follow peft 0.11's check_target_module_exists and
+// LoraConfig checks, read from its source and written again here.
 #include "peft.h"
+#include <ctype.h>
 #include <regex.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include "family.h"
 #include "util.h"
 
 static const char *module_group(int t) { return t <= LORA_O ? "self_attn" : "mlp"; }
@@ -17,36 +20,263 @@ static int ends_with_part(const char *name, const char *key) {
     return k < n && name[n - k - 1] == '.' && !strcmp(name + n - k, key);
 }
 
-// PEFT's check_target_module_exists for a list or a regex (re.fullmatch; POSIX extended
-// syntax here, which covers the patterns PEFT's docs and Axolotl configs use).
-typedef struct { const cJSON *list; regex_t re; int is_re; } Matcher;
-
-static void matcher_init(Matcher *mt, const char *path, const cJSON *tm) {
-    memset(mt, 0, sizeof *mt);
-    if (cJSON_IsArray(tm)) {
-        const cJSON *e;
-        cJSON_ArrayForEach(e, tm)
-            if (!cJSON_IsString(e)) fail("%s: target_modules holds a non-string", path);
-        mt->list = tm;
-        return;
+// ---- Python regular expressions as POSIX extended ones --------------------------------------
+// PEFT matches a target_modules string with Python's re.fullmatch. Whether a whole name
+// matches does not depend on greedy or lazy repetition, nor on a group capturing, so those
+// translate; the classes \d \w \s (and their negations) become POSIX classes. What POSIX cannot
+// say (lookaround, backreferences, inline flags, \b ...) is refused. Returns NULL when
+// translated, else what was refused.
+static const char *py_to_posix(const char *in, char *out, size_t cap) {
+    size_t o = 0;
+    int in_bracket = 0;
+#define PUT(str)                                                          \
+    do {                                                                  \
+        size_t l_ = strlen(str);                                          \
+        if (o + l_ + 1 > cap) return "the expression is too long";        \
+        memcpy(out + o, str, l_), o += l_;                                \
+    } while (0)
+    for (const char *p = in; *p; p++) {
+        char c[2] = {*p, 0};
+        if (*p == '\\') {
+            char e = p[1];
+            if (!e) return "a trailing backslash";
+            p++;
+            const char *cls = NULL, *neg = NULL;
+            if (e == 'd') cls = "0-9";
+            else if (e == 'w') cls = "[:alnum:]_";
+            else if (e == 's') cls = "[:space:]";
+            else if (e == 'D') neg = "0-9";
+            else if (e == 'W') neg = "[:alnum:]_";
+            else if (e == 'S') neg = "[:space:]";
+            if (in_bracket) {
+                if (cls) { PUT(cls); continue; }
+                if (e == '.' || e == '_' || e == '|' || e == '*' || e == '+' || e == '?' || e == '(' ||
+                    e == ')' || e == '{' || e == '}' || e == '$') { char s[2] = {e, 0}; PUT(s); continue; }
+                return "an escape inside [...] that POSIX brackets cannot hold";
+            }
+            if (cls) { PUT("["); PUT(cls); PUT("]"); continue; }
+            if (neg) { PUT("[^"); PUT(neg); PUT("]"); continue; }
+            if (isalnum((unsigned char)e)) return "a backslash escape other than \\d \\w \\s \\D \\W \\S";
+            char s[3] = {'\\', e, 0};
+            PUT(s);
+            continue;
+        }
+        if (in_bracket) {
+            if (*p == ']' && !(p[-1] == '[' || (p[-1] == '^' && p[-2] == '['))) in_bracket = 0;
+            PUT(c);
+            continue;
+        }
+        if (*p == '[') { in_bracket = 1; PUT(c); continue; }
+        if (*p == '(' && p[1] == '?') {
+            if (p[2] == ':') { PUT("("); p += 2; continue; }
+            if (p[2] == 'P' && p[3] == '<') {  // named group: a plain group for matching
+                const char *q = strchr(p, '>');
+                if (!q) return "an unterminated (?P<name>";
+                PUT("(");
+                p = q;
+                continue;
+            }
+            return "a (?...) construct (lookaround or inline flags)";
+        }
+        // Lazy or possessive repetition: the same language under fullmatch.
+        if ((*p == '?' || *p == '+') && p > in && (p[-1] == '*' || p[-1] == '+' || p[-1] == '?' || p[-1] == '}') &&
+            !(p - 1 > in && p[-2] == '\\'))
+            continue;
+        PUT(c);
     }
-    if (!cJSON_IsString(tm)) fail("%s: target_modules must be a list of names or a regex string", path);
-    size_t n = strlen(tm->valuestring) + 8;
-    char *anchored = xmalloc(n);
-    snprintf(anchored, n, "^(%s)$", tm->valuestring);
-    if (regcomp(&mt->re, anchored, REG_EXTENDED | REG_NOSUB) != 0)
-        fail("%s: target_modules regex '%s' is not a POSIX extended regular expression", path,
-             tm->valuestring);
-    free(anchored);
-    mt->is_re = 1;
+#undef PUT
+    if (in_bracket) return "an unterminated [";
+    out[o] = 0;
+    return NULL;
 }
 
-static int matches(const Matcher *mt, const char *name) {
-    if (mt->is_re) return regexec(&mt->re, name, 0, NULL, 0) == 0;
+// ---- the selection ----------------------------------------------------------------------------
+
+typedef struct {
+    const PeftKeys *k;
+    const cJSON *list;     // target_modules as names
+    int linear;            // + every projection's short name (all-linear, lora_target_linear)
+    regex_t re;            // target_modules as a regular expression
+    int is_re;
+    const cJSON *ltt, *lp; // layers_to_transform, layers_pattern (NULL when unused)
+} Sel;
+
+// PEFT's layer index of a module name: after one of the layers_pattern names
+// (".*\.{pattern}\.(\d+)\."), or without patterns after any part (".*\.[^.]*\.(\d+)\."):
+// the last "<part>.<digits>." that has a dot before it. -1 when there is none.
+static long layer_index_of(const char *name, const cJSON *lp) {
+    long found = -1;
+    for (const char *p = strchr(name, '.'); p; p = strchr(p + 1, '.')) {
+        // p: a dot; the part after it runs to the next dot, then digits, then a dot.
+        const char *part = p + 1, *dot = strchr(part, '.');
+        if (!dot) break;
+        const char *d = dot + 1, *e = d;
+        while (isdigit((unsigned char)*e)) e++;
+        if (e == d || *e != '.') continue;
+        int ok = 0;
+        if (!lp) ok = 1;
+        else {
+            const cJSON *pat = cJSON_IsArray(lp) ? lp->child : lp;
+            for (; pat; pat = cJSON_IsArray(lp) ? pat->next : NULL)
+                if (strlen(pat->valuestring) == (size_t)(dot - part) && !strncmp(part, pat->valuestring, dot - part))
+                    ok = 1;
+        }
+        if (ok) found = strtol(d, NULL, 10);
+    }
+    return found;
+}
+
+static int in_layers(const cJSON *ltt, long index) {
+    if (cJSON_IsNumber(ltt)) return index == ltt->valueint;
     const cJSON *e;
-    cJSON_ArrayForEach(e, mt->list)
-        if (!strcmp(name, e->valuestring) || ends_with_part(name, e->valuestring)) return 1;
+    cJSON_ArrayForEach(e, ltt) if (index == e->valueint) return 1;
     return 0;
+}
+
+static int selected(const Sel *s, const char *name) {
+    if (s->is_re) return regexec(&s->re, name, 0, NULL, 0) == 0;
+    const cJSON *e;
+    if (s->list)
+        cJSON_ArrayForEach(e, s->list) if (!strcmp(name, e->valuestring)) return 1;  // named exactly
+    int found = 0;
+    if (s->list) cJSON_ArrayForEach(e, s->list) found |= ends_with_part(name, e->valuestring);
+    for (int t = 0; s->linear && t < LORA_TARGETS; t++) found |= ends_with_part(name, LORA_TARGET_NAMES[t]);
+    if (found && s->ltt) {
+        long i = layer_index_of(name, s->lp);
+        found = i >= 0 && in_layers(s->ltt, i);
+    }
+    return found;
+}
+
+// PEFT's "not given": null, an empty list or an empty string.
+static int empty(const cJSON *v) {
+    if (!v || cJSON_IsNull(v)) return 1;
+    if (cJSON_IsArray(v)) return v->child == NULL;
+    return cJSON_IsString(v) && !v->valuestring[0];
+}
+
+static void sel_init(Sel *s, const PeftKeys *k, const cJSON *tm, const cJSON *ltt, const cJSON *lp, int linear,
+                     int L) {
+    memset(s, 0, sizeof *s);
+    s->k = k;
+    s->linear = linear;
+    int regex = cJSON_IsString(tm) && strcmp(tm->valuestring, "all-linear");
+    if (cJSON_IsString(tm) && !regex) s->linear = 1;
+    if (cJSON_IsString(tm) && ltt && !cJSON_IsNull(ltt))
+        fail("%s: %s cannot be used with %s given as a string ('%s'); PEFT refuses it too (give %s as a "
+             "list of names)", k->src, k->ltt, k->tm, tm->valuestring, k->tm);
+    if (cJSON_IsString(tm) && lp && !cJSON_IsNull(lp))
+        fail("%s: %s cannot be used with %s given as a string ('%s'); PEFT refuses it too", k->src, k->lp,
+             k->tm, tm->valuestring);
+    if (cJSON_IsArray(tm)) {
+        const cJSON *e;
+        cJSON_ArrayForEach(e, tm) if (!cJSON_IsString(e)) fail("%s: %s holds a non-string", k->src, k->tm);
+        s->list = tm;
+    } else if (regex) {
+        char posix[4096], anchored[4200];
+        const char *why = py_to_posix(tm->valuestring, posix, sizeof posix);
+        if (why) fail("%s: %s regex '%s' has %s, which this trainer cannot match", k->src, k->tm, tm->valuestring, why);
+        snprintf(anchored, sizeof anchored, "^(%s)$", posix);
+        if (regcomp(&s->re, anchored, REG_EXTENDED | REG_NOSUB) != 0)
+            fail("%s: %s regex '%s' is not a regular expression this trainer reads (POSIX extended with "
+                 "Python's \\d \\w \\s)", k->src, k->tm, tm->valuestring);
+        s->is_re = 1;
+    } else if (!cJSON_IsString(tm)) {
+        fail("%s: %s must be a list of names, a regex string or \"all-linear\"", k->src, k->tm);
+    }
+    if (!empty(ltt)) {
+        const cJSON *e = cJSON_IsArray(ltt) ? ltt->child : ltt;
+        if (!cJSON_IsArray(ltt) && !cJSON_IsNumber(ltt))
+            fail("%s: %s must be a layer index or a list of them", k->src, k->ltt);
+        for (; e; e = cJSON_IsArray(ltt) ? e->next : NULL)
+            if (!cJSON_IsNumber(e) || e->valuedouble != (double)e->valueint || e->valueint < 0 || e->valueint >= L)
+                fail("%s: %s holds %s%g, not a layer index in [0, %d)", k->src, k->ltt,
+                     cJSON_IsNumber(e) ? "" : "a non-number ", cJSON_IsNumber(e) ? e->valuedouble : 0.0, L);
+        s->ltt = ltt;
+        if (!empty(lp)) {
+            const cJSON *pat = cJSON_IsArray(lp) ? lp->child : lp;
+            if (!cJSON_IsArray(lp) && !cJSON_IsString(lp))
+                fail("%s: %s must be a name or a list of names", k->src, k->lp);
+            for (; pat; pat = cJSON_IsArray(lp) ? pat->next : NULL) {
+                int plain = cJSON_IsString(pat) && pat->valuestring[0];
+                for (const char *q = plain ? pat->valuestring : ""; *q; q++)
+                    if (!isalnum((unsigned char)*q) && *q != '_') plain = 0;
+                if (!plain)
+                    fail("%s: %s holds %s; only plain module names (such as \"layers\") are implemented", k->src,
+                         k->lp, cJSON_IsString(pat) ? pat->valuestring : "a non-string");
+            }
+            s->lp = lp;
+        }
+    }
+}
+
+static void sel_free(Sel *s) {
+    if (s->is_re) regfree(&s->re);
+}
+
+void peft_select(const PeftKeys *k, const cJSON *tm, const cJSON *ltt, const cJSON *lp, int lora_linear,
+                 const ModelConfig *c, LoraConfig *lc) {
+    const int L = c->num_hidden_layers;
+    if (!tm || cJSON_IsNull(tm)) {
+        if (!lora_linear) fail("%s: %s is missing", k->src, k->tm);
+        tm = NULL;
+    }
+    Sel s;
+    static const cJSON empty_list = {.type = cJSON_Array};
+    sel_init(&s, k, tm ? tm : &empty_list, ltt, lp, lora_linear, L);
+    // Modules of the Hugging Face model that are not decoder projections: PEFT would adapt
+    // lm_head and embed_tokens (which this trainer cannot) or fail on the rest.
+    char name[160];
+    static const char *const outside[] = {"lm_head", "model.embed_tokens", "model.norm", "model.rotary_emb",
+                                          "model", "model.layers"};
+    for (size_t i = 0; i < sizeof outside / sizeof *outside; i++)
+        if (selected(&s, outside[i]))
+            fail("%s: %s selects '%s'; only the decoder layers' q/k/v/o/gate/up/down projections can "
+                 "carry adapters", k->src, k->tm, outside[i]);
+    static const char *const inside[] = {"", ".self_attn", ".mlp", ".mlp.act_fn", ".input_layernorm",
+                                         ".post_attention_layernorm", ".self_attn.rotary_emb",
+                                         ".self_attn.q_norm", ".self_attn.k_norm"};
+    const int ninside = family_of(c)->qk_norm ? 9 : 7;
+    lc->targets = 0;
+    int first = -1, uniform = 1;
+    if (L > LORA_MAX_LAYERS) lc->per_layer = 0;
+    for (int l = 0; l < L; l++) {
+        for (int i = 0; i < ninside; i++) {
+            snprintf(name, sizeof name, "model.layers.%d%s", l, inside[i]);
+            if (selected(&s, name))
+                fail("%s: %s selects '%s', which is not a q/k/v/o/gate/up/down projection", k->src, k->tm, name);
+        }
+        int m = 0;
+        for (int t = 0; t < LORA_TARGETS; t++) {
+            module_name(name, sizeof name, l, t);
+            if (selected(&s, name)) m |= 1 << t;
+        }
+        if (first < 0) first = m;
+        if (m != first) uniform = 0;
+        if (!uniform && L > LORA_MAX_LAYERS)
+            fail("%s: %s / %s select different projections in different layers, which is implemented for "
+                 "models of up to %d layers (this one has %d)", k->src, k->tm, k->ltt, LORA_MAX_LAYERS, L);
+        if (l < LORA_MAX_LAYERS) lc->layer_targets[l] = (unsigned char)m;
+        lc->targets |= m;
+    }
+    if (k->strict && s.list) {
+        const cJSON *e;
+        cJSON_ArrayForEach(e, s.list) {
+            int hit = 0;
+            for (int l = 0; l < L && !hit; l++)
+                for (int t = 0; t < LORA_TARGETS && !hit; t++) {
+                    module_name(name, sizeof name, l, t);
+                    hit = !strcmp(name, e->valuestring) || ends_with_part(name, e->valuestring);
+                }
+            if (!hit)
+                fail("%s: %s: unknown module '%s' (expected q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, "
+                     "down_proj or a full path such as model.layers.0.self_attn.q_proj)", k->src, k->tm,
+                     e->valuestring);
+        }
+    }
+    sel_free(&s);
+    lc->per_layer = !uniform;
+    if (!lc->targets) fail("%s: %s matches no projection of this model", k->src, k->tm);
 }
 
 // Options whose non-default value trains or merges something this trainer does not.
@@ -73,55 +303,42 @@ static void refuse_unsupported(const char *path, const cJSON *o) {
         fail("%s: 'bias' must be \"none\" (trained biases, lora_only or all, are not supported)", path);
 }
 
-// The layers an adapter covers: layers_to_transform (an int or a list) or all of them.
-static void covered_layers(const char *path, const cJSON *o, int L, char *on) {
-    const cJSON *ltt = cJSON_GetObjectItemCaseSensitive(o, "layers_to_transform");
-    memset(on, ltt && !cJSON_IsNull(ltt) ? 0 : 1, (size_t)L);
-    if (!ltt || cJSON_IsNull(ltt)) return;
-    const cJSON *e = cJSON_IsArray(ltt) ? ltt->child : ltt;
-    for (; e; e = cJSON_IsArray(ltt) ? e->next : NULL) {
-        if (!cJSON_IsNumber(e) || e->valuedouble != (double)e->valueint || e->valueint < 0 || e->valueint >= L)
-            fail("%s: layers_to_transform holds %g, not a layer index in [0, %d)", path,
-                 cJSON_IsNumber(e) ? e->valuedouble : -1.0, L);
-        on[e->valueint] = 1;
-    }
-}
-
-int peft_read_targets(const char *path, const cJSON *o, int L) {
+void peft_read_targets(const char *path, const cJSON *o, const ModelConfig *c, LoraConfig *lc) {
     refuse_unsupported(path, o);
-    const cJSON *tm = cJSON_GetObjectItemCaseSensitive(o, "target_modules");
-    if (!tm || cJSON_IsNull(tm)) fail("%s: target_modules is missing", path);
-    char *on = xmalloc((size_t)L);
-    covered_layers(path, o, L, on);
-    int all_linear = cJSON_IsString(tm) && !strcmp(tm->valuestring, "all-linear");
-    Matcher mt;
-    if (!all_linear) matcher_init(&mt, path, tm);
-    // Modules this trainer cannot adapt must not match (PEFT would train them).
-    static const char *const others[] = {"lm_head", "model.embed_tokens", "model.norm"};
-    for (size_t i = 0; !all_linear && i < sizeof others / sizeof *others; i++)
-        if (matches(&mt, others[i]))
-            fail("%s: target_modules selects '%s'; only the decoder layers' q/k/v/o/gate/up/down "
-                 "projections can carry adapters", path, others[i]);
-    int mask = -1;
-    char name[128];
-    for (int l = 0; l < L; l++) {
-        int m = 0;
-        for (int t = 0; t < LORA_TARGETS; t++) {
-            module_name(name, sizeof name, l, t);
-            if (on[l] && (all_linear || matches(&mt, name))) m |= 1 << t;
-        }
-        if (mask >= 0 && m != mask)
-            fail("%s: the adapter covers layer %d differently from layer 0 (target_modules / "
-                 "layers_to_transform); every layer must carry the same projections", path, l);
-        mask = m;
-    }
-    if (!all_linear && mt.is_re) regfree(&mt.re);
-    free(on);
-    if (mask <= 0) fail("%s: target_modules matches no projection of this model", path);
-    return mask;
+    const PeftKeys k = {path, "target_modules", "layers_to_transform", "layers_pattern", 0};
+    peft_select(&k, cJSON_GetObjectItemCaseSensitive(o, "target_modules"),
+                cJSON_GetObjectItemCaseSensitive(o, "layers_to_transform"),
+                cJSON_GetObjectItemCaseSensitive(o, "layers_pattern"), 0, c, lc);
 }
 
-cJSON *peft_adapter_config(const LoraConfig *lc, const char *base_model) {
+static void append_mask(char *out, size_t cap, int m) {
+    if (!m) snprintf(out + strlen(out), cap - strlen(out), " none");
+    for (int t = 0; t < LORA_TARGETS; t++)
+        if (m >> t & 1) snprintf(out + strlen(out), cap - strlen(out), " %s", LORA_TARGET_NAMES[t]);
+}
+
+void peft_describe_difference(const LoraConfig *a, const LoraConfig *b, int L, char *out, size_t cap) {
+    out[0] = 0;
+    for (int l = 0; l < L; l++) {
+        int ma = lora_layer_targets(a, l), mb = lora_layer_targets(b, l);
+        if (ma == mb) continue;
+        snprintf(out, cap, "layer %d:", l);
+        append_mask(out, cap, ma);
+        snprintf(out + strlen(out), cap - strlen(out), " vs");
+        append_mask(out, cap, mb);
+        return;
+    }
+}
+
+cJSON *peft_adapter_config(const LoraConfig *lc, const ModelConfig *c, const char *base_model) {
+    const int L = c->num_hidden_layers;
+    // The form of target_modules: every layer alike, one set on some layers, or full paths.
+    int common = 0, same = 1;
+    for (int l = 0; l < L; l++) {
+        int m = lora_layer_targets(lc, l);
+        if (m && common && m != common) same = 0;
+        if (m) common = m;
+    }
     cJSON *o = cJSON_CreateObject();
     if (!o) return NULL;
     int ok = 1;
@@ -134,8 +351,18 @@ cJSON *peft_adapter_config(const LoraConfig *lc, const char *base_model) {
     ADD(cJSON_AddNumberToObject(o, "r", lc->r));
     cJSON *tm = cJSON_AddArrayToObject(o, "target_modules");
     ADD(tm);
-    for (int t = 0; tm && t < LORA_TARGETS; t++)
-        if (lc->targets >> t & 1) ADD(cJSON_AddItemToArray(tm, cJSON_CreateString(LORA_TARGET_NAMES[t])));
+    char name[160];
+    if (!lc->per_layer || same) {
+        for (int t = 0; tm && t < LORA_TARGETS; t++)
+            if (lc->targets >> t & 1) ADD(cJSON_AddItemToArray(tm, cJSON_CreateString(LORA_TARGET_NAMES[t])));
+    } else {
+        for (int l = 0; tm && l < L; l++)
+            for (int t = 0; t < LORA_TARGETS; t++)
+                if (lora_layer_targets(lc, l) >> t & 1) {
+                    module_name(name, sizeof name, l, t);
+                    ADD(cJSON_AddItemToArray(tm, cJSON_CreateString(name)));
+                }
+    }
     ADD(cJSON_AddNumberToObject(o, "lora_alpha", lc->alpha));
     ADD(cJSON_AddNumberToObject(o, "lora_dropout", lc->dropout));
     ADD(cJSON_AddBoolToObject(o, "fan_in_fan_out", 0));
@@ -143,8 +370,16 @@ cJSON *peft_adapter_config(const LoraConfig *lc, const char *base_model) {
     ADD(cJSON_AddBoolToObject(o, "use_rslora", lc->rslora));
     ADD(cJSON_AddNullToObject(o, "modules_to_save"));
     ADD(cJSON_AddBoolToObject(o, "init_lora_weights", 1));
-    ADD(cJSON_AddNullToObject(o, "layers_to_transform"));
-    ADD(cJSON_AddNullToObject(o, "layers_pattern"));
+    if (lc->per_layer && same) {
+        cJSON *ltt = cJSON_AddArrayToObject(o, "layers_to_transform");
+        ADD(ltt);
+        for (int l = 0; ltt && l < L; l++)
+            if (lora_layer_targets(lc, l)) ADD(cJSON_AddItemToArray(ltt, cJSON_CreateNumber(l)));
+        ADD(cJSON_AddStringToObject(o, "layers_pattern", "layers"));
+    } else {
+        ADD(cJSON_AddNullToObject(o, "layers_to_transform"));
+        ADD(cJSON_AddNullToObject(o, "layers_pattern"));
+    }
     ADD(cJSON_AddObjectToObject(o, "rank_pattern"));
     ADD(cJSON_AddObjectToObject(o, "alpha_pattern"));
     ADD(cJSON_AddNullToObject(o, "megatron_config"));

@@ -131,7 +131,7 @@ int plan_rows(const Config *cfg, const ModelConfig *c, const Backend *bk, const 
     MemPolicy base;
     config_mem_policy(cfg, &base);
     LoraConfig lora;
-    config_lora(cfg, &lora);
+    config_lora(cfg, c, &lora);
     // A run that plans first (auto, or a device limit) hears that the model cannot fit before
     // sixteen plans of it are built.
     if (bk && !cfg->plan_only) model_check_memory(c, &lora, mo, bk);

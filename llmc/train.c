@@ -405,7 +405,7 @@ int train_main(int argc, char **argv, int arch) {
     bk->mem.limit = (size_t)cfg.device_memory_limit;
     if (fitting[0]) bk->oom_hint = fitting;
     LoraConfig lora;
-    config_lora(&cfg, &lora);
+    config_lora(&cfg, &mc, &lora);
     if (!strcmp(cfg.adapter, "qlora") && !cfg.load_in_4bit)
         fail("adapter: qlora needs load_in_4bit: true (the frozen base in NF4)");
     if (arch == ARCH_GPT2 && cfg.merge_lora)

@@ -21,3 +21,12 @@ if ! /usr/bin/python3 -c "import tokenizers, transformers, jinja2, pyarrow.parqu
         $SUDO apt-get install -y -q --no-install-recommends python3-pip; }
     $SUDO /usr/bin/python3 -m pip install -q --break-system-packages $PY_PKGS
 fi
+# peft for the PEFT round trips (test/test_peft_layers.py): peft 0.11.1 (the version issue 13 was
+# checked against) and accelerate 0.30.1, which it imports, both pinned and installed without
+# their dependencies: pip reads Debian's torch "1.13.0a0" as older than their torch>=1.13 and
+# would replace it. Their other dependencies (safetensors, huggingface_hub, psutil, pyyaml,
+# tqdm) come with transformers above.
+PEFT_PKGS="peft==0.11.1 accelerate==0.30.1"
+if ! /usr/bin/python3 -c "import peft" >/dev/null 2>&1; then
+    $SUDO /usr/bin/python3 -m pip install -q --break-system-packages --no-deps $PEFT_PKGS
+fi

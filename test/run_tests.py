@@ -40,6 +40,7 @@ def tests(build):
         ("metrics", [PY, "test/test_metrics.py", "--bin", bin_]),
         ("export", [PY, "test/test_export.py", "--bin", bin_]),
         ("peft_config", [PY, "test/test_peft_config.py", "--bin", bin_]),
+        ("peft_layers", [PY, "test/test_peft_layers.py", "--bin", bin_]),
         ("tokenize_hf", [PY, "test/test_tokenize_hf.py"]),
         ("plan", [PY, "test/test_plan.py", "--bin", bin_]),
         ("prepare_data", [PY, "test/test_prepare_data.py"]),

@@ -7,7 +7,8 @@ in every form PEFT accepts (short names, full module paths, a regex string, "all
 layers_to_transform over every layer): each gives the same first-step loss, bit for bit, as
 the short-name form. Options that would train something else are refused by name: DoRA,
 rank/alpha patterns, modules_to_save, trained biases, fan_in_fan_out, another peft_type,
-targets outside the decoder projections, a subset of layers, a regex matching nothing.
+targets outside the decoder projections, an adapter on a subset of layers when the run config
+selects all of them (per-layer targeting itself: test_peft_layers.py), a regex matching nothing.
 Usage: /usr/bin/python3 test/test_peft_config.py --bin build/train_llama
 """
 import argparse
