@@ -15,8 +15,8 @@ test/test_torch_ref.py (cases f-j).
                       (1e-5 rel), grad_norm (1e-4) and final adapters (1e-4) match the
                       reference; then full recompute + layer streaming, recompute every 2nd
                       layer with disk offload, and selective recompute + activation offloading
-                      give bit-identical losses, grad norms and adapter files (tiled MLP is
-                      only close, as test_memory_modes.py says).
+                      give bit-identical losses, grad norms and adapter files (tiled MLP and
+                      tiled attention too: test_memory_modes.py, test_tiled_attention.py).
   config_write_back   Qwen3, Mistral, Qwen2 and Llama bases: the output config.json names the
                       input family's architecture and model_type, keeps head_dim, the window
                       keys (Mistral's absent sliding_window is transformers' 4096), a list
