@@ -69,6 +69,7 @@ def main():
         env.setdefault("ASAN_OPTIONS", "detect_leaks=0")
         env["UBSAN_OPTIONS"] = "print_stacktrace=1:halt_on_error=1"
     passed = failed = skipped = 0
+    start = time.time()
     for name, cmd in tests(args.build):
         if args.k not in name:
             continue
@@ -94,7 +95,7 @@ def main():
             print("   FAIL %s: ran no check" % name)
         passed, failed, skipped = passed + np_, failed + nf, skipped + ns
         print("   -> %d passed, %d failed, %d skipped in %.1fs" % (np_, nf, ns, time.time() - t0), flush=True)
-    print("%d passed, %d failed, %d skipped" % (passed, failed, skipped))
+    print("%d passed, %d failed, %d skipped in %.0fs" % (passed, failed, skipped, time.time() - start))
     sys.exit(1 if failed else 0)
 
 
