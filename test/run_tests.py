@@ -40,6 +40,7 @@ def tests(build):
         ("peft_config", [PY, "test/test_peft_config.py", "--bin", bin_]),
         ("tokenize_hf", [PY, "test/test_tokenize_hf.py"]),
         ("plan", [PY, "test/test_plan.py", "--bin", bin_]),
+        ("plan_accuracy", [PY, "test/test_plan_accuracy.py", "--bin", bin_]),
         ("prepare_data", [PY, "test/test_prepare_data.py"]),
         ("datasets_c", [PY, "test/test_datasets_c.py", "--bin", bin_]),
         ("datasets_ref", [PY, "test/test_datasets_ref.py", "--bin", bin_]),
