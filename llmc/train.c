@@ -393,6 +393,8 @@ int train_main(int argc, char **argv, int arch) {
         pol = best->pol;
         printf("activation_offloading: auto picked '%s'\n", best->name);
     }
+    char tier_why[512];  // the offloading modes' device/host/disk tiers, as planned
+    if (plan_budgets(&cfg, &mc, bk, &mo, &pol, tier_why, sizeof tier_why, NULL)) fail("%s", tier_why);
     bk->mem.limit = (size_t)cfg.device_memory_limit;
     if (fitting[0]) bk->oom_hint = fitting;
     LoraConfig lora;
@@ -482,6 +484,9 @@ int train_main(int argc, char **argv, int arch) {
     Metrics metrics;
     metrics_open(&metrics, cfg.output_dir, ls.step, rank == 0);
     print_box(&cfg, &model, bk, acts_bytes);
+    char tiers[192];
+    act_describe_tiers(&pol, act_tiers(model.store), tiers, sizeof tiers);
+    if (tiers[0] && rank == 0) printf("memory tiers: %s\n", tiers);
 
     OptimConfig oc = {cfg.learning_rate, cfg.adam_beta1, cfg.adam_beta2, cfg.adam_epsilon,
                       cfg.weight_decay, cfg.max_grad_norm, cfg.warmup_steps, cfg.max_steps,
