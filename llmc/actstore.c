@@ -6,7 +6,10 @@
 //   stash[s][k]    device staging for offloaded tensors of kind s: forward writes into a ring
 //                  of `depth` of them while earlier copies drain; backward prefetches into the
 //                  first two (by parity), so the two phases share the memory
-//   staging[s][k]  pinned host buffers between stash and the disk I/O thread (disk tier)
+//   staging[s][j]  two pinned host buffers per kind between stash and the disk I/O thread
+//                  (disk tier): forward alternates them, backward reads into them by parity.
+//                  The copy into one is synchronous, so two keep the I/O thread busy; more
+//                  would only cost host memory (8 GiB each for an 8B model's layer input at 1M)
 //   scratch[j][s]  tensors that are recomputed: one set, or one per layer of a checkpoint
 //                  segment for full checkpointing (j = layer - segment start)
 //   tile[3]        gate/up/h for one MLP tile when the MLP is tiled
@@ -35,6 +38,7 @@ struct ActStore {
     DiskJob *jobs[S_COUNT][MAXDEPTH];
     int job_busy[S_COUNT][MAXDEPTH];
     int next_k[S_COUNT], kdepth[S_COUNT];  // ring position and depth per kind
+    int next_stage[S_COUNT];                // disk staging buffer the next write uses
     int *stash_k;                    // [L][S_COUNT] ring index a kept tensor used in forward
     void **scratch;                  // [sets][S_COUNT]
     void *tile[3], *final_res, *sink;
@@ -189,7 +193,7 @@ ActStore *actstore_create(Backend *bk, const ModelConfig *c, const MemPolicy *p,
             for (int k = 0; k < st->kdepth[s]; k++) {
                 st->stash[s][k] = bk->dev_alloc(bk, st->bytes[s], "activation offload stash");
                 st->stash_ev[s][k] = bk->event_create(bk);
-                if (kind_disk[s]) {
+                if (kind_disk[s] && k < 2) {
                     st->staging[s][k] = bk->host_alloc(bk, st->bytes[s], "disk staging");
                     st->jobs[s][k] = xcalloc(1, sizeof(DiskJob));
                 }
@@ -325,15 +329,17 @@ void act_fwd_done(ActStore *st, int l, int for_backward) {
             bk->event_record(bk, st->stash_ev[s][k], st->copyq);
             st->stash_busy[s][k] = 1;
             break;
-        case TIER_DISK:
+        case TIER_DISK: {
             // The staging buffer must be free of its previous write before it is refilled.
-            if (st->job_busy[s][k]) diskio_wait(st->io, st->jobs[s][k]), st->job_busy[s][k] = 0;
-            bk->copy_d2h(bk, st->staging[s][k], src, st->bytes[s], NULL);
+            const int j = st->next_stage[s]++ % 2;
+            if (st->job_busy[s][j]) diskio_wait(st->io, st->jobs[s][j]), st->job_busy[s][j] = 0;
+            bk->copy_d2h(bk, st->staging[s][j], src, st->bytes[s], NULL);
             bk->sync(bk);
             file_name(name, sizeof name, l, s);
-            diskio_write(st->io, st->jobs[s][k], name, st->staging[s][k], st->bytes[s]);
-            st->job_busy[s][k] = 1;
+            diskio_write(st->io, st->jobs[s][j], name, st->staging[s][j], st->bytes[s]);
+            st->job_busy[s][j] = 1;
             break;
+        }
         }
     }
 }
