@@ -153,6 +153,7 @@ def main():
             res = [(j, f.result()) for j, f in futs]
         res += [(j, run(binary, root, j[2], j[3], j[4], j[5])) for j in jobs if j[4] > 1]
         plans = {j[0]: parse_plan(r[1]) for j, r in res if j[1] is None and r[0] == 0}
+        worst = [(0.0, "-")] * 3  # largest |planned - measured| / measured per column
         for j, r in res:
             if j[1] is None:
                 check("plan of %s" % j[0], r[0] == 0 and len(plans.get(j[0], {})) >= 16, r[2][-400:])
@@ -165,10 +166,15 @@ def main():
                 check(label + ": runs and is planned", False, "rc %d %s" % (rc, err.strip()[-400:]))
                 continue
             detail = "planned dev/host/disk %s, measured %s" % (tuple(int(x) for x in pred), meas)
+            for k, (p, m) in enumerate(zip(pred, meas)):
+                if m > 0:
+                    worst[k] = max(worst[k], (abs(p - m) / m, label))
             if args.v:
                 print("  %-40s %s" % (label, detail))
             check(label + ": planned device, host and disk peaks within 10% of measured",
                   all(close(p, m) for p, m in zip(pred, meas)), detail)
+        print("largest deviation: device %.3f%% (%s), host %.3f%% (%s), disk %.3f%% (%s)"
+              % tuple(x for w in worst for x in (100 * w[0], w[1])))
         for v in ("tiered host", "tiered device+host", "tiered offload"):
             hl = [r for j, r in res if j[0] == v and j[1]]
             check("%s: spills to disk" % v, hl and hl[0][3] and hl[0][3][2] > 0, repr(hl and hl[0][3]))
