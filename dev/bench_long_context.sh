@@ -29,6 +29,7 @@ modes=(
   "checkpointing|gradient_checkpointing=true"
   "hidden_states|activation_offloading=hidden_states"
   "hidden_states + tiled MLP|activation_offloading=hidden_states tiled_mlp=true tiled_mlp_shards=8"
+  "hidden_states + tiled MLP + attention|activation_offloading=hidden_states tiled_mlp=true tiled_mlp_shards=8 tiled_attention=true"
   "all activations on disk|activation_offloading=disk"
 )
 for extra in ${EXTRA_MODES:-}; do modes+=("$extra"); done

@@ -22,6 +22,10 @@
 #include "util.h"
 
 #define MAXDEPTH 64
+// In-flight copies hide the copy time of short layers. A layer whose kept tensor is large
+// (long context) computes far longer than its copy takes, so a kind's stash holds no more
+// buffers than fit in this (and never fewer than the two a layer needs).
+#define STASH_CAP_BYTES ((size_t)2 << 30)
 
 struct ActStore {
     Backend *bk;
@@ -41,7 +45,9 @@ struct ActStore {
     int next_stage[S_COUNT];                // disk staging buffer the next write uses
     int *stash_k;                    // [L][S_COUNT] ring index a kept tensor used in forward
     void **scratch;                  // [sets][S_COUNT]
-    void *tile[3], *final_res, *sink;
+    void *tile[4], *final_res, *sink;  // tile: gate, up, h, ln2 of one MLP chunk
+    void *att_tile[3];               // ln1, q, att of one attention tile (tiled_attention)
+    int att_rows;                    // rows per attention tile
     Queue *copyq;
     Event *ev_compute, *fetch_ev[2], *release_ev[2];
     int *order, norder, *order_pos;  // backward fetch order (layers with offloaded tensors)
@@ -53,21 +59,39 @@ struct ActStore {
 #define AT(st, arr, l, s) ((st)->arr[(size_t)(l) * S_COUNT + (s)])
 
 int mlp_tile_rows(const ModelConfig *c, const MemPolicy *p, int B, int T) {
+    // Every mode runs the MLP over the same row chunks, so the weight gradients sum in the
+    // same order whether or not tiled_mlp recomputes the chunks: tiling changes no bits.
     int N = B * T;  // model_alloc_acts checked that it fits an int
-    if (!p->tiled_mlp) return N;
     int shards = p->mlp_shards > 0 ? p->mlp_shards : (int)(((int64_t)T + c->hidden_size - 1) / c->hidden_size);
     if (shards < 1) shards = 1;
     return (N + shards - 1) / shards;
 }
+
+int att_tile_rows(const ModelConfig *c, const MemPolicy *p, int T, int align) {
+    // Tiles start at multiples of the backend's attention block (so a tile computes what one
+    // call over all queries computes); a backend without query tiles gets whole sequences.
+    int shards = p->mlp_shards > 0 ? p->mlp_shards : (int)(((int64_t)T + c->hidden_size - 1) / c->hidden_size);
+    if (shards < 1) shards = 1;
+    int64_t n = ((int64_t)T + shards - 1) / shards;
+    if (align <= 0) return T;
+    n = (n + align - 1) / align * align;
+    return n < T ? (int)n : T;
+}
+
+int att_span_count(int B, int T, int rows) { return rows >= T ? 1 : B * ((T + rows - 1) / rows); }
+
+size_t att_span_max_rows(int B, int T, int rows) { return rows >= T ? (size_t)B * T : (size_t)rows; }
 
 size_t slot_bytes(const ModelConfig *c, const MemPolicy *p, int B, int T, int A, int s) {
     const size_t N = (size_t)B * T, C = c->hidden_size, I = c->intermediate_size;
     const size_t QD = (size_t)c->num_attention_heads * c->head_dim;
     const size_t KD = (size_t)c->num_key_value_heads * c->head_dim;
     switch (s) {
-    case S_XIN: case S_LN1: case S_XMID: case S_LN2: return N * C * A;
+    case S_LN1: return p->tiled_attention ? 0 : N * C * A;  // tiled: one tile at a time
+    case S_LN2: return p->tiled_mlp ? 0 : N * C * A;  // tiled: one MLP chunk at a time
+    case S_XIN: case S_XMID: return N * C * A;
     case S_RSTD1: case S_RSTD2: return N * sizeof(float) * (c->arch == ARCH_GPT2 ? 2 : 1);  // (mean,) rstd
-    case S_Q: case S_ATT: return N * QD * A;
+    case S_Q: case S_ATT: return p->tiled_attention ? 0 : N * QD * A;
     case S_K: case S_V: return N * KD * A;
     case S_LSE: return (size_t)B * c->num_attention_heads * T * sizeof(float);
     case S_UP: if (c->arch == ARCH_GPT2) return 0;  // GPT-2's MLP: fc (in gate) and gelu (h)
@@ -139,7 +163,7 @@ static int scratch_set(const ActStore *st, int l) {
     return st->pol.recompute == RC_FULL ? l - act_segment_start(st, l) : 0;
 }
 
-ActStore *actstore_create(Backend *bk, const ModelConfig *c, const MemPolicy *p, int B, int T) {
+ActStore *actstore_create(Backend *bk, const ModelConfig *c, const MemPolicy *p, int B, int T, int att_align) {
     ActStore *st = xcalloc(1, sizeof(ActStore));
     st->bk = bk, st->cfg = *c, st->pol = *p, st->B = B, st->T = T;
     const int L = st->L = c->num_hidden_layers, A = bk->act_bytes;
@@ -188,6 +212,7 @@ ActStore *actstore_create(Backend *bk, const ModelConfig *c, const MemPolicy *p,
             // A layer writes the next layer's input while reading its own: two at least.
             // More buffers than tensors of the kind that ever leave would never be used.
             int d = st->depth < kind_offloaded[s] ? st->depth : kind_offloaded[s];
+            if ((size_t)d * st->bytes[s] > STASH_CAP_BYTES) d = (int)(STASH_CAP_BYTES / st->bytes[s]);
             int min_d = p->tier == TIER_HOST_SYNC ? (s == S_XIN ? 2 : 1) : 2;
             st->kdepth[s] = d < min_d ? min_d : d;
             for (int k = 0; k < st->kdepth[s]; k++) {
@@ -218,11 +243,20 @@ ActStore *actstore_create(Backend *bk, const ModelConfig *c, const MemPolicy *p,
             }
     }
     st->tile_rows = mlp_tile_rows(c, p, B, T);
-    if (p->tiled_mlp)
+    if (p->tiled_mlp) {
         for (int i = 0; i < 3; i++)
             st->tile[i] = bk->dev_alloc(bk, (size_t)st->tile_rows * c->intermediate_size * A, "tiled MLP buffers");
+        st->tile[3] = bk->dev_alloc(bk, (size_t)st->tile_rows * c->hidden_size * A, "tiled MLP buffers");
+    }
+    st->att_rows = att_tile_rows(c, p, T, att_align);
+    if (p->tiled_attention) {
+        const size_t R = att_span_max_rows(B, T, st->att_rows);
+        const size_t QD = (size_t)c->num_attention_heads * c->head_dim;
+        st->att_tile[0] = bk->dev_alloc(bk, R * c->hidden_size * A, "tiled attention buffers");
+        st->att_tile[1] = bk->dev_alloc(bk, R * QD * A, "tiled attention buffers");
+        st->att_tile[2] = bk->dev_alloc(bk, R * QD * A, "tiled attention buffers");
+    }
     st->final_res = bk->dev_alloc(bk, st->bytes[S_XIN], "final residual");
-    if (st->pol.recompute == RC_FULL) st->sink = bk->dev_alloc(bk, st->bytes[S_XIN], "recompute output");
     return st;
 }
 
@@ -241,9 +275,9 @@ void actstore_free(ActStore *st) {
             free(st->jobs[s][k]);
         }
     for (int i = 0; i < st->sets * S_COUNT; i++) bk->dev_free(bk, st->scratch[i]);
-    for (int i = 0; i < 3; i++) bk->dev_free(bk, st->tile[i]);
+    for (int i = 0; i < 4; i++) bk->dev_free(bk, st->tile[i]);
+    for (int i = 0; i < 3; i++) bk->dev_free(bk, st->att_tile[i]);
     bk->dev_free(bk, st->final_res);
-    bk->dev_free(bk, st->sink);
     if (st->copyq) {
         bk->queue_destroy(bk, st->copyq);
         bk->event_destroy(bk, st->ev_compute);
@@ -282,15 +316,15 @@ static void *ptr(ActStore *st, int l, int s, int backward) {
 
 static void fill(ActStore *st, int l, LayerActs *a, int backward) {
     a->xin = ptr(st, l, S_XIN, backward);
-    a->ln1 = ptr(st, l, S_LN1, backward);
+    a->ln1 = st->pol.tiled_attention ? st->att_tile[0] : ptr(st, l, S_LN1, backward);
     a->rstd1 = ptr(st, l, S_RSTD1, backward);
-    a->q = ptr(st, l, S_Q, backward);
+    a->q = st->pol.tiled_attention ? st->att_tile[1] : ptr(st, l, S_Q, backward);
     a->k = ptr(st, l, S_K, backward);
     a->v = ptr(st, l, S_V, backward);
-    a->att = ptr(st, l, S_ATT, backward);
+    a->att = st->pol.tiled_attention ? st->att_tile[2] : ptr(st, l, S_ATT, backward);
     a->lse = ptr(st, l, S_LSE, backward);
     a->x_mid = ptr(st, l, S_XMID, backward);
-    a->ln2 = ptr(st, l, S_LN2, backward);
+    a->ln2 = st->pol.tiled_mlp ? st->tile[3] : ptr(st, l, S_LN2, backward);
     a->rstd2 = ptr(st, l, S_RSTD2, backward);
     a->gate = st->pol.tiled_mlp ? st->tile[0] : ptr(st, l, S_GATE, backward);
     a->up = st->pol.tiled_mlp ? st->tile[1] : ptr(st, l, S_UP, backward);
@@ -301,11 +335,13 @@ void act_fwd_layer(ActStore *st, int l, LayerActs *a) { fill(st, l, a, 0); }
 
 void *act_final_residual(ActStore *st) { return st->final_res; }
 int act_tile_rows(const ActStore *st) { return st->tile_rows; }
+int act_att_rows(const ActStore *st) { return st->att_rows; }
 
 void *act_fwd_output(ActStore *st, int l) {
     return l + 1 < st->L ? ptr(st, l + 1, S_XIN, 0) : st->final_res;
 }
 void *act_recompute_sink(ActStore *st) { return st->sink; }
+void act_set_sink(ActStore *st, void *buf) { st->sink = buf; }
 
 void act_fwd_done(ActStore *st, int l, int for_backward) {
     Backend *bk = st->bk;
@@ -443,6 +479,10 @@ void act_stats(const ModelConfig *c, const MemPolicy *p, int B, int T, int A, Ac
     if (p->recompute == RC_FULL) out->recompute_flops = layer * L;
     else if (p->recompute == RC_SELECTIVE) out->recompute_flops = N * (6 * C + 4 * I) * L;  // norms, SwiGLU
     if (p->tiled_mlp) out->recompute_flops += 2 * N * C * I * 2 * L;  // gate and up per tile
+    // Tiled attention remakes each tile's q projection and attention output in backward.
+    if (p->tiled_attention)
+        out->recompute_flops += (2 * N * C * c->num_attention_heads * c->head_dim +
+                                 2.0 * B * c->num_attention_heads * (double)T * T * c->head_dim) * L;
 }
 
 void mem_policy_describe(const MemPolicy *p, char *out, size_t cap) {
@@ -450,8 +490,8 @@ void mem_policy_describe(const MemPolicy *p, char *out, size_t cap) {
     char rc[48];
     if (p->recompute == RC_FULL) snprintf(rc, sizeof rc, "recompute: inputs every %d", p->every);
     else snprintf(rc, sizeof rc, "recompute: %s", p->recompute == RC_SELECTIVE ? "selective" : "none");
-    snprintf(out, cap, "%s; kept %s on %s%s", rc, p->hidden_states ? "layer inputs" : "tensors",
-             tiers[p->tier], p->tiled_mlp ? "; tiled MLP" : "");
+    snprintf(out, cap, "%s; kept %s on %s%s%s", rc, p->hidden_states ? "layer inputs" : "tensors",
+             tiers[p->tier], p->tiled_mlp ? "; tiled MLP" : "", p->tiled_attention ? "; tiled attention" : "");
 }
 
 const ActTiers *act_tiers(const ActStore *st) { return &st->tiers; }

@@ -22,11 +22,19 @@ typedef struct { int layers[3]; double bytes[3]; } ActTiers;
 
 // Bytes of one saved tensor of kind s (0 when the kind does not exist, e.g. tiled MLP).
 size_t slot_bytes(const ModelConfig *c, const MemPolicy *p, int B, int T, int act_bytes, int s);
-// Rows per MLP tile (B*T when not tiled).
+// Rows per MLP chunk, the same in every mode (tiled_mlp only decides what a chunk keeps).
 int mlp_tile_rows(const ModelConfig *c, const MemPolicy *p, int B, int T);
 int act_tile_rows(const ActStore *st);
+// Attention tiles: rows per tile (a multiple of the backend's attention block `align`, or T),
+// the number of spans a batch splits into (B x tiles, or 1 when a tile holds a whole sequence:
+// then the one span is the whole batch) and the rows of the largest span. Every mode uses the
+// same spans for its backward reductions, so tiled_attention changes no bits.
+int att_tile_rows(const ModelConfig *c, const MemPolicy *p, int T, int align);
+int att_span_count(int B, int T, int rows);
+size_t att_span_max_rows(int B, int T, int rows);
+int act_att_rows(const ActStore *st);
 
-ActStore *actstore_create(Backend *bk, const ModelConfig *c, const MemPolicy *p, int B, int T);
+ActStore *actstore_create(Backend *bk, const ModelConfig *c, const MemPolicy *p, int B, int T, int att_align);
 void actstore_free(ActStore *st);
 
 // Forward of layer l: fills *a with where to write each tensor (and a->xin holds the input);
@@ -50,6 +58,8 @@ int act_is_saved(const ActStore *st, int l, int s);
 // segment during its recompute (written in forward order from the segment start).
 int act_segment_start(const ActStore *st, int l);
 void *act_recompute_sink(ActStore *st);  // throwaway output of a segment's last layer
+// The sink is borrowed: the model lends a [B*T, hidden] buffer that is dead during backward.
+void act_set_sink(ActStore *st, void *buf);
 
 // "recompute every 2, kept tensors on host (async), tiled MLP" for the config box.
 void mem_policy_describe(const MemPolicy *p, char *out, size_t cap);

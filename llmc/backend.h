@@ -34,6 +34,7 @@ struct Backend {
     int act_bytes;
     int threads;
     int dry_run;  // allocations are only counted (the planner); no op may run
+    int att_block;  // attention query tiles must start at multiples of it (0: no query tiles)
     const char *oom_hint;  // appended to the out-of-memory message (e.g. modes that would fit)
     MemStats mem;
     void *impl;
@@ -124,14 +125,23 @@ struct Backend {
     // transformers' mask kv_idx > q_idx - sliding_window). doc_start (device int32 [B*T], the
     // in-row index of the first token of t's document, for packed samples) may be NULL: the row
     // is one document. A backend that does not implement a mask it is given fails, naming it.
+    // Query tiles: only queries q0 .. q0+nq-1 of each row are computed (q0 = 0, nq = T: all);
+    // q and out then hold just those rows, [B,nq,Hq,D], while k/v, lse and doc_start stay whole.
+    // Tiles start at multiples of att_block; on the CPU they give the bits one call over all
+    // rows gives.
     void (*attention_fwd)(Backend *, void *out, float *lse_f32, const void *q, const void *k,
-                          const void *v, int B, int T, int Hq, int Hkv, int D, int window,
-                          const int32_t *doc_start);
-    // Writes (does not accumulate) dq, dk, dv. window/doc_start as in the forward.
+                          const void *v, int B, int T, int q0, int nq, int Hq, int Hkv, int D,
+                          int window, const int32_t *doc_start);
+    // Writes dq (tile rows, like q); writes dk, dv, or adds to them when accumulate is set, so
+    // a run of query tiles in order sums the key/value gradients as one call would. dk_f32 /
+    // dv_f32 (float, shaped like dk/dv) carry those sums between tiles where activations are
+    // narrower than float (bf16), so dk/dv are rounded once, not once per tile; NULL for float
+    // activations or a single call. window/doc_start as in the forward.
     void (*attention_bwd)(Backend *, void *dq, void *dk, void *dv, const void *dout,
                           const void *q, const void *k, const void *v, const void *out,
-                          const float *lse_f32, int B, int T, int Hq, int Hkv, int D, int window,
-                          const int32_t *doc_start);
+                          const float *lse_f32, int B, int T, int q0, int nq, int Hq, int Hkv,
+                          int D, int window, const int32_t *doc_start, int accumulate,
+                          float *dk_f32, float *dv_f32);
 
     // y = x * mask / (1 - p), mask[i] from a hash of (seed, first + i): the same call is its
     // own backward, and a tile of rows gets the mask the whole tensor would. y may alias x.

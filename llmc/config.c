@@ -112,6 +112,8 @@ static const KeyDef KEYS[] = {
     NUM("min_offload_size", T_SIZE, min_offload_size, "1024", 0, 1e18, "smaller tensors stay on the device"),
     NUM("max_fwd_stash_size", T_INT, max_fwd_stash_size, "5", 1, 4096, "offload copies in flight before forward waits"),
     NUM("tiled_mlp", T_BOOL, tiled_mlp, "false", 0, 1, "run the MLP over sequence tiles"),
+    NUM("tiled_attention", T_BOOL, tiled_attention, "false", 0, 1,
+        "run norms, q/k/v/o projections and attention over sequence tiles"),
     NUM("tiled_mlp_shards", T_INT, tiled_mlp_shards, "0", 0, 1 << 20, "MLP tiles; 0 = ceil(T / hidden_size)"),
     NUM("host_memory_limit", T_SIZE, host_memory_limit, "0", 0, 1e18,
         "host memory a plan may use (--plan, auto); 0 = this machine's RAM"),
@@ -1098,6 +1100,7 @@ void config_mem_policy(const Config *cfg, MemPolicy *p) {
     p->min_offload = (size_t)cfg->min_offload_size;
     p->max_stash = cfg->max_fwd_stash_size;
     p->tiled_mlp = cfg->tiled_mlp;
+    p->tiled_attention = cfg->tiled_attention;
     p->stream_frozen = cfg->layer_offloading;
     p->mlp_shards = cfg->tiled_mlp_shards;
     snprintf(p->disk_dir, sizeof p->disk_dir, "%s", cfg->activation_offloading_dir);

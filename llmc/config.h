@@ -34,7 +34,7 @@ typedef struct {
     long long max_shard_size;     // final model split into indexed shards above this many bytes
     // memory (see mempolicy.h): recompute x tier, tiled MLP, a device budget
     char gradient_checkpointing[16], activation_offloading[16], activation_offloading_dir[1024];
-    int gradient_checkpointing_every, max_fwd_stash_size, tiled_mlp, tiled_mlp_shards;
+    int gradient_checkpointing_every, max_fwd_stash_size, tiled_mlp, tiled_mlp_shards, tiled_attention;
     long long min_offload_size, device_memory_limit;
     long long host_memory_limit;  // planning's host budget; 0: this machine's RAM
     int plan_only;  // --plan

@@ -21,6 +21,7 @@ typedef struct MemPolicy {
     size_t min_offload;     // smaller tensors stay on the device
     int max_stash;          // offload copies in flight before forward waits
     int tiled_mlp, mlp_shards;
+    int tiled_attention;    // norms, projections and attention over query tiles (O(T) memory)
     int stream_frozen;      // layer_offloading: frozen layer weights streamed from host
     char disk_dir[1024];    // parent directory for the disk tier ("" = system temp dir)
     // Tiers (TIER_HOST only): kept offloadable tensors fill, in layer order, the device up to

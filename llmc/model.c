@@ -497,13 +497,18 @@ static void check_acts(const Model *m, int B, int T, const MemPolicy *pol) {
     if (biggest.n == INT64_MAX)
         fail("activations need %.3g GiB for one tensor (micro_batch_size %d x sequence_len %d x width %lld), "
              "past 64-bit sizes", biggest.d / 1073741824.0, B, T, (long long)wide);
+    if (pol->tiled_attention && m->opt.seq_parallel > 1)
+        fail("tiled_attention with sequence_parallel_degree %d: not implemented (attention runs over whole "
+             "sequences after the reshuffles); use tiled_mlp", m->opt.seq_parallel);
+    if (pol->tiled_attention && bk->att_block <= 0)
+        fail("tiled_attention: the %s backend's attention kernels have no query tiles yet; use tiled_mlp", bk->name);
     if (bk->dry_run || !backend_is_host(bk)) return;
     // A lower bound: the kept tensors and the backward scratch model_alloc_acts itself holds.
     ActStats as;
     act_stats(c, pol, B, T, bk->act_bytes, &as);
     const double A = bk->act_bytes, KD = (double)c->num_key_value_heads * c->head_dim;
     const double acts = as.saved_bytes[HOME_DEVICE] + as.saved_bytes[HOME_HOST] +
-                        N.d * A * (3.0 * c->hidden_size + 2.0 * QD + 2.0 * KD);
+                        N.d * A * (3.0 * c->hidden_size + (pol->tiled_attention ? 0 : 2.0 * QD) + 2.0 * KD);
     const double model = (double)bk->mem.in_use + (double)bk->mem.host_in_use, have = host_capacity();
     if (model + acts > have)
         fail("activations need %.1f GiB of host memory (micro_batch_size %d x sequence_len %d x hidden_size %d "
@@ -523,9 +528,13 @@ void model_alloc_acts(Model *m, int B, int T, const MemPolicy *pol) {
     m->B = B;
     m->T = T;
     m->pol = *pol;
-    m->store = actstore_create(bk, c, pol, B, T);
+    // Sequence parallelism runs attention over whole sequences (after its reshuffles): no tiles.
+    m->store = actstore_create(bk, c, pol, B, T, m->opt.seq_parallel > 1 ? 0 : bk->att_block);
     const size_t tile = (size_t)act_tile_rows(m->store);
-    m->final_ln = bk->dev_alloc(bk, N * C * A, "final norm output");
+    // Tiled attention keeps one span's rows of the query-sized tensors; whole otherwise.
+    const size_t QR = pol->tiled_attention ? att_span_max_rows(B, T, act_att_rows(m->store)) : N;
+    // The final norm and the classifier run over the MLP's row chunks: one chunk's output at a time.
+    m->final_ln = bk->dev_alloc(bk, tile * C * A, "final norm output");
     m->final_rstd = bk->dev_alloc(bk, 2 * N * sizeof(float), "final norm statistics");
     m->losses = bk->dev_alloc(bk, N * sizeof(float), "token losses");
     m->tokens = bk->dev_alloc(bk, N * sizeof(int32_t), "token ids");
@@ -541,16 +550,23 @@ void model_alloc_acts(Model *m, int B, int T, const MemPolicy *pol) {
     }
     m->d_res = bk->dev_alloc(bk, N * C * A, "backward scratch");
     m->d_ln = bk->dev_alloc(bk, N * C * A, "backward scratch");
-    m->d_att = bk->dev_alloc(bk, N * QD * A, "backward scratch");
-    m->d_q = bk->dev_alloc(bk, N * QD * A, "backward scratch");
+    // Full checkpointing's throwaway output (the recomputed top of a segment) goes where d_ln
+    // is: it is dead between two layers' backward passes.
+    act_set_sink(m->store, m->d_ln);
+    m->d_att = bk->dev_alloc(bk, QR * QD * A, "backward scratch");
+    m->d_q = bk->dev_alloc(bk, QR * QD * A, "backward scratch");
     m->d_k = bk->dev_alloc(bk, N * KD * A, "backward scratch");
+    // Tiles sum dK/dV over many calls: in float when activations are narrower.
+    if (A < 4 && act_att_rows(m->store) < T)
+        m->dkv_f32 = bk->dev_alloc(bk, 2 * N * KD * sizeof(float), "attention dK/dV float sums");
     m->d_v = bk->dev_alloc(bk, N * KD * A, "backward scratch");
     m->d_ff1 = bk->dev_alloc(bk, tile * I * A, "backward scratch (MLP)");
     m->d_ff2 = bk->dev_alloc(bk, tile * I * A, "backward scratch (MLP)");
     m->logits = bk->dev_alloc(bk, (size_t)c->vocab_size * A, "sampling logits");
     if (c->arch == ARCH_LLAMA && family_of(c)->qk_norm) {
         const size_t H = (size_t)c->num_attention_heads + c->num_key_value_heads;
-        m->qk_rot = bk->dev_alloc(bk, N * H * c->head_dim * A, "q/k norm working set");
+        m->q_rot = bk->dev_alloc(bk, QR * QD * A, "q/k norm working set");
+        m->k_rot = bk->dev_alloc(bk, N * KD * A, "q/k norm working set");
         m->qk_rstd = bk->dev_alloc(bk, N * H * sizeof(float), "q/k norm statistics");
     }
     if (m->tab.lora.r > 0) {
@@ -594,7 +610,7 @@ void model_free(Model *m) {
         void *ps[] = {m->final_ln, m->final_rstd, m->losses, m->tokens, m->targets, m->doc_start, m->pos, m->d_res,
                       m->d_ln, m->d_att, m->d_q, m->d_k, m->d_v, m->d_ff1, m->d_ff2, m->logits,
                       m->rope_cos, m->rope_sin, m->lora_tmp, m->lora_dtmp, m->lora_xd, m->lora_dxd,
-                      m->qk_rot, m->qk_rstd};
+                      m->q_rot, m->k_rot, m->qk_rstd, m->dkv_f32};
         for (size_t i = 0; i < sizeof ps / sizeof ps[0]; i++) bk->dev_free(bk, ps[i]);
     }
     if (m->sp) {
@@ -775,6 +791,16 @@ void model_set_batch(Model *m, const int32_t *tokens, const int32_t *targets,
     if (targets) bk->copy_h2d(bk, m->targets, targets, sizeof(int32_t) * N, NULL);
     m->has_docs = m->has_pos = 0;
     if (m->sp) return set_batch_sp(m, doc_start, B, T);
+    if (!doc_start && m->cfg.arch == ARCH_LLAMA) {
+        // Tiles of rows need their RoPE positions spelled out (NULL means "from 0").
+        int32_t *pos = xmalloc(sizeof(int32_t) * N);
+        for (size_t i = 0; i < N; i++) pos[i] = (int32_t)(i % (size_t)T);
+        bk->copy_h2d(bk, m->pos, pos, sizeof(int32_t) * N, NULL);
+        bk->sync(bk);
+        free(pos);
+        m->has_pos = 1;
+        return;
+    }
     if (!doc_start) return;
     if (m->cfg.arch != ARCH_LLAMA)
         fail("packed documents need rotary positions; GPT-2 has learned positions");
@@ -800,22 +826,59 @@ void model_set_batch(Model *m, const int32_t *tokens, const int32_t *targets,
 #define DOC_START(m) ((m)->has_docs ? (const int32_t *)(m)->doc_start : NULL)
 #define DOC_POS(m) ((m)->has_pos ? (const int32_t *)(m)->pos : NULL)
 
-// Attention over the current batch: the backend's op, or through sequence parallelism's
-// reshuffles when each rank holds a slice of every sequence.
-static void attend_fwd(Model *m, void *out, float *lse, const void *q, const void *k, const void *v, int B, int T,
-                       int window) {
+// ---- attention spans ----------------------------------------------------------------------
+// The attention half of a layer works on spans of rows: the whole batch, or (tiles) times
+// t0 .. t0+n-1 of sequence b. A span's rows are contiguous: [b0*T + t0, + nb*n).
+typedef struct { int b0, nb, t0, n; } Span;
+
+static Span span_at(int B, int T, int rows, int k) {
+    if (rows >= T) return (Span){0, B, 0, T};
+    const int per = (T + rows - 1) / rows, t0 = (k % per) * rows;
+    return (Span){k / per, 1, t0, T - t0 < rows ? T - t0 : rows};
+}
+static size_t span_r0(Span s, int T) { return (size_t)s.b0 * T + s.t0; }
+static int span_rows(Span s) { return s.nb * s.n; }
+
+// RoPE positions of rows from r0 (NULL: each row's index in its sequence, valid for whole rows).
+static const int32_t *pos_at(const Model *m, size_t r0, Span s) {
+    if (!m->has_pos && s.t0) fail("internal: a tile of rows without a position table");
+    return m->has_pos ? (const int32_t *)m->pos + r0 : NULL;
+}
+
+// Attention for a span's queries against its sequences' keys: the backend's op, or through
+// sequence parallelism's reshuffles (whole batch only) when each rank holds a slice of every
+// sequence. q, out, dq, dout hold the span's rows; k, v, dk, dv, lse are whole.
+static void attend_fwd(Model *m, void *out, float *lse, const void *q, const void *k, const void *v, Span s,
+                       int T, int window) {
     const ModelConfig *c = &m->cfg;
-    if (m->sp) seqpar_attention_fwd(m->sp, m->bk, out, lse, q, k, v, B, window, DOC_START(m));
-    else m->bk->attention_fwd(m->bk, out, lse, q, k, v, B, T, c->num_attention_heads, c->num_key_value_heads,
-                              c->head_dim, window, DOC_START(m));
+    const int Hq = c->num_attention_heads, Hkv = c->num_key_value_heads, D = c->head_dim;
+    const int32_t *ds = DOC_START(m);
+    if (m->sp) {
+        seqpar_attention_fwd(m->sp, m->bk, out, lse, q, k, v, s.nb, window, ds);
+        return;
+    }
+    const size_t kv = (size_t)s.b0 * T * Hkv * D;
+    m->bk->attention_fwd(m->bk, out, lse + (size_t)s.b0 * Hq * T, q, act_at(m->bk, k, kv), act_at(m->bk, v, kv),
+                         s.nb, T, s.t0, s.n, Hq, Hkv, D, window, ds ? ds + (size_t)s.b0 * T : NULL);
 }
 
 static void attend_bwd(Model *m, void *dq, void *dk, void *dv, const void *dout, const void *q, const void *k,
-                       const void *v, const void *out, const float *lse, int B, int T, int window) {
+                       const void *v, const void *out, const float *lse, Span s, int T, int window) {
     const ModelConfig *c = &m->cfg;
-    if (m->sp) seqpar_attention_bwd(m->sp, m->bk, dq, dk, dv, dout, q, k, v, out, lse, B, window, DOC_START(m));
-    else m->bk->attention_bwd(m->bk, dq, dk, dv, dout, q, k, v, out, lse, B, T, c->num_attention_heads,
-                              c->num_key_value_heads, c->head_dim, window, DOC_START(m));
+    const int Hq = c->num_attention_heads, Hkv = c->num_key_value_heads, D = c->head_dim;
+    const int32_t *ds = DOC_START(m);
+    if (m->sp) {
+        seqpar_attention_bwd(m->sp, m->bk, dq, dk, dv, dout, q, k, v, out, lse, s.nb, window, ds);
+        return;
+    }
+    Backend *bk = m->bk;
+    const size_t kv = (size_t)s.b0 * T * Hkv * D;
+    // A sequence's first tile writes its key/value gradients, later tiles add to them (through
+    // float sums when activations are bf16).
+    float *fk = m->dkv_f32, *fv = fk ? fk + (size_t)m->B * T * Hkv * D : NULL;
+    bk->attention_bwd(bk, dq, act_at(bk, dk, kv), act_at(bk, dv, kv), dout, q, act_at(bk, k, kv), act_at(bk, v, kv),
+                      out, lse + (size_t)s.b0 * Hq * T, s.nb, T, s.t0, s.n, Hq, Hkv, D, window,
+                      ds ? ds + (size_t)s.b0 * T : NULL, s.t0 > 0, fk ? fk + kv : NULL, fv ? fv + kv : NULL);
 }
 
 // A parameter on the device; a streamed one lives in its layer's slot while acquired.
@@ -1013,19 +1076,26 @@ static void lora_bwd(Model *m, int l, int t, void *dx, const void *dy, const voi
     }
 }
 
-// RMSNorm (Llama) or LayerNorm with bias (GPT-2); stats holds rstd, or mean then rstd.
-static void norm_fwd(Model *m, void *out, float *stats, const void *x, const void *w, const void *b, int N) {
+// RMSNorm (Llama) or LayerNorm with bias (GPT-2) of rows [r0, r0+n) of an N-row tensor (x, out
+// and dout point at row r0 already); stats holds N rstd, or N means then N rstd.
+static void norm_fwd_rows(Model *m, void *out, float *stats, size_t N, size_t r0, const void *x, const void *w,
+                          const void *b, int n) {
     Backend *bk = m->bk;
     const ModelConfig *c = &m->cfg;
-    if (c->arch == ARCH_GPT2) bk->layernorm_fwd(bk, out, stats, stats + N, x, w, b, N, c->hidden_size, c->rms_norm_eps);
-    else bk->rmsnorm_fwd(bk, out, stats, x, w, N, c->hidden_size, c->rms_norm_eps);
+    if (c->arch == ARCH_GPT2) bk->layernorm_fwd(bk, out, stats + r0, stats + N + r0, x, w, b, n, c->hidden_size, c->rms_norm_eps);
+    else bk->rmsnorm_fwd(bk, out, stats + r0, x, w, n, c->hidden_size, c->rms_norm_eps);
 }
 
-static void norm_bwd(Model *m, void *dx, void *dw, void *db, const void *dout, const void *x, const void *w,
-                     const float *stats, int N) {
+static void norm_bwd_rows(Model *m, void *dx, void *dw, void *db, const void *dout, const void *x, const void *w,
+                          const float *stats, size_t N, size_t r0, int n) {
     Backend *bk = m->bk;
-    if (m->cfg.arch == ARCH_GPT2) bk->layernorm_bwd(bk, dx, dw, db, dout, x, w, stats, stats + N, N, m->cfg.hidden_size);
-    else bk->rmsnorm_bwd(bk, dx, dw, dout, x, w, stats, N, m->cfg.hidden_size);
+    if (m->cfg.arch == ARCH_GPT2)
+        bk->layernorm_bwd(bk, dx, dw, db, dout, x, w, stats + r0, stats + N + r0, n, m->cfg.hidden_size);
+    else bk->rmsnorm_bwd(bk, dx, dw, dout, x, w, stats + r0, n, m->cfg.hidden_size);
+}
+
+static void norm_fwd(Model *m, void *out, float *stats, const void *x, const void *w, const void *b, int N) {
+    norm_fwd_rows(m, out, stats, N, 0, x, w, b, N);
 }
 
 // The MLP's first half for rows [r0, r0+n), into the tile buffers when tiled, else into the
@@ -1035,7 +1105,7 @@ static void mlp_tile_fwd(Model *m, int l, const LayerActs *a, int r0, int n) {
     Backend *bk = m->bk;
     const int C = m->cfg.hidden_size, I = m->cfg.intermediate_size;
     const size_t off = tiled ? 0 : (size_t)r0 * I;
-    const void *ln2 = act_at(bk, a->ln2, (size_t)r0 * C);
+    const void *ln2 = tiled ? a->ln2 : act_at(bk, a->ln2, (size_t)r0 * C);
     void *gate = act_at(bk, a->gate, off), *up = act_at(bk, a->up, off), *h = act_at(bk, a->h, off);
     if (m->cfg.arch == ARCH_GPT2) {
         linear_fwd(bk, gate, ln2, LP(m, l, P_WUP), opt_param(m, l, P_BUP, 0), n, C, I);
@@ -1050,48 +1120,96 @@ static void mlp_tile_fwd(Model *m, int l, const LayerActs *a, int r0, int n) {
     bk->swiglu_fwd(bk, h, gate, up, (size_t)n * I);
 }
 
-// Families with q/k norms (Qwen3): per head, q' = rope(rmsnorm(q) * q_norm) and likewise k,
-// into m->qk_rot (q rows then k rows) with the reciprocal std of every head row in qk_rstd.
-// Forward and backward both call it; it is deterministic, so a recompute is bit-identical.
-static void qk_prepare(Model *m, int l, const LayerActs *a, int B, int T) {
-    Backend *bk = m->bk;
-    const ModelConfig *c = &m->cfg;
-    const int N = B * T, Hq = c->num_attention_heads, Hkv = c->num_key_value_heads, D = c->head_dim;
-    void *qr = m->qk_rot, *kr = act_at(bk, m->qk_rot, (size_t)N * Hq * D);
-    bk->rmsnorm_fwd(bk, qr, m->qk_rstd, a->q, LP(m, l, P_QNORM), N * Hq, D, c->rms_norm_eps);
-    bk->rmsnorm_fwd(bk, kr, m->qk_rstd + (size_t)N * Hq, a->k, LP(m, l, P_KNORM), N * Hkv, D, c->rms_norm_eps);
-    bk->rope_fwd(bk, qr, m->rope_cos, m->rope_sin, DOC_POS(m), B, T, Hq, D);
-    bk->rope_fwd(bk, kr, m->rope_cos, m->rope_sin, DOC_POS(m), B, T, Hkv, D);
+// The span's rows of a query-sized tensor (or ln1): the tile buffer itself under tiled
+// attention, else a view into the whole tensor.
+static void *qrows(const Model *m, void *t, size_t r0, size_t width) {
+    return m->pol.tiled_attention ? t : act_at(m->bk, t, r0 * width);
 }
 
-static void layer_forward(Model *m, int l, const LayerActs *a, void *out, int B, int T, int tile) {
+// RoPE, and first the per-head q/k norms of families that have them (Qwen3): q' =
+// rope(rmsnorm(q) * q_norm), likewise k. Without norms the projection is rotated in place;
+// with them a->q/a->k keep the projections and attention reads the copies in q_rot/k_rot, with
+// each head row's rstd in qk_rstd (q rows, then k rows). Deterministic: remade in backward,
+// they are bit-identical. Returns what attention reads.
+static const void *q_rotate(Model *m, int l, void *q, Span s, int T) {
     Backend *bk = m->bk;
     const ModelConfig *c = &m->cfg;
-    const int N = B * T, C = c->hidden_size, I = c->intermediate_size, D = c->head_dim;
-    const int Hq = c->num_attention_heads, Hkv = c->num_key_value_heads;
-    norm_fwd(m, a->ln1, a->rstd1, a->xin, LP(m, l, P_LN1), opt_param(m, l, P_LN1B, 0), N);
-    linear_fwd(bk, a->q, a->ln1, LP(m, l, P_WQ), opt_param(m, l, P_BQ, 0), N, C, Hq * D);
-    lora_fwd(m, l, LORA_Q, a->q, a->ln1, 0, N, C, Hq * D);
-    linear_fwd(bk, a->k, a->ln1, LP(m, l, P_WK), opt_param(m, l, P_BK, 0), N, C, Hkv * D);
-    lora_fwd(m, l, LORA_K, a->k, a->ln1, 0, N, C, Hkv * D);
-    linear_fwd(bk, a->v, a->ln1, LP(m, l, P_WV), opt_param(m, l, P_BV, 0), N, C, Hkv * D);
-    lora_fwd(m, l, LORA_V, a->v, a->ln1, 0, N, C, Hkv * D);
-    const void *aq = a->q, *ak = a->k;
-    if (m->qk_rot) {  // q/k norms: a->q/a->k keep the projections, attention reads copies
-        qk_prepare(m, l, a, B, T);
-        aq = m->qk_rot, ak = act_at(bk, m->qk_rot, (size_t)N * Hq * D);
-    } else if (c->arch == ARCH_LLAMA) {  // GPT-2 has learned positions instead
-        bk->rope_fwd(bk, a->q, m->rope_cos, m->rope_sin, DOC_POS(m), B, T, Hq, D);
-        bk->rope_fwd(bk, a->k, m->rope_cos, m->rope_sin, DOC_POS(m), B, T, Hkv, D);
+    const int Hq = c->num_attention_heads, D = c->head_dim, n = span_rows(s);
+    const size_t r0 = span_r0(s, T);
+    void *x = q;
+    if (m->q_rot) {
+        x = qrows(m, m->q_rot, r0, (size_t)Hq * D);
+        bk->rmsnorm_fwd(bk, x, m->qk_rstd + r0 * Hq, q, LP(m, l, P_QNORM), n * Hq, D, c->rms_norm_eps);
     }
-    attend_fwd(m, a->att, a->lse, aq, ak, a->v, B, T, family_layer_window(c, l));
-    linear_fwd(bk, a->x_mid, a->att, LP(m, l, P_WO), opt_param(m, l, P_BO, 0), N, Hq * D, C);
-    lora_fwd(m, l, LORA_O, a->x_mid, a->att, 0, N, Hq * D, C);
-    bk->accumulate(bk, a->x_mid, a->xin, (size_t)N * C);
-    norm_fwd(m, a->ln2, a->rstd2, a->x_mid, LP(m, l, P_LN2), opt_param(m, l, P_LN2B, 0), N);
-    // The MLP runs over row tiles (one tile unless tiled_mlp): T x I never exists whole.
+    bk->rope_fwd(bk, x, m->rope_cos, m->rope_sin, pos_at(m, r0, s), s.nb, s.n, Hq, D);
+    return x;
+}
+
+static void k_rotate(Model *m, int l, const LayerActs *a, Span s, int B, int T) {
+    Backend *bk = m->bk;
+    const ModelConfig *c = &m->cfg;
+    const int Hq = c->num_attention_heads, Hkv = c->num_key_value_heads, D = c->head_dim, n = span_rows(s);
+    const size_t r0 = span_r0(s, T), N = (size_t)B * T;
+    void *k = act_at(bk, a->k, r0 * Hkv * D), *x = k;
+    if (m->k_rot) {
+        x = act_at(bk, m->k_rot, r0 * Hkv * D);
+        bk->rmsnorm_fwd(bk, x, m->qk_rstd + N * Hq + r0 * Hkv, k, LP(m, l, P_KNORM), n * Hkv, D, c->rms_norm_eps);
+    }
+    bk->rope_fwd(bk, x, m->rope_cos, m->rope_sin, pos_at(m, r0, s), s.nb, s.n, Hkv, D);
+}
+
+// Norm, q/k/v projections, RoPE, attention and the output projection of a span's rows: x_mid =
+// xin + o_proj(attention). Keys and values go to the whole a->k / a->v, earlier spans' included.
+static void attn_fwd_span(Model *m, int l, const LayerActs *a, Span s, int B, int T) {
+    Backend *bk = m->bk;
+    const ModelConfig *c = &m->cfg;
+    const int C = c->hidden_size, QD = c->num_attention_heads * c->head_dim;
+    const int KD = c->num_key_value_heads * c->head_dim, n = span_rows(s);
+    const size_t r0 = span_r0(s, T), N = (size_t)B * T;
+    void *ln1 = qrows(m, a->ln1, r0, C), *q = qrows(m, a->q, r0, QD), *att = qrows(m, a->att, r0, QD);
+    void *k = act_at(bk, a->k, r0 * KD), *v = act_at(bk, a->v, r0 * KD), *xm = act_at(bk, a->x_mid, r0 * C);
+    const void *xin = act_at(bk, a->xin, r0 * C);
+    norm_fwd_rows(m, ln1, a->rstd1, N, r0, xin, LP(m, l, P_LN1), opt_param(m, l, P_LN1B, 0), n);
+    linear_fwd(bk, q, ln1, LP(m, l, P_WQ), opt_param(m, l, P_BQ, 0), n, C, QD);
+    lora_fwd(m, l, LORA_Q, q, ln1, r0, n, C, QD);
+    linear_fwd(bk, k, ln1, LP(m, l, P_WK), opt_param(m, l, P_BK, 0), n, C, KD);
+    lora_fwd(m, l, LORA_K, k, ln1, r0, n, C, KD);
+    linear_fwd(bk, v, ln1, LP(m, l, P_WV), opt_param(m, l, P_BV, 0), n, C, KD);
+    lora_fwd(m, l, LORA_V, v, ln1, r0, n, C, KD);
+    const void *qa = q;
+    if (c->arch == ARCH_LLAMA) {  // GPT-2 has learned positions instead
+        qa = q_rotate(m, l, q, s, T);
+        k_rotate(m, l, a, s, B, T);
+    }
+    attend_fwd(m, att, a->lse, qa, m->k_rot ? m->k_rot : a->k, a->v, s, T, family_layer_window(c, l));
+    linear_fwd(bk, xm, att, LP(m, l, P_WO), opt_param(m, l, P_BO, 0), n, QD, C);
+    lora_fwd(m, l, LORA_O, xm, att, r0, n, QD, C);
+    bk->accumulate(bk, xm, xin, (size_t)n * C);
+}
+
+// Every mode walks the same spans (tiles when the backend has query tiles): GEMMs of another
+// height may round differently, and weight gradients must sum in one order, so tiled
+// attention changes no bits.
+static int span_count(int B, int T, int arows) { return att_span_count(B, T, arows); }
+
+// ln2 of MLP chunk [r0, r0+n): into the chunk buffer (tiled MLP) or the whole tensor.
+static void ln2_fwd(Model *m, int l, const LayerActs *a, int N, int r0, int n) {
+    const size_t C = m->cfg.hidden_size;
+    void *ln2 = m->pol.tiled_mlp ? a->ln2 : act_at(m->bk, a->ln2, (size_t)r0 * C);
+    norm_fwd_rows(m, ln2, a->rstd2, N, r0, act_at(m->bk, a->x_mid, (size_t)r0 * C), LP(m, l, P_LN2),
+                  opt_param(m, l, P_LN2B, 0), n);
+}
+
+static void layer_forward(Model *m, int l, const LayerActs *a, void *out, int B, int T, int tile, int arows) {
+    Backend *bk = m->bk;
+    const ModelConfig *c = &m->cfg;
+    const int N = B * T, C = c->hidden_size, I = c->intermediate_size;
+    for (int k = 0, ns = span_count(B, T, arows); k < ns; k++) attn_fwd_span(m, l, a, span_at(B, T, arows, k), B, T);
+    // The MLP runs over row chunks; tiled, a chunk's ln2, gate, up and h are all that exist of
+    // them (T x intermediate never does).
     for (int r0 = 0; r0 < N; r0 += tile) {
         int n = N - r0 < tile ? N - r0 : tile;
+        ln2_fwd(m, l, a, N, r0, n);
         mlp_tile_fwd(m, l, a, r0, n);
         const void *h = m->pol.tiled_mlp ? a->h : act_at(bk, a->h, (size_t)r0 * I);
         void *o = act_at(bk, out, (size_t)r0 * C);
@@ -1101,30 +1219,34 @@ static void layer_forward(Model *m, int l, const LayerActs *a, void *out, int B,
     bk->accumulate(bk, out, a->x_mid, (size_t)N * C);
 }
 
-// Selective checkpointing keeps matmul and attention outputs; these are the cheap rest.
+// Selective checkpointing keeps matmul and attention outputs; these are the cheap rest (under
+// tiled attention ln1 is remade tile by tile in backward anyway).
 static void recompute_cheap(Model *m, int l, const LayerActs *a, int N) {
     Backend *bk = m->bk;
     const ModelConfig *c = &m->cfg;
-    norm_fwd(m, a->ln1, a->rstd1, a->xin, LP(m, l, P_LN1), opt_param(m, l, P_LN1B, 0), N);
+    if (!m->pol.tiled_attention) norm_fwd(m, a->ln1, a->rstd1, a->xin, LP(m, l, P_LN1), opt_param(m, l, P_LN1B, 0), N);
+    if (m->pol.tiled_mlp) return;  // ln2 and the MLP are remade chunk by chunk
     norm_fwd(m, a->ln2, a->rstd2, a->x_mid, LP(m, l, P_LN2), opt_param(m, l, P_LN2B, 0), N);
-    if (m->pol.tiled_mlp) return;
     if (c->arch == ARCH_GPT2) bk->gelu_fwd(bk, a->h, a->gate, (size_t)N * c->intermediate_size);
     else bk->swiglu_fwd(bk, a->h, a->gate, a->up, (size_t)N * c->intermediate_size);
 }
 
 // On entry m->d_res holds dLoss/d(layer output); on exit dLoss/d(layer input).
-static void layer_backward(Model *m, int l, const LayerActs *a, int B, int T, int tile) {
+static void layer_backward(Model *m, int l, const LayerActs *a, int B, int T, int tile, int arows) {
     Backend *bk = m->bk;
     const ModelConfig *c = &m->cfg;
     const int N = B * T, C = c->hidden_size, I = c->intermediate_size, D = c->head_dim;
-    const int Hq = c->num_attention_heads, Hkv = c->num_key_value_heads;
-    // MLP: out = x_mid + down(silu(gate) * up); d_res carries d(out) = part of d(x_mid).
-    // Tiled: each tile's gate/up/h are recomputed from ln2 just before its backward.
+    const int Hq = c->num_attention_heads, Hkv = c->num_key_value_heads, QD = Hq * D, KD = Hkv * D;
+    const int tiled = m->pol.tiled_attention, window = family_layer_window(c, l);
+    // MLP: out = x_mid + down(silu(gate) * up); d_res carries d(out) = part of d(x_mid). Chunk
+    // by chunk, ending with ln2's backward for the chunk's rows (so its weight gradient sums
+    // per chunk in every mode). Tiled: the chunk's ln2, gate, up and h are remade first.
     for (int r0 = 0; r0 < N; r0 += tile) {
         int n = N - r0 < tile ? N - r0 : tile;
-        if (m->pol.tiled_mlp) mlp_tile_fwd(m, l, a, r0, n);
+        if (m->pol.tiled_mlp) ln2_fwd(m, l, a, N, r0, n), mlp_tile_fwd(m, l, a, r0, n);
         const size_t off = m->pol.tiled_mlp ? 0 : (size_t)r0 * I;
-        const void *dy = act_at(bk, m->d_res, (size_t)r0 * C), *ln2 = act_at(bk, a->ln2, (size_t)r0 * C);
+        const void *dy = act_at(bk, m->d_res, (size_t)r0 * C);
+        const void *ln2 = m->pol.tiled_mlp ? a->ln2 : act_at(bk, a->ln2, (size_t)r0 * C);
         void *dln2 = act_at(bk, m->d_ln, (size_t)r0 * C);
         const void *h = act_at(bk, a->h, off);
         linear_bwd(bk, m->d_ff1, LG(m, l, P_WDOWN), opt_param(m, l, P_BDOWN, 1), dy, h, LP(m, l, P_WDOWN), n, I, C, 0);
@@ -1133,46 +1255,76 @@ static void layer_backward(Model *m, int l, const LayerActs *a, int B, int T, in
             bk->gelu_bwd(bk, m->d_ff1, m->d_ff1, act_at(bk, a->gate, off), (size_t)n * I);
             linear_bwd(bk, dln2, LG(m, l, P_WUP), opt_param(m, l, P_BUP, 1), m->d_ff1, ln2, LP(m, l, P_WUP), n, C, I, 0);
             lora_bwd(m, l, LORA_UP, dln2, m->d_ff1, ln2, r0, n, C, I);
-            continue;
+        } else {
+            bk->swiglu_bwd(bk, m->d_ff1, m->d_ff2, m->d_ff1, act_at(bk, a->gate, off), act_at(bk, a->up, off),
+                           (size_t)n * I);
+            linear_bwd(bk, dln2, LG(m, l, P_WGATE), NULL, m->d_ff1, ln2, LP(m, l, P_WGATE), n, C, I, 0);
+            lora_bwd(m, l, LORA_GATE, dln2, m->d_ff1, ln2, r0, n, C, I);
+            linear_bwd(bk, dln2, LG(m, l, P_WUP), NULL, m->d_ff2, ln2, LP(m, l, P_WUP), n, C, I, 1);
+            lora_bwd(m, l, LORA_UP, dln2, m->d_ff2, ln2, r0, n, C, I);
         }
-        bk->swiglu_bwd(bk, m->d_ff1, m->d_ff2, m->d_ff1, act_at(bk, a->gate, off), act_at(bk, a->up, off), (size_t)n * I);
-        linear_bwd(bk, dln2, LG(m, l, P_WGATE), NULL, m->d_ff1, ln2, LP(m, l, P_WGATE), n, C, I, 0);
-        lora_bwd(m, l, LORA_GATE, dln2, m->d_ff1, ln2, r0, n, C, I);
-        linear_bwd(bk, dln2, LG(m, l, P_WUP), NULL, m->d_ff2, ln2, LP(m, l, P_WUP), n, C, I, 1);
-        lora_bwd(m, l, LORA_UP, dln2, m->d_ff2, ln2, r0, n, C, I);
+        norm_bwd_rows(m, (void *)dy, LG(m, l, P_LN2), opt_param(m, l, P_LN2B, 1), dln2,
+                      act_at(bk, a->x_mid, (size_t)r0 * C), LP(m, l, P_LN2), a->rstd2, N, r0, n);
     }
-    norm_bwd(m, m->d_res, LG(m, l, P_LN2), opt_param(m, l, P_LN2B, 1), m->d_ln, a->x_mid, LP(m, l, P_LN2), a->rstd2, N);
     // Attention: x_mid = x + o_proj(att); d_res now holds d(x_mid), which is also part of d(x).
-    linear_bwd(bk, m->d_att, LG(m, l, P_WO), opt_param(m, l, P_BO, 1), m->d_res, a->att,
-               LP(m, l, P_WO), N, Hq * D, C, 0);
-    lora_bwd(m, l, LORA_O, m->d_att, m->d_res, a->att, 0, N, Hq * D, C);
-    const void *aq = a->q, *ak = a->k;
-    void *qr = m->qk_rot, *kr = qr ? act_at(bk, qr, (size_t)N * Hq * D) : NULL;
-    if (qr) qk_prepare(m, l, a, B, T), aq = qr, ak = kr;  // remade from the kept projections
-    attend_bwd(m, m->d_q, m->d_k, m->d_v, m->d_att, aq, ak, a->v, a->att, a->lse, B, T, family_layer_window(c, l));
-    if (c->arch == ARCH_LLAMA) {
-        bk->rope_bwd(bk, m->d_q, m->rope_cos, m->rope_sin, DOC_POS(m), B, T, Hq, D);
-        bk->rope_bwd(bk, m->d_k, m->rope_cos, m->rope_sin, DOC_POS(m), B, T, Hkv, D);
+    // Query spans in order: d(att), then attention's backward, which gives the span's dq and
+    // adds to the whole dk/dv; then the q projection. Tiled, each span's ln1, q and attention
+    // output are remade first (bit-identical to the forward's).
+    const int ns = span_count(B, T, arows);
+    const void *ka = a->k;
+    if (m->k_rot) k_rotate(m, l, a, span_at(B, T, T, 0), B, T), ka = m->k_rot;  // remade from the kept projections
+    for (int k = 0; k < ns; k++) {
+        const Span s = span_at(B, T, arows, k);
+        const size_t r0 = span_r0(s, T);
+        const int n = span_rows(s);
+        void *ln1 = qrows(m, a->ln1, r0, C), *q = qrows(m, a->q, r0, QD), *att = qrows(m, a->att, r0, QD);
+        void *datt = qrows(m, m->d_att, r0, QD), *dq = qrows(m, m->d_q, r0, QD), *dln = act_at(bk, m->d_ln, r0 * C);
+        const void *dy = act_at(bk, m->d_res, r0 * C);
+        if (tiled) {
+            norm_fwd_rows(m, ln1, a->rstd1, N, r0, act_at(bk, a->xin, r0 * C), LP(m, l, P_LN1), opt_param(m, l, P_LN1B, 0), n);
+            linear_fwd(bk, q, ln1, LP(m, l, P_WQ), opt_param(m, l, P_BQ, 0), n, C, QD);
+            lora_fwd(m, l, LORA_Q, q, ln1, r0, n, C, QD);
+        }
+        // Rotated in place (no q norms) a kept q is ready; a remade one, or the q-norm copy, is made here.
+        const void *qa = c->arch == ARCH_LLAMA && (tiled || m->q_rot) ? q_rotate(m, l, q, s, T) : q;
+        if (tiled) attend_fwd(m, att, a->lse, qa, ka, a->v, s, T, window);
+        linear_bwd(bk, datt, LG(m, l, P_WO), opt_param(m, l, P_BO, 1), dy, att, LP(m, l, P_WO), n, QD, C, 0);
+        lora_bwd(m, l, LORA_O, datt, dy, att, r0, n, QD, C);
+        attend_bwd(m, dq, m->d_k, m->d_v, datt, qa, ka, a->v, att, a->lse, s, T, window);
+        void *dqx = dq;
+        if (c->arch == ARCH_LLAMA) bk->rope_bwd(bk, dq, m->rope_cos, m->rope_sin, pos_at(m, r0, s), s.nb, s.n, Hq, D);
+        if (m->q_rot) {  // through the q norm; the rotated copy is dead now and takes the gradient
+            dqx = qrows(m, m->q_rot, r0, QD);
+            bk->memzero(bk, dqx, (size_t)n * QD * bk->act_bytes, NULL);
+            bk->rmsnorm_bwd(bk, dqx, opt_param(m, l, P_QNORM, 1), dq, q, LP(m, l, P_QNORM), m->qk_rstd + r0 * Hq,
+                            n * Hq, D);
+        }
+        linear_bwd(bk, dln, LG(m, l, P_WQ), opt_param(m, l, P_BQ, 1), dqx, ln1, LP(m, l, P_WQ), n, C, QD, 0);
+        lora_bwd(m, l, LORA_Q, dln, dqx, ln1, r0, n, C, QD);
     }
-    void *dq = m->d_q, *dk = m->d_k;
-    if (qr) {  // through the q/k norms; the rotated copies are dead now and take the gradients
-        bk->memzero(bk, qr, (size_t)N * (Hq + Hkv) * D * bk->act_bytes, NULL);
-        bk->rmsnorm_bwd(bk, qr, opt_param(m, l, P_QNORM, 1), m->d_q, a->q, LP(m, l, P_QNORM), m->qk_rstd,
-                        N * Hq, D);
-        bk->rmsnorm_bwd(bk, kr, opt_param(m, l, P_KNORM, 1), m->d_k, a->k, LP(m, l, P_KNORM),
+    // Keys and values: their gradients are whole now.
+    void *dk = m->d_k;
+    if (c->arch == ARCH_LLAMA) bk->rope_bwd(bk, m->d_k, m->rope_cos, m->rope_sin, DOC_POS(m), B, T, Hkv, D);
+    if (m->k_rot) {
+        bk->memzero(bk, m->k_rot, (size_t)N * KD * bk->act_bytes, NULL);
+        bk->rmsnorm_bwd(bk, m->k_rot, opt_param(m, l, P_KNORM, 1), m->d_k, a->k, LP(m, l, P_KNORM),
                         m->qk_rstd + (size_t)N * Hq, N * Hkv, D);
-        dq = qr, dk = kr;
+        dk = m->k_rot;
     }
-    linear_bwd(bk, m->d_ln, LG(m, l, P_WQ), opt_param(m, l, P_BQ, 1), dq, a->ln1,
-               LP(m, l, P_WQ), N, C, Hq * D, 0);
-    lora_bwd(m, l, LORA_Q, m->d_ln, dq, a->ln1, 0, N, C, Hq * D);
-    linear_bwd(bk, m->d_ln, LG(m, l, P_WK), opt_param(m, l, P_BK, 1), dk, a->ln1,
-               LP(m, l, P_WK), N, C, Hkv * D, 1);
-    lora_bwd(m, l, LORA_K, m->d_ln, dk, a->ln1, 0, N, C, Hkv * D);
-    linear_bwd(bk, m->d_ln, LG(m, l, P_WV), opt_param(m, l, P_BV, 1), m->d_v, a->ln1,
-               LP(m, l, P_WV), N, C, Hkv * D, 1);
-    lora_bwd(m, l, LORA_V, m->d_ln, m->d_v, a->ln1, 0, N, C, Hkv * D);
-    norm_bwd(m, m->d_res, LG(m, l, P_LN1), opt_param(m, l, P_LN1B, 1), m->d_ln, a->xin, LP(m, l, P_LN1), a->rstd1, N);
+    for (int k = 0; k < ns; k++) {
+        const Span s = span_at(B, T, arows, k);
+        const size_t r0 = span_r0(s, T);
+        const int n = span_rows(s);
+        void *ln1 = qrows(m, a->ln1, r0, C), *dln = act_at(bk, m->d_ln, r0 * C);
+        const void *xin = act_at(bk, a->xin, r0 * C), *dks = act_at(bk, dk, r0 * KD), *dvs = act_at(bk, m->d_v, r0 * KD);
+        if (tiled) norm_fwd_rows(m, ln1, a->rstd1, N, r0, xin, LP(m, l, P_LN1), opt_param(m, l, P_LN1B, 0), n);
+        linear_bwd(bk, dln, LG(m, l, P_WK), opt_param(m, l, P_BK, 1), dks, ln1, LP(m, l, P_WK), n, C, KD, 1);
+        lora_bwd(m, l, LORA_K, dln, dks, ln1, r0, n, C, KD);
+        linear_bwd(bk, dln, LG(m, l, P_WV), opt_param(m, l, P_BV, 1), dvs, ln1, LP(m, l, P_WV), n, C, KD, 1);
+        lora_bwd(m, l, LORA_V, dln, dvs, ln1, r0, n, C, KD);
+        norm_bwd_rows(m, act_at(bk, m->d_res, r0 * C), LG(m, l, P_LN1), opt_param(m, l, P_LN1B, 1), dln, xin,
+                      LP(m, l, P_LN1), a->rstd1, N, r0, n);
+    }
 }
 
 // Forward through every layer; each layer's kept tensors go where the store says.
@@ -1186,7 +1338,7 @@ static void forward_layers(Model *m, ActStore *st, int B, int T, int for_backwar
         LayerActs a;
         act_fwd_layer(st, l, &a);
         weights_acquire(m, l, l + 1 < L ? l + 1 : -1);
-        layer_forward(m, l, &a, act_fwd_output(st, l), B, T, act_tile_rows(st));
+        layer_forward(m, l, &a, act_fwd_output(st, l), B, T, act_tile_rows(st), act_att_rows(st));
         weights_release(m, l, 0);
         act_fwd_done(st, l, for_backward);
     }
@@ -1209,7 +1361,8 @@ static void backward_layers(Model *m, int B, int T) {
                 act_bwd_layer(st, j, &a);
                 if (j < l) act_bwd_layer(st, j + 1, &next);  // in the segment: no fetch
                 weights_acquire(m, j, j < l ? j + 1 : (l > s ? l - 1 : after));
-                layer_forward(m, j, &a, j < l ? next.xin : act_recompute_sink(st), B, T, act_tile_rows(st));
+                layer_forward(m, j, &a, j < l ? next.xin : act_recompute_sink(st), B, T, act_tile_rows(st),
+                              act_att_rows(st));
                 weights_release(m, j, 0);
             }
         for (int j = l; j >= s; j--) {
@@ -1218,7 +1371,7 @@ static void backward_layers(Model *m, int B, int T) {
             if (m->pol.recompute == RC_SELECTIVE) recompute_cheap(m, j, &a, B * T);
             if (m->opt.zero_stage >= 3)
                 m->bk->memzero(m->bk, m->z3_layer_grad, (unit_shard(&m->tab, j + 1) * m->opt.comm->world) * m->bk->act_bytes, NULL);
-            layer_backward(m, j, &a, B, T, act_tile_rows(st));
+            layer_backward(m, j, &a, B, T, act_tile_rows(st), act_att_rows(st));
             weights_release(m, j, 1);
         }
         act_bwd_layer_done(st, s);
@@ -1239,15 +1392,27 @@ double model_forward_backward(Model *m, int B, int T, float loss_scale) {
     }
     forward_layers(m, m->store, B, T, train);
     void *res = act_final_residual(m->store);
-    norm_fwd(m, m->final_ln, m->final_rstd, res, P(m, t->final_norm), opt_param_global(m, t->final_norm_bias, 0), N);
-    // The fused classifier produces d(final_ln) and the head's gradient in the same pass.
-    bk->classifier_ce(bk, m->losses, train ? m->d_ln : NULL, train ? G(m, t->lm_head) : NULL,
-                      m->final_ln, P(m, t->lm_head), m->targets, N, c->vocab_size, C, loss_scale);
+    // The final norm and the fused classifier (which produces d(final_ln) and the head's
+    // gradient in the same pass) run over the MLP's row chunks, so the norm's output exists
+    // one chunk at a time.
+    const int R = act_tile_rows(m->store);
+    for (int r0 = 0; r0 < N; r0 += R) {
+        const int n = N - r0 < R ? N - r0 : R;
+        norm_fwd_rows(m, m->final_ln, m->final_rstd, N, r0, act_at(bk, res, (size_t)r0 * C), P(m, t->final_norm),
+                      opt_param_global(m, t->final_norm_bias, 0), n);
+        bk->classifier_ce(bk, m->losses + r0, train ? act_at(bk, m->d_ln, (size_t)r0 * C) : NULL,
+                          train ? G(m, t->lm_head) : NULL, m->final_ln, P(m, t->lm_head), m->targets + r0, n,
+                          c->vocab_size, C, loss_scale);
+    }
     double loss = bk->sum_f32(bk, m->losses, N);
     if (!train) return loss;
     bk->memzero(bk, m->d_res, (size_t)N * C * bk->act_bytes, NULL);
-    norm_bwd(m, m->d_res, G(m, t->final_norm), opt_param_global(m, t->final_norm_bias, 1), m->d_ln, res,
-             P(m, t->final_norm), m->final_rstd, N);
+    for (int r0 = 0; r0 < N; r0 += R) {
+        const int n = N - r0 < R ? N - r0 : R;
+        norm_bwd_rows(m, act_at(bk, m->d_res, (size_t)r0 * C), G(m, t->final_norm),
+                      opt_param_global(m, t->final_norm_bias, 1), act_at(bk, m->d_ln, (size_t)r0 * C),
+                      act_at(bk, res, (size_t)r0 * C), P(m, t->final_norm), m->final_rstd, N, r0, n);
+    }
     backward_layers(m, B, T);
     if (G(m, t->embed)) bk->embedding_bwd(bk, G(m, t->embed), m->d_res, m->tokens, N, C, c->vocab_size);
     if (t->pos_embed >= 0 && G(m, t->pos_embed)) bk->pos_bwd(bk, G(m, t->pos_embed), m->d_res, B, T, C);
@@ -1263,14 +1428,18 @@ void model_last_logits(Model *m, int T, float *out) {
     const int C = c->hidden_size;
     if (!m->sample_store) {
         MemPolicy p = {.recompute = RC_FULL, .every = 1, .tier = TIER_DEVICE,
-                       .tiled_mlp = m->pol.tiled_mlp, .mlp_shards = m->pol.mlp_shards};
-        m->sample_store = actstore_create(bk, c, &p, 1, m->T);
+                       .tiled_mlp = m->pol.tiled_mlp, .mlp_shards = m->pol.mlp_shards,
+                       .tiled_attention = m->pol.tiled_attention};
+        m->sample_store = actstore_create(bk, c, &p, 1, m->T, bk->att_block);
+        act_set_sink(m->sample_store, m->d_ln);
     }
     if (m->opt.zero_stage >= 3) z3_begin_pass(m);
     forward_layers(m, m->sample_store, 1, T, 0);
     void *res = act_final_residual(m->sample_store);
-    norm_fwd(m, m->final_ln, m->final_rstd, res, P(m, m->tab.final_norm), opt_param_global(m, m->tab.final_norm_bias, 0), T);
-    bk->matmul(bk, m->logits, act_at(bk, m->final_ln, (size_t)(T - 1) * C), P(m, m->tab.lm_head),
+    // Only the last position's logits are needed: its row alone is normalized.
+    norm_fwd_rows(m, m->final_ln, m->final_rstd, T, T - 1, act_at(bk, res, (size_t)(T - 1) * C),
+                  P(m, m->tab.final_norm), opt_param_global(m, m->tab.final_norm_bias, 0), 1);
+    bk->matmul(bk, m->logits, m->final_ln, P(m, m->tab.lm_head),
                1, c->vocab_size, C, 0, 1, 1.0f, 0.0f);
     bk->download_act(bk, out, m->logits, c->vocab_size);
 }

@@ -145,7 +145,8 @@ void rope_inv_freq(const ModelConfig *c, float *inv_freq);
 // ---- the engine's model state ----------------------------------------------------------
 
 // Where one layer's tensors are, for one pass: the activation store fills it (actstore.h).
-// With a tiled MLP, gate/up/h are tile-sized working buffers.
+// With a tiled MLP, gate/up/h are tile-sized working buffers; with tiled attention, so are
+// ln1, q and att (one attention span's rows).
 typedef struct {
     void *xin, *ln1, *q, *k, *v, *att, *x_mid, *ln2, *gate, *up, *h;
     float *rstd1, *rstd2, *lse;
@@ -217,10 +218,11 @@ typedef struct {
     float *rope_cos, *rope_sin;   // [T, D/2]
     // q/k norm families (Qwen3): a->q/a->k keep the projections; attention reads normalized,
     // rotated copies made here (and remade before the layer's backward), with their rstd.
-    void *qk_rot;                 // [N, (Hq + Hkv) D]: q then k
-    float *qk_rstd;               // [N, Hq + Hkv]
+    void *q_rot, *k_rot;          // [rows of an attention span, Hq D], [N, Hkv D]
+    float *qk_rstd;               // [N, Hq + Hkv]: q rows' then k rows' statistics
     // Backward scratch.
     void *d_res, *d_ln, *d_att, *d_q, *d_k, *d_v, *d_ff1, *d_ff2;  // d_ff*: one MLP tile
+    float *dkv_f32;               // [2][N, Hkv D] dK/dV sums across attention tiles (bf16 only)
     void *logits;                 // [V] for sampling
 } Model;
 

@@ -44,9 +44,10 @@ static void c_copy_2d(Backend *bk, void *dst, size_t dp, const void *src, size_t
 }
 
 void plan_measure(const ModelConfig *c, const LoraConfig *lora, const ModelOptions *base,
-                  const MemPolicy *p, int B, int T, int act_bytes, size_t *dev, size_t *host, size_t *disk) {
+                  const MemPolicy *p, int B, int T, int act_bytes, int att_block, size_t *dev, size_t *host,
+                  size_t *disk) {
     CountImpl ci = {0};
-    Backend bk = {.name = "plan", .act_bytes = act_bytes, .dry_run = 1, .impl = &ci,
+    Backend bk = {.name = "plan", .act_bytes = act_bytes, .att_block = att_block, .dry_run = 1, .impl = &ci,
                   .dev_alloc = c_dev_alloc, .dev_free = c_dev_free, .host_alloc = c_host_alloc,
                   .host_free = c_host_free, .memzero = c_memzero, .copy_h2d = c_copy,
                   .copy_d2h = c_copy, .copy_d2d = c_copy, .copy_2d = c_copy_2d, .queue_create = c_queue_create,
@@ -87,11 +88,11 @@ static const Mode MODES[] = {
 // about 0.5 GiB, the 32 MiB cuBLASLt workspace (backend_cuda.cu) and kernel scratch.
 static const PlanDevice DEVICES[] = {
     {"H100 80GB (CUDA backend, bf16)", 2, 650e12, 0.33, 50e9, 5e9, 640.0 * (1 << 20),
-     256.0 * (1 << 20), "H100 SXM datasheet peaks; sustained fractions assumed, not measured here", 0},
+     256.0 * (1 << 20), "H100 SXM datasheet peaks; sustained fractions assumed, not measured here", 0, 64},
     {"H100 80GB (CUDA backend, fp32)", 4, 50e12, 0.33, 50e9, 5e9, 640.0 * (1 << 20),
-     256.0 * (1 << 20), "H100 SXM datasheet fp32 (non-tensor) peak 67 TFLOP/s; fractions assumed", 0},
+     256.0 * (1 << 20), "H100 SXM datasheet fp32 (non-tensor) peak 67 TFLOP/s; fractions assumed", 0, 64},
     {"CPU backend (float32)", 4, 100e9, 1.0, 8e9, 1e9, 0, 0,
-     "a 2-core x86-64 machine's order of magnitude; \"device\" memory is host memory", 1},
+     "a 2-core x86-64 machine's order of magnitude; \"device\" memory is host memory", 1, 64},
 };
 
 const PlanDevice *plan_device(const Config *cfg, const Backend *bk) {
@@ -106,9 +107,10 @@ void plan_print_assumptions(const PlanDevice *d, int world, FILE *f) {
     format_bytes(comm, sizeof comm, world > 1 ? d->comm_device_bytes : 0);
     fprintf(f, "assumptions (%s): %d-byte activations; GEMM %.0f TFLOP/s, attention at %.0f%% of "
             "that; host link %.0f GB/s; disk %.1f GB/s; fixed device memory %s + collectives %s "
-            "per rank (included in the device peaks); %s\n", d->name, d->act_bytes,
+            "per rank (included in the device peaks); %s%s\n", d->name, d->act_bytes,
             d->gemm_flops / 1e12, d->attn_efficiency * 100, d->link_bytes_per_s / 1e9,
-            d->disk_bytes_per_s / 1e9, fixed, comm, d->source);
+            d->disk_bytes_per_s / 1e9, fixed, comm, d->source,
+            d->att_block ? "" : "; no tiled-attention rows: these kernels have no query tiles yet");
 }
 
 // ---- tiers ------------------------------------------------------------------------------
@@ -129,7 +131,8 @@ int plan_budgets(const Config *cfg, const ModelConfig *c, const Backend *bk, con
     MemPolicy ws = *p;
     ws.tiered = 1, ws.shared_budget = 0;
     size_t wdev, whost, wdisk;
-    plan_measure(c, &lora, mo, &ws, B, T, A, &wdev, &whost, &wdisk);
+    const int att_block = spn > 1 ? 0 : bk ? bk->att_block : dev->att_block;  // as plan_rows
+    plan_measure(c, &lora, mo, &ws, B, T, A, att_block, &wdev, &whost, &wdisk);
     wdev += (size_t)(dev->fixed_device_bytes + (world > 1 ? dev->comm_device_bytes : 0));
     const size_t dlim = (size_t)cfg->device_memory_limit, hlim = plan_host_limit(cfg);
     // On the CPU backend "device" memory is host memory: it counts against the host limit too.
@@ -184,8 +187,12 @@ int plan_rows(const Config *cfg, const ModelConfig *c, const Backend *bk, const 
     const double fwd = forward_flops(c, B, T) - attention_flops(c, B, T) + attn, accum = cfg->gradient_accumulation_steps;
     // Forward + backward is about 3 forwards; attention's part runs at its own, lower rate.
     const double step_s = 3 * accum * ((fwd - attn) / F + attn / (F * dev->attn_efficiency));
+    // Query tiles need the backend's kernels (the real one when there is one); sequence
+    // parallelism runs attention over whole sequences.
+    const int att_block = spn > 1 ? 0 : bk ? bk->att_block : dev->att_block;
+    static const char *TILING[] = {"", " + tiled MLP", " + tiled MLP + attention"};
     int n = 0;
-    for (int tiled = 0; tiled < 2; tiled++)
+    for (int tiled = 0; tiled < (att_block ? 3 : 2); tiled++)
         for (size_t i = 0; i < sizeof MODES / sizeof MODES[0] && n < max; i++) {
             PlanRow *r = &rows[n++];
             memset(r, 0, sizeof *r);
@@ -194,13 +201,14 @@ int plan_rows(const Config *cfg, const ModelConfig *c, const Backend *bk, const 
             r->pol.tier = MODES[i].tier;
             r->pol.hidden_states = MODES[i].hidden;
             if (MODES[i].hidden) r->pol.every = 1;
-            r->pol.tiled_mlp = tiled;
-            snprintf(r->name, sizeof r->name, "%s%s", MODES[i].name, tiled ? " + tiled MLP" : "");
+            r->pol.tiled_mlp = tiled > 0;
+            r->pol.tiled_attention = tiled > 1;
+            snprintf(r->name, sizeof r->name, "%s%s", MODES[i].name, TILING[tiled]);
             // The tiered modes are planned as the run will build them: the same budgets.
             size_t ws[2];
             int ws_fits = plan_budgets(cfg, c, bk, mo, &r->pol, NULL, 0, ws) == 0;
             r->ws_dev = ws[0], r->ws_host = ws[1];
-            plan_measure(c, &lora, mo, &r->pol, B, T, A, &r->dev_peak, &r->host_peak, &r->disk_peak);
+            plan_measure(c, &lora, mo, &r->pol, B, T, A, att_block, &r->dev_peak, &r->host_peak, &r->disk_peak);
             r->dev_peak += (size_t)fixed;
             ActStats as;
             act_stats(c, &r->pol, B, T, A, &as);
@@ -231,9 +239,9 @@ void plan_print(const PlanRow *rows, int n, size_t limit, size_t host_limit, FIL
     if (limit) format_bytes(lim, sizeof lim, (double)limit);
     if (host_limit && host_limit != SIZE_MAX) format_bytes(hlim, sizeof hlim, (double)host_limit);
     fprintf(f, "memory plan (device_memory_limit: %s, host_memory_limit: %s)\n", lim, hlim);
-    fprintf(f, "| %-32s | %12s | %12s | %12s | %14s | %14s | %9s | %4s |\n", "mode", "device peak",
+    fprintf(f, "| %-42s | %12s | %12s | %12s | %14s | %14s | %9s | %4s |\n", "mode", "device peak",
             "host peak", "disk peak", "recompute GFLOP", "moved/step", "est. ms", "fits");
-    fprintf(f, "|%s|%s|%s|%s|%s|%s|%s|%s|\n", "----------------------------------", "--------------",
+    fprintf(f, "|%s|%s|%s|%s|%s|%s|%s|%s|\n", "--------------------------------------------", "--------------",
             "--------------", "--------------", "-----------------", "----------------", "-----------", "------");
     for (int i = 0; i < n; i++) {
         const PlanRow *r = &rows[i];
@@ -242,7 +250,7 @@ void plan_print(const PlanRow *rows, int n, size_t limit, size_t host_limit, FIL
         format_bytes(h, sizeof h, (double)r->host_peak);
         format_bytes(k, sizeof k, (double)r->disk_peak);
         format_bytes(mv, sizeof mv, r->moved_bytes);
-        fprintf(f, "| %-32s | %12s | %12s | %12s | %15.2f | %14s | %9.1f | %4s |\n", r->name, d, h, k,
+        fprintf(f, "| %-42s | %12s | %12s | %12s | %15.2f | %14s | %9.1f | %4s |\n", r->name, d, h, k,
                 r->recompute_flops / 1e9, mv, r->est_ms, r->fits ? "yes" : "no");
     }
     // The tiered modes: what they need whatever the limits, and where their kept tensors went.

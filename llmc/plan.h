@@ -18,6 +18,7 @@ typedef struct {
     double comm_device_bytes;    // collective buffers per rank when there are several
     const char *source;          // where the figures come from, printed with them
     int host_backed;             // "device" memory is host memory (the CPU backend)
+    int att_block;               // attention query-tile alignment (0: no tiled attention)
 } PlanDevice;
 
 // The device a plan is for: the CUDA backend's (an H100 profile, precision from `dtype`) when
@@ -36,9 +37,11 @@ typedef struct {
 
 // Device/host bytes of one mode, measured by building it on a counting backend.
 void plan_measure(const ModelConfig *c, const LoraConfig *lora, const ModelOptions *mo,
-                  const MemPolicy *p, int B, int T, int act_bytes, size_t *dev, size_t *host, size_t *disk);
+                  const MemPolicy *p, int B, int T, int act_bytes, int att_block, size_t *dev, size_t *host,
+                  size_t *disk);
 // A row per mode: plain, checkpointing, selective, offloading true/legacy/disk, hidden_states,
-// and tiled-MLP variants. limit 0: everything fits.
+// each also with a tiled MLP and with a tiled MLP + tiled attention (where the backend has
+// query-tiled attention). limit 0: everything fits.
 // mo: sharding and optimizer offload as the run will use them (NULL: one process, resident).
 int plan_rows(const Config *cfg, const ModelConfig *c, const Backend *bk, const ModelOptions *mo,
               PlanRow *rows, int max);

@@ -31,10 +31,16 @@ static void sizes(int n, int B, int T, int Hq, int Hkv, int D, size_t e, size_t 
     *kb = (size_t)B * T * seqpar_heads(n, Hkv, 1) * D * e;
 }
 
+// The all-to-alls run in rounds over slices of the local tokens, so the staging holds one
+// slice: at most this much per buffer (and at least one token row per rank).
+#define STAGE_BYTES ((size_t)256 << 20)
+
+static size_t stage_bytes(size_t qb) { return qb < STAGE_BYTES ? qb : STAGE_BYTES; }
+
 size_t seqpar_bytes(int n, int B, int T, int Hq, int Hkv, int D, size_t act_bytes) {
     size_t qb, kb;
     sizes(n, B, T, Hq, Hkv, D, act_bytes, &qb, &kb);
-    return 2 * qb + 4 * qb + 4 * kb;  // staging (2 x the query layout), q/o/dout/dq, k/v/dk/dv
+    return 2 * stage_bytes(qb) + 4 * qb + 4 * kb;  // staging, q/o/dout/dq, k/v/dk/dv
 }
 
 void seqpar_init(SeqPar *sp, Backend *bk, Comm *c, int n, int B, int T, int Hq, int Hkv, int D) {
@@ -47,9 +53,9 @@ void seqpar_init(SeqPar *sp, Backend *bk, Comm *c, int n, int B, int T, int Hq, 
     sp->n = n, sp->rank = c->rank, sp->T = T, sp->comm = c, sp->Hq = Hq, sp->Hkv = Hkv, sp->D = D;
     size_t qb, kb;
     sizes(n, B, T, Hq, Hkv, D, bk->act_bytes, &qb, &kb);
-    sp->cap = qb;
-    sp->send = bk->dev_alloc(bk, qb, "sequence-parallel send staging");
-    sp->recv = bk->dev_alloc(bk, qb, "sequence-parallel receive staging");
+    sp->cap = stage_bytes(qb);
+    sp->send = bk->dev_alloc(bk, sp->cap, "sequence-parallel send staging");
+    sp->recv = bk->dev_alloc(bk, sp->cap, "sequence-parallel receive staging");
     void **qs[] = {&sp->q, &sp->o, &sp->dout, &sp->dq}, **ks[] = {&sp->k, &sp->v, &sp->dk, &sp->dv};
     for (int i = 0; i < 4; i++) *qs[i] = bk->dev_alloc(bk, qb, "sequence-parallel attention (query heads)");
     for (int i = 0; i < 4; i++) *ks[i] = bk->dev_alloc(bk, kb, "sequence-parallel attention (key/value heads)");
@@ -69,7 +75,7 @@ void seqpar_attention_fwd(SeqPar *sp, Backend *bk, void *out, float *lse, const 
     seqpar_to_heads(sp, bk, sp->q, q, B, Hq, D, 0);
     seqpar_to_heads(sp, bk, sp->k, k, B, Hkv, D, 1);
     seqpar_to_heads(sp, bk, sp->v, v, B, Hkv, D, 1);
-    bk->attention_fwd(bk, sp->o, lse, sp->q, sp->k, sp->v, B, sp->T, Hq / n, seqpar_heads(n, Hkv, 1), D, window,
+    bk->attention_fwd(bk, sp->o, lse, sp->q, sp->k, sp->v, B, sp->T, 0, sp->T, Hq / n, seqpar_heads(n, Hkv, 1), D, window,
                       doc_start);
     seqpar_to_seq(sp, bk, out, sp->o, B, Hq, D, 0);
 }
@@ -83,44 +89,62 @@ void seqpar_attention_bwd(SeqPar *sp, Backend *bk, void *dq, void *dk, void *dv,
     seqpar_to_heads(sp, bk, sp->v, v, B, Hkv, D, 1);
     seqpar_to_heads(sp, bk, sp->o, out, B, Hq, D, 0);
     seqpar_to_heads(sp, bk, sp->dout, dout, B, Hq, D, 0);
-    bk->attention_bwd(bk, sp->dq, sp->dk, sp->dv, sp->dout, sp->q, sp->k, sp->v, sp->o, lse, B, sp->T, Hq / n,
-                      seqpar_heads(n, Hkv, 1), D, window, doc_start);
+    bk->attention_bwd(bk, sp->dq, sp->dk, sp->dv, sp->dout, sp->q, sp->k, sp->v, sp->o, lse, B, sp->T, 0, sp->T, Hq / n,
+                      seqpar_heads(n, Hkv, 1), D, window, doc_start, 0, NULL, NULL);
     seqpar_to_seq(sp, bk, dq, sp->dq, B, Hq, D, 0);
     seqpar_to_seq(sp, bk, dk, sp->dk, B, Hkv, D, 1);
     seqpar_to_seq(sp, bk, dv, sp->dv, B, Hkv, D, 1);
 }
 
+// Local tokens per round: as many as the staging holds for all n ranks' blocks.
+static int round_tokens(const SeqPar *sp, int B, size_t part) {
+    const int Tl = sp->T / sp->n;
+    size_t m = sp->cap / ((size_t)sp->n * B * part);
+    if (m < 1) fail("internal: sequence-parallel staging below one token row");
+    return m < (size_t)Tl ? (int)m : Tl;
+}
+
 void seqpar_to_heads(SeqPar *sp, Backend *bk, void *x_h, const void *x_loc, int B, int H, int D, int kv) {
     const int n = sp->n, Tl = sp->T / n, h = seqpar_heads(n, H, kv);
     const size_t e = bk->act_bytes, row = (size_t)H * D * e, part = (size_t)h * D * e;
-    const size_t blk = (size_t)B * Tl * h * D;  // elements per rank
-    if (blk * e * n > sp->cap) fail("internal: sequence-parallel staging too small");
-    // Block r of send: my tokens, rank r's heads.
-    for (int r = 0; r < n; r++)
-        bk->copy_2d(bk, (char *)sp->send + r * blk * e, part, (const char *)x_loc + seqpar_first(n, H, kv, r) * D * e,
-                    row, part, (size_t)B * Tl, NULL);
-    sp->comm->all_to_all(sp->comm, sp->recv, sp->send, blk);
-    // Block s of recv: rank s's tokens, my heads -> tokens [s Tl, (s + 1) Tl) of each sequence.
-    for (int s = 0; s < n; s++)
-        bk->copy_2d(bk, (char *)x_h + (size_t)s * Tl * part, (size_t)sp->T * part, (char *)sp->recv + s * blk * e,
-                    (size_t)Tl * part, (size_t)Tl * part, (size_t)B, NULL);
+    const int M = round_tokens(sp, B, part);
+    for (int t0 = 0; t0 < Tl; t0 += M) {
+        const int m = Tl - t0 < M ? Tl - t0 : M;
+        const size_t blk = (size_t)B * m * h * D;  // elements per rank this round
+        // Block r of send: tokens t0..t0+m of mine (each sequence), rank r's heads.
+        for (int r = 0; r < n; r++)
+            for (int b = 0; b < B; b++)
+                bk->copy_2d(bk, (char *)sp->send + (r * blk + (size_t)b * m * h * D) * e, part,
+                            (const char *)x_loc + ((size_t)b * Tl + t0) * row + seqpar_first(n, H, kv, r) * D * e,
+                            row, part, (size_t)m, NULL);
+        sp->comm->all_to_all(sp->comm, sp->recv, sp->send, blk);
+        // Block s of recv: rank s's tokens t0..t0+m -> tokens s Tl + t0.. of each sequence.
+        for (int s = 0; s < n; s++)
+            bk->copy_2d(bk, (char *)x_h + ((size_t)s * Tl + t0) * part, (size_t)sp->T * part,
+                        (char *)sp->recv + s * blk * e, (size_t)m * part, (size_t)m * part, (size_t)B, NULL);
+    }
 }
 
 void seqpar_to_seq(SeqPar *sp, Backend *bk, void *x_loc, const void *x_h, int B, int H, int D, int kv) {
     const int n = sp->n, Tl = sp->T / n, h = seqpar_heads(n, H, kv);
     const size_t e = bk->act_bytes, row = (size_t)H * D * e, part = (size_t)h * D * e;
-    const size_t blk = (size_t)B * Tl * h * D;
-    if (blk * e * n > sp->cap) fail("internal: sequence-parallel staging too small");
-    // Block s of send: rank s's tokens, my heads.
-    for (int s = 0; s < n; s++)
-        bk->copy_2d(bk, (char *)sp->send + s * blk * e, (size_t)Tl * part, (const char *)x_h + (size_t)s * Tl * part,
-                    (size_t)sp->T * part, (size_t)Tl * part, (size_t)B, NULL);
-    sp->comm->all_to_all(sp->comm, sp->recv, sp->send, blk);
+    const int M = round_tokens(sp, B, part);
     const int rep = kv && H < n ? n / H : 1;  // ranks that share each key/value head
-    for (int r = 0; r < n; r += rep) {
-        char *first = (char *)sp->recv + r * blk * e;
-        for (int j = 1; j < rep; j++) bk->accumulate(bk, first, first + (size_t)j * blk * e, blk);
-        bk->copy_2d(bk, (char *)x_loc + seqpar_first(n, H, kv, r) * D * e, row, first, part, part,
-                    (size_t)B * Tl, NULL);
+    for (int t0 = 0; t0 < Tl; t0 += M) {
+        const int m = Tl - t0 < M ? Tl - t0 : M;
+        const size_t blk = (size_t)B * m * h * D;
+        // Block s of send: rank s's tokens t0..t0+m, my heads.
+        for (int s = 0; s < n; s++)
+            bk->copy_2d(bk, (char *)sp->send + s * blk * e, (size_t)m * part,
+                        (const char *)x_h + ((size_t)s * Tl + t0) * part, (size_t)sp->T * part, (size_t)m * part,
+                        (size_t)B, NULL);
+        sp->comm->all_to_all(sp->comm, sp->recv, sp->send, blk);
+        for (int r = 0; r < n; r += rep) {
+            char *first = (char *)sp->recv + r * blk * e;
+            for (int j = 1; j < rep; j++) bk->accumulate(bk, first, first + (size_t)j * blk * e, blk);
+            for (int b = 0; b < B; b++)
+                bk->copy_2d(bk, (char *)x_loc + ((size_t)b * Tl + t0) * row + seqpar_first(n, H, kv, r) * D * e, row,
+                            first + (size_t)b * m * part, part, part, (size_t)m, NULL);
+        }
     }
 }

@@ -55,3 +55,34 @@ def run_trainer(binary, cfg, *args, cwd=None, fsize=None, timeout=300, drop_env=
     p = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout,
                        preexec_fn=limit if fsize else None)
     return p.returncode, p.stdout, p.stderr
+
+
+def prepared_rows_env(root, T, cuts, nrows=8, vocab=64, seed=5):
+    """A prepared-rows directory (the row file of prepare_data.py: tokens, targets and document
+    starts, one document per [a, b) of cuts in every row) and a stand-in preparation script
+    that points the trainer at it. Returns the scripts directory for LLMC_SCRIPTS_DIR."""
+    import numpy as np
+    d = os.path.join(root, "prepared")
+    os.makedirs(d, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    body = np.zeros((nrows, 3, T), np.int32)
+    ntg = 0
+    for r in range(nrows):
+        for a, b in zip(cuts, cuts[1:]):
+            body[r, 0, a:b] = rng.integers(1, vocab, size=b - a)
+            body[r, 2, a:b] = a
+            body[r, 1, a:b] = -1
+            body[r, 1, a:b - 1] = body[r, 0, a + 1:b]
+        ntg += int((body[r, 1] >= 0).sum())
+    h = np.zeros(256, np.int32)
+    h[:9] = [20241124, 1, T, nrows, 1, vocab, (len(cuts) - 1) * nrows, ntg, 0]
+    with open(os.path.join(d, "train.bin"), "wb") as f:
+        f.write(h.tobytes())
+        f.write(body.tobytes())
+    sd = os.path.join(root, "scripts")
+    os.makedirs(sd, exist_ok=True)
+    with open(os.path.join(sd, "prepare_data.py"), "w") as f:
+        f.write("import sys\na = sys.argv[1:]\nopen(a[a.index('--result') + 1], 'w').write(%r + '\\n')\n"
+                "print('data: using prepared %s (cache hit)')\n" % (d, d))
+    return sd
+

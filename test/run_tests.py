@@ -24,6 +24,7 @@ def tests(build):
         ("nf4_ref", [PY, "test/test_nf4.py", "--build", build]),
         ("comm", [PY, "test/test_comm.py", "--build", build]),
         ("seqpar", [PY, "test/test_seqpar.py", "--build", build]),
+        ("tiled_attention", [PY, "test/test_tiled_attention.py", "--build", build]),
         ("bad_inputs", [PY, "test/test_bad_inputs.py", "--bin", bin_]),
         ("axolotl_config", [PY, "test/test_axolotl_config.py", "--bin", bin_]),
         ("shards_live", [PY, "test/test_shards_live.py", "--bin", bin_]),

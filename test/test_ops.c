@@ -688,7 +688,7 @@ typedef struct {
 
 static long double att_loss(void *p) {
     AttCtx *c = p;
-    attention_fwd_f64(c->out, c->lse, c->q, c->k, c->v, c->B, c->T, c->Hq, c->Hkv, c->D, c->window,
+    attention_fwd_f64(c->out, c->lse, c->q, c->k, c->v, c->B, c->T, 0, c->T, c->Hq, c->Hkv, c->D, c->window,
                       c->doc_start);
     return dot_wt(c->out, c->wt, (size_t)c->B * c->T * c->Hq * c->D);
 }
@@ -713,7 +713,7 @@ static void test_attention_mask(int B, int T, int Hq, int Hkv, int D, int nsampl
              window ? " window=" : "", window, doc_start ? " documents" : "");
     fill_nan(c.out, nq);
     for (size_t i = 0; i < nl; i++) c.lse[i] = NAN;
-    attention_fwd_f64(c.out, c.lse, c.q, c.k, c.v, B, T, Hq, Hkv, D, window, doc_start);
+    attention_fwd_f64(c.out, c.lse, c.q, c.k, c.v, B, T, 0, T, Hq, Hkv, D, window, doc_start);
     double *rout = zeros(nq), *rlse = zeros(nl), *r[3] = {zeros(nq), zeros(nk), zeros(nk)},
            *f[3] = {zeros(nq), zeros(nk), zeros(nk)};
     naive_attention(rout, rlse, r[0], r[1], r[2], c.wt, NULL, c.q, c.k, c.v, B, T, Hq, Hkv, D,
@@ -731,8 +731,8 @@ static void test_attention_mask(int B, int T, int Hq, int Hkv, int D, int nsampl
     double *g[3] = {xmalloc(nq * sizeof(double)), xmalloc(nk * sizeof(double)),
                     xmalloc(nk * sizeof(double))};
     fill_nan(g[0], nq), fill_nan(g[1], nk), fill_nan(g[2], nk);
-    attention_bwd_f64(g[0], g[1], g[2], c.wt, c.q, c.k, c.v, c.out, c.lse, B, T, Hq, Hkv, D, window,
-                      doc_start);
+    attention_bwd_f64(g[0], g[1], g[2], c.wt, c.q, c.k, c.v, c.out, c.lse, B, T, 0, T, Hq, Hkv, D, window,
+                      doc_start, 0);
     const char *nm[3] = {"dq", "dk", "dv"};
     double *in[3] = {c.q, c.k, c.v};
     size_t sz[3] = {nq, nk, nk};
@@ -997,13 +997,13 @@ static void test_f32_attention(int window) {
     double *q = randn(nq, 1), *k = randn(nk, 1), *v = randn(nk, 1), *g = randn(nq, 1);
     double *o = zeros(nq), *dq = zeros(nq), *dk = zeros(nk), *dv = zeros(nk);
     float *lse = xmalloc(nl * sizeof(float)), *lse32 = xmalloc(nl * sizeof(float));
-    attention_fwd_f64(o, lse, q, k, v, B, T, Hq, Hkv, D, window, NULL);
-    attention_bwd_f64(dq, dk, dv, g, q, k, v, o, lse, B, T, Hq, Hkv, D, window, NULL);
+    attention_fwd_f64(o, lse, q, k, v, B, T, 0, T, Hq, Hkv, D, window, NULL);
+    attention_bwd_f64(dq, dk, dv, g, q, k, v, o, lse, B, T, 0, T, Hq, Hkv, D, window, NULL, 0);
     float *qf = to_f32(q, nq), *kf = to_f32(k, nk), *vf = to_f32(v, nk), *gf = to_f32(g, nq);
     float *of = xmalloc(nq * sizeof(float)), *dqf = xmalloc(nq * sizeof(float)),
           *dkf = xmalloc(nk * sizeof(float)), *dvf = xmalloc(nk * sizeof(float));
-    attention_fwd_f32(of, lse32, qf, kf, vf, B, T, Hq, Hkv, D, window, NULL);
-    attention_bwd_f32(dqf, dkf, dvf, gf, qf, kf, vf, of, lse32, B, T, Hq, Hkv, D, window, NULL);
+    attention_fwd_f32(of, lse32, qf, kf, vf, B, T, 0, T, Hq, Hkv, D, window, NULL);
+    attention_bwd_f32(dqf, dkf, dvf, gf, qf, kf, vf, of, lse32, B, T, 0, T, Hq, Hkv, D, window, NULL, 0);
     double *lsed = xmalloc(nl * sizeof(double));
     for (size_t i = 0; i < nl; i++) lsed[i] = lse[i];
     Cmp e = {0};
@@ -1020,6 +1020,52 @@ static void test_f32_attention(int window) {
     free(q), free(k), free(v), free(g), free(o), free(dq), free(dk), free(dv), free(lse),
         free(lse32), free(qf), free(kf), free(vf), free(gf), free(of), free(dqf), free(dkf),
         free(dvf), free(lsed);
+}
+
+// Query tiles (tiled_attention): tiles that start at multiples of the kernel's block give the
+// bits of one call over all queries, forward (out, lse) and backward (dq, and dk/dv summed over
+// the tiles through accumulate); packed documents, a window and an uneven last tile included.
+static void test_f32_attention_tiles(int tile, int window) {
+    const int B = 2, T = 200, Hq = 4, Hkv = 2, D = 8;
+    const size_t nq = (size_t)B * T * Hq * D, nk = (size_t)B * T * Hkv * D, nl = (size_t)B * Hq * T;
+    double *qd = randn(nq, 1), *kd = randn(nk, 1), *vd = randn(nk, 1), *gd = randn(nq, 1);
+    float *q = to_f32(qd, nq), *k = to_f32(kd, nk), *v = to_f32(vd, nk), *g = to_f32(gd, nq);
+    int32_t *ds = xmalloc(sizeof(int32_t) * B * T);
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < T; t++) ds[b * T + t] = b == 0 ? 0 : t < 77 ? 0 : t < 150 ? 77 : 150;
+    float *o = xmalloc(nq * 4), *lse = xmalloc(nl * 4), *dq = xmalloc(nq * 4), *dk = xmalloc(nk * 4), *dv = xmalloc(nk * 4);
+    attention_fwd_f32(o, lse, q, k, v, B, T, 0, T, Hq, Hkv, D, window, ds);
+    attention_bwd_f32(dq, dk, dv, g, q, k, v, o, lse, B, T, 0, T, Hq, Hkv, D, window, ds, 0);
+    // Tiles per sequence, as the model runs them (B = 1 per call, rows of a tile contiguous).
+    float *to = xmalloc(nq * 4), *tl = xmalloc(nl * 4), *tdq = xmalloc(nq * 4), *tdk = xmalloc(nk * 4),
+          *tdv = xmalloc(nk * 4);
+    for (size_t i = 0; i < nk; i++) tdk[i] = tdv[i] = NAN;  // the first tile must write them
+    const size_t lq = (size_t)Hq * D, lk = (size_t)Hkv * D;
+    for (int b = 0; b < B; b++)
+        for (int t0 = 0; t0 < T; t0 += tile) {
+            int n = T - t0 < tile ? T - t0 : tile;
+            size_t r = (size_t)b * T + t0;
+            attention_fwd_f32(to + r * lq, tl + (size_t)b * Hq * T, q + r * lq, k + (size_t)b * T * lk,
+                              v + (size_t)b * T * lk, 1, T, t0, n, Hq, Hkv, D, window, ds + b * T);
+        }
+    for (int b = 0; b < B; b++)
+        for (int t0 = 0; t0 < T; t0 += tile) {
+            int n = T - t0 < tile ? T - t0 : tile;
+            size_t r = (size_t)b * T + t0;
+            attention_bwd_f32(tdq + r * lq, tdk + (size_t)b * T * lk, tdv + (size_t)b * T * lk, g + r * lq,
+                              q + r * lq, k + (size_t)b * T * lk, v + (size_t)b * T * lk, to + r * lq,
+                              tl + (size_t)b * Hq * T, 1, T, t0, n, Hq, Hkv, D, window, ds + b * T, t0 > 0);
+        }
+    int same = !memcmp(o, to, nq * 4) && !memcmp(lse, tl, nl * 4) && !memcmp(dq, tdq, nq * 4) &&
+               !memcmp(dk, tdk, nk * 4) && !memcmp(dv, tdv, nk * 4);
+    double mx = 0;
+    for (size_t i = 0; i < nk; i++) mx = fmax(mx, fabs((double)dk[i] - tdk[i]));
+    char why[64];
+    snprintf(why, sizeof why, "differ (max |ddk| %.3g)", mx);
+    check(same, why, "attention f32 in query tiles of %d (T=%d, 3 documents, window %d) = one call, bit for bit "
+          "(out, lse, dq, dk, dv)", tile, T, window);
+    free(qd), free(kd), free(vd), free(gd), free(q), free(k), free(v), free(g), free(ds), free(o), free(lse),
+        free(dq), free(dk), free(dv), free(to), free(tl), free(tdq), free(tdk), free(tdv);
 }
 
 static void test_f32_ce(void) {
@@ -1087,9 +1133,9 @@ static void thread_run(ThreadOut *o, const double *in) {
     rmsnorm_fwd_f64(o->ry, rstd, wt, wt + 200, 5, 24, 1e-5);
     rmsnorm_bwd_f64(o->rx, o->rw, wt + 300, wt, wt + 200, rstd, 5, 24);
     o->ss = sumsq_f64(wt, 1001);
-    attention_fwd_f64(o->ao, lse, wt, wt + 100, wt + 200, 1, 70, 2, 1, 8, 0, NULL);
+    attention_fwd_f64(o->ao, lse, wt, wt + 100, wt + 200, 1, 70, 0, 70, 2, 1, 8, 0, NULL);
     attention_bwd_f64(o->adq, o->adk, o->adv, wt + 7, wt, wt + 100, wt + 200, o->ao, lse, 1, 70,
-                      2, 1, 8, 0, NULL);
+                      0, 70, 2, 1, 8, 0, NULL, 0);
     classifier_ce_f64(loss, o->cdx, o->cdw, wt, wt + 500, tgt, 7, 11, 5, 0.5);
 }
 
@@ -1313,6 +1359,9 @@ int main(void) {
     test_gelu();
     test_pos();
     test_dropout();
+    // Query tiles (last: their random inputs shift no other test's).
+    test_f32_attention_tiles(64, 0);
+    test_f32_attention_tiles(128, 37);
 
     printf("%d passed, %d failed\n", n_pass, n_fail);
     return n_fail ? 1 : 0;

@@ -9,7 +9,8 @@
     where "device" memory is host memory, device + host must fit), and `auto` picks only among
     modes that fit both budgets, or stops with an error when none does;
   * the Llama-3.1-8B shape (config.json only: planning loads no weights) with QLoRA r16 at 131K
-    tokens on an 80 GB GPU has a fitting mode.
+    tokens on an 80 GB GPU has a fitting mode, and at 524,288 tokens hidden_states + tiled MLP
+    fits 80 GiB device + 128 GiB host with no disk.
 Usage: /usr/bin/python3 test/test_plan.py --bin build/train_llama
 """
 import argparse
@@ -17,6 +18,7 @@ import json
 import os
 import re
 import shutil
+import subprocess
 import tempfile
 
 from checks import check, finish, run_trainer, write_shard
@@ -68,12 +70,15 @@ def main():
         fixed = float(fixed.group(1)) * UNITS[fixed.group(2)] if fixed else -1
         rc, out, err = run(binary, cfg, "device=cpu", "--plan")
         cpu = rows(out)
+        check("cuda and cpu plans both have the 8 tiled-attention rows",
+              sum(k.endswith("+ attention") for k in cpu) == 8 and sum(k.endswith("+ attention") for k in cuda32) == 8,
+              sorted(cuda32))
         # The tiered modes (offload true, ckpt + offload, hidden_states) keep what the 80 GiB
         # leave on the device: their host peak drops to zero there; the others are the same
         # allocations on both.
         tiered = [k for k in cpu if k.startswith(("offload true", "ckpt + offload true", "hidden_states"))]
         check("cuda fp32 plan = cpu plan + the stated fixed device memory, every untiered row",
-              len(cpu) >= 8 and cpu.keys() == cuda32.keys() and fixed > 0 and len(tiered) == 6 and
+              len(cpu) >= 8 and cpu.keys() == cuda32.keys() and fixed > 0 and len(tiered) == 9 and
               all(abs(cuda32[k][0] - cpu[k][0] - fixed) <= 0.01 * cpu[k][0] + 2 ** 20 and
                   abs(cuda32[k][1] - cpu[k][1]) <= 0.01 * max(cpu[k][1], 1) for k in cpu if k not in tiered),
               "fixed %s\ncpu %s\ncuda %s" % (fixed, cpu, cuda32))
@@ -109,7 +114,7 @@ def main():
         os.makedirs(d8)
         json.dump({"model_type": "llama", "vocab_size": 128256, "hidden_size": 4096,
                    "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,
-                   "num_key_value_heads": 8, "max_position_embeddings": 131072, "rms_norm_eps": 1e-5,
+                   "num_key_value_heads": 8, "max_position_embeddings": 4194304, "rms_norm_eps": 1e-5,
                    "rope_theta": 500000.0, "torch_dtype": "bfloat16"}, open(os.path.join(d8, "config.json"), "w"))
         c8 = os.path.join(root, "c8.yaml")
         with open(c8, "w") as f:
@@ -122,6 +127,26 @@ def main():
         check("8B QLoRA r16 at 131K tokens: a mode fits 80 GiB device and 128 GiB host",
               rc == 0 and any(v[2] for v in r8.values()) and
               all(v[0] <= 80 * 2 ** 30 and v[1] <= 128 * 2 ** 30 for v in r8.values() if v[2]), out + err)
+        # 524,288 tokens with no disk: hidden states on the host, the MLP tiled, and the offload
+        # stash capped (two 4 GiB buffers, not max_fwd_stash_size's five).
+        rc, out, err = run(binary, c8, "sequence_len=524288", "--plan")
+        r8 = rows(out)
+        hs = r8.get("hidden_states + tiled MLP", (0, 0, False))
+        check("8B QLoRA r16 at 524,288 tokens: hidden_states + tiled MLP fits 80 GiB device and 128 GiB host "
+              "(%.1f GiB, %.1f GiB)" % (hs[0] / 2 ** 30, hs[1] / 2 ** 30),
+              rc == 0 and hs[2] and 0 < hs[0] <= 80 * 2 ** 30 and 0 < hs[1] <= 128 * 2 ** 30, out + err)
+        # 4,194,304 tokens per sequence over 8 ranks (sequence_parallel_degree 8, ALST's 3.7M).
+        if shutil.which("mpirun"):
+            env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+            env.pop("LLMC_DEVICE", None)
+            p = subprocess.run(["mpirun", "-np", "8", "--oversubscribe", "--bind-to", "none", binary, "-c", c8,
+                                "--set", "sequence_len=4194304", "--set", "sequence_parallel_degree=8", "--plan"],
+                               capture_output=True, text=True, timeout=300, env=env)
+            fit = {k: v for k, v in rows(p.stdout).items() if v[2]}
+            check("8B QLoRA r16 at 4,194,304 tokens over 8 ranks (sequence parallel): a mode fits 80 GiB device "
+                  "and 128 GiB host per rank (%s)" % ", ".join("%s %.1f GiB" % (k, v[0] / 2 ** 30) for k, v in fit.items()),
+                  p.returncode == 0 and fit and all(v[0] <= 80 * 2 ** 30 and v[1] <= 128 * 2 ** 30 for v in fit.values()),
+                  p.stdout[-2000:] + p.stderr[-500:])
     finally:
         shutil.rmtree(root, ignore_errors=True)
     finish()

@@ -42,7 +42,9 @@ static float maxdiff(const float *a, const float *b, size_t n) {
     return m;
 }
 
-static void run_shape(Backend *bk, int n, int B, int T, int Hq, int Hkv, int D, int window, int docs) {
+// rounds > 0: the staging holds that many query-layout tokens per rank, so the all-to-alls run
+// in several (uneven) rounds, as they do at long context.
+static void run_shape(Backend *bk, int n, int B, int T, int Hq, int Hkv, int D, int window, int docs, int rounds) {
     const int r = C->rank, Tl = T / n, hq = seqpar_heads(n, Hq, 0), hk = seqpar_heads(n, Hkv, 1);
     const size_t NQ = (size_t)B * T * Hq * D, NK = (size_t)B * T * Hkv * D;
     float *q = xmalloc(4 * NQ), *k = xmalloc(4 * NK), *v = xmalloc(4 * NK), *o = xmalloc(4 * NQ);
@@ -66,11 +68,12 @@ static void run_shape(Backend *bk, int n, int B, int T, int Hq, int Hkv, int D, 
         }
     const int32_t *dmap = docs ? ds : NULL;
     // Full attention on every rank: the reference.
-    bk->attention_fwd(bk, o, lse, q, k, v, B, T, Hq, Hkv, D, window, dmap);
-    bk->attention_bwd(bk, dq, dk, dv, dout, q, k, v, o, lse, B, T, Hq, Hkv, D, window, dmap);
+    bk->attention_fwd(bk, o, lse, q, k, v, B, T, 0, T, Hq, Hkv, D, window, dmap);
+    bk->attention_bwd(bk, dq, dk, dv, dout, q, k, v, o, lse, B, T, 0, T, Hq, Hkv, D, window, dmap, 0, NULL, NULL);
 
     SeqPar sp;
     seqpar_init(&sp, bk, C, n, B, T, Hq, Hkv, D);
+    if (rounds) sp.cap = (size_t)n * B * hq * D * sizeof(float) * rounds;  // within what was allocated
     const size_t nq = (size_t)B * Tl * Hq * D, nk = (size_t)B * Tl * Hkv * D;
     const size_t hq_n = (size_t)B * T * hq * D, hk_n = (size_t)B * T * hk * D;
     float *ql = xmalloc(4 * nq), *kl = xmalloc(4 * nk), *vl = xmalloc(4 * nk), *dol = xmalloc(4 * nq);
@@ -101,13 +104,13 @@ static void run_shape(Backend *bk, int n, int B, int T, int Hq, int Hkv, int D, 
     seqpar_to_seq(&sp, bk, back, qh, B, Hq, D, 0);
     expect(maxdiff(back, ql, nq) == 0, "to_seq(to_heads(q)) != q", maxdiff(back, ql, nq));
     // attention through the reshuffles
-    bk->attention_fwd(bk, oh, lseh, qh, kh, vh, B, T, hq, hk, D, window, dmap);
+    bk->attention_fwd(bk, oh, lseh, qh, kh, vh, B, T, 0, T, hq, hk, D, window, dmap);
     float *ol = xmalloc(4 * nq), *oref = xmalloc(4 * nq);
     seqpar_to_seq(&sp, bk, ol, oh, B, Hq, D, 0);
     slice(oref, o, B, T, Tl, Hq, D, r);
     expect(maxdiff(ol, oref, nq) == 0, "attention forward through the reshuffles differs", maxdiff(ol, oref, nq));
     seqpar_to_heads(&sp, bk, doh, dol, B, Hq, D, 0);
-    bk->attention_bwd(bk, dqh, dkh, dvh, doh, qh, kh, vh, oh, lseh, B, T, hq, hk, D, window, dmap);
+    bk->attention_bwd(bk, dqh, dkh, dvh, doh, qh, kh, vh, oh, lseh, B, T, 0, T, hq, hk, D, window, dmap, 0, NULL, NULL);
     float *dql = xmalloc(4 * nq), *dkl = xmalloc(4 * nk), *dvl = xmalloc(4 * nk);
     float *rq = xmalloc(4 * nq), *rk = xmalloc(4 * nk), *rv = xmalloc(4 * nk);
     seqpar_to_seq(&sp, bk, dql, dqh, B, Hq, D, 0);
@@ -142,8 +145,9 @@ int main(int argc, char **argv) {
     for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
         const int Hq = shapes[s][0], Hkv = shapes[s][1], T = 24;
         if (seqpar_unsupported(n, T, Hq, Hkv)[0]) continue;
-        run_shape(bk, n, 2, T, Hq, Hkv, 8, 0, 0);
-        run_shape(bk, n, 1, T, Hq, Hkv, 8, 5, 1);  // window 5 and three documents
+        run_shape(bk, n, 2, T, Hq, Hkv, 8, 0, 0, 0);
+        run_shape(bk, n, 1, T, Hq, Hkv, 8, 5, 1, 0);  // window 5 and three documents
+        run_shape(bk, n, 2, T, Hq, Hkv, 8, 5, 1, 5);  // the same in rounds of 5 tokens (5, 5, 2 at n = 2)
         ran++;
     }
     double b = bad;

@@ -33,7 +33,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 import llama_ref as R  # noqa: E402
-from checks import check, finish  # noqa: E402
+from checks import check, finish, prepared_rows_env  # noqa: E402
 
 TOL = 1e-5
 ENV = dict(os.environ, OMP_NUM_THREADS="1", OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
@@ -112,35 +112,6 @@ def compare(e, name, model, n, extra=None):
           dl <= TOL and dw <= TOL and len(l1) == 4)
 
 
-def rows_env(e):
-    """A prepared-rows directory (3 documents per row) and a stand-in preparation script."""
-    d = os.path.join(e.root, "prepared")
-    os.makedirs(d, exist_ok=True)
-    rng = np.random.default_rng(5)
-    T, nrows = 32, 8
-    body = np.zeros((nrows, 3, T), np.int32)
-    ntg = 0
-    for r in range(nrows):
-        cuts = [0, 9, 20, T]
-        for a, b in zip(cuts, cuts[1:]):
-            body[r, 0, a:b] = rng.integers(1, 64, size=b - a)
-            body[r, 2, a:b] = a
-            body[r, 1, a:b] = -1
-            body[r, 1, a:b - 1] = body[r, 0, a + 1:b]
-        ntg += int((body[r, 1] >= 0).sum())
-    h = np.zeros(256, np.int32)
-    h[:9] = [20241124, 1, T, nrows, 1, 64, 3 * nrows, ntg, 0]
-    with open(os.path.join(d, "train.bin"), "wb") as f:
-        f.write(h.tobytes())
-        f.write(body.tobytes())
-    sd = os.path.join(e.root, "scripts")
-    os.makedirs(sd, exist_ok=True)
-    with open(os.path.join(sd, "prepare_data.py"), "w") as f:
-        f.write("import sys\na = sys.argv[1:]\nopen(a[a.index('--result') + 1], 'w').write(%r + '\\n')\n"
-                "print('data: using prepared %s (cache hit)')\n" % (d, d))
-    return sd
-
-
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--build", default="build")
@@ -169,7 +140,7 @@ def main():
             if a.k in name:
                 compare(e, name, model, n, extra)
         if a.k in "packed":
-            sd = rows_env(e)
+            sd = prepared_rows_env(root, 32, [0, 9, 20, 32])
             ENV["LLMC_SCRIPTS_DIR"] = sd
             ENV["LLMC_PYTHON"] = sys.executable
             extra = {"train_data": None, "datasets": [{"path": "x.jsonl", "type": "completion"}],

@@ -57,7 +57,7 @@ static void run_case(Backend *bk, const char *name, MemPolicy pol, const int wan
     char tmp[] = "/tmp/actstore_cuda_XXXXXX";
     if (!mkdtemp(tmp)) { printf("FAIL %s: mkdtemp\n", name); g_fail++; return; }
     snprintf(pol.disk_dir, sizeof pol.disk_dir, "%s", tmp);
-    ActStore *st = actstore_create(bk, &c, &pol, B, T);
+    ActStore *st = actstore_create(bk, &c, &pol, B, T, 0);
     const ActTiers *t = act_tiers(st);
     int bad = 0, checked = 0;
     char why[256] = "";

@@ -82,7 +82,8 @@ static std::vector<int32_t> make_docs(int B, int T, int maxlen) {
 }
 
 // window 0: none; docs 0: one document per row, else documents of at most docs tokens.
-static void one(CudaCtx *c, int B, int T, int Hq, int Hkv, int D, int force_generic, int window = 0, int docs = 0) {
+static void one(CudaCtx *c, int B, int T, int Hq, int Hkv, int D, int force_generic, int window = 0, int docs = 0,
+                int tile = 0) {
     const int bf = c->bf16;
     c->force_generic_attention = force_generic;
     char tag[160], name[224];
@@ -100,13 +101,14 @@ static void one(CudaCtx *c, int B, int T, int Hq, int Hkv, int D, int force_gene
     const size_t es = bf ? 2 : 4;
     void *out = dmalloc(nq * es), *dq = dmalloc(nq * es), *dk = dmalloc(nk * es), *dv = dmalloc(nk * es);
     float *lse = (float *)dmalloc((size_t)B * Hq * T * 4);
-    k_attention_fwd(c, out, lse, dq_in, dk_in, dv_in, B, T, Hq, Hkv, D, window, d_ds);
+    k_attention_fwd(c, out, lse, dq_in, dk_in, dv_in, B, T, 0, T, Hq, Hkv, D, window, d_ds);
     snprintf(name, sizeof name, "attention_fwd out %s", tag);
     check(name, down_act(out, nq, bf), r.out, tol_for(bf));
     // lse is compared with an absolute tolerance relative to its typical size (~log T)
     snprintf(name, sizeof name, "attention_fwd lse %s", tag);
     check(name, down_f32(lse, r.lse.size()), r.lse, bf ? 2e-3 : 1e-5);
-    k_attention_bwd(c, dq, dk, dv, ddo, dq_in, dk_in, dv_in, out, lse, B, T, Hq, Hkv, D, window, d_ds);
+    k_attention_bwd(c, dq, dk, dv, ddo, dq_in, dk_in, dv_in, out, lse, B, T, 0, T, Hq, Hkv, D, window, d_ds, 0, nullptr,
+                    nullptr);
     std::vector<float> g_dq = down_act(dq, nq, bf), g_dk = down_act(dk, nk, bf), g_dv = down_act(dv, nk, bf);
     snprintf(name, sizeof name, "attention_bwd dq %s", tag);
     check(name, g_dq, r.dq, bf ? 2e-2 : 1e-5);
@@ -114,10 +116,44 @@ static void one(CudaCtx *c, int B, int T, int Hq, int Hkv, int D, int force_gene
     check(name, g_dk, r.dk, bf ? 2e-2 : 1e-5);
     snprintf(name, sizeof name, "attention_bwd dv %s", tag);
     check(name, g_dv, r.dv, tol_for(bf));
-    k_attention_bwd(c, dq, dk, dv, ddo, dq_in, dk_in, dv_in, out, lse, B, T, Hq, Hkv, D, window, d_ds);
+    k_attention_bwd(c, dq, dk, dv, ddo, dq_in, dk_in, dv_in, out, lse, B, T, 0, T, Hq, Hkv, D, window, d_ds, 0, nullptr,
+                    nullptr);
     std::vector<float> h_dq = down_act(dq, nq, bf), h_dk = down_act(dk, nk, bf);
     snprintf(name, sizeof name, "attention_bwd repeat is bit-identical %s", tag);
     check_true(name, !memcmp(g_dq.data(), h_dq.data(), nq * 4) && !memcmp(g_dk.data(), h_dk.data(), nk * 4), "two runs differ");
+    if (tile) {  // query tiles of each row (tiled_attention): the same reference, the same tolerances
+        const size_t lq = (size_t)Hq * D * es, lk = (size_t)Hkv * D * es, nkv = (size_t)T * Hkv * D;
+        char *o2 = (char *)dmalloc(nq * es), *dq2 = (char *)dmalloc(nq * es), *dk2 = (char *)dmalloc(nk * es),
+             *dv2 = (char *)dmalloc(nk * es);
+        float *l2 = (float *)dmalloc((size_t)B * Hq * T * 4), *fk = (float *)dmalloc(nk * 4), *fv = (float *)dmalloc(nk * 4);
+        for (int pass = 0; pass < 2; pass++)
+            for (int b = 0; b < B; b++)
+                for (int t0 = 0; t0 < T; t0 += tile) {
+                    const int n = std::min(tile, T - t0);
+                    const size_t r = (size_t)b * T + t0;
+                    const char *qi = (const char *)dq_in + r * lq, *ki = (const char *)dk_in + b * T * lk,
+                               *vi = (const char *)dv_in + b * T * lk;
+                    const int32_t *dsb = d_ds ? d_ds + (size_t)b * T : nullptr;
+                    if (pass == 0)
+                        k_attention_fwd(c, o2 + r * lq, l2 + (size_t)b * Hq * T, qi, ki, vi, 1, T, t0, n, Hq, Hkv, D,
+                                        window, dsb);
+                    else
+                        k_attention_bwd(c, dq2 + r * lq, dk2 + b * T * lk, dv2 + b * T * lk, (const char *)ddo + r * lq,
+                                        qi, ki, vi, o2 + r * lq, l2 + (size_t)b * Hq * T, 1, T, t0, n, Hq, Hkv, D,
+                                        window, dsb, t0 > 0, bf ? fk + b * nkv : nullptr, bf ? fv + b * nkv : nullptr);
+                }
+        snprintf(name, sizeof name, "attention_fwd out, query tiles of %d, %s", tile, tag);
+        check(name, down_act(o2, nq, bf), r.out, tol_for(bf));
+        snprintf(name, sizeof name, "attention_fwd lse, query tiles of %d, %s", tile, tag);
+        check(name, down_f32(l2, r.lse.size()), r.lse, bf ? 2e-3 : 1e-5);
+        snprintf(name, sizeof name, "attention_bwd dq, query tiles of %d, %s", tile, tag);
+        check(name, down_act(dq2, nq, bf), r.dq, bf ? 2e-2 : 1e-5);
+        snprintf(name, sizeof name, "attention_bwd dk (summed over tiles), query tiles of %d, %s", tile, tag);
+        check(name, down_act(dk2, nk, bf), r.dk, bf ? 2e-2 : 1e-5);
+        snprintf(name, sizeof name, "attention_bwd dv (summed over tiles), query tiles of %d, %s", tile, tag);
+        check(name, down_act(dv2, nk, bf), r.dv, tol_for(bf));
+        cudaFree(o2), cudaFree(dq2), cudaFree(dk2), cudaFree(dv2), cudaFree(l2), cudaFree(fk), cudaFree(fv);
+    }
     cudaFree(dq_in), cudaFree(dk_in), cudaFree(dv_in), cudaFree(ddo), cudaFree(out), cudaFree(dq), cudaFree(dk),
         cudaFree(dv), cudaFree(lse);
     if (d_ds) cudaFree(d_ds);
@@ -137,9 +173,9 @@ static void bench(CudaCtx *c, int B, int T, int Hq, int Hkv, int D) {
     const double flops = 2.0 * 2.0 * B * Hq * ((double)T * T / 2) * D;
     char name[128];
     snprintf(name, sizeof name, "attention_fwd %s [%s] B=%d T=%d Hq=%d Hkv=%d D=%d", prec(bf), k_attention_path(c, D), B, T, Hq, Hkv, D);
-    report_flops(name, bench_ms(c, 5, [&] { k_attention_fwd(c, o, lse, q, k, v, B, T, Hq, Hkv, D, 0, nullptr); }), flops);
+    report_flops(name, bench_ms(c, 5, [&] { k_attention_fwd(c, o, lse, q, k, v, B, T, 0, T, Hq, Hkv, D, 0, nullptr); }), flops);
     snprintf(name, sizeof name, "attention_bwd %s [%s] B=%d T=%d Hq=%d Hkv=%d D=%d", prec(bf), k_attention_path(c, D), B, T, Hq, Hkv, D);
-    report_flops(name, bench_ms(c, 5, [&] { k_attention_bwd(c, dq, dk, dv, g, q, k, v, o, lse, B, T, Hq, Hkv, D, 0, nullptr); }), 2.5 * flops);
+    report_flops(name, bench_ms(c, 5, [&] { k_attention_bwd(c, dq, dk, dv, g, q, k, v, o, lse, B, T, 0, T, Hq, Hkv, D, 0, nullptr, 0, nullptr, nullptr); }), 2.5 * flops);
     cudaFree(q), cudaFree(k), cudaFree(v), cudaFree(o), cudaFree(g), cudaFree(dq), cudaFree(dk), cudaFree(dv), cudaFree(lse);
 }
 
@@ -156,6 +192,9 @@ int main(int argc, char **argv) {
         one(c, 2, 100, 2, 2, 24, 0, 0, 40);   // documents, generic (D 24)
         one(c, 1, 150, 4, 2, 16, 0, 45, 30);  // window and documents, GQA
         if (bf) one(c, 1, 130, 2, 1, 16, 1, 33, 50);  // bf16 forced generic
+        // query tiles of 64 (tiled_attention): uneven last tile, GQA, window + documents, both paths
+        one(c, 2, 200, 4, 2, 16, 0, 45, 70, 64);
+        one(c, 1, 150, 2, 1, 24, 0, 0, 0, 64);  // generic (D 24)
         if (!g_quick) {
             one(c, 1, 200, 4, 1, 128, 0);
             bench(c, 4, 4096, 32, 8, 128);

@@ -168,17 +168,19 @@ static void cpu_rope_bwd(Backend *bk, void *x, const float *c, const float *s, c
     rope_bwd_f32(x, c, s, pos, B, T, H, D);
 }
 static void cpu_attention_fwd(Backend *bk, void *out, float *lse, const void *q, const void *k,
-                              const void *v, int B, int T, int Hq, int Hkv, int D, int window,
-                              const int32_t *doc_start) {
+                              const void *v, int B, int T, int q0, int nq, int Hq, int Hkv, int D,
+                              int window, const int32_t *doc_start) {
     (void)bk;
-    attention_fwd_f32(out, lse, q, k, v, B, T, Hq, Hkv, D, window, doc_start);
+    attention_fwd_f32(out, lse, q, k, v, B, T, q0, nq, Hq, Hkv, D, window, doc_start);
 }
 static void cpu_attention_bwd(Backend *bk, void *dq, void *dk, void *dv, const void *dout,
                               const void *q, const void *k, const void *v, const void *out,
-                              const float *lse, int B, int T, int Hq, int Hkv, int D, int window,
-                              const int32_t *doc_start) {
-    (void)bk;
-    attention_bwd_f32(dq, dk, dv, dout, q, k, v, out, lse, B, T, Hq, Hkv, D, window, doc_start);
+                              const float *lse, int B, int T, int q0, int nq, int Hq, int Hkv,
+                              int D, int window, const int32_t *doc_start, int accumulate, float *dk_f32,
+                              float *dv_f32) {
+    (void)bk, (void)dk_f32, (void)dv_f32;  // float activations are their own running sums
+    attention_bwd_f32(dq, dk, dv, dout, q, k, v, out, lse, B, T, q0, nq, Hq, Hkv, D, window,
+                      doc_start, accumulate);
 }
 static void cpu_dropout(Backend *bk, void *y, const void *x, size_t n, float p, uint64_t seed,
                         size_t first) {
@@ -240,6 +242,7 @@ Backend *backend_cpu_create(int threads) {
     Backend *bk = xcalloc(1, sizeof(Backend));
     bk->name = "cpu";
     bk->act_bytes = sizeof(float);
+    bk->att_block = attention_block_f32();
     bk->threads = omp_get_max_threads();
     bk->dev_alloc = cpu_dev_alloc;
     bk->dev_free = cpu_dev_free;

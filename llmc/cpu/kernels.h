@@ -29,11 +29,14 @@
                       int T, int H, int D);                                                     \
     void rope_bwd_##S(R *dx, const float *cosv, const float *sinv, const int32_t *pos, int B,   \
                       int T, int H, int D);                                                     \
+    int attention_block_##S(void);                                                               \
     void attention_fwd_##S(R *out, float *lse, const R *q, const R *k, const R *v, int B,        \
-                           int T, int Hq, int Hkv, int D, int window, const int32_t *doc_start); \
+                           int T, int q0, int nq, int Hq, int Hkv, int D, int window,            \
+                           const int32_t *doc_start);                                            \
     void attention_bwd_##S(R *dq, R *dk, R *dv, const R *dout, const R *q, const R *k,           \
-                           const R *v, const R *out, const float *lse, int B, int T, int Hq,     \
-                           int Hkv, int D, int window, const int32_t *doc_start);                \
+                           const R *v, const R *out, const float *lse, int B, int T, int q0,     \
+                           int nq, int Hq, int Hkv, int D, int window, const int32_t *doc_start, \
+                           int accumulate);                                                      \
     void swiglu_fwd_##S(R *h, const R *gate, const R *up, size_t n);                             \
     void dropout_##S(R *y, const R *x, size_t n, float p, uint64_t seed, size_t first);          \
     void swiglu_bwd_##S(R *dgate, R *dup, const R *dh, const R *gate, const R *up, size_t n);    \

@@ -51,6 +51,13 @@ __device__ __forceinline__ int att_first_tile(int i0, int T_, int tile, int wind
     return i0 < T_ ? att_lo(i0, window, ds) / tile * tile : 0;
 }
 
+// A query span (backend.h's query tiles): queries q0 .. qend-1 of each row, whose q/out/dq/dout
+// rows are stored compactly ([B, nq, H, D]); k/v/dk/dv, lse and Di are indexed by the whole T.
+struct AttSpan {
+    int q0, qend, nq;
+};
+__device__ __forceinline__ size_t qrow(const AttSpan &sp, int b, int i) { return (size_t)b * sp.nq + (i - sp.q0); }
+
 // ==== generic path ========================================================================
 #define GB 32   // query and key rows per tile
 #define GT 128  // threads per block
@@ -59,11 +66,11 @@ template <class T> __device__ __forceinline__ float ldf(const T *p) { return to_
 
 template <class T>
 __global__ void __launch_bounds__(GT) att_fwd_generic(T *out, float *lse, const T *q, const T *k, const T *v,
-                                                     int T_, int Hq, int Hkv, int D, float scale, int window,
-                                                     const int32_t *doc_start) {
+                                                     int T_, AttSpan sp, int Hq, int Hkv, int D, float scale,
+                                                     int window, const int32_t *doc_start) {
     DYNAMIC_SMEM(smem);
     const int qb = gridDim.x - 1 - blockIdx.x, h = blockIdx.y, b = blockIdx.z;
-    const int hk = h / (Hq / Hkv), i0 = qb * GB, ldq = Hq * D, ldk = Hkv * D, DK = D + 1;
+    const int hk = h / (Hq / Hkv), i0 = sp.q0 + qb * GB, ldq = Hq * D, ldk = Hkv * D, DK = D + 1;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int32_t *drow = doc_start ? doc_start + (size_t)b * T_ : nullptr;
     float *sQ = (float *)smem, *sK = sQ + GB * D, *sV = sK + GB * DK, *sO = sV + GB * D;
@@ -71,12 +78,12 @@ __global__ void __launch_bounds__(GT) att_fwd_generic(T *out, float *lse, const 
     int *sLo = (int *)(sC + GB);
     for (int e = tid; e < GB * D; e += GT) {
         const int r = e / D, d = e % D, i = i0 + r;
-        sQ[e] = i < T_ ? ldf(q + ((size_t)b * T_ + i) * ldq + (size_t)h * D + d) : 0.0f;
+        sQ[e] = i < sp.qend ? ldf(q + qrow(sp, b, i) * ldq + (size_t)h * D + d) : 0.0f;
         sO[e] = 0.0f;
     }
-    if (tid < GB) sM[tid] = -INFINITY, sL[tid] = 0.0f, sLo[tid] = i0 + tid < T_ ? att_lo(i0 + tid, window, drow) : 0;
+    if (tid < GB) sM[tid] = -INFINITY, sL[tid] = 0.0f, sLo[tid] = i0 + tid < sp.qend ? att_lo(i0 + tid, window, drow) : 0;
     __syncthreads();
-    const int jend = i0 + GB < T_ ? i0 + GB : T_;
+    const int jend = i0 + GB < sp.qend ? i0 + GB : sp.qend;
     for (int j0 = att_first_tile(i0, T_, GB, window, drow); j0 < jend; j0 += GB) {
         for (int e = tid; e < GB * D; e += GT) {
             const int r = e / D, d = e % D, j = j0 + r;
@@ -120,36 +127,54 @@ __global__ void __launch_bounds__(GT) att_fwd_generic(T *out, float *lse, const 
     }
     for (int e = tid; e < GB * D; e += GT) {
         const int r = e / D, d = e % D, i = i0 + r;
-        if (i < T_) out[((size_t)b * T_ + i) * ldq + (size_t)h * D + d] = from_f<T>(sO[e] * (1.0f / sL[r]));
+        if (i < sp.qend) out[qrow(sp, b, i) * ldq + (size_t)h * D + d] = from_f<T>(sO[e] * (1.0f / sL[r]));
     }
-    if (tid < GB && i0 + tid < T_) lse[((size_t)b * Hq + h) * T_ + i0 + tid] = sM[tid] + logf(sL[tid]);
+    if (tid < GB && i0 + tid < sp.qend) lse[((size_t)b * Hq + h) * T_ + i0 + tid] = sM[tid] + logf(sL[tid]);
 }
 
 static size_t generic_fwd_smem(int D) { return sizeof(float) * ((size_t)GB * (4 * D + 1) + GB * (GB + 1) + 4 * GB); }
 
-// Di[b,h,i] = sum_d dO * O: a warp per (b, i, h) row.
+// Di[b,h,i] = sum_d dO * O: a warp per (b, i, h) row of the span.
 template <class T>
-__global__ void att_bwd_dot(float *Di, const T *dout, const T *out, int B, int T_, int Hq, int D) {
+__global__ void att_bwd_dot(float *Di, const T *dout, const T *out, int B, int T_, AttSpan sp, int Hq, int D) {
     const size_t row = (size_t)blockIdx.x * (blockDim.x / 32) + (threadIdx.x >> 5);
     const int lane = threadIdx.x & 31;
-    if (row >= (size_t)B * T_ * Hq) return;
+    if (row >= (size_t)B * sp.nq * Hq) return;
     const T *g = dout + row * D, *o = out + row * D;
     float s = 0.0f;
     for (int d = lane; d < D; d += 32) s += to_f<T>(g[d]) * to_f<T>(o[d]);
     s = warp_sum(s);
-    const int h = (int)(row % Hq), i = (int)((row / Hq) % T_), b = (int)(row / ((size_t)Hq * T_));
+    const int h = (int)(row % Hq), i = sp.q0 + (int)((row / Hq) % sp.nq), b = (int)(row / ((size_t)Hq * sp.nq));
     if (lane == 0) Di[((size_t)b * Hq + h) * T_ + i] = s;
+}
+
+// Stores one dK/dV element. Query spans of a row come one call each: the first writes, later
+// ones add. With float running sums (acck/accv, when dk/dv are bf16) the sums stay in float and
+// dk/dv get each call's rounded total, so the last span leaves bf16(the float sum).
+template <class T>
+__device__ __forceinline__ void att_store_dkdv(T *dk, T *dv, float *acck, float *accv, size_t o, float gk, float gv,
+                                               int accumulate) {
+    if (acck) {
+        if (accumulate) gk += acck[o], gv += accv[o];
+        acck[o] = gk, accv[o] = gv;
+    } else if (accumulate) {
+        gk += to_f<T>(dk[o]), gv += to_f<T>(dv[o]);
+    }
+    dk[o] = from_f<T>(gk);
+    dv[o] = from_f<T>(gv);
 }
 
 // dK, dV for one key tile of one kv head, summed over the group's query heads and query tiles.
 template <class T>
 __global__ void __launch_bounds__(GT) att_bwd_dkdv_generic(T *dk, T *dv, const T *dout, const T *q, const T *k,
                                                           const T *v, const float *lse, const float *Di,
-                                                          int T_, int Hq, int Hkv, int D, float scale, int window,
-                                                          const int32_t *doc_start) {
+                                                          int T_, AttSpan sp, int Hq, int Hkv, int D, float scale,
+                                                          int window, const int32_t *doc_start, int accumulate,
+                                                          float *acck, float *accv) {
     DYNAMIC_SMEM(smem);
     const int kb = blockIdx.x, hk = blockIdx.y, b = blockIdx.z, group = Hq / Hkv;
     const int j0 = kb * GB, ldq = Hq * D, ldk = Hkv * D, DK = D + 1, tid = threadIdx.x;
+    if (accumulate && j0 >= sp.qend) return;  // no query of the span sees these keys
     const int jlast = (j0 + GB < T_ ? j0 + GB : T_) - 1;
     const int32_t *drow = doc_start ? doc_start + (size_t)b * T_ : nullptr;
     float *sK = (float *)smem, *sV = sK + GB * DK, *sdK = sV + GB * DK, *sdV = sdK + GB * D;
@@ -164,26 +189,26 @@ __global__ void __launch_bounds__(GT) att_bwd_dkdv_generic(T *dk, T *dv, const T
         sdK[e] = sdV[e] = 0.0f;
     }
     for (int h = hk * group; h < (hk + 1) * group; h++)
-        for (int i0 = j0; i0 < T_; i0 += GB) {
+        for (int i0 = j0 > sp.q0 ? j0 : sp.q0; i0 < sp.qend; i0 += GB) {
             if (att_lo(i0, window, drow) > jlast) break;  // neither this query tile nor a later one sees the keys
             __syncthreads();  // the previous tile's readers are done
             for (int e = tid; e < GB * D; e += GT) {
                 const int r = e / D, d = e % D, i = i0 + r;
-                const size_t o = ((size_t)b * T_ + i) * ldq + (size_t)h * D + d;
-                sQ[e] = i < T_ ? ldf(q + o) : 0.0f;
-                sdO[e] = i < T_ ? ldf(dout + o) : 0.0f;
+                const size_t o = qrow(sp, b, i < sp.qend ? i : sp.q0) * ldq + (size_t)h * D + d;
+                sQ[e] = i < sp.qend ? ldf(q + o) : 0.0f;
+                sdO[e] = i < sp.qend ? ldf(dout + o) : 0.0f;
             }
             if (tid < GB) {
                 const int i = i0 + tid;
-                sL[tid] = i < T_ ? lse[((size_t)b * Hq + h) * T_ + i] : 0.0f;
-                sDi[tid] = i < T_ ? Di[((size_t)b * Hq + h) * T_ + i] : 0.0f;
-                sLo[tid] = i < T_ ? att_lo(i, window, drow) : 0;
+                sL[tid] = i < sp.qend ? lse[((size_t)b * Hq + h) * T_ + i] : 0.0f;
+                sDi[tid] = i < sp.qend ? Di[((size_t)b * Hq + h) * T_ + i] : 0.0f;
+                sLo[tid] = i < sp.qend ? att_lo(i, window, drow) : 0;
             }
             __syncthreads();
             for (int e = tid; e < GB * GB; e += GT) {
                 const int r = e / GB, cc = e % GB, i = i0 + r, j = j0 + cc;
                 float p = 0.0f, ds = 0.0f;
-                if (i < T_ && j <= i && j >= sLo[r]) {
+                if (i < sp.qend && j <= i && j >= sLo[r]) {
                     float s = 0.0f, dp = 0.0f;
                     for (int d = 0; d < D; d++) {
                         s += sQ[r * D + d] * sK[cc * DK + d];
@@ -212,8 +237,7 @@ __global__ void __launch_bounds__(GT) att_bwd_dkdv_generic(T *dk, T *dv, const T
         const int r = e / D, d = e % D, j = j0 + r;
         if (j < T_) {
             const size_t o = ((size_t)b * T_ + j) * ldk + (size_t)hk * D + d;
-            dk[o] = from_f<T>(sdK[e]);
-            dv[o] = from_f<T>(sdV[e]);
+            att_store_dkdv(dk, dv, acck, accv, o, sdK[e], sdV[e], accumulate);
         }
     }
 }
@@ -225,12 +249,12 @@ static size_t generic_dkdv_smem(int D) {
 // dQ for one query tile of one query head, summed over the key tiles at or below the diagonal.
 template <class T>
 __global__ void __launch_bounds__(GT) att_bwd_dq_generic(T *dq, const T *dout, const T *q, const T *k, const T *v,
-                                                        const float *lse, const float *Di, int T_, int Hq,
-                                                        int Hkv, int D, float scale, int window,
+                                                        const float *lse, const float *Di, int T_, AttSpan sp,
+                                                        int Hq, int Hkv, int D, float scale, int window,
                                                         const int32_t *doc_start) {
     DYNAMIC_SMEM(smem);
     const int qb = gridDim.x - 1 - blockIdx.x, h = blockIdx.y, b = blockIdx.z;
-    const int hk = h / (Hq / Hkv), i0 = qb * GB, ldq = Hq * D, ldk = Hkv * D, DK = D + 1;
+    const int hk = h / (Hq / Hkv), i0 = sp.q0 + qb * GB, ldq = Hq * D, ldk = Hkv * D, DK = D + 1;
     const int tid = threadIdx.x;
     const int32_t *drow = doc_start ? doc_start + (size_t)b * T_ : nullptr;
     float *sQ = (float *)smem, *sdO = sQ + GB * D, *sdQ = sdO + GB * D, *sK = sdQ + GB * D;
@@ -238,18 +262,18 @@ __global__ void __launch_bounds__(GT) att_bwd_dq_generic(T *dq, const T *dout, c
     int *sLo = (int *)(sDi + GB);
     for (int e = tid; e < GB * D; e += GT) {
         const int r = e / D, d = e % D, i = i0 + r;
-        const size_t o = ((size_t)b * T_ + i) * ldq + (size_t)h * D + d;
-        sQ[e] = i < T_ ? ldf(q + o) : 0.0f;
-        sdO[e] = i < T_ ? ldf(dout + o) : 0.0f;
+        const size_t o = qrow(sp, b, i < sp.qend ? i : sp.q0) * ldq + (size_t)h * D + d;
+        sQ[e] = i < sp.qend ? ldf(q + o) : 0.0f;
+        sdO[e] = i < sp.qend ? ldf(dout + o) : 0.0f;
         sdQ[e] = 0.0f;
     }
     if (tid < GB) {
         const int i = i0 + tid;
-        sL[tid] = i < T_ ? lse[((size_t)b * Hq + h) * T_ + i] : 0.0f;
-        sDi[tid] = i < T_ ? Di[((size_t)b * Hq + h) * T_ + i] : 0.0f;
-        sLo[tid] = i < T_ ? att_lo(i, window, drow) : 0;
+        sL[tid] = i < sp.qend ? lse[((size_t)b * Hq + h) * T_ + i] : 0.0f;
+        sDi[tid] = i < sp.qend ? Di[((size_t)b * Hq + h) * T_ + i] : 0.0f;
+        sLo[tid] = i < sp.qend ? att_lo(i, window, drow) : 0;
     }
-    const int jend = i0 + GB < T_ ? i0 + GB : T_;
+    const int jend = i0 + GB < sp.qend ? i0 + GB : sp.qend;
     for (int j0 = att_first_tile(i0, T_, GB, window, drow); j0 < jend; j0 += GB) {
         __syncthreads();
         for (int e = tid; e < GB * D; e += GT) {
@@ -262,7 +286,7 @@ __global__ void __launch_bounds__(GT) att_bwd_dq_generic(T *dq, const T *dout, c
         for (int e = tid; e < GB * GB; e += GT) {
             const int r = e / GB, cc = e % GB, i = i0 + r, j = j0 + cc;
             float ds = 0.0f;
-            if (i < T_ && j <= i && j >= sLo[r]) {
+            if (i < sp.qend && j <= i && j >= sLo[r]) {
                 float s = 0.0f, dp = 0.0f;
                 for (int d = 0; d < D; d++) {
                     s += sQ[r * D + d] * sK[cc * DK + d];
@@ -284,7 +308,7 @@ __global__ void __launch_bounds__(GT) att_bwd_dq_generic(T *dq, const T *dout, c
     __syncthreads();
     for (int e = tid; e < GB * D; e += GT) {
         const int r = e / D, d = e % D, i = i0 + r;
-        if (i < T_) dq[((size_t)b * T_ + i) * ldq + (size_t)h * D + d] = from_f<T>(sdQ[e]);
+        if (i < sp.qend) dq[qrow(sp, b, i) * ldq + (size_t)h * D + d] = from_f<T>(sdQ[e]);
     }
 }
 
@@ -344,12 +368,12 @@ __device__ __forceinline__ void tile_qkT(float *dst, int lds, const bf16 *a, con
 }
 
 __global__ void __launch_bounds__(WT) att_fwd_wmma(bf16 *out, float *lse, const bf16 *q, const bf16 *k,
-                                                  const bf16 *v, int T_, int Hq, int Hkv, int D, float scale,
-                                                  int window, const int32_t *doc_start) {
+                                                  const bf16 *v, int T_, AttSpan sp, int Hq, int Hkv, int D,
+                                                  float scale, int window, const int32_t *doc_start) {
     DYNAMIC_SMEM(smem);
     const WLayout L = wlayout(D);
     const int qb = gridDim.x - 1 - blockIdx.x, h = blockIdx.y, b = blockIdx.z;
-    const int hk = h / (Hq / Hkv), i0 = qb * WB, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int hk = h / (Hq / Hkv), i0 = sp.q0 + qb * WB, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const size_t ldq = (size_t)Hq * D, ldk = (size_t)Hkv * D;
     const int32_t *drow = doc_start ? doc_start + (size_t)b * T_ : nullptr;
     bf16 *sQ = (bf16 *)smem, *sK = sQ + WB * L.ldh, *sV = sK + WB * L.ldh;
@@ -357,13 +381,13 @@ __global__ void __launch_bounds__(WT) att_fwd_wmma(bf16 *out, float *lse, const 
     bf16 *sP = (bf16 *)(sS + WB * L.lds);
     float *sO = (float *)(sP + WB * L.ldp);
     int *sLo = (int *)(sO + WB * L.ldo);
-    load_tile(sQ, L.ldh, q, (size_t)b * T_ + i0, i0, T_, ldq, (size_t)h * D, D);
+    load_tile(sQ, L.ldh, q, qrow(sp, b, i0), i0, sp.qend, ldq, (size_t)h * D, D);
     for (int e = threadIdx.x; e < WB * L.ldo; e += WT) sO[e] = 0.0f;
-    for (int e = threadIdx.x; e < WB; e += WT) sLo[e] = i0 + e < T_ ? att_lo(i0 + e, window, drow) : 0;
+    for (int e = threadIdx.x; e < WB; e += WT) sLo[e] = i0 + e < sp.qend ? att_lo(i0 + e, window, drow) : 0;
     // running max and sum of row 16*warp + lane live in lane `lane` (< 16) of the owning warp
     float m_run = -INFINITY, l_run = 0.0f;
     const int r0 = 16 * warp;
-    const int jend = i0 + WB < T_ ? i0 + WB : T_;
+    const int jend = i0 + WB < sp.qend ? i0 + WB : sp.qend;
     for (int j0 = att_first_tile(i0, T_, WB, window, drow); j0 < jend; j0 += WB) {
         __syncthreads();  // previous K/V readers are done (and, first time, sQ/sO are ready)
         load_tile(sK, L.ldh, k, (size_t)b * T_ + j0, j0, T_, ldk, (size_t)hk * D, D);
@@ -405,9 +429,9 @@ __global__ void __launch_bounds__(WT) att_fwd_wmma(bf16 *out, float *lse, const 
     for (int rr = 0; rr < 16; rr++) {
         const int r = r0 + rr, i = i0 + r;
         const float l = __shfl_sync(0xffffffffu, l_run, rr), m = __shfl_sync(0xffffffffu, m_run, rr);
-        if (i >= T_) continue;
+        if (i >= sp.qend) continue;
         const float inv = 1.0f / l;
-        bf16 *o = out + ((size_t)b * T_ + i) * ldq + (size_t)h * D;
+        bf16 *o = out + qrow(sp, b, i) * ldq + (size_t)h * D;
         for (int d = lane; d < D; d += 32) o[d] = __float2bfloat16_rn(sO[r * L.ldo + d] * inv);
         if (lane == 0) lse[((size_t)b * Hq + h) * T_ + i] = m + logf(l);
     }
@@ -421,12 +445,12 @@ static size_t wmma_fwd_smem(int D) {
 // P and scale*dS of a warp's 16 query rows against a 64-key tile, from the score and dP tiles.
 __device__ __forceinline__ void wmma_probs(bf16 *sP, bf16 *sdS, const float *sS, const float *sdP, const float *sL,
                                            const float *sDi, const int *sLo, WLayout L, int r0, int i0, int j0,
-                                           int T_, float scale) {
+                                           int qend, float scale) {
     const int lane = threadIdx.x & 31;
     for (int e = lane; e < 16 * WB; e += 32) {
         const int r = r0 + e / WB, cc = e % WB, i = i0 + r, j = j0 + cc;
         float p = 0.0f, ds = 0.0f;
-        if (i < T_ && j <= i && j >= sLo[r]) {
+        if (i < qend && j <= i && j >= sLo[r]) {
             p = expf(sS[r * L.lds + cc] * scale - sL[r]);
             ds = p * (sdP[r * L.lds + cc] - sDi[r]);
         }
@@ -437,12 +461,14 @@ __device__ __forceinline__ void wmma_probs(bf16 *sP, bf16 *sdS, const float *sS,
 
 __global__ void __launch_bounds__(WT) att_bwd_dkdv_wmma(bf16 *dk, bf16 *dv, const bf16 *dout, const bf16 *q,
                                                        const bf16 *k, const bf16 *v, const float *lse,
-                                                       const float *Di, int T_, int Hq, int Hkv, int D,
-                                                       float scale, int window, const int32_t *doc_start) {
+                                                       const float *Di, int T_, AttSpan sp, int Hq, int Hkv,
+                                                       int D, float scale, int window, const int32_t *doc_start,
+                                                       int accumulate, float *acck, float *accv) {
     DYNAMIC_SMEM(smem);
     const WLayout L = wlayout(D);
     const int kb = blockIdx.x, hk = blockIdx.y, b = blockIdx.z, group = Hq / Hkv;
     const int j0 = kb * WB, warp = threadIdx.x >> 5, r0 = 16 * warp;
+    if (accumulate && j0 >= sp.qend) return;  // no query of the span sees these keys
     const int jlast = (j0 + WB < T_ ? j0 + WB : T_) - 1;
     const int32_t *drow = doc_start ? doc_start + (size_t)b * T_ : nullptr;
     const size_t ldq = (size_t)Hq * D, ldk = (size_t)Hkv * D;
@@ -456,23 +482,23 @@ __global__ void __launch_bounds__(WT) att_bwd_dkdv_wmma(bf16 *dk, bf16 *dv, cons
     load_tile(sV, L.ldh, v, (size_t)b * T_ + j0, j0, T_, ldk, (size_t)hk * D, D);
     for (int e = threadIdx.x; e < WB * L.ldo; e += WT) sdK[e] = sdV[e] = 0.0f;
     for (int h = hk * group; h < (hk + 1) * group; h++)
-        for (int i0 = j0; i0 < T_; i0 += WB) {
+        for (int i0 = j0 > sp.q0 ? j0 : sp.q0; i0 < sp.qend; i0 += WB) {
             if (att_lo(i0, window, drow) > jlast) break;  // neither this query tile nor a later one sees the keys
             __syncthreads();  // the previous tile's readers are done
-            load_tile(sQ, L.ldh, q, (size_t)b * T_ + i0, i0, T_, ldq, (size_t)h * D, D);
-            load_tile(sdO, L.ldh, dout, (size_t)b * T_ + i0, i0, T_, ldq, (size_t)h * D, D);
+            load_tile(sQ, L.ldh, q, qrow(sp, b, i0), i0, sp.qend, ldq, (size_t)h * D, D);
+            load_tile(sdO, L.ldh, dout, qrow(sp, b, i0), i0, sp.qend, ldq, (size_t)h * D, D);
             if (threadIdx.x < WB) {
                 const int i = i0 + threadIdx.x;
-                sL[threadIdx.x] = i < T_ ? lse[((size_t)b * Hq + h) * T_ + i] : 0.0f;
-                sDi[threadIdx.x] = i < T_ ? Di[((size_t)b * Hq + h) * T_ + i] : 0.0f;
-                sLo[threadIdx.x] = i < T_ ? att_lo(i, window, drow) : 0;
+                sL[threadIdx.x] = i < sp.qend ? lse[((size_t)b * Hq + h) * T_ + i] : 0.0f;
+                sDi[threadIdx.x] = i < sp.qend ? Di[((size_t)b * Hq + h) * T_ + i] : 0.0f;
+                sLo[threadIdx.x] = i < sp.qend ? att_lo(i, window, drow) : 0;
             }
             __syncthreads();
             // this warp's 16 query rows: S = Q K^T, dP = dO V^T
             tile_qkT(sS + r0 * L.lds, L.lds, sQ + r0 * L.ldh, sK, L.ldh, D);
             tile_qkT(sdP + r0 * L.lds, L.lds, sdO + r0 * L.ldh, sV, L.ldh, D);
             __syncwarp();
-            wmma_probs(sP, sdS, sS, sdP, sL, sDi, sLo, L, r0, i0, j0, T_, scale);
+            wmma_probs(sP, sdS, sS, sdP, sL, sDi, sLo, L, r0, i0, j0, sp.qend, scale);
             __syncthreads();  // the products below read every warp's rows of P and dS
             // this warp's 16 key rows: dV += P^T dO, dK += dS^T Q
             for (int nt = 0; nt < D / 16; nt++) {
@@ -498,8 +524,7 @@ __global__ void __launch_bounds__(WT) att_bwd_dkdv_wmma(bf16 *dk, bf16 *dv, cons
         const int r = e / D, d = e % D, j = j0 + r;
         if (j < T_) {
             const size_t o = ((size_t)b * T_ + j) * ldk + (size_t)hk * D + d;
-            dk[o] = __float2bfloat16_rn(sdK[r * L.ldo + d]);
-            dv[o] = __float2bfloat16_rn(sdV[r * L.ldo + d]);
+            att_store_dkdv(dk, dv, acck, accv, o, sdK[r * L.ldo + d], sdV[r * L.ldo + d], accumulate);
         }
     }
 }
@@ -511,12 +536,12 @@ static size_t wmma_dkdv_smem(int D) {
 
 __global__ void __launch_bounds__(WT) att_bwd_dq_wmma(bf16 *dq, const bf16 *dout, const bf16 *q, const bf16 *k,
                                                      const bf16 *v, const float *lse, const float *Di, int T_,
-                                                     int Hq, int Hkv, int D, float scale, int window,
+                                                     AttSpan sp, int Hq, int Hkv, int D, float scale, int window,
                                                      const int32_t *doc_start) {
     DYNAMIC_SMEM(smem);
     const WLayout L = wlayout(D);
     const int qb = gridDim.x - 1 - blockIdx.x, h = blockIdx.y, b = blockIdx.z;
-    const int hk = h / (Hq / Hkv), i0 = qb * WB, warp = threadIdx.x >> 5, r0 = 16 * warp;
+    const int hk = h / (Hq / Hkv), i0 = sp.q0 + qb * WB, warp = threadIdx.x >> 5, r0 = 16 * warp;
     const size_t ldq = (size_t)Hq * D, ldk = (size_t)Hkv * D;
     const int32_t *drow = doc_start ? doc_start + (size_t)b * T_ : nullptr;
     bf16 *sQ = (bf16 *)smem, *sdO = sQ + WB * L.ldh, *sK = sdO + WB * L.ldh, *sV = sK + WB * L.ldh;
@@ -524,16 +549,16 @@ __global__ void __launch_bounds__(WT) att_bwd_dq_wmma(bf16 *dq, const bf16 *dout
     bf16 *sdS = (bf16 *)(sdP + WB * L.lds);
     float *sL = (float *)(sdS + WB * L.ldp), *sDi = sL + WB;
     int *sLo = (int *)(sDi + WB);
-    load_tile(sQ, L.ldh, q, (size_t)b * T_ + i0, i0, T_, ldq, (size_t)h * D, D);
-    load_tile(sdO, L.ldh, dout, (size_t)b * T_ + i0, i0, T_, ldq, (size_t)h * D, D);
+    load_tile(sQ, L.ldh, q, qrow(sp, b, i0), i0, sp.qend, ldq, (size_t)h * D, D);
+    load_tile(sdO, L.ldh, dout, qrow(sp, b, i0), i0, sp.qend, ldq, (size_t)h * D, D);
     for (int e = threadIdx.x; e < WB * L.ldo; e += WT) sdQ[e] = 0.0f;
     if (threadIdx.x < WB) {
         const int i = i0 + threadIdx.x;
-        sL[threadIdx.x] = i < T_ ? lse[((size_t)b * Hq + h) * T_ + i] : 0.0f;
-        sDi[threadIdx.x] = i < T_ ? Di[((size_t)b * Hq + h) * T_ + i] : 0.0f;
-        sLo[threadIdx.x] = i < T_ ? att_lo(i, window, drow) : 0;
+        sL[threadIdx.x] = i < sp.qend ? lse[((size_t)b * Hq + h) * T_ + i] : 0.0f;
+        sDi[threadIdx.x] = i < sp.qend ? Di[((size_t)b * Hq + h) * T_ + i] : 0.0f;
+        sLo[threadIdx.x] = i < sp.qend ? att_lo(i, window, drow) : 0;
     }
-    const int jend = i0 + WB < T_ ? i0 + WB : T_;
+    const int jend = i0 + WB < sp.qend ? i0 + WB : sp.qend;
     for (int j0 = att_first_tile(i0, T_, WB, window, drow); j0 < jend; j0 += WB) {
         __syncthreads();
         load_tile(sK, L.ldh, k, (size_t)b * T_ + j0, j0, T_, ldk, (size_t)hk * D, D);
@@ -542,7 +567,7 @@ __global__ void __launch_bounds__(WT) att_bwd_dq_wmma(bf16 *dq, const bf16 *dout
         tile_qkT(sS + r0 * L.lds, L.lds, sQ + r0 * L.ldh, sK, L.ldh, D);
         tile_qkT(sdP + r0 * L.lds, L.lds, sdO + r0 * L.ldh, sV, L.ldh, D);
         __syncwarp();
-        wmma_probs(nullptr, sdS, sS, sdP, sL, sDi, sLo, L, r0, i0, j0, T_, scale);
+        wmma_probs(nullptr, sdS, sS, sdP, sL, sDi, sLo, L, r0, i0, j0, sp.qend, scale);
         __syncwarp();
         for (int nt = 0; nt < D / 16; nt++) {
             FragC acc;
@@ -560,7 +585,7 @@ __global__ void __launch_bounds__(WT) att_bwd_dq_wmma(bf16 *dq, const bf16 *dout
     __syncwarp();
     for (int e = threadIdx.x & 31; e < 16 * D; e += 32) {
         const int r = r0 + e / D, d = e % D, i = i0 + r;
-        if (i < T_) dq[((size_t)b * T_ + i) * ldq + (size_t)h * D + d] = __float2bfloat16_rn(sdQ[r * L.ldo + d]);
+        if (i < sp.qend) dq[qrow(sp, b, i) * ldq + (size_t)h * D + d] = __float2bfloat16_rn(sdQ[r * L.ldo + d]);
     }
 }
 
@@ -592,61 +617,64 @@ template <class K> static void smem_optin(CudaCtx *c, K kernel, size_t bytes, in
 }
 
 void k_attention_fwd(CudaCtx *c, void *out, float *lse, const void *q, const void *k, const void *v,
-                     int B, int T, int Hq, int Hkv, int D, int window, const int32_t *doc_start) {
-    if (B <= 0 || T <= 0) return;
+                     int B, int T, int q0, int nq, int Hq, int Hkv, int D, int window, const int32_t *doc_start) {
+    if (B <= 0 || T <= 0 || nq <= 0) return;
     const float scale = att_scale(D);
+    const AttSpan sp = {q0, q0 + nq, nq};
     const void *ptrs[] = {out, q, k, v};
     if (use_wmma(c, D, ptrs, 4)) {
         const size_t sm = wmma_fwd_smem(D);
         smem_optin(c, att_fwd_wmma, sm, D);
-        dim3 g((T + WB - 1) / WB, Hq, B);
-        LAUNCH(g, WT, sm, c->stream, att_fwd_wmma)((bf16 *)out, lse, (const bf16 *)q, (const bf16 *)k, (const bf16 *)v, T, Hq, Hkv, D, scale, window, doc_start);
+        dim3 g((nq + WB - 1) / WB, Hq, B);
+        LAUNCH(g, WT, sm, c->stream, att_fwd_wmma)((bf16 *)out, lse, (const bf16 *)q, (const bf16 *)k, (const bf16 *)v, T, sp, Hq, Hkv, D, scale, window, doc_start);
     } else {
         const size_t sm = generic_fwd_smem(D);
-        dim3 g((T + GB - 1) / GB, Hq, B);
+        dim3 g((nq + GB - 1) / GB, Hq, B);
         if (c->bf16) {
             smem_optin(c, att_fwd_generic<bf16>, sm, D);
-            LAUNCH(g, GT, sm, c->stream, att_fwd_generic<bf16>)((bf16 *)out, lse, (const bf16 *)q, (const bf16 *)k, (const bf16 *)v, T, Hq, Hkv, D, scale, window, doc_start);
+            LAUNCH(g, GT, sm, c->stream, att_fwd_generic<bf16>)((bf16 *)out, lse, (const bf16 *)q, (const bf16 *)k, (const bf16 *)v, T, sp, Hq, Hkv, D, scale, window, doc_start);
         } else {
             smem_optin(c, att_fwd_generic<float>, sm, D);
-            LAUNCH(g, GT, sm, c->stream, att_fwd_generic<float>)((float *)out, lse, (const float *)q, (const float *)k, (const float *)v, T, Hq, Hkv, D, scale, window, doc_start);
+            LAUNCH(g, GT, sm, c->stream, att_fwd_generic<float>)((float *)out, lse, (const float *)q, (const float *)k, (const float *)v, T, sp, Hq, Hkv, D, scale, window, doc_start);
         }
     }
     LAUNCH_CHECK("attention_fwd");
 }
 
 void k_attention_bwd(CudaCtx *c, void *dq, void *dk, void *dv, const void *dout, const void *q,
-                     const void *k, const void *v, const void *out, const float *lse, int B, int T,
-                     int Hq, int Hkv, int D, int window, const int32_t *doc_start) {
-    if (B <= 0 || T <= 0) return;
+                     const void *k, const void *v, const void *out, const float *lse, int B, int T, int q0,
+                     int nq, int Hq, int Hkv, int D, int window, const int32_t *doc_start, int accumulate,
+                     float *acck, float *accv) {
+    if (B <= 0 || T <= 0 || nq <= 0) return;
     const float scale = att_scale(D);
+    const AttSpan sp = {q0, q0 + nq, nq};
     float *Di = (float *)ctx_scratch(c, SCR_ATT_D, (size_t)B * Hq * T * sizeof(float));
-    const size_t rows = (size_t)B * T * Hq;
+    const size_t rows = (size_t)B * nq * Hq;
     const unsigned dot_blocks = (unsigned)((rows + 7) / 8);
-    if (c->bf16) LAUNCH(dot_blocks, 256, 0, c->stream, att_bwd_dot<bf16>)(Di, (const bf16 *)dout, (const bf16 *)out, B, T, Hq, D);
-    else LAUNCH(dot_blocks, 256, 0, c->stream, att_bwd_dot<float>)(Di, (const float *)dout, (const float *)out, B, T, Hq, D);
+    if (c->bf16) LAUNCH(dot_blocks, 256, 0, c->stream, att_bwd_dot<bf16>)(Di, (const bf16 *)dout, (const bf16 *)out, B, T, sp, Hq, D);
+    else LAUNCH(dot_blocks, 256, 0, c->stream, att_bwd_dot<float>)(Di, (const float *)dout, (const float *)out, B, T, sp, Hq, D);
     LAUNCH_CHECK("attention_bwd dot");
     const void *ptrs[] = {dq, dk, dv, dout, q, k, v};
     if (use_wmma(c, D, ptrs, 7)) {
         const size_t s1 = wmma_dkdv_smem(D), s2 = wmma_dq_smem(D);
         smem_optin(c, att_bwd_dkdv_wmma, s1, D);
         smem_optin(c, att_bwd_dq_wmma, s2, D);
-        dim3 g1((T + WB - 1) / WB, Hkv, B), g2((T + WB - 1) / WB, Hq, B);
-        LAUNCH(g1, WT, s1, c->stream, att_bwd_dkdv_wmma)((bf16 *)dk, (bf16 *)dv, (const bf16 *)dout, (const bf16 *)q, (const bf16 *)k, (const bf16 *)v, lse, Di, T, Hq, Hkv, D, scale, window, doc_start);
-        LAUNCH(g2, WT, s2, c->stream, att_bwd_dq_wmma)((bf16 *)dq, (const bf16 *)dout, (const bf16 *)q, (const bf16 *)k, (const bf16 *)v, lse, Di, T, Hq, Hkv, D, scale, window, doc_start);
+        dim3 g1((T + WB - 1) / WB, Hkv, B), g2((nq + WB - 1) / WB, Hq, B);
+        LAUNCH(g1, WT, s1, c->stream, att_bwd_dkdv_wmma)((bf16 *)dk, (bf16 *)dv, (const bf16 *)dout, (const bf16 *)q, (const bf16 *)k, (const bf16 *)v, lse, Di, T, sp, Hq, Hkv, D, scale, window, doc_start, accumulate, acck, accv);
+        LAUNCH(g2, WT, s2, c->stream, att_bwd_dq_wmma)((bf16 *)dq, (const bf16 *)dout, (const bf16 *)q, (const bf16 *)k, (const bf16 *)v, lse, Di, T, sp, Hq, Hkv, D, scale, window, doc_start);
     } else {
         const size_t s1 = generic_dkdv_smem(D), s2 = generic_dq_smem(D);
-        dim3 g1((T + GB - 1) / GB, Hkv, B), g2((T + GB - 1) / GB, Hq, B);
+        dim3 g1((T + GB - 1) / GB, Hkv, B), g2((nq + GB - 1) / GB, Hq, B);
         if (c->bf16) {
             smem_optin(c, att_bwd_dkdv_generic<bf16>, s1, D);
             smem_optin(c, att_bwd_dq_generic<bf16>, s2, D);
-            LAUNCH(g1, GT, s1, c->stream, att_bwd_dkdv_generic<bf16>)((bf16 *)dk, (bf16 *)dv, (const bf16 *)dout, (const bf16 *)q, (const bf16 *)k, (const bf16 *)v, lse, Di, T, Hq, Hkv, D, scale, window, doc_start);
-            LAUNCH(g2, GT, s2, c->stream, att_bwd_dq_generic<bf16>)((bf16 *)dq, (const bf16 *)dout, (const bf16 *)q, (const bf16 *)k, (const bf16 *)v, lse, Di, T, Hq, Hkv, D, scale, window, doc_start);
+            LAUNCH(g1, GT, s1, c->stream, att_bwd_dkdv_generic<bf16>)((bf16 *)dk, (bf16 *)dv, (const bf16 *)dout, (const bf16 *)q, (const bf16 *)k, (const bf16 *)v, lse, Di, T, sp, Hq, Hkv, D, scale, window, doc_start, accumulate, acck, accv);
+            LAUNCH(g2, GT, s2, c->stream, att_bwd_dq_generic<bf16>)((bf16 *)dq, (const bf16 *)dout, (const bf16 *)q, (const bf16 *)k, (const bf16 *)v, lse, Di, T, sp, Hq, Hkv, D, scale, window, doc_start);
         } else {
             smem_optin(c, att_bwd_dkdv_generic<float>, s1, D);
             smem_optin(c, att_bwd_dq_generic<float>, s2, D);
-            LAUNCH(g1, GT, s1, c->stream, att_bwd_dkdv_generic<float>)((float *)dk, (float *)dv, (const float *)dout, (const float *)q, (const float *)k, (const float *)v, lse, Di, T, Hq, Hkv, D, scale, window, doc_start);
-            LAUNCH(g2, GT, s2, c->stream, att_bwd_dq_generic<float>)((float *)dq, (const float *)dout, (const float *)q, (const float *)k, (const float *)v, lse, Di, T, Hq, Hkv, D, scale, window, doc_start);
+            LAUNCH(g1, GT, s1, c->stream, att_bwd_dkdv_generic<float>)((float *)dk, (float *)dv, (const float *)dout, (const float *)q, (const float *)k, (const float *)v, lse, Di, T, sp, Hq, Hkv, D, scale, window, doc_start, accumulate, acck, accv);
+            LAUNCH(g2, GT, s2, c->stream, att_bwd_dq_generic<float>)((float *)dq, (const float *)dout, (const float *)q, (const float *)k, (const float *)v, lse, Di, T, sp, Hq, Hkv, D, scale, window, doc_start);
         }
     }
     LAUNCH_CHECK("attention_bwd");

@@ -455,13 +455,19 @@ static void cu_rope_bwd(Backend *bk, void *x, const float *c, const float *s, co
 // The sliding window and the document mask (backend.h) are implemented in attention.cu (checked
 // on the CPU emulator against a reference; not yet run on a GPU).
 static void cu_attention_fwd(Backend *bk, void *out, float *lse, const void *q, const void *k, const void *v,
-                             int B, int T, int Hq, int Hkv, int D, int window, const int32_t *doc_start) {
-    k_attention_fwd(ctx_of(bk), out, lse, q, k, v, B, T, Hq, Hkv, D, window, doc_start);
+                             int B, int T, int q0, int nq, int Hq, int Hkv, int D, int window,
+                             const int32_t *doc_start) {
+    k_attention_fwd(ctx_of(bk), out, lse, q, k, v, B, T, q0, nq, Hq, Hkv, D, window, doc_start);
 }
 static void cu_attention_bwd(Backend *bk, void *dq, void *dk, void *dv, const void *dout, const void *q,
                              const void *k, const void *v, const void *out, const float *lse, int B, int T,
-                             int Hq, int Hkv, int D, int window, const int32_t *doc_start) {
-    k_attention_bwd(ctx_of(bk), dq, dk, dv, dout, q, k, v, out, lse, B, T, Hq, Hkv, D, window, doc_start);
+                             int q0, int nq, int Hq, int Hkv, int D, int window, const int32_t *doc_start,
+                             int accumulate, float *dk_f32, float *dv_f32) {
+    // bf16 gradients summed tile by tile would round once per tile: the sums stay in float.
+    if (bk->act_bytes < 4 && (q0 != 0 || nq != T) && !(dk_f32 && dv_f32))
+        fail("internal: bf16 attention over query tiles without float dK/dV sums");
+    k_attention_bwd(ctx_of(bk), dq, dk, dv, dout, q, k, v, out, lse, B, T, q0, nq, Hq, Hkv, D, window, doc_start,
+                    accumulate, bk->act_bytes < 4 ? dk_f32 : NULL, bk->act_bytes < 4 ? dv_f32 : NULL);
 }
 static void cu_dropout(Backend *bk, void *y, const void *x, size_t n, float p, uint64_t seed, size_t first) {
     k_dropout(ctx_of(bk), y, x, n, p, seed, first);
@@ -558,6 +564,7 @@ extern "C" Backend *backend_cuda_create(int dtype_bf16, int device_index) {
     Backend *bk = (Backend *)xcalloc(1, sizeof(Backend));
     bk->name = "cuda";
     bk->act_bytes = dtype_bf16 ? 2 : 4;
+    bk->att_block = 64;  // attention.cu's WMMA tile (a multiple of the generic one)
     bk->threads = ci->ctx->num_sms;  // streaming multiprocessors, for the config box
     bk->impl = ci;
     bk->dev_alloc = cu_dev_alloc;

@@ -114,12 +114,15 @@ void k_rope(CudaCtx *c, void *x, const float *cosv, const float *sinv, const int
 
 // ---- attention.cu ----------------------------------------------------------------------------
 // window (0: none) and doc_start (device [B*T], NULL: one document per row): backend.h's mask.
+// Query spans (backend.h): queries q0 .. q0+nq-1 of each row; q/out/dq/dout hold those rows.
+// dk/dv are written, or added to when accumulate is set; acck/accv (float [B,T,Hkv,D], or NULL
+// in float mode) carry the running sums between spans so bf16 dk/dv are rounded once per call.
 void k_attention_fwd(CudaCtx *c, void *out, float *lse, const void *q, const void *k, const void *v,
-                     int B, int T, int Hq, int Hkv, int D, int window, const int32_t *doc_start);
+                     int B, int T, int q0, int nq, int Hq, int Hkv, int D, int window, const int32_t *doc_start);
 void k_attention_bwd(CudaCtx *c, void *dq, void *dk, void *dv, const void *dout, const void *q,
-                     const void *k, const void *v, const void *out, const float *lse, int B, int T,
-                     int Hq, int Hkv, int D, int window, const int32_t *doc_start);
-// Which path a shape takes ("wmma-bf16" or "generic"), for tests and reports.
+                     const void *k, const void *v, const void *out, const float *lse, int B, int T, int q0,
+                     int nq, int Hq, int Hkv, int D, int window, const int32_t *doc_start, int accumulate,
+                     float *acck, float *accv);
 const char *k_attention_path(const CudaCtx *c, int D);
 
 // ---- classifier.cu ---------------------------------------------------------------------------
