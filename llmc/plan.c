@@ -157,6 +157,15 @@ int plan_budgets(const Config *cfg, const ModelConfig *c, const Backend *bk, con
     p->shared_budget = dev->host_backed;
     p->dev_budget = dlim ? dlim - wdev : 0;
     p->host_budget = hlim == SIZE_MAX ? SIZE_MAX : hlim - hneed;
+    if (hlim == SIZE_MAX) return 0;
+    // The working set holds disk staging that a run with nothing on disk does not need: when
+    // everything the device leaves fits on the host without it, nothing goes to disk.
+    MemPolicy all = *p;
+    all.host_budget = SIZE_MAX;
+    size_t adev, ahost, adisk;
+    plan_measure(c, &lora, mo, &all, B, T, A, att_block, &adev, &ahost, &adisk);
+    adev += (size_t)(dev->fixed_device_bytes + (world > 1 ? dev->comm_device_bytes : 0));
+    if (ahost + (dev->host_backed ? adev : 0) <= hlim) p->host_budget = SIZE_MAX;
     return 0;
 }
 

@@ -51,7 +51,9 @@ void plan_print(const PlanRow *rows, int n, size_t limit, size_t host_limit, FIL
 // builds the mode with every offloaded tensor on disk (its working set), then sets
 // p->dev_budget = device_memory_limit - that device peak (0 without a limit) and
 // p->host_budget = host limit - that host peak (and on the CPU backend, where device memory
-// is host memory, minus the device peak too). The planner and the run call it alike, so a
+// is host memory, minus the device peak too); when everything the device budget leaves fits
+// on the host without disk staging, the host budget is unlimited (nothing goes to disk and no
+// staging is allocated). The planner and the run call it alike, so a
 // run spills exactly what its plan said. Other tiers: untiered, returns 0. A working set over
 // a limit: returns 1 and writes a line naming the key and the bytes needed into why.
 // ws (may be NULL): the working set's device and host peaks.

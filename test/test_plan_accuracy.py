@@ -58,7 +58,8 @@ VARIANTS = [
 
 
 def yaml(d):
-    out = ["model:"] + ["  %s: %s" % kv for kv in MODEL.items()]
+    model = dict(MODEL, num_hidden_layers=d.pop("_layers", MODEL["num_hidden_layers"]))
+    out = ["model:"] + ["  %s: %s" % kv for kv in model.items()]
     out += ["%s: %s" % kv for kv in d.items()]
     return "\n".join(out) + "\n"
 
@@ -122,7 +123,8 @@ def main():
         # Tiered runs: limits that leave room beyond a mode's working set (printed under the
         # plan; device memory is host memory here, so the host limit covers both) for part of
         # what it offloads, so the rest goes to disk.
-        rc, out, err, _ = run(binary, root, "probe", {}, 1, True)
+        # 8 layers: disk staging costs two layer inputs, so a spill needs more than two to move.
+        rc, out, err, _ = run(binary, root, "probe", {"_layers": 8}, 1, True)
         plan, ws = parse_plan(out), {}
         for line in out.splitlines():
             m = re.match(r"tiers of (.+?): working set device ([\d.]+) (\w+), host ([\d.]+) (\w+);", line)
@@ -132,13 +134,14 @@ def main():
         variants = list(VARIANTS)
         if "hidden_states" in ws and "offload true" in ws:
             wd, wh = ws["hidden_states"]
-            variants.append(("tiered host", {"host_memory_limit": int(wd + wh + 1.5 * layer_in)}, ["hidden_states"], 1))
-            variants.append(("tiered device+host", {"device_memory_limit": int(wd + 1.5 * layer_in),
-                                                    "host_memory_limit": int(wd + wh + 2.5 * layer_in)},
+            variants.append(("tiered host", {"_layers": 8, "host_memory_limit": int(wd + wh + 2.5 * layer_in)},
+                             ["hidden_states"], 1))
+            variants.append(("tiered device+host", {"_layers": 8, "device_memory_limit": int(wd + 2.5 * layer_in),
+                                                    "host_memory_limit": int(wd + wh + 4.5 * layer_in)},
                              ["hidden_states"], 1))
             wd, wh = ws["offload true"]
-            hl = int(wd + wh + 0.5 * (plan["offload true"][1] - wh))
-            variants.append(("tiered offload", {"host_memory_limit": hl}, ["offload true"], 1))
+            hl = int(wd + wh + 0.4 * (plan["offload true"][1] - wh))
+            variants.append(("tiered offload", {"_layers": 8, "host_memory_limit": hl}, ["offload true"], 1))
         else:
             check("plan prints the working sets of the tiered modes", False, out + err)
         jobs = []

@@ -3,7 +3,7 @@
 device while device_memory_limit leaves room beyond the mode's working set, then on the host
 while host_memory_limit does, then on disk, in layer order.
 
-Checks, on the CPU backend (6 layers, B=2, T=128, two micro-batches a step, 3 steps):
+Checks, on the CPU backend (8 layers, B=2, T=128, two micro-batches a step, 3 steps):
   * hidden_states under a host limit that holds some layers' inputs: the rest goes to disk;
     losses and weights bit-identical to the plain run; the start-up line and the plan say how
     many layers are where; the measured device/host/disk peaks are the plan's; no files are
@@ -12,6 +12,7 @@ Checks, on the CPU backend (6 layers, B=2, T=128, two micro-batches a step, 3 st
   * offload true and checkpointing every 2 + offload true under a host limit (a layer's
     tensors split between host and disk): same numbers;
   * hidden_states + tiled MLP under a host limit: the same numbers as plain + tiled MLP;
+  * a host limit that holds every input without disk staging (but not with it): no disk;
   * a limit below the working set: one error line naming the key and the bytes needed;
   * auto under a host limit picks a mode that fits, and trains to the plain run's numbers.
 Usage: /usr/bin/python3 test/test_tiers.py --bin build/train_llama
@@ -26,7 +27,7 @@ import tempfile
 from checks import check, finish, run_trainer, write_shard
 
 UNITS = {"B": 1, "KiB": 2 ** 10, "MiB": 2 ** 20, "GiB": 2 ** 30}
-B, T, C, L = 2, 128, 64, 6
+B, T, C, L = 2, 128, 64, 8
 LAYER_IN = B * T * C * 4  # one layer's input in float32
 
 
@@ -128,27 +129,29 @@ def main():
         def debris():
             return os.listdir(offdir)
 
-        # 1. hidden_states, host limit: 2 of the 5 offloaded inputs on the host, 3 on disk.
+        # Disk staging is two layer inputs that a run with nothing on disk does not hold, so a
+        # limit spills only when it leaves room for fewer than all but two of the inputs.
+        # 1. hidden_states, host limit: 2 of the 7 offloaded inputs on the host, 5 on disk.
         wd, wh, _ = tiers["hidden_states"]
         hl = int(wd + wh + 2.5 * LAYER_IN)
         sets = ("activation_offloading=hidden_states", "host_memory_limit=%d" % hl)
         r = train("hs_host", *sets)
         same(r, plain, "hidden_states + host_memory_limit")
-        check("hidden_states + host_memory_limit: 2 layers on the host, 3 on disk, disk peak > 0",
-              r.split == (0, 2, 3) and r.peaks[2] == 3 * LAYER_IN, "split %s peaks %s" % (r.split, r.peaks))
+        check("hidden_states + host_memory_limit: 2 layers on the host, 5 on disk, disk peak > 0",
+              r.split == (0, 2, 5) and r.peaks[2] == 5 * LAYER_IN, "split %s peaks %s" % (r.split, r.peaks))
         matches_plan(r, sets, "hidden_states", "hidden_states + host_memory_limit")
         check("hidden_states + host_memory_limit: no files left under activation_offloading_dir",
               not debris(), repr(debris()))
 
-        # 2. device + host limits: 2 layers on the device, 2 on the host, 1 on disk. The device
+        # 2. device + host limits: 2 layers on the device, 2 on the host, 3 on disk. The device
         # layers use host memory too here (the CPU backend's device memory is host memory).
         dl = int(wd + 2.5 * LAYER_IN)
         hl = int(wd + wh + 4.5 * LAYER_IN)
         sets = ("activation_offloading=hidden_states", "device_memory_limit=%d" % dl, "host_memory_limit=%d" % hl)
         r = train("hs_dev_host", *sets)
         same(r, plain, "hidden_states + device and host limits")
-        check("hidden_states + device and host limits: device 2, host 2, disk 1 layers",
-              r.split == (2, 2, 1) and r.peaks[2] == LAYER_IN and r.peaks[0] <= dl,
+        check("hidden_states + device and host limits: device 2, host 2, disk 3 layers",
+              r.split == (2, 2, 3) and r.peaks[2] == 3 * LAYER_IN and r.peaks[0] <= dl,
               "split %s peaks %s limit %d" % (r.split, r.peaks, dl))
         matches_plan(r, sets, "hidden_states", "hidden_states + device and host limits")
 
@@ -157,7 +160,7 @@ def main():
                            ("ckpt + offload true", ("activation_offloading=true", "gradient_checkpointing=true",
                                                     "gradient_checkpointing_every=2"))):
             wd, wh, _ = tiers[mode]
-            full = rows[mode][1] - wh if mode == "offload true" else 3 * LAYER_IN
+            full = rows[mode][1] - wh if mode == "offload true" else 4 * LAYER_IN
             if mode == "ckpt + offload true":  # the plan's row is every 1; probe every 2's own
                 rc, so, se = plan(*keys)
                 wd, wh, _ = plan_rows(so)[1][mode]
@@ -175,10 +178,19 @@ def main():
         sets = ("activation_offloading=hidden_states", "tiled_mlp=true", "host_memory_limit=%d" % int(wd + wh + 1.5 * LAYER_IN))
         r = train("hs_tiled", *sets)
         same(r, plain_tiled, "hidden_states + tiled MLP + host_memory_limit (vs plain + tiled MLP)")
-        check("hidden_states + tiled MLP + host_memory_limit: spills", r.split == (0, 1, 4), repr(r.split))
+        check("hidden_states + tiled MLP + host_memory_limit: spills", r.split == (0, 1, 6), repr(r.split))
         check("no files left under activation_offloading_dir after all runs", not debris(), repr(debris()))
 
-        # 5. limits below the working set.
+        # 5. a host limit that holds all the inputs without staging but not with it: no disk.
+        wd, wh, _ = tiers["hidden_states"]
+        sets = ("activation_offloading=hidden_states", "host_memory_limit=%d" % int(wd + wh + 5.5 * LAYER_IN))
+        r = train("hs_nodisk", *sets)
+        same(r, plain, "hidden_states, host limit that fits every input without staging")
+        check("hidden_states, host limit that fits every input without staging: no disk",
+              r.split == (0, 7, 0) and r.peaks[2] == 0, "split %s peaks %s" % (r.split, r.peaks))
+        matches_plan(r, sets, "hidden_states", "hidden_states, host limit that fits every input without staging")
+
+        # 6. limits below the working set.
         for key, val in (("host_memory_limit", "1MiB"), ("device_memory_limit", "1MiB")):
             rc, so, se = run_trainer(binary, cfg, "output_dir=" + os.path.join(root, "bad"),
                                      "activation_offloading=hidden_states", "%s=%s" % (key, val),
@@ -187,7 +199,7 @@ def main():
             check("%s below the working set: one error line naming it and the bytes needed" % key,
                   rc == 1 and len(lines) == 1 and key in lines[0] and "working set of" in lines[0], se)
 
-        # 6. auto under a host limit that plain cannot meet.
+        # 7. auto under a host limit that plain cannot meet.
         hl = int(rows["plain"][0] * 0.9)
         r = train("auto", "activation_offloading=auto", "host_memory_limit=%d" % hl)
         picked = re.search(r"auto picked '(.+)'", r.out)
