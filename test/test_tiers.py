@@ -3,7 +3,8 @@
 device while device_memory_limit leaves room beyond the mode's working set, then on the host
 while host_memory_limit does, then on disk, in layer order.
 
-Checks, on the CPU backend (8 layers, B=2, T=128, two micro-batches a step, 3 steps):
+Checks, on the CPU backend (8 layers, B=2, T=128, two micro-batches a step, 3 steps, an
+evaluation every 2; "losses" are the training and evaluation losses):
   * hidden_states under a host limit that holds some layers' inputs: the rest goes to disk;
     losses and weights bit-identical to the plain run; the start-up line and the plan say how
     many layers are where; the measured device/host/disk peaks are the plan's; no files are
@@ -76,7 +77,7 @@ def main():
                     "  max_position_embeddings: 256\ntrain_data: %s\nsequence_len: %d\nmicro_batch_size: %d\n"
                     "gradient_accumulation_steps: 2\nmax_steps: 3\nnum_threads: 1\nmin_offload_size: 0\n"
                     "shuffle: false\ndevice: cpu\nactivation_offloading_dir: %s\nlearning_rate: 1e-2\n"
-                    % (C, L, data, T, B, offdir))
+                    "val_data: %s\neval_steps: 2\n" % (C, L, data, T, B, offdir, data))
 
         def train(name, *sets):
             out = os.path.join(root, name)
@@ -87,7 +88,8 @@ def main():
             mp = os.path.join(out, "metrics.jsonl")
             if rc == 0 and os.path.exists(mp):
                 r.metrics = [json.loads(l) for l in open(mp) if l.strip()]
-            r.losses = [m["loss"] for m in r.metrics if "loss" in m and "step" in m]
+            # Training and evaluation losses (an eval pass keeps nothing, wherever the tiers are).
+            r.losses = [(m.get("loss"), m.get("val_loss")) for m in r.metrics if "loss" in m or "val_loss" in m]
             r.peaks = tuple(max([int(m.get(k, 0)) for m in r.metrics] or [-1])
                             for k in ("device_peak_bytes", "host_peak_bytes", "disk_peak_bytes"))
             w = os.path.join(out, "model.safetensors")
@@ -103,7 +105,9 @@ def main():
 
         plain = train("plain")
         plain_tiled = train("plain_tiled", "tiled_mlp=true")
-        check("plain reference runs", plain.rc == 0 and plain.weights and len(plain.losses) == 3, plain.err[-400:])
+        check("plain reference runs (3 steps, 2 evaluations)", plain.rc == 0 and plain.weights and
+              sum(v is not None for _, v in plain.losses) == 2 and sum(l is not None for l, _ in plain.losses) == 3,
+              plain.err[-400:] + repr(plain.losses))
         rc, so, se = plan()
         rows, tiers = plan_rows(so)
         need = ["hidden_states", "offload true", "ckpt + offload true", "hidden_states + tiled MLP"]
