@@ -12,7 +12,9 @@ evaluation every 2; "losses" are the training and evaluation losses):
   * device + host limits: the three tiers at once (device, host and disk layers), same numbers;
   * offload true and checkpointing every 2 + offload true under a host limit (a layer's
     tensors split between host and disk): same numbers;
-  * hidden_states + tiled MLP under a host limit: the same numbers as plain + tiled MLP;
+  * hidden_states + tiled MLP + tiled attention under a host limit: the plain run's numbers;
+  * the same (tiled MLP) under mpirun with sequence_parallel_degree 2: bit-identical to those
+    ranks without tiers, and within 1e-5 of the plain one-process run;
   * a host limit that holds every input without disk staging (but not with it): no disk;
   * a limit below the working set: one error line naming the key and the bytes needed;
   * auto under a host limit picks a mode that fits, and trains to the plain run's numbers.
@@ -23,7 +25,11 @@ import json
 import os
 import re
 import shutil
+import struct
+import subprocess
 import tempfile
+
+import numpy as np
 
 from checks import check, finish, run_trainer, write_shard
 
@@ -59,6 +65,21 @@ class Ctx:
     pass
 
 
+def tensors(blob):
+    n = struct.unpack("<Q", blob[:8])[0]
+    hdr = json.loads(blob[8:8 + n])
+    return {k: np.frombuffer(blob[8 + n + v["data_offsets"][0]:8 + n + v["data_offsets"][1]], dtype=np.float32)
+            for k, v in hdr.items() if k != "__metadata__"}
+
+
+def rel_diff(a, b):
+    """Largest per-tensor max |a - b| / max |b| of two safetensors files (1 if they differ in names)."""
+    ta, tb = tensors(a), tensors(b)
+    if ta.keys() != tb.keys():
+        return 1.0
+    return max(float(np.max(np.abs(ta[k] - tb[k]))) / max(float(np.max(np.abs(tb[k]))), 1e-30) for k in tb)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--bin", default="build/train_llama")
@@ -79,9 +100,23 @@ def main():
                     "shuffle: false\ndevice: cpu\nactivation_offloading_dir: %s\nlearning_rate: 1e-2\n"
                     "val_data: %s\neval_steps: 2\n" % (C, L, data, T, B, offdir, data))
 
-        def train(name, *sets):
+        def mpirun(ranks, *args):
+            argv = ["mpirun", "-np", str(ranks), "--oversubscribe", "--bind-to", "none", binary, "-c", cfg]
+            for a in args:
+                argv += [a] if a.startswith("--") else ["--set", a]
+            env = {k: v for k, v in os.environ.items()
+                   if not k.startswith(("OMPI_", "PMI_", "PMIX_", "PRTE_")) and k != "LLMC_DEVICE"}
+            env.update(OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", OMPI_ALLOW_RUN_AS_ROOT="1",
+                       OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+            p = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300)
+            return p.returncode, p.stdout, p.stderr
+
+        def train(name, *sets, ranks=1):
             out = os.path.join(root, name)
-            rc, so, se = run_trainer(binary, cfg, "output_dir=" + out, *sets, drop_env=("LLMC_DEVICE",))
+            if ranks > 1:
+                rc, so, se = mpirun(ranks, "output_dir=" + out, *sets)
+            else:
+                rc, so, se = run_trainer(binary, cfg, "output_dir=" + out, *sets, drop_env=("LLMC_DEVICE",))
             r = Ctx()
             r.rc, r.out, r.err, r.dir = rc, so, se, out
             r.metrics = []
@@ -177,12 +212,43 @@ def main():
             if mode == "offload true":
                 matches_plan(r, sets, mode, mode + " + host_memory_limit")
 
-        # 4. tiled MLP.
-        wd, wh, _ = tiers["hidden_states + tiled MLP"]
-        sets = ("activation_offloading=hidden_states", "tiled_mlp=true", "host_memory_limit=%d" % int(wd + wh + 1.5 * LAYER_IN))
+        # 4. tiled MLP and tiled attention (tiling changes no bits: against the plain run).
+        mode = "hidden_states + tiled MLP + attention"
+        wd, wh, _ = tiers[mode]
+        sets = ("activation_offloading=hidden_states", "tiled_mlp=true", "tiled_attention=true",
+                "host_memory_limit=%d" % int(wd + wh + 1.5 * LAYER_IN))
         r = train("hs_tiled", *sets)
-        same(r, plain_tiled, "hidden_states + tiled MLP + host_memory_limit (vs plain + tiled MLP)")
-        check("hidden_states + tiled MLP + host_memory_limit: spills", r.split == (0, 1, 6), repr(r.split))
+        same(r, plain, mode + " + host_memory_limit")
+        check(mode + " + host_memory_limit: spills", r.split == (0, 1, 6), repr(r.split))
+        matches_plan(r, sets, mode, mode + " + host_memory_limit")
+
+        # 4b. with sequence parallelism over 2 ranks (each holds T/2 tokens, so half a layer
+        # input): bit-identical to the same ranks without tiers, and the plain one-process run's
+        # numbers within 1e-5 (adam_epsilon 0.01 on both: a tiny epsilon would divide the last-bit
+        # differences of the reordered sums by near-zero second moments).
+        if shutil.which("mpirun"):
+            keys = ("activation_offloading=hidden_states", "tiled_mlp=true", "sequence_parallel_degree=2",
+                    "adam_epsilon=0.01")
+            rc, so, se = mpirun(2, *keys, "output_dir=" + os.path.join(root, "sp_plan"), "--plan")
+            sp = plan_rows(so)[1].get("hidden_states + tiled MLP")
+            if rc != 0 or not sp:
+                check("sequence parallel: plan", False, so[-600:] + se[-600:])
+            else:
+                r = train("sp_tiers", *(keys + ("host_memory_limit=%d" % int(sp[0] + sp[1] + 2.5 * LAYER_IN / 2),)),
+                          ranks=2)
+                r0 = train("sp_untiered", *keys, ranks=2)
+                ref = train("plain_eps", "adam_epsilon=0.01")
+                same(r, r0, "sequence_parallel_degree 2 + hidden_states + tiled MLP: host_memory_limit vs none")
+                ok = r.rc == 0 and ref.rc == 0 and r.weights is not None and len(r.losses) == len(ref.losses)
+                dl = max((abs(float(a or 0) - float(b or 0)) / max(abs(float(b or 1)), 1e-30)
+                          for x, y in zip(r.losses, ref.losses) for a, b in zip(x, y)), default=1) if ok else 1
+                dw = rel_diff(r.weights, ref.weights) if ok else 1
+                check("sequence_parallel_degree 2 + hidden_states + tiled MLP + host_memory_limit: 2 layers on the "
+                      "host, 5 on disk per rank; losses %.1e and weights %.1e of the plain run (relative)" % (dl, dw),
+                      ok and r.split == (0, 2, 5) and dl <= 1e-5 and dw <= 1e-5,
+                      "rc %d split %s %s" % (r.rc, r.split, r.err.strip()[-600:]))
+        else:
+            print("SKIP sequence parallel + tiers: no mpirun")
         check("no files left under activation_offloading_dir after all runs", not debris(), repr(debris()))
 
         # 5. a host limit that holds all the inputs without staging but not with it: no disk.
