@@ -6,7 +6,10 @@
 //   stash[s][k]    device staging for offloaded tensors of kind s: forward writes into a ring
 //                  of `depth` of them while earlier copies drain; backward prefetches into the
 //                  first two (by parity), so the two phases share the memory
-//   staging[s][k]  pinned host buffers between stash and the disk I/O thread (disk tier)
+//   staging[s][j]  two pinned host buffers per kind between stash and the disk I/O thread
+//                  (disk tier): forward alternates them, backward reads into them by parity.
+//                  The copy into one is synchronous, so two keep the I/O thread busy; more
+//                  would only cost host memory (8 GiB each for an 8B model's layer input at 1M)
 //   scratch[j][s]  tensors that are recomputed: one set, or one per layer of a checkpoint
 //                  segment for full checkpointing (j = layer - segment start)
 //   tile[3]        gate/up/h for one MLP tile when the MLP is tiled
@@ -39,6 +42,7 @@ struct ActStore {
     DiskJob *jobs[S_COUNT][MAXDEPTH];
     int job_busy[S_COUNT][MAXDEPTH];
     int next_k[S_COUNT], kdepth[S_COUNT];  // ring position and depth per kind
+    int next_stage[S_COUNT];                // disk staging buffer the next write uses
     int *stash_k;                    // [L][S_COUNT] ring index a kept tensor used in forward
     void **scratch;                  // [sets][S_COUNT]
     void *tile[4], *final_res, *sink;  // tile: gate, up, h, ln2 of one MLP chunk
@@ -49,6 +53,7 @@ struct ActStore {
     int *order, norder, *order_pos;  // backward fetch order (layers with offloaded tensors)
     int fetched;                     // next index of order to fetch
     DiskIO *io;
+    ActTiers tiers;
 };
 
 #define AT(st, arr, l, s) ((st)->arr[(size_t)(l) * S_COUNT + (s)])
@@ -113,6 +118,41 @@ static int policy_home(const MemPolicy *p, int L, int l, int s, size_t bytes) {
     return p->tier == TIER_DISK ? HOME_DISK : HOME_HOST;
 }
 
+// What is kept (saved[l][s]) and where (home[l][s]), shared by the store and act_stats so the
+// planner's disk bytes are the store's. A tiered policy fills the tiers strictly in layer
+// order: once a tensor does not fit a tier, every later one goes further down, so the first
+// layers stay on the device (read last in backward) and the last ones go to disk.
+// tiers (optional): layers and bytes per home among the tensors the tiers decided.
+static void assign_homes(const ModelConfig *c, const MemPolicy *p, int B, int T, int A,
+                         unsigned char *saved, unsigned char *home, ActTiers *tiers) {
+    const int L = c->num_hidden_layers;
+    int tier = HOME_DEVICE;
+    size_t dev_used = 0, host_used = 0;
+    if (tiers) memset(tiers, 0, sizeof *tiers);
+    for (int l = 0; l < L; l++) {
+        int in_home[3] = {0};
+        for (int s = 0; s < S_COUNT; s++) {
+            size_t b = slot_bytes(c, p, B, T, A, s);
+            int keep = b && policy_saves(p, l, s), h = keep ? policy_home(p, L, l, s, b) : HOME_DEVICE;
+            if (keep && p->tiered && p->tier == TIER_HOST && h == HOME_HOST) {
+                if (tier == HOME_DEVICE &&
+                    !(dev_used + b <= p->dev_budget && (!p->shared_budget || host_used + b <= p->host_budget)))
+                    tier = HOME_HOST;
+                if (tier == HOME_HOST && !(host_used + b <= p->host_budget)) tier = HOME_DISK;
+                h = tier;
+                if (h == HOME_DEVICE) dev_used += b;
+                if (h == HOME_HOST || (h == HOME_DEVICE && p->shared_budget)) host_used += b;
+                in_home[h] = 1;
+                if (tiers) tiers->bytes[h] += b;
+            }
+            saved[(size_t)l * S_COUNT + s] = (unsigned char)keep;
+            home[(size_t)l * S_COUNT + s] = (unsigned char)h;
+        }
+        if (tiers)
+            for (int h = 0; h < 3; h++) tiers->layers[h] += in_home[h];
+    }
+}
+
 int act_segment_start(const ActStore *st, int l) {
     return st->pol.recompute == RC_FULL ? (l / st->pol.every) * st->pol.every : l;
 }
@@ -139,22 +179,21 @@ ActStore *actstore_create(Backend *bk, const ModelConfig *c, const MemPolicy *p,
     st->scratch = xcalloc((size_t)st->sets * S_COUNT, sizeof(void *));
 
     // Decide, then allocate: kept tensors, their host copies, the scratch they don't need.
-    int offloaded_kinds = 0, kind_offloaded[S_COUNT] = {0};
+    int offloaded_kinds = 0, kind_offloaded[S_COUNT] = {0}, kind_disk[S_COUNT] = {0}, any_disk = 0;
     unsigned char *need_scratch = xcalloc((size_t)st->sets * S_COUNT, 1);
+    assign_homes(c, &st->pol, B, T, A, st->saved, st->home, &st->tiers);
     for (int l = 0; l < L; l++)
         for (int s = 0; s < S_COUNT; s++) {
             if (!st->bytes[s]) continue;
-            int keep = policy_saves(&st->pol, l, s);
-            AT(st, saved, l, s) = (unsigned char)keep;
-            if (!keep) {
+            if (!AT(st, saved, l, s)) {
                 need_scratch[scratch_set(st, l) * S_COUNT + s] = 1;
                 continue;
             }
-            int home = policy_home(&st->pol, L, l, s, st->bytes[s]);
-            AT(st, home, l, s) = (unsigned char)home;
+            int home = AT(st, home, l, s);
             if (home == HOME_DEVICE) AT(st, dev, l, s) = bk->dev_alloc(bk, st->bytes[s], "activations (kept)");
             else kind_offloaded[s]++;  // layers whose tensor of kind s leaves the device
             if (home == HOME_HOST) AT(st, host, l, s) = bk->host_alloc(bk, st->bytes[s], "activations (host copy)");
+            if (home == HOME_DISK) kind_disk[s] = any_disk = 1;
         }
     for (int j = 0; j < st->sets; j++)
         for (int s = 0; s < S_COUNT; s++)
@@ -179,7 +218,7 @@ ActStore *actstore_create(Backend *bk, const ModelConfig *c, const MemPolicy *p,
             for (int k = 0; k < st->kdepth[s]; k++) {
                 st->stash[s][k] = bk->dev_alloc(bk, st->bytes[s], "activation offload stash");
                 st->stash_ev[s][k] = bk->event_create(bk);
-                if (p->tier == TIER_DISK) {
+                if (kind_disk[s] && k < 2) {
                     st->staging[s][k] = bk->host_alloc(bk, st->bytes[s], "disk staging");
                     st->jobs[s][k] = xcalloc(1, sizeof(DiskJob));
                 }
@@ -188,7 +227,7 @@ ActStore *actstore_create(Backend *bk, const ModelConfig *c, const MemPolicy *p,
         st->copyq = bk->queue_create(bk);
         st->ev_compute = bk->event_create(bk);
         for (int i = 0; i < 2; i++) st->fetch_ev[i] = bk->event_create(bk), st->release_ev[i] = bk->event_create(bk);
-        if (p->tier == TIER_DISK && !bk->dry_run) st->io = diskio_create(p->disk_dir, &bk->mem);
+        if (any_disk && !bk->dry_run) st->io = diskio_create(p->disk_dir, &bk->mem);
     }
     // Backward consumes offloaded layers top down (full checkpointing: segment starts).
     st->order = xcalloc(L, sizeof(int));
@@ -314,7 +353,7 @@ void act_fwd_done(ActStore *st, int l, int for_backward) {
         void *src = st->stash[s][k];
         AT(st, fwd_ptr, l, s) = NULL;  // the next forward pass picks a fresh buffer
         if (!for_backward) continue;
-        switch (st->pol.tier) {
+        switch (AT(st, home, l, s) == HOME_DISK ? TIER_DISK : st->pol.tier) {
         case TIER_HOST_SYNC:
             bk->copy_d2h(bk, AT(st, host, l, s), src, st->bytes[s], NULL);
             bk->sync(bk);
@@ -326,15 +365,17 @@ void act_fwd_done(ActStore *st, int l, int for_backward) {
             bk->event_record(bk, st->stash_ev[s][k], st->copyq);
             st->stash_busy[s][k] = 1;
             break;
-        case TIER_DISK:
+        case TIER_DISK: {
             // The staging buffer must be free of its previous write before it is refilled.
-            if (st->job_busy[s][k]) diskio_wait(st->io, st->jobs[s][k]), st->job_busy[s][k] = 0;
-            bk->copy_d2h(bk, st->staging[s][k], src, st->bytes[s], NULL);
+            const int j = st->next_stage[s]++ % 2;
+            if (st->job_busy[s][j]) diskio_wait(st->io, st->jobs[s][j]), st->job_busy[s][j] = 0;
+            bk->copy_d2h(bk, st->staging[s][j], src, st->bytes[s], NULL);
             bk->sync(bk);
             file_name(name, sizeof name, l, s);
-            diskio_write(st->io, st->jobs[s][k], name, st->staging[s][k], st->bytes[s]);
-            st->job_busy[s][k] = 1;
+            diskio_write(st->io, st->jobs[s][j], name, st->staging[s][j], st->bytes[s]);
+            st->job_busy[s][j] = 1;
             break;
+        }
         }
     }
 }
@@ -345,20 +386,21 @@ static void fetch(ActStore *st, int i) {
     Backend *bk = st->bk;
     const int l = st->order[i], p = i % 2;
     char name[64];
+    // A tiered layer may have tensors in both: the host ones on the copy queue, the disk ones
+    // through the I/O thread into staging (copied to the device when backward reaches them).
     if (st->pol.tier == TIER_HOST) {
         bk->queue_wait(bk, st->copyq, st->release_ev[p]);  // parity p's last reader is done
         for (int s = 0; s < S_COUNT; s++)
             if (AT(st, saved, l, s) && AT(st, home, l, s) == HOME_HOST)
                 bk->copy_h2d(bk, st->stash[s][p], AT(st, host, l, s), st->bytes[s], st->copyq);
         bk->event_record(bk, st->fetch_ev[p], st->copyq);
-    } else if (st->pol.tier == TIER_DISK) {
-        for (int s = 0; s < S_COUNT; s++) {
-            if (!AT(st, saved, l, s) || AT(st, home, l, s) != HOME_DISK) continue;
-            if (st->job_busy[s][p]) diskio_wait(st->io, st->jobs[s][p]), st->job_busy[s][p] = 0;
-            file_name(name, sizeof name, l, s);
-            diskio_read(st->io, st->jobs[s][p], name, st->staging[s][p], st->bytes[s]);
-            st->job_busy[s][p] = 1;
-        }
+    }
+    for (int s = 0; s < S_COUNT; s++) {
+        if (!AT(st, saved, l, s) || AT(st, home, l, s) != HOME_DISK) continue;
+        if (st->job_busy[s][p]) diskio_wait(st->io, st->jobs[s][p]), st->job_busy[s][p] = 0;
+        file_name(name, sizeof name, l, s);
+        diskio_read(st->io, st->jobs[s][p], name, st->staging[s][p], st->bytes[s]);
+        st->job_busy[s][p] = 1;
     }
     st->fetched = i + 1;
 }
@@ -388,17 +430,16 @@ void act_bwd_layer(ActStore *st, int l, LayerActs *a) {
             bk->sync(bk);
             st->fetched = pos + 2;
         } else {
-            if (st->pol.tier == TIER_HOST) {
-                bk->queue_wait(bk, NULL, st->fetch_ev[p]);
-            } else {
-                for (int s = 0; s < S_COUNT; s++) {
-                    if (!AT(st, saved, l, s) || AT(st, home, l, s) != HOME_DISK) continue;
-                    diskio_wait(st->io, st->jobs[s][p]);
-                    st->job_busy[s][p] = 0;
-                    bk->copy_h2d(bk, st->stash[s][p], st->staging[s][p], st->bytes[s], NULL);
-                }
-                bk->sync(bk);  // staging p is refilled by the fetch after next
+            if (st->pol.tier == TIER_HOST) bk->queue_wait(bk, NULL, st->fetch_ev[p]);
+            int from_disk = 0;
+            for (int s = 0; s < S_COUNT; s++) {
+                if (!AT(st, saved, l, s) || AT(st, home, l, s) != HOME_DISK) continue;
+                diskio_wait(st->io, st->jobs[s][p]);
+                st->job_busy[s][p] = 0;
+                bk->copy_h2d(bk, st->stash[s][p], st->staging[s][p], st->bytes[s], NULL);
+                from_disk = 1;
             }
+            if (from_disk) bk->sync(bk);  // staging p is refilled by the fetch after next
             fetch(st, pos + 1);  // one layer ahead
             st->fetched = pos + 2;
         }
@@ -424,14 +465,16 @@ void act_stats(const ModelConfig *c, const MemPolicy *p, int B, int T, int A, Ac
     memset(out, 0, sizeof *out);
     const int L = c->num_hidden_layers;
     const double N = (double)B * T, C = c->hidden_size, I = c->intermediate_size;
+    unsigned char *saved = xcalloc((size_t)L * S_COUNT, 1), *home = xcalloc((size_t)L * S_COUNT, 1);
+    assign_homes(c, p, B, T, A, saved, home, &out->tiers);
     for (int l = 0; l < L; l++)
         for (int s = 0; s < S_COUNT; s++) {
-            size_t b = slot_bytes(c, p, B, T, A, s);
-            if (!b || !policy_saves(p, l, s)) continue;
-            int home = policy_home(p, L, l, s, b);
-            out->saved_bytes[home] += (double)b;
-            if (home != HOME_DEVICE) out->moved_bytes += 2.0 * b;
+            size_t i = (size_t)l * S_COUNT + s, b = slot_bytes(c, p, B, T, A, s);
+            if (!saved[i]) continue;
+            out->saved_bytes[home[i]] += (double)b;
+            if (home[i] != HOME_DEVICE) out->moved_bytes += 2.0 * b;
         }
+    free(saved), free(home);
     double layer = (forward_flops(c, B, T) - 2 * N * C * c->vocab_size) / L;
     if (p->recompute == RC_FULL) out->recompute_flops = layer * L;
     else if (p->recompute == RC_SELECTIVE) out->recompute_flops = N * (6 * C + 4 * I) * L;  // norms, SwiGLU
@@ -449,4 +492,16 @@ void mem_policy_describe(const MemPolicy *p, char *out, size_t cap) {
     else snprintf(rc, sizeof rc, "recompute: %s", p->recompute == RC_SELECTIVE ? "selective" : "none");
     snprintf(out, cap, "%s; kept %s on %s%s%s", rc, p->hidden_states ? "layer inputs" : "tensors",
              tiers[p->tier], p->tiled_mlp ? "; tiled MLP" : "", p->tiled_attention ? "; tiled attention" : "");
+}
+
+const ActTiers *act_tiers(const ActStore *st) { return &st->tiers; }
+
+void act_describe_tiers(const MemPolicy *p, const ActTiers *t, char *out, size_t cap) {
+    out[0] = 0;
+    if (!p->tiered) return;
+    char b[3][32];
+    for (int h = 0; h < 3; h++) format_bytes(b[h], sizeof b[h], t->bytes[h]);
+    snprintf(out, cap, "%s: device %d layers (%s), host %d (%s), disk %d (%s)",
+             p->hidden_states ? "hidden states" : "kept tensors", t->layers[0], b[0], t->layers[1], b[1],
+             t->layers[2], b[2]);
 }

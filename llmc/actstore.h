@@ -16,6 +16,10 @@
 
 typedef struct ActStore ActStore;
 
+// Where a tiered policy put the tensors it decided: layers with any of them in each home
+// (HOME_*) and their bytes.
+typedef struct { int layers[3]; double bytes[3]; } ActTiers;
+
 // Bytes of one saved tensor of kind s (0 when the kind does not exist, e.g. tiled MLP).
 size_t slot_bytes(const ModelConfig *c, const MemPolicy *p, int B, int T, int act_bytes, int s);
 // Rows per MLP chunk, the same in every mode (tiled_mlp only decides what a chunk keeps).
@@ -65,7 +69,11 @@ typedef struct {
     double saved_bytes[3];     // kept tensor bytes per home, whole model
     double moved_bytes;        // bytes copied device<->host/disk per step (both directions)
     double recompute_flops;    // extra forward FLOPs per micro-batch
+    ActTiers tiers;
 } ActStats;
 void act_stats(const ModelConfig *c, const MemPolicy *p, int B, int T, int act_bytes, ActStats *out);
+const ActTiers *act_tiers(const ActStore *st);
+// "hidden states: device 2 layers (1.00 MiB), host 3 (...), disk 2 (...)"; "" if not tiered.
+void act_describe_tiers(const MemPolicy *p, const ActTiers *t, char *out, size_t cap);
 // Forward FLOPs of one micro-batch (matmuls + attention), for recompute ratios.
 double forward_flops(const ModelConfig *c, int B, int T);

@@ -125,7 +125,7 @@ static const KeyDef KEYS[] = {
         "run norms, q/k/v/o projections and attention over sequence tiles"),
     NUM("tiled_mlp_shards", T_INT, tiled_mlp_shards, "0", 0, 1 << 20, "MLP tiles; 0 = ceil(T / hidden_size)"),
     NUM("host_memory_limit", T_SIZE, host_memory_limit, "0", 0, 1e18,
-        "host memory a plan may use (--plan, auto); 0 = this machine's RAM"),
+        "host memory budget (--plan, auto, the offloading modes' host tier); 0 = this machine's RAM"),
     NUM("device_memory_limit", T_SIZE, device_memory_limit, "0", 0, 1e18,
         "device memory budget (e.g. 2GiB); 0 = none"),
     ENUM("adapter", adapter, "none", "none|lora|qlora", "train adapters over a frozen base"),

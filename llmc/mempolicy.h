@@ -24,5 +24,12 @@ typedef struct MemPolicy {
     int tiled_attention;    // norms, projections and attention over query tiles (O(T) memory)
     int stream_frozen;      // layer_offloading: frozen layer weights streamed from host
     char disk_dir[1024];    // parent directory for the disk tier ("" = system temp dir)
+    // Tiers (TIER_HOST only): kept offloadable tensors fill, in layer order, the device up to
+    // dev_budget bytes, then the host up to host_budget bytes, then disk. The planner sets
+    // them from device_memory_limit and host_memory_limit (plan_budgets); tiered = 0 keeps
+    // everything on the host. shared_budget: device memory is host memory (the CPU backend),
+    // so a tensor kept on the device uses the host budget too.
+    int tiered, shared_budget;
+    size_t dev_budget, host_budget;
 } MemPolicy;
 

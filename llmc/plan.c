@@ -113,6 +113,62 @@ void plan_print_assumptions(const PlanDevice *d, int world, FILE *f) {
             d->att_block ? "" : "; no tiled-attention rows: these kernels have no query tiles yet");
 }
 
+// ---- tiers ------------------------------------------------------------------------------
+int plan_budgets(const Config *cfg, const ModelConfig *c, const Backend *bk, const ModelOptions *mo,
+                 MemPolicy *p, char *why, size_t cap, size_t ws_out[2]) {
+    if (why && cap) why[0] = 0;
+    if (ws_out) ws_out[0] = ws_out[1] = 0;
+    p->tiered = 0, p->dev_budget = 0, p->host_budget = 0;
+    if (p->tier != TIER_HOST) return 0;
+    const PlanDevice *dev = plan_device(cfg, bk);
+    const int spn = mo && mo->seq_parallel > 1 ? mo->seq_parallel : 1;
+    const int world = mo && mo->comm ? mo->comm->world : 1;
+    const int B = cfg->micro_batch_size, T = cfg->sequence_len / spn, A = bk ? bk->act_bytes : dev->act_bytes;
+    LoraConfig lora;
+    config_lora(cfg, c, &lora);
+    // The working set: this mode with every tensor the tiers decide on disk (the most staging,
+    // nothing kept on the device or the host). What the limits leave beyond it is the budget.
+    MemPolicy ws = *p;
+    ws.tiered = 1, ws.shared_budget = 0;
+    size_t wdev, whost, wdisk;
+    const int att_block = spn > 1 ? 0 : bk ? bk->att_block : dev->att_block;  // as plan_rows
+    plan_measure(c, &lora, mo, &ws, B, T, A, att_block, &wdev, &whost, &wdisk);
+    wdev += (size_t)(dev->fixed_device_bytes + (world > 1 ? dev->comm_device_bytes : 0));
+    const size_t dlim = (size_t)cfg->device_memory_limit, hlim = plan_host_limit(cfg);
+    // On the CPU backend "device" memory is host memory: it counts against the host limit too.
+    const size_t hneed = whost + (dev->host_backed ? wdev : 0);
+    if (ws_out) ws_out[0] = wdev, ws_out[1] = whost;
+    char a[32], b[32];
+    if (dlim && wdev > dlim) {
+        format_bytes(a, sizeof a, (double)dlim), format_bytes(b, sizeof b, (double)wdev);
+        if (why) snprintf(why, cap, "device_memory_limit %s is below this mode's working set of %s (its "
+                          "device memory with every offloaded tensor on disk)", a, b);
+        return 1;
+    }
+    if (hneed > hlim) {
+        format_bytes(a, sizeof a, (double)hlim), format_bytes(b, sizeof b, (double)hneed);
+        if (why) snprintf(why, cap, "host_memory_limit %s%s is below this mode's working set of %s (host "
+                          "memory%s with every offloaded tensor on disk)", a,
+                          cfg->host_memory_limit ? "" : " (this machine's memory)", b,
+                          dev->host_backed ? ", with the CPU backend's device memory," : "");
+        return 1;
+    }
+    p->tiered = 1;
+    p->shared_budget = dev->host_backed;
+    p->dev_budget = dlim ? dlim - wdev : 0;
+    p->host_budget = hlim == SIZE_MAX ? SIZE_MAX : hlim - hneed;
+    if (hlim == SIZE_MAX) return 0;
+    // The working set holds disk staging that a run with nothing on disk does not need: when
+    // everything the device leaves fits on the host without it, nothing goes to disk.
+    MemPolicy all = *p;
+    all.host_budget = SIZE_MAX;
+    size_t adev, ahost, adisk;
+    plan_measure(c, &lora, mo, &all, B, T, A, att_block, &adev, &ahost, &adisk);
+    adev += (size_t)(dev->fixed_device_bytes + (world > 1 ? dev->comm_device_bytes : 0));
+    if (ahost + (dev->host_backed ? adev : 0) <= hlim) p->host_budget = SIZE_MAX;
+    return 0;
+}
+
 // Attention's share of the forward FLOPs (the T^2 term), which runs at its own rate.
 static double attention_flops(const ModelConfig *c, int B, int T) {
     return 2.0 * B * c->num_attention_heads * (double)T * T * c->head_dim * c->num_hidden_layers;
@@ -157,19 +213,25 @@ int plan_rows(const Config *cfg, const ModelConfig *c, const Backend *bk, const 
             r->pol.tiled_mlp = tiled > 0;
             r->pol.tiled_attention = tiled > 1;
             snprintf(r->name, sizeof r->name, "%s%s", MODES[i].name, TILING[tiled]);
+            // The tiered modes are planned as the run will build them: the same budgets.
+            size_t ws[2];
+            int ws_fits = plan_budgets(cfg, c, bk, mo, &r->pol, NULL, 0, ws) == 0;
+            r->ws_dev = ws[0], r->ws_host = ws[1];
             plan_measure(c, &lora, mo, &r->pol, B, T, A, att_block, &r->dev_peak, &r->host_peak, &r->disk_peak);
             r->dev_peak += (size_t)fixed;
             ActStats as;
             act_stats(c, &r->pol, B, T, A, &as);
+            r->tiers = as.tiers;
             r->recompute_flops = as.recompute_flops * accum;
             r->moved_bytes = as.moved_bytes * accum;
-            // Async copies mostly hide behind compute; count a quarter of their time.
-            double bw = r->pol.tier == TIER_DISK ? disk : link;
+            // Async host copies mostly hide behind compute; count a quarter of their time. Disk
+            // bytes (both directions) go at the disk's rate.
             double hidden = r->pol.tier == TIER_HOST ? 0.25 : 1.0;
-            r->est_ms = 1e3 * (step_s + r->recompute_flops / F + hidden * r->moved_bytes / bw);
+            double to_host = 2 * as.saved_bytes[HOME_HOST] * accum, to_disk = 2 * as.saved_bytes[HOME_DISK] * accum;
+            r->est_ms = 1e3 * (step_s + r->recompute_flops / F + hidden * to_host / link + to_disk / disk);
             // On the CPU backend "device" memory is host memory too.
             size_t host_need = r->host_peak + (dev->host_backed ? r->dev_peak : 0);
-            r->fits = (!cfg->device_memory_limit || r->dev_peak <= (size_t)cfg->device_memory_limit) &&
+            r->fits = ws_fits && (!cfg->device_memory_limit || r->dev_peak <= (size_t)cfg->device_memory_limit) &&
                       host_need <= host_limit;
         }
     return n;
@@ -199,6 +261,15 @@ void plan_print(const PlanRow *rows, int n, size_t limit, size_t host_limit, FIL
         format_bytes(mv, sizeof mv, r->moved_bytes);
         fprintf(f, "| %-42s | %12s | %12s | %12s | %15.2f | %14s | %9.1f | %4s |\n", r->name, d, h, k,
                 r->recompute_flops / 1e9, mv, r->est_ms, r->fits ? "yes" : "no");
+    }
+    // The tiered modes: what they need whatever the limits, and where their kept tensors went.
+    for (int i = 0; i < n; i++) {
+        const PlanRow *r = &rows[i];
+        if (r->pol.tier != TIER_HOST) continue;
+        char t[192] = "not within the limits", d[32], h[32];
+        if (r->pol.tiered) act_describe_tiers(&r->pol, &r->tiers, t, sizeof t);
+        format_bytes(d, sizeof d, (double)r->ws_dev), format_bytes(h, sizeof h, (double)r->ws_host);
+        fprintf(f, "tiers of %s: working set device %s, host %s; %s\n", r->name, d, h, t);
     }
 }
 

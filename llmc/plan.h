@@ -2,6 +2,7 @@
 // counting backend that allocates nothing, so a prediction is the allocator's own sum, then
 // adds the analytic recompute FLOPs and transfer bytes to rank modes by estimated step time.
 #pragma once
+#include "actstore.h"
 #include "config.h"
 
 // What the step-time estimate and the fixed memory assume about the device. Every constant
@@ -30,6 +31,8 @@ typedef struct {
     size_t dev_peak, host_peak, disk_peak;
     double recompute_flops, moved_bytes, est_ms;
     int fits;                  // within device_memory_limit and the host budget
+    ActTiers tiers;            // a tiered mode: where its kept tensors went
+    size_t ws_dev, ws_host;    // a tiered mode: its working set (everything offloaded on disk)
 } PlanRow;
 
 // Device/host bytes of one mode, measured by building it on a counting backend.
@@ -44,6 +47,18 @@ int plan_rows(const Config *cfg, const ModelConfig *c, const Backend *bk, const 
               PlanRow *rows, int max);
 // limit / host_limit: the device and host budgets the rows were judged against (0: none).
 void plan_print(const PlanRow *rows, int n, size_t limit, size_t host_limit, FILE *f);
+// The tiers of an offloading mode (TIER_HOST: offload true, ckpt + offload, hidden_states):
+// builds the mode with every offloaded tensor on disk (its working set), then sets
+// p->dev_budget = device_memory_limit - that device peak (0 without a limit) and
+// p->host_budget = host limit - that host peak (and on the CPU backend, where device memory
+// is host memory, minus the device peak too); when everything the device budget leaves fits
+// on the host without disk staging, the host budget is unlimited (nothing goes to disk and no
+// staging is allocated). The planner and the run call it alike, so a
+// run spills exactly what its plan said. Other tiers: untiered, returns 0. A working set over
+// a limit: returns 1 and writes a line naming the key and the bytes needed into why.
+// ws (may be NULL): the working set's device and host peaks.
+int plan_budgets(const Config *cfg, const ModelConfig *c, const Backend *bk, const ModelOptions *mo,
+                 MemPolicy *p, char *why, size_t cap, size_t ws[2]);
 // The host budget of a plan: host_memory_limit, else this machine's physical memory.
 size_t plan_host_limit(const Config *cfg);
 // The assumptions behind the estimate (device constants), printed under the plan.

@@ -402,6 +402,8 @@ int train_main(int argc, char **argv, int arch) {
         pol = best->pol;
         printf("activation_offloading: auto picked '%s'\n", best->name);
     }
+    char tier_why[512];  // the offloading modes' device/host/disk tiers, as planned
+    if (plan_budgets(&cfg, &mc, bk, &mo, &pol, tier_why, sizeof tier_why, NULL)) fail("%s", tier_why);
     bk->mem.limit = (size_t)cfg.device_memory_limit;
     if (fitting[0]) bk->oom_hint = fitting;
     LoraConfig lora;
@@ -496,6 +498,9 @@ int train_main(int argc, char **argv, int arch) {
     metrics_open(&metrics, cfg.output_dir, ls.step, rank == 0);
     if (arch == ARCH_GPT2) gpt2_print_box(&cfg, &model, bk, world, acts_bytes);
     else print_box(&cfg, &model, bk, acts_bytes);
+    char tiers[192];
+    act_describe_tiers(&pol, act_tiers(model.store), tiers, sizeof tiers);
+    if (tiers[0] && rank == 0) printf("memory tiers: %s\n", tiers);
     HellaSwag hsw = {0};
     if (cfg.hellaswag_data[0]) {
         if (spn > 1) fail("hellaswag_data: not with sequence_parallel_degree %d", spn);

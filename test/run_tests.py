@@ -43,6 +43,8 @@ def tests(build):
         ("peft_layers", [PY, "test/test_peft_layers.py", "--bin", bin_]),
         ("tokenize_hf", [PY, "test/test_tokenize_hf.py"]),
         ("plan", [PY, "test/test_plan.py", "--bin", bin_]),
+        ("plan_accuracy", [PY, "test/test_plan_accuracy.py", "--bin", bin_]),
+        ("tiers", [PY, "test/test_tiers.py", "--bin", bin_]),
         ("prepare_data", [PY, "test/test_prepare_data.py"]),
         ("datasets_c", [PY, "test/test_datasets_c.py", "--bin", bin_]),
         ("datasets_ref", [PY, "test/test_datasets_ref.py", "--bin", bin_]),
