@@ -5,6 +5,9 @@ CC ?= gcc
 BLAS_INC := /usr/include/x86_64-linux-gnu/openblas-openmp
 BLAS_LIB := /usr/lib/x86_64-linux-gnu/openblas-openmp
 CFLAGS ?= -O3 -g
+# Neither changes a value: no code here reads errno after a math call or enables FP traps; they
+# let loops with sqrt and selects (vexpf, AdamW) vectorize.
+override CFLAGS += -fno-math-errno -fno-trapping-math
 override CFLAGS += -pthread -std=c11 -D_GNU_SOURCE -Wall -Wextra -Wno-unused-parameter -Wno-missing-field-initializers -fopenmp -I. -Illmc \
           -I/usr/include/stb -I$(BLAS_INC)
 MPI_CFLAGS := $(shell mpicc --showme:compile 2>/dev/null)
@@ -15,11 +18,12 @@ BUILD ?= build
 
 LIB_SRC := llmc/util.c llmc/hfcache.c llmc/json.c llmc/metrics.c llmc/export.c llmc/peft.c llmc/config.c llmc/model.c llmc/family.c llmc/actstore.c llmc/diskio.c llmc/plan.c llmc/weights.c llmc/comm.c llmc/quantize.c llmc/gpt2_io.c llmc/gpt2_cli.c llmc/train.c llmc/optim.c llmc/data.c llmc/rows.c llmc/prepare.c llmc/seqpar.c llmc/checkpoint.c \
            llmc/safetensors.c llmc/hf.c llmc/nf4.c llmc/stb_ds_impl.c llmc/cpu/backend_cpu.c \
-           llmc/cpu/kernels_f32.c llmc/cpu/kernels_f64.c
+           llmc/cpu/kernels_f32.c llmc/cpu/kernels_f32_base.c llmc/cpu/kernels_f32_avx2.c \
+           llmc/cpu/kernels_f32_avx512.c llmc/cpu/kernels_f64.c
 LIB_OBJ := $(LIB_SRC:%.c=$(BUILD)/%.o)
 C_LIB_OBJ := $(LIB_OBJ)
 HDRS := $(wildcard llmc/*.h llmc/cpu/*.h llmc/cpu/*.inc)
-TESTS := $(BUILD)/test_ops $(BUILD)/test_safetensors $(BUILD)/test_nf4 $(BUILD)/test_comm $(BUILD)/test_seqpar
+TESTS := $(BUILD)/test_ops $(BUILD)/test_cpu_variants $(BUILD)/test_safetensors $(BUILD)/test_nf4 $(BUILD)/test_comm $(BUILD)/test_seqpar
 
 # ---- CUDA backend (llmc/cuda), built into the same binary when nvcc is found ----------------
 # USE_CUDA=0 forces a CPU-only build (test-asan does: sanitizers and nvcc objects do not mix);
@@ -57,6 +61,11 @@ $(BUILD)/train_gpt.o: train_gpt.cu $(HDRS)
 
 $(BUILD)/train_gpt: $(BUILD)/train_gpt.o $(LIB_OBJ)
 	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
+
+# The float kernels once per instruction set; kernels_f32.c binds the widest the CPU has.
+$(BUILD)/llmc/cpu/kernels_f32_avx2.o: override CFLAGS += -mavx2 -mfma
+$(BUILD)/llmc/cpu/kernels_f32_avx512.o: override CFLAGS += -mavx2 -mfma -mavx512f -mavx512bw -mavx512dq \
+    -mavx512vl -mprefer-vector-width=512
 
 $(BUILD)/%.o: %.c $(HDRS)
 	@mkdir -p $(dir $@)

@@ -19,6 +19,7 @@ def tests(build):
     bin_ = os.path.join(build, "train_llama")
     return [
         ("ops", [os.path.join(build, "test_ops")]),
+        ("cpu_variants", [os.path.join(build, "test_cpu_variants")]),
         ("safetensors", [os.path.join(build, "test_safetensors")]),
         ("nf4", [os.path.join(build, "test_nf4")]),
         ("nf4_ref", [PY, "test/test_nf4.py", "--build", build]),

@@ -47,4 +47,18 @@
                    float eps, float wd, float gscale, int t);
 
 DECLARE_KERNELS(float, f32)
+DECLARE_KERNELS(float, f32_base)    // any x86-64
+DECLARE_KERNELS(float, f32_avx2)    // AVX2 + FMA
+DECLARE_KERNELS(float, f32_avx512)  // AVX-512 F/BW/DQ/VL
 DECLARE_KERNELS(double, f64)
+
+// Every kernel's name, for the per-CPU dispatch in kernels_f32.c.
+#define KERNEL_NAMES(X) \
+    X(matmul) X(add_bias) X(bias_grad) X(add) X(accumulate) X(scale) X(embedding_fwd) \
+    X(embedding_bwd) X(rmsnorm_fwd) X(rmsnorm_bwd) X(layernorm_fwd) X(layernorm_bwd) \
+    X(gelu_fwd) X(gelu_bwd) X(pos_fwd) X(pos_bwd) X(rope_fwd) X(rope_bwd) X(attention_block) \
+    X(attention_fwd) X(attention_bwd) X(swiglu_fwd) X(dropout) X(swiglu_bwd) X(classifier_ce) \
+    X(sumsq) X(adamw)
+
+// Which variant name_f32 runs on this CPU: 0 base, 1 AVX2, 2 AVX-512.
+int kernels_f32_level(void);

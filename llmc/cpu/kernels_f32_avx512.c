@@ -1,0 +1,9 @@
+// The float kernels for CPUs with AVX512 (the Makefile enables it for this file): see kernels_f32.c.
+#include <cblas.h>
+#include "kernels.h"
+#include "vexp.h"
+#define R float
+#define FN(name) name##_f32_avx512
+#define GEMM cblas_sgemm
+#define EXP vexpf
+#include "kernels.inc"

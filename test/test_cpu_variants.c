@@ -1,0 +1,197 @@
+// test_cpu_variants.c: the per-CPU float kernel variants (kernels_f32.c) and vexpf.
+//
+// 1. vexpf against the correctly rounded float of e^x (exp in double, rounded once) on every
+//    61st float in [-104, 89] and on the special values, and against glibc's expf: it must
+//    differ from the correctly rounded value on at most 1 in a million inputs and from either
+//    by at most 1 ulp anywhere.
+// 2. Every variant this CPU can run (base SSE2, AVX2, AVX-512) against the base on the same
+//    inputs, compared bit for bit: training must not depend on which machine ran it.
+// 3. Which variant name_f32 resolved to: the widest the CPU supports.
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "cpu/kernels.h"
+#include "cpu/vexp.h"
+
+static int n_pass, n_fail;
+
+static void check(int ok, const char *name, const char *detail) {
+    if (ok) printf("PASS %s\n", name), n_pass++;
+    else printf("FAIL %s: %s\n", name, detail), n_fail++;
+    fflush(stdout);
+}
+
+static int32_t fbits(float x) {
+    int32_t i;
+    memcpy(&i, &x, sizeof i);
+    return i;
+}
+
+static void test_vexpf(void) {
+    long n = 0, off_cr = 0, off_glibc = 0, worst = 0;
+    const int32_t step = 61;
+    // Positive floats up to 89 and negative ones down to -104, as bit patterns.
+    for (int side = 0; side < 2; side++) {
+        float lim = side ? -104.0f : 89.0f;
+        for (int32_t b = side ? (int32_t)0x80000000u + 1 : 0; ; b += step) {
+            float x;
+            memcpy(&x, &b, sizeof x);
+            if (side ? x < lim : x > lim) break;
+            float got = vexpf(x), cr = (float)exp((double)x), gl = expf(x);
+            long d1 = labs((long)fbits(got) - fbits(cr)), d2 = labs((long)fbits(got) - fbits(gl));
+            off_cr += d1 != 0, off_glibc += d2 != 0, n++;
+            if (d1 > worst) worst = d1;
+            if (d2 > worst) worst = d2;
+        }
+    }
+    char d[160];
+    snprintf(d, sizeof d, "%ld of %ld differ from the correctly rounded value, %ld from glibc, worst %ld ulp",
+             off_cr, n, off_glibc, worst);
+    check(off_cr * 1000000 <= n && worst <= 1, "vexpf vs correctly rounded and glibc expf", d);
+    printf("     (%s)\n", d);
+    int ok = isnan(vexpf(NAN)) && vexpf(INFINITY) == INFINITY && vexpf(-INFINITY) == 0 &&
+             vexpf(0.0f) == 1.0f && vexpf(-0.0f) == 1.0f && vexpf(100.0f) == INFINITY &&
+             vexpf(-120.0f) == 0 && vexpf(-100.0f) == (float)exp(-100.0) && vexpf(-100.0f) > 0;
+    check(ok, "vexpf special values (NaN, +-inf, +-0, overflow, subnormal and zero results)",
+          "a special value is wrong");
+}
+
+// ---- variants ---------------------------------------------------------------------------------
+
+typedef struct {
+    const char *name;
+    void (*attention_fwd)(float *, float *, const float *, const float *, const float *, int, int,
+                          int, int, int, int, int, int, const int32_t *);
+    void (*attention_bwd)(float *, float *, float *, const float *, const float *, const float *,
+                          const float *, const float *, const float *, int, int, int, int, int, int,
+                          int, int, const int32_t *, int);
+    void (*classifier_ce)(float *, float *, float *, const float *, const float *, const int32_t *,
+                          int, int, int, float);
+    void (*swiglu_fwd)(float *, const float *, const float *, size_t);
+    void (*swiglu_bwd)(float *, float *, const float *, const float *, const float *, size_t);
+    void (*rmsnorm_fwd)(float *, float *, const float *, const float *, int, int, float);
+    void (*rmsnorm_bwd)(float *, float *, const float *, const float *, const float *,
+                        const float *, int, int);
+    void (*adamw)(float *, const float *, float *, float *, size_t, float, float, float, float,
+                  float, float, int);
+    double (*sumsq)(const float *, size_t);
+    void (*gelu_bwd)(float *, const float *, const float *, size_t);
+} Variant;
+
+#define VARIANT(S)                                                                               \
+    {#S, attention_fwd_f32_##S, attention_bwd_f32_##S, classifier_ce_f32_##S, swiglu_fwd_f32_##S, \
+     swiglu_bwd_f32_##S, rmsnorm_fwd_f32_##S, rmsnorm_bwd_f32_##S, adamw_f32_##S, sumsq_f32_##S,   \
+     gelu_bwd_f32_##S}
+
+static const Variant variants[] = {VARIANT(base), VARIANT(avx2), VARIANT(avx512)};
+
+static uint64_t rs = 0x9E3779B97F4A7C15ULL;
+static float rnd(float scale) {
+    rs ^= rs << 13, rs ^= rs >> 7, rs ^= rs << 17;
+    return ((float)(rs >> 40) / (float)(1 << 24) * 2 - 1) * scale;
+}
+static float *arr(size_t n, float scale) {
+    float *x = malloc(n * sizeof(float));
+    for (size_t i = 0; i < n; i++) x[i] = rnd(scale);
+    return x;
+}
+
+// Outputs of one variant on fixed inputs, concatenated.
+typedef struct { float *v; size_t n; } Outs;
+
+static void put(Outs *o, const float *x, size_t n) {
+    o->v = realloc(o->v, (o->n + n) * sizeof(float));
+    memcpy(o->v + o->n, x, n * sizeof(float));
+    o->n += n;
+}
+
+static Outs run_variant(const Variant *k) {
+    Outs o = {0};
+    rs = 0x9E3779B97F4A7C15ULL;  // every variant sees the same inputs
+    // Attention with a window and documents: 2 rows, T 150 (partial key blocks), GQA 4/2, D 40
+    // (not a multiple of the lanes).
+    const int B = 2, T = 150, Hq = 4, Hkv = 2, D = 40, window = 70;
+    size_t nq = (size_t)B * T * Hq * D, nk = (size_t)B * T * Hkv * D;
+    float *q = arr(nq, 2), *kk = arr(nk, 2), *v = arr(nk, 1), *dout = arr(nq, 1);
+    int32_t *ds = malloc(sizeof(int32_t) * B * T);
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < T; t++) ds[b * T + t] = b == 1 && t >= 97 ? 97 : 0;
+    float *out = calloc(nq, sizeof(float)), *lse = calloc((size_t)B * Hq * T, sizeof(float));
+    float *dq = calloc(nq, sizeof(float)), *dk = calloc(nk, sizeof(float)), *dv = calloc(nk, sizeof(float));
+    k->attention_fwd(out, lse, q, kk, v, B, T, 0, T, Hq, Hkv, D, window, ds);
+    k->attention_bwd(dq, dk, dv, dout, q, kk, v, out, lse, B, T, 0, T, Hq, Hkv, D, window, ds, 0);
+    put(&o, out, nq), put(&o, lse, (size_t)B * Hq * T), put(&o, dq, nq), put(&o, dk, nk), put(&o, dv, nk);
+    free(q), free(kk), free(v), free(dout), free(ds), free(out), free(lse), free(dq), free(dk), free(dv);
+    // Cross-entropy over a vocabulary that is not a multiple of the lanes, one ignored row.
+    const int N = 37, V = 203, C = 24;
+    float *x = arr((size_t)N * C, 1), *W = arr((size_t)V * C, 3), *losses = calloc(N, sizeof(float));
+    float *dx = calloc((size_t)N * C, sizeof(float)), *dW = calloc((size_t)V * C, sizeof(float));
+    int32_t tgt[37];
+    for (int n = 0; n < N; n++) tgt[n] = n == 5 ? -100 : (n * 31) % V;
+    k->classifier_ce(losses, dx, dW, x, W, tgt, N, V, C, 1.0f / N);
+    put(&o, losses, N), put(&o, dx, (size_t)N * C), put(&o, dW, (size_t)V * C);
+    free(x), free(W), free(losses), free(dx), free(dW);
+    // Elementwise and norms, with a length that leaves a tail.
+    const size_t n = 1001;
+    float *g = arr(n, 12), *u = arr(n, 2), *h = calloc(n, sizeof(float)), *dh = arr(n, 1);
+    float *dg = calloc(n, sizeof(float)), *du = calloc(n, sizeof(float));
+    k->swiglu_fwd(h, g, u, n);
+    k->swiglu_bwd(dg, du, dh, g, u, n);
+    k->gelu_bwd(dh, u, g, n);
+    put(&o, h, n), put(&o, dg, n), put(&o, du, n), put(&o, dh, n);
+    float s = (float)k->sumsq(g, n);
+    put(&o, &s, 1);
+    const int R = 7, Cn = 143;
+    float *xn = arr((size_t)R * Cn, 3), *w = arr(Cn, 1), *y = calloc((size_t)R * Cn, sizeof(float));
+    float *rstd = calloc(R, sizeof(float)), *dy = arr((size_t)R * Cn, 1);
+    float *dxn = calloc((size_t)R * Cn, sizeof(float)), *dw = calloc(Cn, sizeof(float));
+    k->rmsnorm_fwd(y, rstd, xn, w, R, Cn, 1e-5f);
+    k->rmsnorm_bwd(dxn, dw, dy, xn, w, rstd, R, Cn);
+    put(&o, y, (size_t)R * Cn), put(&o, rstd, R), put(&o, dxn, (size_t)R * Cn), put(&o, dw, Cn);
+    float *p = arr(n, 1), *m = arr(n, 0.1f), *vv = arr(n, 0.1f);
+    for (size_t i = 0; i < n; i++) vv[i] = fabsf(vv[i]);
+    k->adamw(p, u, m, vv, n, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.1f, 0.5f, 3);
+    put(&o, p, n), put(&o, m, n), put(&o, vv, n);
+    free(g), free(u), free(h), free(dh), free(dg), free(du), free(xn), free(w), free(y), free(rstd);
+    free(dy), free(dxn), free(dw), free(p), free(m), free(vv);
+    return o;
+}
+
+static void test_variants(void) {
+    const int level = kernels_f32_level();
+    Outs base = run_variant(&variants[0]);
+    for (int l = 1; l <= 2; l++) {
+        char name[96], d[96];
+        snprintf(name, sizeof name, "kernels_f32_%s == kernels_f32_base, bit for bit", variants[l].name);
+        if (l > level) {
+            printf("SKIP %s: this CPU lacks %s\n", name, variants[l].name);
+            continue;
+        }
+        Outs o = run_variant(&variants[l]);
+        size_t diff = 0;
+        for (size_t i = 0; i < o.n; i++) diff += fbits(o.v[i]) != fbits(base.v[i]);
+        snprintf(d, sizeof d, "%zu of %zu outputs differ", diff, o.n);
+        check(o.n == base.n && diff == 0, name, d);
+        free(o.v);
+    }
+    free(base.v);
+    // The dispatched names are bound to the widest variant (ifunc addresses are the targets').
+    const Variant *w = &variants[level];
+    int bound = (void *)attention_fwd_f32 == (void *)w->attention_fwd &&
+                (void *)attention_bwd_f32 == (void *)w->attention_bwd &&
+                (void *)classifier_ce_f32 == (void *)w->classifier_ce && (void *)adamw_f32 == (void *)w->adamw;
+    char name[96];
+    snprintf(name, sizeof name, "name_f32 is bound to kernels_f32_%s on this CPU", w->name);
+    check(bound, name, "another variant is bound");
+}
+
+int main(void) {
+    test_vexpf();
+    test_variants();
+    printf("%d passed, %d failed\n", n_pass, n_fail);
+    return n_fail ? 1 : 0;
+}
