@@ -31,19 +31,38 @@ make -s BUILD="$BUILD" "$BUILD/sgemm_roofline" >/dev/null
 [ -x "$BIN" ] || { echo "error: $BIN not built" >&2; exit 1; }
 echo "cpu: $(lscpu | sed -n 's/^Model name: *//p' | head -1), $(nproc) cores; $(date -u +%Y-%m-%d)"
 
-# OpenBLAS falls back to its slow generic kernels on VMs that hide the CPU model; train_llama
-# corrects that itself (backend_cpu_preinit), and torch gets the same kernels through the env.
-if [ -z "${OPENBLAS_CORETYPE:-}" ]; then
-    if grep -qw avx512bw /proc/cpuinfo; then export OPENBLAS_CORETYPE=SkylakeX
-    elif grep -qw avx2 /proc/cpuinfo; then export OPENBLAS_CORETYPE=Haswell; fi
-fi
-echo "OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-unset}"
 
 DIR=$(mktemp -d -t bench_cpu.XXXXXX)
 trap 'rm -rf "$DIR"' EXIT
 
 "$PY" dev/bench_torch.py prepare --shape "$SHAPE" --dir "$DIR" --steps "$STEPS" --warmup "$WARMUP"
 ROOF_ARGS=$("$PY" dev/bench_torch.py shape --shape "$SHAPE" --dir "$DIR")
+
+# The OpenBLAS kernel set (core type) for all three sides: the fastest of those this CPU can
+# run, by the SGEMM roofline at one thread. The core type in effect can be far off: on VMs that
+# hide the CPU model OpenBLAS falls back to generic SSE3 kernels, and an OPENBLAS_CORETYPE set
+# in the environment wins over detection (this project's AMD EPYC sessions set Haswell: AVX2
+# kernels at half the speed of the AVX-512 ones there). A caller's OPENBLAS_CORETYPE is
+# replaced; BENCH_CORETYPE=NAME fixes the choice instead.
+cands="Haswell"
+grep -qw avx2 /proc/cpuinfo || cands="Prescott"
+grep -qw avx512bw /proc/cpuinfo && cands="$cands SkylakeX"
+grep -qw avx512_bf16 /proc/cpuinfo && cands="$cands Cooperlake"
+grep -q AuthenticAMD /proc/cpuinfo && grep -qw avx2 /proc/cpuinfo && cands="$cands Zen"
+if [ -n "${BENCH_CORETYPE:-}" ]; then
+    export OPENBLAS_CORETYPE=$BENCH_CORETYPE
+else
+    best="" best_ms=""
+    for c in $cands; do
+        # shellcheck disable=SC2086
+        ms=$(OPENBLAS_CORETYPE=$c OMP_NUM_THREADS=1 taskset -c 0 "$BUILD/sgemm_roofline" $ROOF_ARGS --threads 1 \
+             --reps 3 | sed -n 's/^sgemm roofline: \([0-9.]*\) ms.*/\1/p')
+        echo "core type $c: SGEMM roofline $ms ms/step at 1 thread"
+        if [ -z "$best" ] || [ "$(echo "$ms < $best_ms" | bc)" = 1 ]; then best=$c best_ms=$ms; fi
+    done
+    export OPENBLAS_CORETYPE=$best
+fi
+echo "OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-unset}"
 
 pin() {  # pin to cores 0..n-1 when taskset exists
     local n=$1; shift

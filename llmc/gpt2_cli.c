@@ -372,7 +372,7 @@ void gpt2_print_box(const Config *cfg, const Model *m, const Backend *bk, int wo
     rowi("overfit_single_batch", cfg->overfit_single_batch);
     row("recompute", cfg->gradient_checkpointing);
     rule();
-    snprintf(b, sizeof b, "%s, %d threads", bk->name, bk->threads);
+    snprintf(b, sizeof b, "%s, %d threads%s%s", bk->name, bk->threads, bk->detail[0] ? ", " : "", bk->detail);
     row("device", b);
     row("precision", strcmp(bk->name, "cpu") ? cfg->precision : "float32");
     rule();

@@ -90,7 +90,7 @@ static void print_box(const Config *cfg, const Model *m, const Backend *bk, size
              cfg->lr_scheduler, cfg->warmup_steps, cfg->weight_decay, cfg->max_grad_norm);
     printf("| optimizer    %-50s |\n", opt);
     char dev[128];
-    snprintf(dev, sizeof dev, "%s, %d threads", bk->name, bk->threads);
+    snprintf(dev, sizeof dev, "%s, %d threads%s%s", bk->name, bk->threads, bk->detail[0] ? ", " : "", bk->detail);
     printf("| device       %-50s |\n", dev);
     size_t pbytes = m->tab.num_params * bk->act_bytes, gbytes = m->tab.num_trainable * bk->act_bytes;
     format_bytes(a, sizeof a, (double)(pbytes + gbytes));
