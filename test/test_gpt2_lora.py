@@ -32,6 +32,8 @@ adapters and its lora.Linear computes them, in float64.
   dropout_recompute  lora_dropout 0.1: gradient_checkpointing, activation_offloading
                    hidden_states and a tiled MLP give the plain run's losses and grad norms bit for bit (q, k and v share c_attn's one dropout mask, which
                    recompute regenerates).
+  zero3_two_ranks  2 MPI ranks, ZeRO-3, lora_dropout 0.1 against one process (1e-5).
+  resume           a run resumed from its step-2 checkpoint continues bit for bit.
   refused_*        what is not implemented or not GPT-2's: one error line naming it.
 """
 import argparse
@@ -439,6 +441,62 @@ def dropout_recompute(root):
     return errs, f"losses {[round(l, 6) for l, _ in runs['plain']]} and grad norms bit-identical in 4 modes"
 
 
+# ---- resume -----------------------------------------------------------------------------------
+
+def resume(root):
+    """A GPT-2 adapter run resumed from its step-2 checkpoint (PEFT-named adapter + AdamW state)
+    continues bit for bit."""
+    work, w, tokens = base(root)
+    sel = dict(lora_target_modules=["c_attn", "mlp.c_proj"], max_steps=4, save_steps=2)
+    full, _ = run_ok(work, yaml_config(work, "res_full", **sel), "res_full")
+    ck = os.path.join(work, "res_full", "checkpoint-2")
+    tc = yaml_config(work, "res_part", resume_from_checkpoint=ck, **sel)
+    part, _ = run_ok(work, tc, "res_part")
+    errs = []
+    if [r["loss"] for r in part][-2:] != [r["loss"] for r in full][-2:]:
+        errs.append(f"losses after resume {[r['loss'] for r in part]} vs {[r['loss'] for r in full]}")
+    a = R.read_safetensors(os.path.join(work, "res_full", "adapter_model.safetensors"))
+    b = R.read_safetensors(os.path.join(work, "res_part", "adapter_model.safetensors"))
+    if sorted(a) != sorted(b) or any(not np.array_equal(a[k], b[k]) for k in a):
+        errs.append("final adapters differ")
+    return errs, f"steps 3-4 losses {[r['loss'] for r in full][-2:]} and the adapter bit-identical"
+
+
+# ---- ZeRO-3 over two ranks -----------------------------------------------------------------------
+
+def zero3_two_ranks(root):
+    """2 MPI ranks with ZeRO-3 (adapters sharded by layer unit, c_attn's B split across ranks'
+    pieces) and lora_dropout (masks follow global rows) against one process with both ranks' rows."""
+    if not shutil.which("mpirun"):
+        return [], "SKIP: no mpirun"
+    work, w, tokens = base(root)
+    sel = dict(lora_target_modules=["c_attn", "c_proj", "c_fc"], lora_dropout=0.1, max_steps=3)
+    one, _ = run_ok(work, yaml_config(work, "z_one", **dict(sel, micro_batch_size=4)), "z_one")
+    tc = yaml_config(work, "z_two", zero_stage=3, **sel)
+    path = os.path.join(work, "z_two.yaml")
+    R.write_yaml(path, tc)
+    env = dict(os.environ, LLMC_DEVICE="cpu", OMP_NUM_THREADS="1", OMPI_ALLOW_RUN_AS_ROOT="1",
+               OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    p = subprocess.run(["mpirun", "-np", "2", "--oversubscribe", "--bind-to", "none", ARGS.bin, "-c", path,
+                        "--set", "num_threads=1"], cwd=work, env=env, stdout=subprocess.PIPE,
+                       stderr=subprocess.PIPE, timeout=180)
+    if p.returncode:
+        return [f"mpirun exit {p.returncode}: {p.stderr.decode()[-400:]}"], ""
+    two = R.read_metrics(os.path.join(tc["output_dir"], "metrics.jsonl"))
+    worst_l = max(rel(a["loss"], b["loss"]) for a, b in zip(two, one))
+    a = R.read_safetensors(os.path.join(work, "z_one", "adapter_model.safetensors"))
+    b = R.read_safetensors(os.path.join(work, "z_two", "adapter_model.safetensors"))
+    errs = []
+    if len(two) != len(one) or worst_l > TOL:
+        errs.append(f"losses {[r['loss'] for r in two]} vs one process {[r['loss'] for r in one]}")
+    if sorted(a) != sorted(b):
+        return errs + ["adapter tensors differ"], ""
+    worst_w = max(float(np.max(np.abs(a[k].astype(np.float64) - b[k]))) for k in a)
+    if worst_w > TOL:
+        errs.append(f"adapter max diff {worst_w:.2e}")
+    return errs, f"losses rel {worst_l:.1e}, adapter max diff {worst_w:.1e} after 3 steps"
+
+
 # ---- refused ---------------------------------------------------------------------------------
 
 def refused(root, name, sel, word, adapter_edit=None, binary=None, drop=None):
@@ -514,6 +572,8 @@ def cases(root):
 
     yield "dropout_recompute", lambda: dropout_recompute(root)
     yield "fan_in_fan_out_false_note", lambda: fan_in_fan_out_false(root)
+    yield "resume", lambda: resume(root)
+    yield "zero3_two_ranks", lambda: zero3_two_ranks(root)
 
     llama = os.path.join(os.path.dirname(ARGS.bin), "train_llama")
     bad = {
