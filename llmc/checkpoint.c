@@ -133,28 +133,6 @@ void load_hf_weights(Model *m, const char *dir) {
     st_model_close(sm);
 }
 
-// With merge, an adapted weight is written as W + scale * B A (the merged model).
-static void merged_weight(const Model *m, int i, float *w) {
-    const ParamSpec *p = &m->tab.specs[i];
-    if (p->layer < 0 || m->tab.lora.r == 0) return;
-    static const int weight_of[LORA_TARGETS] = {P_WQ, P_WK, P_WV, P_WO, P_WGATE, P_WUP, P_WDOWN};
-    for (int t = 0; t < LORA_TARGETS; t++) {
-        if (param_index(&m->tab, p->layer, weight_of[t]) != i) continue;
-        int ia = param_index(&m->tab, p->layer, P_LORA_A + t), ib = param_index(&m->tab, p->layer, P_LORA_B + t);
-        if (ia < 0) return;
-        const int r = m->tab.lora.r, out = (int)p->shape[0], in = (int)p->shape[1];
-        float *A = xmalloc(sizeof(float) * r * in), *B = xmalloc(sizeof(float) * out * r);
-        model_get_param(m, ia, A);
-        model_get_param(m, ib, B);
-        for (int o = 0; o < out; o++)
-            for (int k = 0; k < r; k++) {
-                float b = m->tab.lora_scale * B[o * r + k];
-                for (int c = 0; c < in; c++) w[(size_t)o * in + c] += b * A[(size_t)k * in + c];
-            }
-        free(A), free(B);
-    }
-}
-
 // float -> bfloat16 / float16 with round-to-nearest-even, as torch's .to() does.
 static uint16_t to_bf16(float f) {
     uint32_t x;
@@ -271,8 +249,8 @@ static int write_tensors(const Model *m, const char *path, const int *sels, int 
             sprintf(names[j], "%s%s", SEL_PREFIX[sels[k]], p->name);
             bufs[j] = xmalloc(sizeof(float) * p->numel);
             if (sels[k] == SEL_BASE || sels[k] == SEL_ADAPTER) {
-                model_get_param(m, i, bufs[j]);
-                if (merge) merged_weight(m, i, bufs[j]);
+                if (merge) model_get_param_merged(m, i, bufs[j]);  // W + scale * B A
+                else model_get_param(m, i, bufs[j]);
             } else {
                 m->bk->copy_d2h(m->bk, bufs[j], moment(m, sels[k]) + p->goff, p->numel * sizeof(float), NULL);
                 m->bk->sync(m->bk);
@@ -304,7 +282,7 @@ int save_hf_model(const Model *m, const char *dir, int merge, const SaveFormat *
     char path[4096];
     if (m->cfg.arch == ARCH_GPT2) {  // llm.c's file, which llm.c loads as it is
         join_path(path, sizeof path, dir, "model.bin");
-        return gpt2_save(m, path);
+        return gpt2_save(m, path, merge);
     }
     const int sel[] = {SEL_BASE};
     ModelConfig out = m->cfg;
@@ -350,7 +328,7 @@ void load_adapter(Model *m, const char *dir) {
     LoraConfig got = *lc;
     peft_read_targets(path, o, &m->cfg, &got);
     char diff[256];
-    peft_describe_difference(&got, lc, m->cfg.num_hidden_layers, diff, sizeof diff);
+    peft_describe_difference(&got, lc, &m->cfg, diff, sizeof diff);
     if (diff[0])
         fail("%s: the adapter's target_modules/layers_to_transform differ from the run's lora_target_modules "
              "(adapter vs run, %s)", path, diff);
@@ -630,10 +608,8 @@ void run_identity(RunIdentity *id, const Config *cfg, const Model *m) {
         id_add(id, "lora_r", "%d", lc->r);
         id_num(id, "lora_alpha", lc->alpha);
         id_num(id, "lora_dropout", lc->dropout);
-        char tm[256] = "";
-        for (int t = 0; t < LORA_TARGETS; t++)
-            if (lc->targets >> t & 1)
-                snprintf(tm + strlen(tm), sizeof tm - strlen(tm), "%s%s", tm[0] ? "," : "", LORA_TARGET_NAMES[t]);
+        char tm[256];
+        peft_target_names(c, lc->targets, tm, sizeof tm);
         id_add(id, "lora_target_modules", "%s", tm);
         if (lc->per_layer) {  // which layers carry which projections: a LORA_* mask per layer
             char lt[sizeof id->val[0]];

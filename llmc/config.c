@@ -134,15 +134,17 @@ static const KeyDef KEYS[] = {
     NUM("lora_dropout", T_FLOAT, lora_dropout, "0", 0, 0.999, "dropout on the adapter input"),
     {"lora_target_modules", T_LIST, offsetof(Config, lora_target_modules),
      sizeof(((Config *)0)->lora_target_modules), "", 0, 0, NULL,
-     "list of q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj or full module paths; "
-     "or a regex string (PEFT's target_modules)"},
+     "list of q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj (GPT-2: c_attn, c_proj, c_fc) "
+     "or full module paths; or a regex string or all-linear (PEFT's target_modules)"},
     {"peft_layers_to_transform", T_LIST, offsetof(Config, peft_layers_to_transform),
      sizeof(((Config *)0)->peft_layers_to_transform), "", 0, 0, NULL,
      "layer indices whose lora_target_modules are adapted (PEFT's layers_to_transform)"},
     {"peft_layers_pattern", T_LIST, offsetof(Config, peft_layers_pattern),
      sizeof(((Config *)0)->peft_layers_pattern), "", 0, 0, NULL,
-     "module name before the layer index (PEFT's layers_pattern; this model's is layers)"},
-    NUM("lora_target_linear", T_BOOL, lora_target_linear, "false", 0, 1, "adapt all seven projections"),
+     "module name before the layer index (PEFT's layers_pattern; layers, GPT-2: h)"},
+    NUM("lora_target_linear", T_BOOL, lora_target_linear, "false", 0, 1, "adapt every linear projection"),
+    ENUM("lora_fan_in_fan_out", lora_fan_in_fan_out, "auto", "auto|true|false",
+         "PEFT's fan_in_fan_out: true for GPT-2's Conv1D layers (train_gpt), false for Llama-family ones"),
     NUM("use_rslora", T_BOOL, use_rslora, "false", 0, 1, "scale alpha/sqrt(r)"),
     STR("lora_model_dir", lora_model_dir, "", "start from this PEFT adapter directory"),
     NUM("merge_lora", T_BOOL, merge_lora, "false", 0, 1, "also write the merged model to output_dir/merged"),
@@ -283,7 +285,6 @@ static const Rule RULES[] = {
     {"embedding_lr*", R_REFUSE, NULL, "per-module learning rates are not implemented"},
     {"neftune_noise_alpha", R_REFUSE, NULL, "NEFTune embedding noise is not implemented"},
     // adapters
-    {"lora_fan_in_fan_out", R_REFUSE, NULL, "Conv1D-style (fan_in_fan_out) layers do not occur in Llama-family models"},
     {"lora_modules_to_save", R_REFUSE, NULL, "training embed_tokens/lm_head beside the adapter is not implemented"},
     {"peft_use_dora", R_REFUSE, NULL, "DoRA is not implemented; " REFUSE_PEFT_VARIANT},
     {"peft_layer_replication", R_REFUSE, NULL, REFUSE_PEFT_VARIANT},
@@ -942,6 +943,14 @@ void config_finish(Config *cfg) {
     if (!((float)cfg->adam_epsilon > 0.0f))
         fail("%s: key 'adam_epsilon' = %g is 0 in float32; it must be > 0 (a zero gradient "
              "would divide 0 by 0); the usual value is 1e-8", src, cfg->adam_epsilon);
+    // fan_in_fan_out follows the layers, as in PEFT (which overrides a wrong value with a warning):
+    // true is refused where no layer is Conv1D; false on GPT-2 gets PEFT's warning as a note.
+    if (cfg->arch != ARCH_GPT2 && !strcmp(cfg->lora_fan_in_fan_out, "true"))
+        fail("%s: key 'lora_fan_in_fan_out' (true) is not supported: Conv1D-style (fan_in_fan_out) layers do "
+             "not occur in Llama-family models", src);
+    if (cfg->arch == ARCH_GPT2 && !strcmp(cfg->lora_fan_in_fan_out, "false") && strcmp(cfg->adapter, "none"))
+        printf("note: lora_fan_in_fan_out: false, but GPT-2's c_attn/c_proj/c_fc are Conv1D layers, for which "
+               "PEFT sets fan_in_fan_out to true; so does this run\n");
     if (cfg->fsdp) cfg->zero_stage = 3;
     if (cfg->zero_stage == 2) fail("%s: zero_stage 2 is not supported: use 1 (optimizer state) or 3 (fsdp)", src);
     finish_data_keys(cfg, src);
@@ -1178,24 +1187,6 @@ void config_lora(const Config *cfg, const ModelConfig *mc, LoraConfig *lora) {
              src, tm);
     if (!strcmp(tm, "all-linear")) is_list = 0;
     cJSON *t = is_list ? csv_array(src, "lora_target_modules", tm, 0) : cJSON_CreateString(tm);
-    if (mc->arch == ARCH_GPT2) {  // GPT-2: short names on every layer
-        const cJSON *e;
-        if (!is_list || cfg->peft_layers_to_transform[0])
-            fail("%s: lora_target_modules: GPT-2 runs take a list of q_proj/k_proj/v_proj/o_proj/up_proj/down_proj "
-                 "for every layer", src);
-        if (cfg->lora_target_linear) lora->targets = (1 << LORA_TARGETS) - 1;
-        cJSON_ArrayForEach(e, t) {
-            int found = -1;
-            for (int k = 0; k < LORA_TARGETS; k++)
-                if (!strcmp(e->valuestring, LORA_TARGET_NAMES[k])) found = k;
-            if (found < 0)
-                fail("%s: lora_target_modules: unknown module '%s' (expected q_proj, k_proj, v_proj, o_proj, "
-                     "gate_proj, up_proj or down_proj)", src, e->valuestring);
-            lora->targets |= 1 << found;
-        }
-        cJSON_Delete(t);
-        return;
-    }
     cJSON *ltt = csv_array(src, "peft_layers_to_transform", cfg->peft_layers_to_transform, 1);
     cJSON *lp = csv_array(src, "peft_layers_pattern", cfg->peft_layers_pattern, 0);
     if (lp && !ltt)

@@ -50,6 +50,7 @@ typedef struct {
     // adapters
     char adapter[16], lora_target_modules[4096], lora_model_dir[1024];
     char peft_layers_to_transform[1024], peft_layers_pattern[256];  // comma-joined lists
+    char lora_fan_in_fan_out[8];  // auto, true, false (PEFT's fan_in_fan_out: true for Conv1D layers)
     int lora_r, lora_target_linear, use_rslora, merge_lora, load_in_4bit, layer_offloading;
     double lora_alpha, lora_dropout;
     // sharding

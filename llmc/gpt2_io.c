@@ -322,13 +322,15 @@ void gpt2_load(Model *m, const char *path) {
     free(w);
 }
 
-int gpt2_save(const Model *m, const char *path) {
+int gpt2_save(const Model *m, const char *path, int merge) {
     const ModelConfig *c = &m->cfg;
     size_t off[T_COUNT], total = layout(c, off);
     float *w = xcalloc(total, sizeof(float));
     for (int i = 0; i < (int)arrlen(m->tab.specs); i++) {
         size_t o = source_offset(m, i, off);
-        if (o != (size_t)-1) model_get_param(m, i, w + o);
+        if (o == (size_t)-1) continue;
+        if (merge) model_get_param_merged(m, i, w + o);
+        else model_get_param(m, i, w + o);
     }
     long long bad = first_nonfinite(w, total);
     if (bad >= 0) fail("%s: refusing to write: weight %lld is %g (the weights went non-finite)", path, bad, w[bad]);

@@ -14,8 +14,9 @@
 void gpt2_read_config(const char *path, ModelConfig *c);
 // Loads every parameter (checks the header against the model).
 void gpt2_load(Model *m, const char *path);
-// Writes the model as an llm.c checkpoint, version 3 (fp32). Returns 0 or -1 (errno set).
-int gpt2_save(const Model *m, const char *path);
+// Writes the model as an llm.c checkpoint, version 3 (fp32); with merge, the adapters merged
+// into their weights (merge_lora). Returns 0 or -1 (errno set).
+int gpt2_save(const Model *m, const char *path, int merge);
 // A GPT-2 config from one of llm.c's model descriptors; 0 if unknown:
 //   dN or gpt2:dN  GPT-2 of depth N (6, 12, 24, 36, 48, 60, 72, 84), context 1024
 //   gpt3:cN        GPT-3 shape of width N (384, 768, 1024, 1536, 2048, 2560, 4096, 5140, 12288),

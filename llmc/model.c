@@ -60,10 +60,14 @@ void model_size(const ModelConfig *c, int64_t I, int64_t Vp, const LoraConfig *l
         tensors = count_of(c->tie_word_embeddings ? 2 : 3);
     }
     // Adapters of one layer whose LORA_* mask is m: parameters, and tensors in *nt.
+    // (GPT-2's c_attn: one A over C inputs and one B over the 3C fused outputs, in the q slot.)
+    Count ad_out[LORA_TARGETS];
+    memcpy(ad_out, out, sizeof ad_out);
+    if (gpt2) ad_out[LORA_Q] = count_mul(count_of(3), out[LORA_Q]);
 #define LAYER_ADAPTERS(m, nt, acc)                                                                  \
     for (int k = 0; k < LORA_TARGETS; k++)                                                          \
-        if ((m) >> k & 1 && !(gpt2 && k == LORA_GATE)) {                                            \
-            acc = count_add(acc, count_mul(count_of(lora->r), count_add(in[k], out[k])));           \
+        if ((m) >> k & 1 && !(gpt2 && (k == LORA_GATE || k == LORA_K || k == LORA_V))) {            \
+            acc = count_add(acc, count_mul(count_of(lora->r), count_add(in[k], ad_out[k])));        \
             (nt) += 2;                                                                              \
         }
     const Count L = count_of(c->num_hidden_layers);
@@ -144,6 +148,17 @@ void model_config_validate(const ModelConfig *c, const char *src) {
 
 const char *const LORA_TARGET_NAMES[LORA_TARGETS] = {"q_proj", "k_proj", "v_proj", "o_proj",
                                                      "gate_proj", "up_proj", "down_proj"};
+const int LORA_WEIGHT[LORA_TARGETS] = {P_WQ, P_WK, P_WV, P_WO, P_WGATE, P_WUP, P_WDOWN};
+
+void lora_module_name(char *out, size_t cap, const ModelConfig *c, int layer, int t) {
+    if (c->arch == ARCH_GPT2) {
+        static const char *const gpt2[LORA_TARGETS] = {"attn.c_attn", "attn.c_attn", "attn.c_attn", "attn.c_proj",
+                                                       "", "mlp.c_fc", "mlp.c_proj"};
+        snprintf(out, cap, "transformer.h.%d.%s", layer, gpt2[t]);
+    } else {
+        snprintf(out, cap, "model.layers.%d.%s.%s", layer, t <= LORA_O ? "self_attn" : "mlp", LORA_TARGET_NAMES[t]);
+    }
+}
 
 static int add_param(ParamTable *t, const char *name, int64_t d0, int64_t d1, int layer, int decay,
                      size_t *offset) {
@@ -243,20 +258,21 @@ void param_table_build(ParamTable *t, const ModelConfig *c, const LoraConfig *lo
     t->final_norm = add_param(t, "model.norm.weight", C, 0, -1, 0, &off);
     t->lm_head = c->tie_word_embeddings ? t->embed : add_param(t, "lm_head.weight", V, C, -1, 1, &off);
     }
-    // Adapters come last, so the base keeps the layout of a full fine-tuning run.
+    // Adapters come last, so the base keeps the layout of a full fine-tuning run. They are named
+    // as PEFT names them on the Hugging Face model (GPT-2: GPT2LMHeadModel's Conv1D modules).
     const int r = t->lora.r;
     if (r > 0) {
-        static const int weight_of[LORA_TARGETS] = {P_WQ, P_WK, P_WV, P_WO, P_WGATE, P_WUP, P_WDOWN};
         for (int l = 0; l < L; l++)
             for (int k = 0; k < LORA_TARGETS; k++) {
-                if (!(lora_layer_targets(&t->lora, l) >> k & 1) || t->layer_param[l * P_PER_LAYER + weight_of[k]] < 0) continue;
-                const ParamSpec *w = &t->specs[t->layer_param[l * P_PER_LAYER + weight_of[k]]];
-                const char *proj = k < LORA_GATE ? "self_attn" : "mlp";
-                if (c->arch == ARCH_GPT2) proj = k < LORA_GATE ? "attn" : "mlp";
-                int64_t out = w->shape[0], in = w->shape[1];
-                snprintf(n, sizeof n, "model.layers.%d.%s.%s.lora_A.weight", l, proj, LORA_TARGET_NAMES[k]);
+                if (!(lora_layer_targets(&t->lora, l) >> k & 1) || t->layer_param[l * P_PER_LAYER + LORA_WEIGHT[k]] < 0) continue;
+                if (lora_fused_qkv(c) && (k == LORA_K || k == LORA_V)) continue;  // in c_attn's
+                const ParamSpec *w = &t->specs[t->layer_param[l * P_PER_LAYER + LORA_WEIGHT[k]]];
+                int64_t out = w->shape[0] * (lora_fused_qkv(c) && k == LORA_Q ? 3 : 1), in = w->shape[1];
+                char mod[80];
+                lora_module_name(mod, sizeof mod, c, l, k);
+                snprintf(n, sizeof n, "%s.lora_A.weight", mod);
                 t->layer_param[l * P_PER_LAYER + P_LORA_A + k] = add_param(t, n, r, in, l, 1, &off);
-                snprintf(n, sizeof n, "model.layers.%d.%s.%s.lora_B.weight", l, proj, LORA_TARGET_NAMES[k]);
+                snprintf(n, sizeof n, "%s.lora_B.weight", mod);
                 t->layer_param[l * P_PER_LAYER + P_LORA_B + k] = add_param(t, n, out, r, l, 1, &off);
             }
         t->lora_scale = t->lora.alpha / (t->lora.rslora ? sqrtf((float)r) : (float)r);
@@ -723,6 +739,32 @@ void model_get_param(const Model *m, int i, float *dst) {
     }
 }
 
+static int lora_slot(const Model *m, int l, int t, size_t *brow);
+
+void model_get_param_merged(const Model *m, int i, float *dst) {
+    model_get_param(m, i, dst);
+    const ParamSpec *p = &m->tab.specs[i];
+    if (p->layer < 0 || m->tab.lora.r == 0) return;
+    for (int t = 0; t < LORA_TARGETS; t++) {
+        if (param_index(&m->tab, p->layer, LORA_WEIGHT[t]) != i) continue;
+        size_t brow;
+        const int s = lora_slot(m, p->layer, t, &brow);
+        if (s < 0) return;
+        const int ia = param_index(&m->tab, p->layer, P_LORA_A + s), ib = param_index(&m->tab, p->layer, P_LORA_B + s);
+        const size_t r = (size_t)m->tab.lora.r, out = (size_t)p->shape[0], in = (size_t)p->shape[1];
+        float *A = xmalloc(sizeof(float) * m->tab.specs[ia].numel), *B = xmalloc(sizeof(float) * m->tab.specs[ib].numel);
+        model_get_param(m, ia, A);
+        model_get_param(m, ib, B);
+        for (size_t o = 0; o < out; o++)
+            for (size_t k = 0; k < r; k++) {
+                const float b = m->tab.lora_scale * B[(brow + o) * r + k];
+                for (size_t c = 0; c < in; c++) dst[o * in + c] += b * A[k * in + c];
+            }
+        free(A), free(B);
+        return;
+    }
+}
+
 void model_init_random(Model *m, uint64_t seed) {
     Rng rng;
     rng_seed(&rng, seed);
@@ -1062,33 +1104,52 @@ static const void *lora_input(Model *m, int l, int t, const void *x, int row0, i
     return m->lora_xd;
 }
 
+// The slot that holds target t's adapter in layer l (-1: none) and the first row of its B that
+// t's outputs use: t's own, or for GPT-2's k and v the q slot's (c_attn's) at rows C and 2C on.
+// q, k and v then share A and the dropout mask of the slot, as PEFT's one c_attn adapter does.
+static int lora_slot(const Model *m, int l, int t, size_t *brow) {
+    *brow = 0;
+    if (lora_fused_qkv(&m->cfg) && (t == LORA_K || t == LORA_V)) {
+        *brow = (size_t)(t - LORA_Q) * (size_t)m->cfg.hidden_size;
+        t = LORA_Q;
+    }
+    return param_index(&m->tab, l, P_LORA_A + t) < 0 ? -1 : t;
+}
+
 static void lora_fwd(Model *m, int l, int t, void *y, const void *x, int row0, int N, int in, int out) {
-    if (param_index(&m->tab, l, P_LORA_A + t) < 0) return;
+    size_t brow;
+    const int s = lora_slot(m, l, t, &brow);
+    if (s < 0) return;
     Backend *bk = m->bk;
     const int r = m->tab.lora.r;
-    const void *xd = lora_input(m, l, t, x, row0, N, in);
-    bk->matmul(bk, m->lora_tmp, xd, LP(m, l, P_LORA_A + t), N, r, in, 0, 1, 1.0f, 0.0f);
-    bk->matmul(bk, y, m->lora_tmp, LP(m, l, P_LORA_B + t), N, out, r, 0, 1, m->tab.lora_scale, 1.0f);
+    const void *xd = lora_input(m, l, s, x, row0, N, in);
+    const void *B = act_at(bk, LP(m, l, P_LORA_B + s), brow * r);
+    bk->matmul(bk, m->lora_tmp, xd, LP(m, l, P_LORA_A + s), N, r, in, 0, 1, 1.0f, 0.0f);
+    bk->matmul(bk, y, m->lora_tmp, B, N, out, r, 0, 1, m->tab.lora_scale, 1.0f);
 }
 
 // dx += the adapter path's input gradient; dA, dB accumulate. The [N, r] intermediate is
-// recomputed rather than kept: it costs one thin matmul.
+// recomputed rather than kept: it costs one thin matmul. (GPT-2's q, k and v each add their
+// part to c_attn's shared dA.)
 static void lora_bwd(Model *m, int l, int t, void *dx, const void *dy, const void *x, int row0,
                      int N, int in, int out) {
-    if (param_index(&m->tab, l, P_LORA_A + t) < 0) return;
+    size_t brow;
+    const int sl = lora_slot(m, l, t, &brow);
+    if (sl < 0) return;
     Backend *bk = m->bk;
     const int r = m->tab.lora.r;
     const float s = m->tab.lora_scale;
-    const void *xd = lora_input(m, l, t, x, row0, N, in);
-    bk->matmul(bk, m->lora_tmp, xd, LP(m, l, P_LORA_A + t), N, r, in, 0, 1, 1.0f, 0.0f);
-    bk->matmul(bk, LG(m, l, P_LORA_B + t), dy, m->lora_tmp, out, r, N, 1, 0, s, 1.0f);
-    bk->matmul(bk, m->lora_dtmp, dy, LP(m, l, P_LORA_B + t), N, r, out, 0, 0, s, 0.0f);
-    bk->matmul(bk, LG(m, l, P_LORA_A + t), m->lora_dtmp, xd, r, in, N, 1, 0, 1.0f, 1.0f);
+    const void *xd = lora_input(m, l, sl, x, row0, N, in);
+    const void *A = LP(m, l, P_LORA_A + sl), *B = act_at(bk, LP(m, l, P_LORA_B + sl), brow * r);
+    bk->matmul(bk, m->lora_tmp, xd, A, N, r, in, 0, 1, 1.0f, 0.0f);
+    bk->matmul(bk, act_at(bk, LG(m, l, P_LORA_B + sl), brow * r), dy, m->lora_tmp, out, r, N, 1, 0, s, 1.0f);
+    bk->matmul(bk, m->lora_dtmp, dy, B, N, r, out, 0, 0, s, 0.0f);
+    bk->matmul(bk, LG(m, l, P_LORA_A + sl), m->lora_dtmp, xd, r, in, N, 1, 0, 1.0f, 1.0f);
     if (m->tab.lora.dropout <= 0) {
-        bk->matmul(bk, dx, m->lora_dtmp, LP(m, l, P_LORA_A + t), N, in, r, 0, 0, 1.0f, 1.0f);
+        bk->matmul(bk, dx, m->lora_dtmp, A, N, in, r, 0, 0, 1.0f, 1.0f);
     } else {
-        bk->matmul(bk, m->lora_dxd, m->lora_dtmp, LP(m, l, P_LORA_A + t), N, in, r, 0, 0, 1.0f, 0.0f);
-        bk->dropout(bk, m->lora_dxd, m->lora_dxd, (size_t)N * in, m->tab.lora.dropout, lora_seed(m, l, t),
+        bk->matmul(bk, m->lora_dxd, m->lora_dtmp, A, N, in, r, 0, 0, 1.0f, 0.0f);
+        bk->dropout(bk, m->lora_dxd, m->lora_dxd, (size_t)N * in, m->tab.lora.dropout, lora_seed(m, l, sl),
                     (m->row_base + (size_t)row0) * in);
         bk->accumulate(bk, dx, m->lora_dxd, (size_t)N * in);
     }

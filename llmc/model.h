@@ -52,6 +52,12 @@ enum {
     P_LORA_A, P_LORA_B = P_LORA_A + LORA_TARGETS, P_PER_LAYER = P_LORA_B + LORA_TARGETS
 };
 extern const char *const LORA_TARGET_NAMES[LORA_TARGETS];  // "q_proj", ..., "down_proj"
+extern const int LORA_WEIGHT[LORA_TARGETS];                // P_WQ, ..., P_WDOWN: the adapted weight
+// The Hugging Face module that carries target t's adapter in layer l, as PEFT names it:
+// model.layers.3.self_attn.q_proj; GPT-2: transformer.h.3.attn.c_attn (q, k and v alike),
+// attn.c_proj, mlp.c_fc, mlp.c_proj.
+void lora_module_name(char *out, size_t cap, const ModelConfig *c, int layer, int t);
+
 // Per-layer LoRA targeting covers models of up to this many layers.
 #define LORA_MAX_LAYERS 1024
 
@@ -67,6 +73,11 @@ typedef struct {
     int per_layer;
     unsigned char layer_targets[LORA_MAX_LAYERS];
 } LoraConfig;
+
+// GPT-2's c_attn is one Conv1D over q, k and v: PEFT gives it one adapter, A [r, C] over the
+// input and B [3C, r] over the fused output. Here the LORA_Q slot holds that A and B; the q, k
+// and v bits are set together and the k and v slots stay empty (their rows of B are C and 2C on).
+static inline int lora_fused_qkv(const ModelConfig *c) { return c->arch == ARCH_GPT2; }
 
 // The LORA_* bit mask of the projections layer l adapts.
 static inline int lora_layer_targets(const LoraConfig *lc, int l) {
@@ -253,6 +264,9 @@ void model_init_lora(Model *m, uint64_t seed);
 // Host fp32 <-> device parameter i of the table.
 void model_set_param(Model *m, int i, const float *src);
 void model_get_param(const Model *m, int i, float *dst);
+// The same with the adapters merged in: an adapted weight reads W + scale * B A (its rows of B
+// for GPT-2's k and v); any other tensor as model_get_param.
+void model_get_param_merged(const Model *m, int i, float *dst);
 // ZeRO-3 keeps only pieces of the trainable weights: before reading whole tensors (saving),
 // every rank calls model_gather_all (collective), then model_gather_done. No-ops otherwise.
 void model_gather_all(Model *m);

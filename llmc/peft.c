@@ -9,10 +9,67 @@
 #include "family.h"
 #include "util.h"
 
-static const char *module_group(int t) { return t <= LORA_O ? "self_attn" : "mlp"; }
+// The Hugging Face module tree PEFT walks, per architecture: the modules that can carry an
+// adapter in every layer (the LORA_* bits each one stands for), and the other modules a target
+// could match. GPT-2 is GPT2LMHeadModel: Conv1D modules, c_attn one module over q, k and v, and
+// the short name c_proj shared by the attention and MLP output projections.
+typedef struct {
+    const char *suffix;  // after the layer's prefix
+    int mask;            // LORA_* bits
+    const char *label;   // in messages and in a written target_modules list
+} AdaptedModule;
 
-static void module_name(char *out, size_t cap, int layer, int t) {
-    snprintf(out, cap, "model.layers.%d.%s.%s", layer, module_group(t), LORA_TARGET_NAMES[t]);
+typedef struct {
+    const char *layer_fmt;                 // a layer's module prefix
+    const char *pattern;                   // PEFT's layers_pattern for it
+    const AdaptedModule *mods;
+    int nmods;
+    const char *const *outside;            // modules outside the layers
+    int noutside;
+    const char *const *inside;             // a layer's other modules (suffixes; "" the layer)
+    int ninside;
+    const char *what;                      // the adaptable modules, for messages
+} ModuleTree;
+
+static const AdaptedModule LLAMA_MODS[] = {
+    {"self_attn.q_proj", 1 << LORA_Q, "q_proj"},       {"self_attn.k_proj", 1 << LORA_K, "k_proj"},
+    {"self_attn.v_proj", 1 << LORA_V, "v_proj"},       {"self_attn.o_proj", 1 << LORA_O, "o_proj"},
+    {"mlp.gate_proj", 1 << LORA_GATE, "gate_proj"},    {"mlp.up_proj", 1 << LORA_UP, "up_proj"},
+    {"mlp.down_proj", 1 << LORA_DOWN, "down_proj"}};
+static const char *const LLAMA_OUTSIDE[] = {"lm_head", "model.embed_tokens", "model.norm", "model.rotary_emb",
+                                            "model", "model.layers"};
+static const char *const LLAMA_INSIDE[] = {"", ".self_attn", ".mlp", ".mlp.act_fn", ".input_layernorm",
+                                           ".post_attention_layernorm", ".self_attn.rotary_emb",
+                                           ".self_attn.q_norm", ".self_attn.k_norm"};
+static const AdaptedModule GPT2_MODS[] = {
+    {"attn.c_attn", 1 << LORA_Q | 1 << LORA_K | 1 << LORA_V, "c_attn"}, {"attn.c_proj", 1 << LORA_O, "attn.c_proj"},
+    {"mlp.c_fc", 1 << LORA_UP, "c_fc"}, {"mlp.c_proj", 1 << LORA_DOWN, "mlp.c_proj"}};
+static const char *const GPT2_OUTSIDE[] = {"lm_head", "transformer", "transformer.wte", "transformer.wpe",
+                                           "transformer.drop", "transformer.h", "transformer.ln_f"};
+static const char *const GPT2_INSIDE[] = {"", ".ln_1", ".attn", ".attn.attn_dropout", ".attn.resid_dropout",
+                                          ".ln_2", ".mlp", ".mlp.act", ".mlp.dropout"};
+
+static ModuleTree tree_of(const ModelConfig *c) {
+#define N(a) (int)(sizeof a / sizeof *a)
+    if (c->arch == ARCH_GPT2)
+        return (ModuleTree){"transformer.h.%d", "h", GPT2_MODS, N(GPT2_MODS), GPT2_OUTSIDE, N(GPT2_OUTSIDE),
+                            GPT2_INSIDE, N(GPT2_INSIDE), "c_attn/c_proj/c_fc modules"};
+    return (ModuleTree){"model.layers.%d", "layers", LLAMA_MODS, N(LLAMA_MODS), LLAMA_OUTSIDE, N(LLAMA_OUTSIDE),
+                        LLAMA_INSIDE, family_of(c)->qk_norm ? N(LLAMA_INSIDE) : N(LLAMA_INSIDE) - 2,
+                        "q/k/v/o/gate/up/down projections"};
+#undef N
+}
+
+// The short name PEFT matches a module by: its last part.
+static const char *short_name(const AdaptedModule *a) {
+    const char *dot = strrchr(a->suffix, '.');
+    return dot ? dot + 1 : a->suffix;
+}
+
+static void module_name(char *out, size_t cap, const ModuleTree *mt, int layer, int i) {
+    char prefix[48];
+    snprintf(prefix, sizeof prefix, mt->layer_fmt, layer);
+    snprintf(out, cap, "%s.%s", prefix, mt->mods[i].suffix);
 }
 
 static int ends_with_part(const char *name, const char *key) {
@@ -94,8 +151,9 @@ static const char *py_to_posix(const char *in, char *out, size_t cap) {
 
 typedef struct {
     const PeftKeys *k;
+    const ModuleTree *mt;
     const cJSON *list;     // target_modules as names
-    int linear;            // + every projection's short name (all-linear, lora_target_linear)
+    int linear;            // + every adaptable module's short name (all-linear, lora_target_linear)
     regex_t re;            // target_modules as a regular expression
     int is_re;
     const cJSON *ltt, *lp; // layers_to_transform, layers_pattern (NULL when unused)
@@ -140,7 +198,7 @@ static int selected(const Sel *s, const char *name) {
         cJSON_ArrayForEach(e, s->list) if (!strcmp(name, e->valuestring)) return 1;  // named exactly
     int found = 0;
     if (s->list) cJSON_ArrayForEach(e, s->list) found |= ends_with_part(name, e->valuestring);
-    for (int t = 0; s->linear && t < LORA_TARGETS; t++) found |= ends_with_part(name, LORA_TARGET_NAMES[t]);
+    for (int i = 0; s->linear && i < s->mt->nmods; i++) found |= ends_with_part(name, short_name(&s->mt->mods[i]));
     if (found && s->ltt) {
         long i = layer_index_of(name, s->lp);
         found = i >= 0 && in_layers(s->ltt, i);
@@ -155,10 +213,11 @@ static int empty(const cJSON *v) {
     return cJSON_IsString(v) && !v->valuestring[0];
 }
 
-static void sel_init(Sel *s, const PeftKeys *k, const cJSON *tm, const cJSON *ltt, const cJSON *lp, int linear,
-                     int L) {
+static void sel_init(Sel *s, const PeftKeys *k, const ModuleTree *mt, const cJSON *tm, const cJSON *ltt,
+                     const cJSON *lp, int linear, int L) {
     memset(s, 0, sizeof *s);
     s->k = k;
+    s->mt = mt;
     s->linear = linear;
     int regex = cJSON_IsString(tm) && strcmp(tm->valuestring, "all-linear");
     if (cJSON_IsString(tm) && !regex) s->linear = 1;
@@ -217,39 +276,35 @@ static void sel_free(Sel *s) {
 void peft_select(const PeftKeys *k, const cJSON *tm, const cJSON *ltt, const cJSON *lp, int lora_linear,
                  const ModelConfig *c, LoraConfig *lc) {
     const int L = c->num_hidden_layers;
+    const ModuleTree mt = tree_of(c);
     if (!tm || cJSON_IsNull(tm)) {
         if (!lora_linear) fail("%s: %s is missing", k->src, k->tm);
         tm = NULL;
     }
     Sel s;
     static const cJSON empty_list = {.type = cJSON_Array};
-    sel_init(&s, k, tm ? tm : &empty_list, ltt, lp, lora_linear, L);
-    // Modules of the Hugging Face model that are not decoder projections: PEFT would adapt
-    // lm_head and embed_tokens (which this trainer cannot) or fail on the rest.
-    char name[160];
-    static const char *const outside[] = {"lm_head", "model.embed_tokens", "model.norm", "model.rotary_emb",
-                                          "model", "model.layers"};
-    for (size_t i = 0; i < sizeof outside / sizeof *outside; i++)
-        if (selected(&s, outside[i]))
-            fail("%s: %s selects '%s'; only the decoder layers' q/k/v/o/gate/up/down projections can "
-                 "carry adapters", k->src, k->tm, outside[i]);
-    static const char *const inside[] = {"", ".self_attn", ".mlp", ".mlp.act_fn", ".input_layernorm",
-                                         ".post_attention_layernorm", ".self_attn.rotary_emb",
-                                         ".self_attn.q_norm", ".self_attn.k_norm"};
-    const int ninside = family_of(c)->qk_norm ? 9 : 7;
+    sel_init(&s, k, &mt, tm ? tm : &empty_list, ltt, lp, lora_linear, L);
+    // Modules of the Hugging Face model that cannot carry an adapter here: PEFT would adapt
+    // lm_head and the embeddings (which this trainer cannot) or fail on the rest.
+    char name[160], prefix[48];
+    for (int i = 0; i < mt.noutside; i++)
+        if (selected(&s, mt.outside[i]))
+            fail("%s: %s selects '%s'; only the decoder layers' %s can carry adapters", k->src, k->tm,
+                 mt.outside[i], mt.what);
     lc->targets = 0;
     int first = -1, uniform = 1;
     if (L > LORA_MAX_LAYERS) lc->per_layer = 0;
     for (int l = 0; l < L; l++) {
-        for (int i = 0; i < ninside; i++) {
-            snprintf(name, sizeof name, "model.layers.%d%s", l, inside[i]);
+        snprintf(prefix, sizeof prefix, mt.layer_fmt, l);
+        for (int i = 0; i < mt.ninside; i++) {
+            snprintf(name, sizeof name, "%s%s", prefix, mt.inside[i]);
             if (selected(&s, name))
-                fail("%s: %s selects '%s', which is not a q/k/v/o/gate/up/down projection", k->src, k->tm, name);
+                fail("%s: %s selects '%s', which is not one of the %s", k->src, k->tm, name, mt.what);
         }
         int m = 0;
-        for (int t = 0; t < LORA_TARGETS; t++) {
-            module_name(name, sizeof name, l, t);
-            if (selected(&s, name)) m |= 1 << t;
+        for (int i = 0; i < mt.nmods; i++) {
+            module_name(name, sizeof name, &mt, l, i);
+            if (selected(&s, name)) m |= mt.mods[i].mask;
         }
         if (first < 0) first = m;
         if (m != first) uniform = 0;
@@ -264,32 +319,43 @@ void peft_select(const PeftKeys *k, const cJSON *tm, const cJSON *ltt, const cJS
         cJSON_ArrayForEach(e, s.list) {
             int hit = 0;
             for (int l = 0; l < L && !hit; l++)
-                for (int t = 0; t < LORA_TARGETS && !hit; t++) {
-                    module_name(name, sizeof name, l, t);
+                for (int i = 0; i < mt.nmods && !hit; i++) {
+                    module_name(name, sizeof name, &mt, l, i);
                     hit = !strcmp(name, e->valuestring) || ends_with_part(name, e->valuestring);
                 }
-            if (!hit)
-                fail("%s: %s: unknown module '%s' (expected q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, "
-                     "down_proj or a full path such as model.layers.0.self_attn.q_proj)", k->src, k->tm,
-                     e->valuestring);
+            if (!hit) {
+                char known[200] = "";
+                for (int i = 0; i < mt.nmods; i++)
+                    if (!strstr(known, short_name(&mt.mods[i])))
+                        snprintf(known + strlen(known), sizeof known - strlen(known), "%s, ", short_name(&mt.mods[i]));
+                module_name(name, sizeof name, &mt, 0, 0);
+                fail("%s: %s: unknown module '%s' (expected one of %sor a full path such as %s)", k->src, k->tm,
+                     e->valuestring, known, name);
+            }
         }
     }
     sel_free(&s);
     lc->per_layer = !uniform;
-    if (!lc->targets) fail("%s: %s matches no projection of this model", k->src, k->tm);
+    if (!lc->targets) fail("%s: %s matches no %s of this model", k->src, k->tm,
+                           c->arch == ARCH_GPT2 ? "adaptable module" : "projection");
 }
 
 // Options whose non-default value trains or merges something this trainer does not.
-static void refuse_unsupported(const char *path, const cJSON *o) {
+// fan_in_fan_out says how the adapted layers store their weights: GPT-2's Conv1D modules
+// ([in, out]) need true, and PEFT sets it true for them whatever the file says; Llama's
+// nn.Linear modules ([out, in]) take false here.
+static void refuse_unsupported(const char *path, const cJSON *o, const ModelConfig *c) {
     const cJSON *v;
     if ((v = cJSON_GetObjectItemCaseSensitive(o, "peft_type")) &&
         (!cJSON_IsString(v) || strcmp(v->valuestring, "LORA")))
         fail("%s: peft_type must be \"LORA\" (the only adapter type implemented)", path);
-    static const char *const true_refused[] = {"use_dora", "fan_in_fan_out", "lora_bias"};
+    static const char *const true_refused[] = {"use_dora", "lora_bias"};
     for (size_t i = 0; i < sizeof true_refused / sizeof *true_refused; i++)
         if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(o, true_refused[i])))
-            fail("%s: '%s': true is not supported (this trainer implements plain LoRA on "
-                 "nn.Linear-layout weights)", path, true_refused[i]);
+            fail("%s: '%s': true is not supported (this trainer implements plain LoRA)", path, true_refused[i]);
+    if (c->arch != ARCH_GPT2 && cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(o, "fan_in_fan_out")))
+        fail("%s: 'fan_in_fan_out': true is not supported (this model's projections are nn.Linear-layout "
+             "weights; true is for Conv1D layers such as GPT-2's)", path);
     static const char *const nonempty_refused[] = {"alpha_pattern", "rank_pattern", "modules_to_save",
                                                   "layer_replication", "target_parameters"};
     for (size_t i = 0; i < sizeof nonempty_refused / sizeof *nonempty_refused; i++) {
@@ -304,30 +370,54 @@ static void refuse_unsupported(const char *path, const cJSON *o) {
 }
 
 void peft_read_targets(const char *path, const cJSON *o, const ModelConfig *c, LoraConfig *lc) {
-    refuse_unsupported(path, o);
+    refuse_unsupported(path, o, c);
     const PeftKeys k = {path, "target_modules", "layers_to_transform", "layers_pattern", 0};
     peft_select(&k, cJSON_GetObjectItemCaseSensitive(o, "target_modules"),
                 cJSON_GetObjectItemCaseSensitive(o, "layers_to_transform"),
                 cJSON_GetObjectItemCaseSensitive(o, "layers_pattern"), 0, c, lc);
 }
 
-static void append_mask(char *out, size_t cap, int m) {
-    if (!m) snprintf(out + strlen(out), cap - strlen(out), " none");
-    for (int t = 0; t < LORA_TARGETS; t++)
-        if (m >> t & 1) snprintf(out + strlen(out), cap - strlen(out), " %s", LORA_TARGET_NAMES[t]);
+void peft_target_names(const ModelConfig *c, int mask, char *out, size_t cap) {
+    const ModuleTree mt = tree_of(c);
+    out[0] = 0;
+    for (int i = 0; i < mt.nmods; i++)
+        if ((mask & mt.mods[i].mask) == mt.mods[i].mask)
+            snprintf(out + strlen(out), cap - strlen(out), "%s%s", out[0] ? "," : "", mt.mods[i].label);
+    if (!out[0]) snprintf(out, cap, "none");
 }
 
-void peft_describe_difference(const LoraConfig *a, const LoraConfig *b, int L, char *out, size_t cap) {
+void peft_describe_difference(const LoraConfig *a, const LoraConfig *b, const ModelConfig *c, char *out, size_t cap) {
     out[0] = 0;
-    for (int l = 0; l < L; l++) {
+    for (int l = 0; l < c->num_hidden_layers; l++) {
         int ma = lora_layer_targets(a, l), mb = lora_layer_targets(b, l);
         if (ma == mb) continue;
-        snprintf(out, cap, "layer %d:", l);
-        append_mask(out, cap, ma);
-        snprintf(out + strlen(out), cap - strlen(out), " vs");
-        append_mask(out, cap, mb);
+        char na[160], nb[160];
+        peft_target_names(c, ma, na, sizeof na);
+        peft_target_names(c, mb, nb, sizeof nb);
+        snprintf(out, cap, "layer %d: %s vs %s", l, na, nb);
         return;
     }
+}
+
+// The names of a target_modules list for the modules in mask (the same in every listed layer):
+// short names, but a suffix that tells them apart where two modules share a short name and only
+// one is adapted (GPT-2's attn.c_proj, mlp.c_proj).
+static int add_target_names(cJSON *tm, const ModuleTree *mt, int mask) {
+    int ok = 1;
+    for (int i = 0; i < mt->nmods; i++) {
+        if ((mask & mt->mods[i].mask) != mt->mods[i].mask) continue;
+        const char *name = short_name(&mt->mods[i]);
+        int shared_all = 1, first = 1;
+        for (int j = 0; j < mt->nmods; j++)
+            if (!strcmp(short_name(&mt->mods[j]), name)) {
+                if ((mask & mt->mods[j].mask) != mt->mods[j].mask) shared_all = 0;
+                else if (j < i) first = 0;
+            }
+        if (!shared_all) name = mt->mods[i].suffix;
+        else if (!first) continue;  // already listed by its short name
+        ok &= cJSON_AddItemToArray(tm, cJSON_CreateString(name)) != 0;
+    }
+    return ok;
 }
 
 cJSON *peft_adapter_config(const LoraConfig *lc, const ModelConfig *c, const char *base_model) {
@@ -352,20 +442,20 @@ cJSON *peft_adapter_config(const LoraConfig *lc, const ModelConfig *c, const cha
     cJSON *tm = cJSON_AddArrayToObject(o, "target_modules");
     ADD(tm);
     char name[160];
+    const ModuleTree mt = tree_of(c);
     if (!lc->per_layer || same) {
-        for (int t = 0; tm && t < LORA_TARGETS; t++)
-            if (lc->targets >> t & 1) ADD(cJSON_AddItemToArray(tm, cJSON_CreateString(LORA_TARGET_NAMES[t])));
+        if (tm) ADD(add_target_names(tm, &mt, lc->targets));
     } else {
         for (int l = 0; tm && l < L; l++)
-            for (int t = 0; t < LORA_TARGETS; t++)
-                if (lora_layer_targets(lc, l) >> t & 1) {
-                    module_name(name, sizeof name, l, t);
+            for (int i = 0; i < mt.nmods; i++)
+                if ((lora_layer_targets(lc, l) & mt.mods[i].mask) == mt.mods[i].mask) {
+                    module_name(name, sizeof name, &mt, l, i);
                     ADD(cJSON_AddItemToArray(tm, cJSON_CreateString(name)));
                 }
     }
     ADD(cJSON_AddNumberToObject(o, "lora_alpha", lc->alpha));
     ADD(cJSON_AddNumberToObject(o, "lora_dropout", lc->dropout));
-    ADD(cJSON_AddBoolToObject(o, "fan_in_fan_out", 0));
+    ADD(cJSON_AddBoolToObject(o, "fan_in_fan_out", c->arch == ARCH_GPT2));  // Conv1D: [in, out] weights
     ADD(cJSON_AddStringToObject(o, "bias", "none"));
     ADD(cJSON_AddBoolToObject(o, "use_rslora", lc->rslora));
     ADD(cJSON_AddNullToObject(o, "modules_to_save"));
@@ -375,7 +465,7 @@ cJSON *peft_adapter_config(const LoraConfig *lc, const ModelConfig *c, const cha
         ADD(ltt);
         for (int l = 0; ltt && l < L; l++)
             if (lora_layer_targets(lc, l)) ADD(cJSON_AddItemToArray(ltt, cJSON_CreateNumber(l)));
-        ADD(cJSON_AddStringToObject(o, "layers_pattern", "layers"));
+        ADD(cJSON_AddStringToObject(o, "layers_pattern", mt.pattern));
     } else {
         ADD(cJSON_AddNullToObject(o, "layers_to_transform"));
         ADD(cJSON_AddNullToObject(o, "layers_pattern"));

@@ -9,9 +9,11 @@
 // layers_pattern (or after any "<name>.<digits>." part). A full name in the list and a regex
 // are not narrowed: PEFT refuses layers_to_transform with a regex and skips it for an exact
 // name. The selection maps onto this trainer's layers exactly: layer l adapts the projections
-// its names matched (LoraConfig.layer_targets). Options that would train something else (DoRA,
-// per-module ranks, extra trained modules, biases, ...) and matches on modules that are not a
-// decoder projection are refused by name, never ignored.
+// its names matched (LoraConfig.layer_targets). GPT-2 is GPT2LMHeadModel's module tree
+// (transformer.h.N.attn.c_attn, attn.c_proj, mlp.c_fc, mlp.c_proj: Conv1D, fan_in_fan_out).
+// Options that would train something else (DoRA, per-module ranks, extra trained modules,
+// biases, ...) and matches on modules that are not a decoder projection are refused by name,
+// never ignored.
 #pragma once
 #include <cjson/cJSON.h>
 #include "model.h"
@@ -30,9 +32,11 @@ void peft_select(const PeftKeys *k, const cJSON *tm, const cJSON *ltt, const cJS
 // Reads adapter_config.json (already parsed, from path): refuses what cannot be loaded exactly,
 // then resolves its selection into lc as peft_select does.
 void peft_read_targets(const char *path, const cJSON *config, const ModelConfig *c, LoraConfig *lc);
-// "layer 1: q_proj v_proj; layer 2: none" style description of where two selections differ,
-// or "" when they are the same; out has cap bytes.
-void peft_describe_difference(const LoraConfig *a, const LoraConfig *b, int num_layers, char *out, size_t cap);
+// "layer 1: q_proj,v_proj vs none" style description of the first layer where two selections
+// differ, or "" when they are the same; out has cap bytes.
+void peft_describe_difference(const LoraConfig *a, const LoraConfig *b, const ModelConfig *c, char *out, size_t cap);
+// The modules of a LORA_* mask by name ("q_proj,v_proj"; GPT-2: "c_attn,attn.c_proj"), "none".
+void peft_target_names(const ModelConfig *c, int mask, char *out, size_t cap);
 // A new adapter_config.json object for lc over the model c (base_model may be NULL). Every layer
 // alike: short names; the same projections on some layers: short names + layers_to_transform;
 // otherwise the full module path of every adapted projection.

@@ -410,8 +410,6 @@ int train_main(int argc, char **argv, int arch) {
     config_lora(&cfg, &mc, &lora);
     if (!strcmp(cfg.adapter, "qlora") && !cfg.load_in_4bit)
         fail("adapter: qlora needs load_in_4bit: true (the frozen base in NF4)");
-    if (arch == ARCH_GPT2 && cfg.merge_lora)
-        fail("merge_lora: GPT-2 runs cannot write a merged model.bin yet; drop merge_lora (the adapter is saved in PEFT layout)");
     if (cfg.load_in_4bit && !lora.r)
         fail("load_in_4bit: a 4-bit base can only be trained through adapters (adapter: qlora)");
     if (cfg.layer_offloading && !lora.r)

@@ -30,3 +30,10 @@ PEFT_PKGS="peft==0.11.1 accelerate==0.30.1"
 if ! /usr/bin/python3 -c "import peft" >/dev/null 2>&1; then
     $SUDO /usr/bin/python3 -m pip install -q --break-system-packages --no-deps $PEFT_PKGS
 fi
+# transformers' GPT2LMHeadModel for test/test_gpt2_lora.py: the transformers above (4.57) builds
+# no torch model on Debian's torch 1.13, so transformers 4.44.2 (which does) and the tokenizers
+# it checks for go into a directory of their own that only that test puts on sys.path.
+GPT2_TF_DIR=/opt/llmc-transformers-4.44.2
+if [ ! -f "$GPT2_TF_DIR/transformers/__init__.py" ]; then
+    $SUDO /usr/bin/python3 -m pip install -q --no-deps --target "$GPT2_TF_DIR" transformers==4.44.2 tokenizers==0.19.1
+fi

@@ -30,6 +30,7 @@ Main entry points:
     step_batches(tokens, B, T, accum, step)     -> the micro-batches of 1-based step `step`
 Shards, YAML, metrics and the LR schedule come from llama_ref (same conventions).
 """
+import json
 import math
 import os
 import sys
@@ -227,6 +228,39 @@ def read_checkpoint(path):
 
 # --------------------------------------------------------------------------------------------
 # model
+
+
+def hf_tensors(cfg, w, prefix="transformer."):
+    """GPT2LMHeadModel's state dict (numpy) for llm.c-layout weights w: Conv1D weights are
+    stored in x out (transposed), c_attn fuses q, k, v along its output, wte has V rows."""
+    V, L = cfg["vocab_size"], cfg["num_layers"]
+    t = {prefix + "wte.weight": w["wte"][:V], prefix + "wpe.weight": w["wpe"],
+         prefix + "ln_f.weight": w["lnfw"], prefix + "ln_f.bias": w["lnfb"]}
+    for l in range(L):
+        h = "%sh.%d." % (prefix, l)
+        t[h + "ln_1.weight"], t[h + "ln_1.bias"] = w["ln1w"][l], w["ln1b"][l]
+        t[h + "ln_2.weight"], t[h + "ln_2.bias"] = w["ln2w"][l], w["ln2b"][l]
+        t[h + "attn.c_attn.weight"], t[h + "attn.c_attn.bias"] = w["qkvw"][l].T, w["qkvb"][l]
+        t[h + "attn.c_proj.weight"], t[h + "attn.c_proj.bias"] = w["attprojw"][l].T, w["attprojb"][l]
+        t[h + "mlp.c_fc.weight"], t[h + "mlp.c_fc.bias"] = w["fcw"][l].T, w["fcb"][l]
+        t[h + "mlp.c_proj.weight"], t[h + "mlp.c_proj.bias"] = w["fcprojw"][l].T, w["fcprojb"][l]
+    return {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in t.items()}
+
+
+def save_hf_dir(d, cfg, w, prefix="transformer."):
+    """A Hugging Face GPT-2 directory (config.json + model.safetensors, as GPT2LMHeadModel
+    saves it, with the attn.bias mask buffer older transformers wrote) for weights w."""
+    os.makedirs(d, exist_ok=True)
+    t = hf_tensors(cfg, w, prefix)
+    for l in range(cfg["num_layers"]):
+        T = cfg["max_seq_len"]
+        t["%sh.%d.attn.bias" % (prefix, l)] = np.tril(np.ones((1, 1, T, T), dtype=np.float32))  # a buffer
+    LR.write_safetensors(os.path.join(d, "model.safetensors"), t)
+    with open(os.path.join(d, "config.json"), "w") as f:
+        json.dump(dict(model_type="gpt2", architectures=["GPT2LMHeadModel"], vocab_size=cfg["vocab_size"],
+                       n_positions=cfg["max_seq_len"], n_embd=cfg["channels"], n_layer=cfg["num_layers"],
+                       n_head=cfg["num_heads"], n_inner=None, activation_function="gelu_new",
+                       layer_norm_epsilon=1e-5), f)
 
 
 def gelu_tanh(x):

@@ -35,6 +35,7 @@ def tests(build):
         ("families", [PY, "test/test_families.py", "--bin", bin_]),
         ("gpt2_ref", [PY, "test/test_gpt2_ref.py", "--bin", os.path.join(build, "train_gpt")]),
         ("train_gpt", [PY, "test/test_train_gpt.py", "--bin", os.path.join(build, "train_gpt")]),
+        ("gpt2_lora", [PY, "test/test_gpt2_lora.py", "--bin", os.path.join(build, "train_gpt")]),
         ("lora_ref", [PY, "test/test_lora_ref.py", "--bin", bin_]),
         ("qlora", [PY, "test/test_qlora.py", "--bin", bin_]),
         ("nonfinite", [PY, "test/test_nonfinite.py", "--bin", bin_]),

@@ -411,41 +411,7 @@ def check_descriptors(work):
     report("descriptors", errs)
 
 
-def write_safetensors(path, tensors):
-    """safetensors by hand: u64 header length, JSON header, F32 data."""
-    header, blobs, off = {}, [], 0
-    for name, a in tensors.items():
-        b = np.ascontiguousarray(a, dtype="<f4").tobytes()
-        header[name] = {"dtype": "F32", "shape": list(a.shape), "data_offsets": [off, off + len(b)]}
-        blobs.append(b)
-        off += len(b)
-    h = json.dumps(header).encode()
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(h)) + h)
-        for b in blobs:
-            f.write(b)
-
-
-def hf_gpt2_dir(d, cfg, w, prefix):
-    """GPT2LMHeadModel's files for llm.c-layout weights w: Conv1D weights stored in x out."""
-    os.makedirs(d, exist_ok=True)
-    V, C, L = cfg["vocab_size"], cfg["channels"], cfg["num_layers"]
-    t = {prefix + "wte.weight": w["wte"][:V], prefix + "wpe.weight": w["wpe"],
-         prefix + "ln_f.weight": w["lnfw"], prefix + "ln_f.bias": w["lnfb"]}
-    for l in range(L):
-        h = "%sh.%d." % (prefix, l)
-        t[h + "ln_1.weight"], t[h + "ln_1.bias"] = w["ln1w"][l], w["ln1b"][l]
-        t[h + "ln_2.weight"], t[h + "ln_2.bias"] = w["ln2w"][l], w["ln2b"][l]
-        t[h + "attn.c_attn.weight"], t[h + "attn.c_attn.bias"] = w["qkvw"][l].T, w["qkvb"][l]
-        t[h + "attn.c_proj.weight"], t[h + "attn.c_proj.bias"] = w["attprojw"][l].T, w["attprojb"][l]
-        t[h + "mlp.c_fc.weight"], t[h + "mlp.c_fc.bias"] = w["fcw"][l].T, w["fcb"][l]
-        t[h + "mlp.c_proj.weight"], t[h + "mlp.c_proj.bias"] = w["fcprojw"][l].T, w["fcprojb"][l]
-        t[h + "attn.bias"] = np.tril(np.ones((1, 1, cfg["max_seq_len"], cfg["max_seq_len"])))  # a buffer
-    write_safetensors(os.path.join(d, "model.safetensors"), t)
-    with open(os.path.join(d, "config.json"), "w") as f:
-        json.dump(dict(model_type="gpt2", architectures=["GPT2LMHeadModel"], vocab_size=V,
-                       n_positions=cfg["max_seq_len"], n_embd=C, n_layer=L, n_head=cfg["num_heads"],
-                       n_inner=None, activation_function="gelu_new", layer_norm_epsilon=1e-5), f)
+hf_gpt2_dir = G.save_hf_dir
 
 
 def check_hf_gpt2(work, tokens):
