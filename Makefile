@@ -120,6 +120,11 @@ $(EMU)/dev/%.o: dev/cuda/%.cu dev/cuda/dev_common.cuh $(CU_HDRS) dev/cuda/emu/cu
 $(EMU)/dev/%: $(EMU)/dev/%.o $(EMU_OBJ) $(C_LIB_OBJ)
 	$(CXX) -fopenmp -pthread $^ -o $@ $(BASE_LDLIBS)
 
+# The whole trainer over the emulated CUDA backend (device: cuda runs on the CPU, ~10^4 times
+# slower than a GPU): test_cuda_emu_train.py compares its bf16 training with the CPU backend.
+$(EMU)/train_llama: $(BUILD)/train_llama.o $(EMU_OBJ) $(C_LIB_OBJ)
+	$(CXX) -fopenmp -pthread $^ -o $@ $(BASE_LDLIBS)
+
 test-cuda-emu: $(DEV_CUDA:%=$(EMU)/dev/%)
 	@st=0; for t in $(DEV_CUDA); do echo "== emulated dev/cuda/$$t"; $(EMU)/dev/$$t --quick || st=1; done; exit $$st
 

@@ -12,8 +12,17 @@
 //
 // Tensors are plain device pointers. "act" tensors (weights in compute precision, activations
 // and their gradients) hold elements of bk->act_bytes bytes each (4 on the CPU, 2 for bf16 on a
-// GPU). Tensors named *_f32 are always float: master weights, AdamW moments, RMSNorm's saved
-// reciprocal std, attention's log-sum-exp, per-token losses, RoPE tables. Token ids are int32.
+// GPU). Tensors named *_f32 are always float: master weights, AdamW moments, parameter
+// gradients, RMSNorm's saved reciprocal std, attention's log-sum-exp, per-token losses, RoPE
+// tables. Token ids are int32.
+//
+// Parameter gradients are float on every backend, whatever the act precision: a weight's
+// gradient is a sum over micro-batches (gradient accumulation), over attention query tiles and
+// MLP row chunks, and over sequence spans, and a bf16 sum loses the small late terms (bf16
+// keeps 8 significant bits: adding 1e-3 to 1.0 changes nothing). Every op that accumulates a
+// weight gradient (matmul_dw, bias_grad, the norms' dw/db, embedding_bwd, pos_bwd,
+// classifier_ce's dW) reads act operands and adds into a float gradient, rounding once per
+// call; AdamW, sumsq (the gradient norm) and the gradient collectives (comm.h) read float.
 // Matrices are row-major; a linear layer's weight is [out, in] as Hugging Face stores it.
 #pragma once
 #include <stddef.h>
@@ -79,36 +88,42 @@ struct Backend {
     // stored matrix is the transpose (A stored [K,M], B stored [N,K]).
     void (*matmul)(Backend *, void *C, const void *A, const void *B, int M, int N, int K,
                    int transA, int transB, float alpha, float beta);
-    void (*add_bias)(Backend *, void *y, const void *bias, int N, int D);     // y[n,:] += bias
-    void (*bias_grad)(Backend *, void *dbias, const void *dy, int N, int D);  // dbias += sum_n dy
-    void (*add)(Backend *, void *y, const void *a, const void *b, size_t n);  // y = a + b
-    void (*accumulate)(Backend *, void *y, const void *x, size_t n);          // y += x
+    // A weight gradient: dW_f32[M,N] += alpha * op(A) @ op(B), act operands, float dW (fp32
+    // accumulation, as cuBLASLt's bf16 inputs with fp32 C/D).
+    void (*matmul_dw)(Backend *, float *dW_f32, const void *A, const void *B, int M, int N, int K,
+                      int transA, int transB, float alpha);
+    void (*add_bias)(Backend *, void *y, const void *bias, int N, int D);         // y[n,:] += bias
+    void (*bias_grad)(Backend *, float *dbias_f32, const void *dy, int N, int D); // dbias += sum_n dy
+    void (*add)(Backend *, void *y, const void *a, const void *b, size_t n);      // y = a + b
+    void (*accumulate)(Backend *, void *y, const void *x, size_t n);              // y += x
+    void (*accumulate_f32)(Backend *, float *y, const float *x, size_t n);        // y += x, float
 
     void (*embedding_fwd)(Backend *, void *out, const int32_t *tokens, const void *table, int N,
                           int C);
     // dtable[tok] += dout rows; deterministic (no races on repeated tokens).
-    void (*embedding_bwd)(Backend *, void *dtable, const void *dout, const int32_t *tokens, int N,
+    void (*embedding_bwd)(Backend *, float *dtable_f32, const void *dout, const int32_t *tokens, int N,
                           int C, int V);
 
     // out = x * rsqrt(mean(x^2) + eps) * w; saves rstd_f32[N].
     void (*rmsnorm_fwd)(Backend *, void *out, float *rstd_f32, const void *x, const void *w,
                         int N, int C, float eps);
     // dx += d/dx, dw += d/dw (dw NULL: frozen weight).
-    void (*rmsnorm_bwd)(Backend *, void *dx, void *dw, const void *dout, const void *x,
+    void (*rmsnorm_bwd)(Backend *, void *dx, float *dw_f32, const void *dout, const void *x,
                         const void *w, const float *rstd_f32, int N, int C);
 
     // GPT-2's LayerNorm: out = (x - mean) * rstd * w + b, saving mean_f32 and rstd_f32 [N].
     // Backward: dx += ..., dw += ..., db += ... (dw/db NULL: frozen).
     void (*layernorm_fwd)(Backend *, void *out, float *mean_f32, float *rstd_f32, const void *x,
                           const void *w, const void *b, int N, int C, float eps);
-    void (*layernorm_bwd)(Backend *, void *dx, void *dw, void *db, const void *dout, const void *x,
-                          const void *w, const float *mean_f32, const float *rstd_f32, int N, int C);
+    void (*layernorm_bwd)(Backend *, void *dx, float *dw_f32, float *db_f32, const void *dout,
+                          const void *x, const void *w, const float *mean_f32, const float *rstd_f32,
+                          int N, int C);
     // GELU (tanh approximation). gelu_bwd: dx = dout * gelu'(x); dx may alias dout.
     void (*gelu_fwd)(Backend *, void *y, const void *x, size_t n);
     void (*gelu_bwd)(Backend *, void *dx, const void *dout, const void *x, size_t n);
     // Learned positions: out[b,t,:] += wpe[t,:]; pos_bwd: dwpe[t,:] += sum over b of dout[b,t,:].
     void (*pos_fwd)(Backend *, void *out, const void *wpe, int B, int T, int C);
-    void (*pos_bwd)(Backend *, void *dwpe, const void *dout, int B, int T, int C);
+    void (*pos_bwd)(Backend *, float *dwpe_f32, const void *dout, int B, int T, int C);
 
     // In place on x [B,T,H,D]; tables are [T, D/2] (HF rotate_half pairs i and i + D/2). The
     // position of row (b, t) is pos[b*T + t] (device int32 [B*T], each < T: packed documents
@@ -156,12 +171,13 @@ struct Backend {
     // logits never exist whole. losses_f32[n] = -log softmax(x W^T)[n, target[n]], 0 where
     // target < 0 (ignored). If dx is non-NULL it is written with scale * dloss/dx, and dW (if
     // non-NULL) accumulates scale * dloss/dW, where scale multiplies every token's loss.
-    void (*classifier_ce)(Backend *, float *losses_f32, void *dx, void *dW, const void *x,
+    void (*classifier_ce)(Backend *, float *losses_f32, void *dx, float *dW_f32, const void *x,
                           const void *W, const int32_t *targets, int N, int V, int C,
                           float scale);
 
-    // Sum of squares of an act tensor, in double, returned to the host (synchronises).
-    double (*sumsq)(Backend *, const void *x, size_t n);
+    // Sum of squares of a float tensor (a gradient), in double, returned to the host
+    // (synchronises).
+    double (*sumsq)(Backend *, const float *x, size_t n);
     double (*sum_f32)(Backend *, const float *x, size_t n);
     // y *= s
     void (*scale)(Backend *, void *y, float s, size_t n);
@@ -169,7 +185,7 @@ struct Backend {
     // AdamW with PyTorch semantics on n elements: the gradient is first multiplied by
     // grad_scale (clipping), then p -= lr*wd*p, moments, bias correction by step t (1-based).
     // master_f32 is the fp32 copy when act precision is not fp32 (else NULL: params updated).
-    void (*adamw)(Backend *, void *params, float *master_f32, const void *grads, float *m_f32,
+    void (*adamw)(Backend *, void *params, float *master_f32, const float *grads_f32, float *m_f32,
                   float *v_f32, size_t n, float lr, float beta1, float beta2, float eps,
                   float weight_decay, float grad_scale, int t);
 

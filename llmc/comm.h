@@ -1,9 +1,11 @@
 // comm.h: collectives behind one small interface, so the training logic never knows whether
 // it runs alone, over MPI between CPU processes, or over NCCL between GPUs.
 //
-// Buffers are backend ("device") memory: host memory on the CPU backend. Elements are the
-// backend's act precision (float32 on the CPU; bf16 or float32 over NCCL) unless a function
-// says otherwise; the f64 reduction and broadcast take host memory.
+// Buffers are backend ("device") memory: host memory on the CPU backend. The sums
+// (all_reduce_sum, reduce_scatter_sum) carry gradients: float32 elements on every backend
+// (backend.h keeps parameter gradients in float), summed in float. all_gather and all_to_all
+// move weights and activations: the backend's act precision (float32 on the CPU; bf16 or
+// float32 over NCCL). The f64 reduction and broadcast take host memory.
 #pragma once
 #include <stddef.h>
 

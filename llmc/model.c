@@ -404,7 +404,7 @@ void model_check_memory(const ModelConfig *c, const LoraConfig *lora, const Mode
     const int zero = mo ? mo->zero_stage : 0, offload = mo && mo->offload_optimizer;
     const double trainable = s.trainable.d, frozen = s.params.d - trainable;
     const double frozen_b = frozen * (mo && mo->load_in_4bit ? 0.5 : A);
-    const double train_b = trainable * 2 * A / (zero >= 3 ? world : 1);
+    const double train_b = trainable * (A + sizeof(float)) / (zero >= 3 ? world : 1);  // weights, float grads
     const double opt_b = trainable * (8 + (A != 4 || offload ? 4 : 0) + (offload ? 4 : 0)) / (zero >= 1 ? world : 1);
     double host = table;
     if (backend_is_host(bk)) host += frozen_b + train_b + opt_b;  // "device" memory is host memory
@@ -459,12 +459,12 @@ void model_create(Model *m, Backend *bk, const ModelConfig *cfg, const LoraConfi
         maxu *= world;
         size_t nl = unit_shard(t, 0) * world;
         m->z3_nl = dev_alloc_zero(bk, (nl ? nl : 1) * A, "gathered embedding/head");
-        m->z3_nl_grad = dev_alloc_zero(bk, (nl ? nl : 1) * A, "embedding/head gradients");
+        m->z3_nl_grad = dev_alloc_zero(bk, (nl ? nl : 1) * sizeof(float), "embedding/head gradients");
         for (int i = 0; i < 2; i++) {
             m->z3_slot[i] = dev_alloc_zero(bk, (maxu ? maxu : 1) * A, "gathered layer weights");
             m->z3_slot_layer[i] = -1;
         }
-        m->z3_layer_grad = dev_alloc_zero(bk, (maxu ? maxu : 1) * A, "layer gradients (full)");
+        m->z3_layer_grad = dev_alloc_zero(bk, (maxu ? maxu : 1) * sizeof(float), "layer gradients (full)");
     }
     m->deq_layer = -1;
     if (m->opt.stream && (m->tab.stream_block || m->tab.qregion)) {
@@ -477,7 +477,9 @@ void model_create(Model *m, Backend *bk, const ModelConfig *cfg, const LoraConfi
         m->qweights = bk->dev_alloc(bk, m->tab.qregion * L, "NF4 frozen weights");
     }
     if (m->tab.qregion) m->deq = bk->dev_alloc(bk, m->tab.deq_elems * bk->act_bytes, "dequantized layer weights");
-    m->grads = dev_alloc_zero(bk, (zero3 ? (g ? g : 1) : (full ? full : 1)) * bk->act_bytes, "gradients");
+    // Gradients are float whatever the act precision (backend.h): 4 bytes per trainable
+    // parameter, 2 more than bf16 would take, so that accumulation never rounds to bf16.
+    m->grads = dev_alloc_zero(bk, (zero3 ? (g ? g : 1) : (full ? full : 1)) * sizeof(float), "gradients");
     if (m->opt.offload_optimizer) {
         // ZeRO-Offload: the optimizer's fp32 state lives on the host and the update runs there.
         m->adam_m = bk->host_alloc(bk, g * sizeof(float), "AdamW first moments (host)");
@@ -961,7 +963,7 @@ static void *P(const Model *m, int i) {
 }
 
 static void z3_layer(Model *m, int l);
-static void z3_reduce(Model *m, int u, void *full);
+static void z3_reduce(Model *m, int u, float *full);
 
 // Frozen-layer streaming around each use of layer l's weights; `next` is the layer the engine
 // will need after it (prefetched now), -1 if none.
@@ -995,15 +997,16 @@ static void weights_release(Model *m, int l, int grads) {
     if (m->streamer) streamer_release(m->streamer, l);
     if (grads && m->opt.zero_stage >= 3) z3_reduce(m, l + 1, m->z3_layer_grad);
 }
-// Gradient of a trainable tensor; NULL for a frozen one (its backward skips the weight grad).
-static void *G(const Model *m, int i) {
+// Gradient (float) of a trainable tensor; NULL for a frozen one (its backward skips the weight
+// grad).
+static float *G(const Model *m, int i) {
     const ParamSpec *p = &m->tab.specs[i];
     if (!p->trainable) return NULL;
     if (m->opt.zero_stage >= 3) {  // full-size gradients of the unit being back-propagated
         int u = unit_of(p);
-        return act_at(m->bk, u == 0 ? m->z3_nl_grad : m->z3_layer_grad, p->goff - m->tab.units[u]);
+        return (u == 0 ? m->z3_nl_grad : m->z3_layer_grad) + (p->goff - m->tab.units[u]);
     }
-    return act_at(m->bk, m->grads, p->goff);
+    return m->grads + p->goff;
 }
 
 // ZeRO-3: all-gather unit u (every rank's piece) into buf.
@@ -1018,14 +1021,14 @@ static void z3_gather(Model *m, int u, void *buf) {
 }
 
 // ZeRO-3: sum unit u's full gradients over ranks into this rank's piece of the gradients.
-static void z3_reduce(Model *m, int u, void *full) {
+static void z3_reduce(Model *m, int u, float *full) {
     Comm *c = m->opt.comm;
     size_t s = unit_shard(&m->tab, u), loc = 0;
     for (int v = 0; v < u; v++) loc += unit_shard(&m->tab, v);
     if (!s) return;
     // Padding past the unit's end is zero in every rank's buffer, so it reduces to zero.
     c->reduce_scatter_sum(c, full, full, s);
-    m->bk->accumulate(m->bk, act_at(m->bk, m->grads, loc), full, s);
+    m->bk->accumulate_f32(m->bk, m->grads + loc, full, s);
 }
 
 // Gathered copies are valid until the next optimizer step; a pass starts with none.
@@ -1063,7 +1066,7 @@ void model_gather_done(Model *m) {
     m->z3_full = NULL;
 }
 static void *LP(const Model *m, int l, int k) { return P(m, param_index(&m->tab, l, k)); }
-static void *LG(const Model *m, int l, int k) { return G(m, param_index(&m->tab, l, k)); }
+static float *LG(const Model *m, int l, int k) { return G(m, param_index(&m->tab, l, k)); }
 
 // y[N,out] = x[N,in] W^T (+ b)
 static void linear_fwd(Backend *bk, void *y, const void *x, const void *W, const void *b, int N,
@@ -1072,21 +1075,25 @@ static void linear_fwd(Backend *bk, void *y, const void *x, const void *W, const
     if (b) bk->add_bias(bk, y, b, N, out);
 }
 
-// dx (=, or += when accumulate) dy W; dW += dy^T x; db += sum dy.
-static void linear_bwd(Backend *bk, void *dx, void *dW, void *db, const void *dy, const void *x,
+// dx (=, or += when accumulate) dy W; dW += dy^T x; db += sum dy (float gradients).
+static void linear_bwd(Backend *bk, void *dx, float *dW, float *db, const void *dy, const void *x,
                        const void *W, int N, int in, int out, int accumulate) {
     if (dx) bk->matmul(bk, dx, dy, W, N, in, out, 0, 0, 1.0f, accumulate ? 1.0f : 0.0f);
-    if (dW) bk->matmul(bk, dW, dy, x, out, in, N, 1, 0, 1.0f, 1.0f);
+    if (dW) bk->matmul_dw(bk, dW, dy, x, out, in, N, 1, 0, 1.0f);
     if (db) bk->bias_grad(bk, db, dy, N, out);
 }
 
-static void *opt_param_global(const Model *m, int i, int grad) {
-    return i < 0 ? NULL : grad ? G(m, i) : P(m, i);
-}
-
-static void *opt_param(const Model *m, int l, int k, int grad) {
+// An optional parameter (a bias, GPT-2's final norm bias) or NULL.
+static const void *opt_param_global(const Model *m, int i) { return i < 0 ? NULL : P(m, i); }
+static const void *opt_param(const Model *m, int l, int k) {
     int i = param_index(&m->tab, l, k);
-    return i < 0 ? NULL : grad ? G(m, i) : P(m, i);
+    return i < 0 ? NULL : P(m, i);
+}
+// Its gradient, or NULL (absent or frozen).
+static float *opt_grad_global(const Model *m, int i) { return i < 0 ? NULL : G(m, i); }
+static float *opt_grad(const Model *m, int l, int k) {
+    int i = param_index(&m->tab, l, k);
+    return i < 0 ? NULL : G(m, i);
 }
 
 // ---- LoRA: y += scale * B(A(dropout(x))) on an adapted projection -------------------------
@@ -1142,9 +1149,9 @@ static void lora_bwd(Model *m, int l, int t, void *dx, const void *dy, const voi
     const void *xd = lora_input(m, l, sl, x, row0, N, in);
     const void *A = LP(m, l, P_LORA_A + sl), *B = act_at(bk, LP(m, l, P_LORA_B + sl), brow * r);
     bk->matmul(bk, m->lora_tmp, xd, A, N, r, in, 0, 1, 1.0f, 0.0f);
-    bk->matmul(bk, act_at(bk, LG(m, l, P_LORA_B + sl), brow * r), dy, m->lora_tmp, out, r, N, 1, 0, s, 1.0f);
+    bk->matmul_dw(bk, LG(m, l, P_LORA_B + sl) + brow * r, dy, m->lora_tmp, out, r, N, 1, 0, s);  // fp32 grads
     bk->matmul(bk, m->lora_dtmp, dy, B, N, r, out, 0, 0, s, 0.0f);
-    bk->matmul(bk, LG(m, l, P_LORA_A + sl), m->lora_dtmp, xd, r, in, N, 1, 0, 1.0f, 1.0f);
+    bk->matmul_dw(bk, LG(m, l, P_LORA_A + sl), m->lora_dtmp, xd, r, in, N, 1, 0, 1.0f);
     if (m->tab.lora.dropout <= 0) {
         bk->matmul(bk, dx, m->lora_dtmp, A, N, in, r, 0, 0, 1.0f, 1.0f);
     } else {
@@ -1165,7 +1172,7 @@ static void norm_fwd_rows(Model *m, void *out, float *stats, size_t N, size_t r0
     else bk->rmsnorm_fwd(bk, out, stats + r0, x, w, n, c->hidden_size, c->rms_norm_eps);
 }
 
-static void norm_bwd_rows(Model *m, void *dx, void *dw, void *db, const void *dout, const void *x, const void *w,
+static void norm_bwd_rows(Model *m, void *dx, float *dw, float *db, const void *dout, const void *x, const void *w,
                           const float *stats, size_t N, size_t r0, int n) {
     Backend *bk = m->bk;
     if (m->cfg.arch == ARCH_GPT2)
@@ -1187,7 +1194,7 @@ static void mlp_tile_fwd(Model *m, int l, const LayerActs *a, int r0, int n) {
     const void *ln2 = tiled ? a->ln2 : act_at(bk, a->ln2, (size_t)r0 * C);
     void *gate = act_at(bk, a->gate, off), *up = act_at(bk, a->up, off), *h = act_at(bk, a->h, off);
     if (m->cfg.arch == ARCH_GPT2) {
-        linear_fwd(bk, gate, ln2, LP(m, l, P_WUP), opt_param(m, l, P_BUP, 0), n, C, I);
+        linear_fwd(bk, gate, ln2, LP(m, l, P_WUP), opt_param(m, l, P_BUP), n, C, I);
         lora_fwd(m, l, LORA_UP, gate, ln2, r0, n, C, I);
         bk->gelu_fwd(bk, h, gate, (size_t)n * I);
         return;
@@ -1248,12 +1255,12 @@ static void attn_fwd_span(Model *m, int l, const LayerActs *a, Span s, int B, in
     void *ln1 = qrows(m, a->ln1, r0, C), *q = qrows(m, a->q, r0, QD), *att = qrows(m, a->att, r0, QD);
     void *k = act_at(bk, a->k, r0 * KD), *v = act_at(bk, a->v, r0 * KD), *xm = act_at(bk, a->x_mid, r0 * C);
     const void *xin = act_at(bk, a->xin, r0 * C);
-    norm_fwd_rows(m, ln1, a->rstd1, N, r0, xin, LP(m, l, P_LN1), opt_param(m, l, P_LN1B, 0), n);
-    linear_fwd(bk, q, ln1, LP(m, l, P_WQ), opt_param(m, l, P_BQ, 0), n, C, QD);
+    norm_fwd_rows(m, ln1, a->rstd1, N, r0, xin, LP(m, l, P_LN1), opt_param(m, l, P_LN1B), n);
+    linear_fwd(bk, q, ln1, LP(m, l, P_WQ), opt_param(m, l, P_BQ), n, C, QD);
     lora_fwd(m, l, LORA_Q, q, ln1, r0, n, C, QD);
-    linear_fwd(bk, k, ln1, LP(m, l, P_WK), opt_param(m, l, P_BK, 0), n, C, KD);
+    linear_fwd(bk, k, ln1, LP(m, l, P_WK), opt_param(m, l, P_BK), n, C, KD);
     lora_fwd(m, l, LORA_K, k, ln1, r0, n, C, KD);
-    linear_fwd(bk, v, ln1, LP(m, l, P_WV), opt_param(m, l, P_BV, 0), n, C, KD);
+    linear_fwd(bk, v, ln1, LP(m, l, P_WV), opt_param(m, l, P_BV), n, C, KD);
     lora_fwd(m, l, LORA_V, v, ln1, r0, n, C, KD);
     const void *qa = q;
     if (c->arch == ARCH_LLAMA) {  // GPT-2 has learned positions instead
@@ -1261,7 +1268,7 @@ static void attn_fwd_span(Model *m, int l, const LayerActs *a, Span s, int B, in
         k_rotate(m, l, a, s, B, T);
     }
     attend_fwd(m, att, a->lse, qa, m->k_rot ? m->k_rot : a->k, a->v, s, T, family_layer_window(c, l));
-    linear_fwd(bk, xm, att, LP(m, l, P_WO), opt_param(m, l, P_BO, 0), n, QD, C);
+    linear_fwd(bk, xm, att, LP(m, l, P_WO), opt_param(m, l, P_BO), n, QD, C);
     lora_fwd(m, l, LORA_O, xm, att, r0, n, QD, C);
     bk->accumulate(bk, xm, xin, (size_t)n * C);
 }
@@ -1276,7 +1283,7 @@ static void ln2_fwd(Model *m, int l, const LayerActs *a, int N, int r0, int n) {
     const size_t C = m->cfg.hidden_size;
     void *ln2 = m->pol.tiled_mlp ? a->ln2 : act_at(m->bk, a->ln2, (size_t)r0 * C);
     norm_fwd_rows(m, ln2, a->rstd2, N, r0, act_at(m->bk, a->x_mid, (size_t)r0 * C), LP(m, l, P_LN2),
-                  opt_param(m, l, P_LN2B, 0), n);
+                  opt_param(m, l, P_LN2B), n);
 }
 
 static void layer_forward(Model *m, int l, const LayerActs *a, void *out, int B, int T, int tile, int arows) {
@@ -1292,7 +1299,7 @@ static void layer_forward(Model *m, int l, const LayerActs *a, void *out, int B,
         mlp_tile_fwd(m, l, a, r0, n);
         const void *h = m->pol.tiled_mlp ? a->h : act_at(bk, a->h, (size_t)r0 * I);
         void *o = act_at(bk, out, (size_t)r0 * C);
-        linear_fwd(bk, o, h, LP(m, l, P_WDOWN), opt_param(m, l, P_BDOWN, 0), n, I, C);
+        linear_fwd(bk, o, h, LP(m, l, P_WDOWN), opt_param(m, l, P_BDOWN), n, I, C);
         lora_fwd(m, l, LORA_DOWN, o, h, r0, n, I, C);
     }
     bk->accumulate(bk, out, a->x_mid, (size_t)N * C);
@@ -1303,9 +1310,9 @@ static void layer_forward(Model *m, int l, const LayerActs *a, void *out, int B,
 static void recompute_cheap(Model *m, int l, const LayerActs *a, int N) {
     Backend *bk = m->bk;
     const ModelConfig *c = &m->cfg;
-    if (!m->pol.tiled_attention) norm_fwd(m, a->ln1, a->rstd1, a->xin, LP(m, l, P_LN1), opt_param(m, l, P_LN1B, 0), N);
+    if (!m->pol.tiled_attention) norm_fwd(m, a->ln1, a->rstd1, a->xin, LP(m, l, P_LN1), opt_param(m, l, P_LN1B), N);
     if (m->pol.tiled_mlp) return;  // ln2 and the MLP are remade chunk by chunk
-    norm_fwd(m, a->ln2, a->rstd2, a->x_mid, LP(m, l, P_LN2), opt_param(m, l, P_LN2B, 0), N);
+    norm_fwd(m, a->ln2, a->rstd2, a->x_mid, LP(m, l, P_LN2), opt_param(m, l, P_LN2B), N);
     if (c->arch == ARCH_GPT2) bk->gelu_fwd(bk, a->h, a->gate, (size_t)N * c->intermediate_size);
     else bk->swiglu_fwd(bk, a->h, a->gate, a->up, (size_t)N * c->intermediate_size);
 }
@@ -1328,11 +1335,11 @@ static void layer_backward(Model *m, int l, const LayerActs *a, int B, int T, in
         const void *ln2 = m->pol.tiled_mlp ? a->ln2 : act_at(bk, a->ln2, (size_t)r0 * C);
         void *dln2 = act_at(bk, m->d_ln, (size_t)r0 * C);
         const void *h = act_at(bk, a->h, off);
-        linear_bwd(bk, m->d_ff1, LG(m, l, P_WDOWN), opt_param(m, l, P_BDOWN, 1), dy, h, LP(m, l, P_WDOWN), n, I, C, 0);
+        linear_bwd(bk, m->d_ff1, LG(m, l, P_WDOWN), opt_grad(m, l, P_BDOWN), dy, h, LP(m, l, P_WDOWN), n, I, C, 0);
         lora_bwd(m, l, LORA_DOWN, m->d_ff1, dy, h, r0, n, I, C);
         if (c->arch == ARCH_GPT2) {
             bk->gelu_bwd(bk, m->d_ff1, m->d_ff1, act_at(bk, a->gate, off), (size_t)n * I);
-            linear_bwd(bk, dln2, LG(m, l, P_WUP), opt_param(m, l, P_BUP, 1), m->d_ff1, ln2, LP(m, l, P_WUP), n, C, I, 0);
+            linear_bwd(bk, dln2, LG(m, l, P_WUP), opt_grad(m, l, P_BUP), m->d_ff1, ln2, LP(m, l, P_WUP), n, C, I, 0);
             lora_bwd(m, l, LORA_UP, dln2, m->d_ff1, ln2, r0, n, C, I);
         } else {
             bk->swiglu_bwd(bk, m->d_ff1, m->d_ff2, m->d_ff1, act_at(bk, a->gate, off), act_at(bk, a->up, off),
@@ -1342,7 +1349,7 @@ static void layer_backward(Model *m, int l, const LayerActs *a, int B, int T, in
             linear_bwd(bk, dln2, LG(m, l, P_WUP), NULL, m->d_ff2, ln2, LP(m, l, P_WUP), n, C, I, 1);
             lora_bwd(m, l, LORA_UP, dln2, m->d_ff2, ln2, r0, n, C, I);
         }
-        norm_bwd_rows(m, (void *)dy, LG(m, l, P_LN2), opt_param(m, l, P_LN2B, 1), dln2,
+        norm_bwd_rows(m, (void *)dy, LG(m, l, P_LN2), opt_grad(m, l, P_LN2B), dln2,
                       act_at(bk, a->x_mid, (size_t)r0 * C), LP(m, l, P_LN2), a->rstd2, N, r0, n);
     }
     // Attention: x_mid = x + o_proj(att); d_res now holds d(x_mid), which is also part of d(x).
@@ -1360,14 +1367,14 @@ static void layer_backward(Model *m, int l, const LayerActs *a, int B, int T, in
         void *datt = qrows(m, m->d_att, r0, QD), *dq = qrows(m, m->d_q, r0, QD), *dln = act_at(bk, m->d_ln, r0 * C);
         const void *dy = act_at(bk, m->d_res, r0 * C);
         if (tiled) {
-            norm_fwd_rows(m, ln1, a->rstd1, N, r0, act_at(bk, a->xin, r0 * C), LP(m, l, P_LN1), opt_param(m, l, P_LN1B, 0), n);
-            linear_fwd(bk, q, ln1, LP(m, l, P_WQ), opt_param(m, l, P_BQ, 0), n, C, QD);
+            norm_fwd_rows(m, ln1, a->rstd1, N, r0, act_at(bk, a->xin, r0 * C), LP(m, l, P_LN1), opt_param(m, l, P_LN1B), n);
+            linear_fwd(bk, q, ln1, LP(m, l, P_WQ), opt_param(m, l, P_BQ), n, C, QD);
             lora_fwd(m, l, LORA_Q, q, ln1, r0, n, C, QD);
         }
         // Rotated in place (no q norms) a kept q is ready; a remade one, or the q-norm copy, is made here.
         const void *qa = c->arch == ARCH_LLAMA && (tiled || m->q_rot) ? q_rotate(m, l, q, s, T) : q;
         if (tiled) attend_fwd(m, att, a->lse, qa, ka, a->v, s, T, window);
-        linear_bwd(bk, datt, LG(m, l, P_WO), opt_param(m, l, P_BO, 1), dy, att, LP(m, l, P_WO), n, QD, C, 0);
+        linear_bwd(bk, datt, LG(m, l, P_WO), opt_grad(m, l, P_BO), dy, att, LP(m, l, P_WO), n, QD, C, 0);
         lora_bwd(m, l, LORA_O, datt, dy, att, r0, n, QD, C);
         attend_bwd(m, dq, m->d_k, m->d_v, datt, qa, ka, a->v, att, a->lse, s, T, window);
         void *dqx = dq;
@@ -1375,10 +1382,10 @@ static void layer_backward(Model *m, int l, const LayerActs *a, int B, int T, in
         if (m->q_rot) {  // through the q norm; the rotated copy is dead now and takes the gradient
             dqx = qrows(m, m->q_rot, r0, QD);
             bk->memzero(bk, dqx, (size_t)n * QD * bk->act_bytes, NULL);
-            bk->rmsnorm_bwd(bk, dqx, opt_param(m, l, P_QNORM, 1), dq, q, LP(m, l, P_QNORM), m->qk_rstd + r0 * Hq,
+            bk->rmsnorm_bwd(bk, dqx, opt_grad(m, l, P_QNORM), dq, q, LP(m, l, P_QNORM), m->qk_rstd + r0 * Hq,
                             n * Hq, D);
         }
-        linear_bwd(bk, dln, LG(m, l, P_WQ), opt_param(m, l, P_BQ, 1), dqx, ln1, LP(m, l, P_WQ), n, C, QD, 0);
+        linear_bwd(bk, dln, LG(m, l, P_WQ), opt_grad(m, l, P_BQ), dqx, ln1, LP(m, l, P_WQ), n, C, QD, 0);
         lora_bwd(m, l, LORA_Q, dln, dqx, ln1, r0, n, C, QD);
     }
     // Keys and values: their gradients are whole now.
@@ -1386,7 +1393,7 @@ static void layer_backward(Model *m, int l, const LayerActs *a, int B, int T, in
     if (c->arch == ARCH_LLAMA) bk->rope_bwd(bk, m->d_k, m->rope_cos, m->rope_sin, DOC_POS(m), B, T, Hkv, D);
     if (m->k_rot) {
         bk->memzero(bk, m->k_rot, (size_t)N * KD * bk->act_bytes, NULL);
-        bk->rmsnorm_bwd(bk, m->k_rot, opt_param(m, l, P_KNORM, 1), m->d_k, a->k, LP(m, l, P_KNORM),
+        bk->rmsnorm_bwd(bk, m->k_rot, opt_grad(m, l, P_KNORM), m->d_k, a->k, LP(m, l, P_KNORM),
                         m->qk_rstd + (size_t)N * Hq, N * Hkv, D);
         dk = m->k_rot;
     }
@@ -1396,12 +1403,12 @@ static void layer_backward(Model *m, int l, const LayerActs *a, int B, int T, in
         const int n = span_rows(s);
         void *ln1 = qrows(m, a->ln1, r0, C), *dln = act_at(bk, m->d_ln, r0 * C);
         const void *xin = act_at(bk, a->xin, r0 * C), *dks = act_at(bk, dk, r0 * KD), *dvs = act_at(bk, m->d_v, r0 * KD);
-        if (tiled) norm_fwd_rows(m, ln1, a->rstd1, N, r0, xin, LP(m, l, P_LN1), opt_param(m, l, P_LN1B, 0), n);
-        linear_bwd(bk, dln, LG(m, l, P_WK), opt_param(m, l, P_BK, 1), dks, ln1, LP(m, l, P_WK), n, C, KD, 1);
+        if (tiled) norm_fwd_rows(m, ln1, a->rstd1, N, r0, xin, LP(m, l, P_LN1), opt_param(m, l, P_LN1B), n);
+        linear_bwd(bk, dln, LG(m, l, P_WK), opt_grad(m, l, P_BK), dks, ln1, LP(m, l, P_WK), n, C, KD, 1);
         lora_bwd(m, l, LORA_K, dln, dks, ln1, r0, n, C, KD);
-        linear_bwd(bk, dln, LG(m, l, P_WV), opt_param(m, l, P_BV, 1), dvs, ln1, LP(m, l, P_WV), n, C, KD, 1);
+        linear_bwd(bk, dln, LG(m, l, P_WV), opt_grad(m, l, P_BV), dvs, ln1, LP(m, l, P_WV), n, C, KD, 1);
         lora_bwd(m, l, LORA_V, dln, dvs, ln1, r0, n, C, KD);
-        norm_bwd_rows(m, act_at(bk, m->d_res, r0 * C), LG(m, l, P_LN1), opt_param(m, l, P_LN1B, 1), dln, xin,
+        norm_bwd_rows(m, act_at(bk, m->d_res, r0 * C), LG(m, l, P_LN1), opt_grad(m, l, P_LN1B), dln, xin,
                       LP(m, l, P_LN1), a->rstd1, N, r0, n);
     }
 }
@@ -1449,7 +1456,7 @@ static void backward_layers(Model *m, int B, int T) {
             weights_acquire(m, j, j > s ? j - 1 : after);
             if (m->pol.recompute == RC_SELECTIVE) recompute_cheap(m, j, &a, B * T);
             if (m->opt.zero_stage >= 3)
-                m->bk->memzero(m->bk, m->z3_layer_grad, (unit_shard(&m->tab, j + 1) * m->opt.comm->world) * m->bk->act_bytes, NULL);
+                m->bk->memzero(m->bk, m->z3_layer_grad, (unit_shard(&m->tab, j + 1) * m->opt.comm->world) * sizeof(float), NULL);
             layer_backward(m, j, &a, B, T, act_tile_rows(st), act_att_rows(st));
             weights_release(m, j, 1);
         }
@@ -1467,7 +1474,7 @@ double model_forward_backward(Model *m, int B, int T, float loss_scale) {
     int train = loss_scale > 0;
     if (m->opt.zero_stage >= 3) {  // the embedding/norm/head unit stays gathered for the pass
         z3_begin_pass(m);
-        if (train) bk->memzero(bk, m->z3_nl_grad, unit_shard(t, 0) * m->opt.comm->world * bk->act_bytes, NULL);
+        if (train) bk->memzero(bk, m->z3_nl_grad, unit_shard(t, 0) * m->opt.comm->world * sizeof(float), NULL);
     }
     forward_layers(m, m->store, B, T, train);
     void *res = act_final_residual(m->store);
@@ -1478,7 +1485,7 @@ double model_forward_backward(Model *m, int B, int T, float loss_scale) {
     for (int r0 = 0; r0 < N; r0 += R) {
         const int n = N - r0 < R ? N - r0 : R;
         norm_fwd_rows(m, m->final_ln, m->final_rstd, N, r0, act_at(bk, res, (size_t)r0 * C), P(m, t->final_norm),
-                      opt_param_global(m, t->final_norm_bias, 0), n);
+                      opt_param_global(m, t->final_norm_bias), n);
         bk->classifier_ce(bk, m->losses + r0, train ? act_at(bk, m->d_ln, (size_t)r0 * C) : NULL,
                           train ? G(m, t->lm_head) : NULL, m->final_ln, P(m, t->lm_head), m->targets + r0, n,
                           c->vocab_size, C, loss_scale);
@@ -1489,7 +1496,7 @@ double model_forward_backward(Model *m, int B, int T, float loss_scale) {
     for (int r0 = 0; r0 < N; r0 += R) {
         const int n = N - r0 < R ? N - r0 : R;
         norm_bwd_rows(m, act_at(bk, m->d_res, (size_t)r0 * C), G(m, t->final_norm),
-                      opt_param_global(m, t->final_norm_bias, 1), act_at(bk, m->d_ln, (size_t)r0 * C),
+                      opt_grad_global(m, t->final_norm_bias), act_at(bk, m->d_ln, (size_t)r0 * C),
                       act_at(bk, res, (size_t)r0 * C), P(m, t->final_norm), m->final_rstd, N, r0, n);
     }
     backward_layers(m, B, T);
@@ -1517,7 +1524,7 @@ void model_last_logits(Model *m, int T, float *out) {
     void *res = act_final_residual(m->sample_store);
     // Only the last position's logits are needed: its row alone is normalized.
     norm_fwd_rows(m, m->final_ln, m->final_rstd, T, T - 1, act_at(bk, res, (size_t)(T - 1) * C),
-                  P(m, m->tab.final_norm), opt_param_global(m, m->tab.final_norm_bias, 0), 1);
+                  P(m, m->tab.final_norm), opt_param_global(m, m->tab.final_norm_bias), 1);
     bk->matmul(bk, m->logits, m->final_ln, P(m, m->tab.lm_head),
                1, c->vocab_size, C, 0, 1, 1.0f, 0.0f);
     bk->download_act(bk, out, m->logits, c->vocab_size);

@@ -199,7 +199,9 @@ typedef struct {
     // covers this rank's range [opt_lo, opt_hi) of trainable indices: all of them unless
     // zero_stage >= 1. With offload_optimizer it lives in host memory.
     ModelOptions opt;
-    void *params, *grads;         // act precision
+    void *params;                 // act precision
+    float *grads;                 // float on every backend (backend.h: sums over micro-batches,
+                                  // tiles and chunks must not round to bf16)
     float *master, *adam_m, *adam_v;  // fp32; master NULL when act precision is fp32 (and no offload)
     float *host_grads;            // offload_optimizer: gradients copied for the CPU update
     // The trainable indices whose optimizer state this rank keeps: each range [g0, g1) maps to
@@ -208,8 +210,9 @@ typedef struct {
     OwnedRange *owned;
     int nowned;
     size_t local_n;
-    // ZeRO-3: gathered weights and full-size gradients of the unit in use.
-    void *z3_nl, *z3_nl_grad, *z3_slot[2], *z3_layer_grad, *z3_full;
+    // ZeRO-3: gathered weights and full-size (float) gradients of the unit in use.
+    void *z3_nl, *z3_slot[2], *z3_full;
+    float *z3_nl_grad, *z3_layer_grad;
     int z3_slot_layer[2], z3_last;
     void *lora_tmp, *lora_dtmp, *lora_xd, *lora_dxd;  // LoRA scratch: [N, r] and [N, max in]
     // layer_offloading: frozen layer weights in pinned host blocks, two device slots.

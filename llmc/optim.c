@@ -64,7 +64,7 @@ double grad_norm(Model *m) {
     for (int i = 0; i < (int)arrlen(m->tab.specs); i++) {
         size_t a, b, loc;
         if (model_owned_part(m, &m->tab.specs[i], &a, &b, &loc))
-            ss += m->bk->sumsq(m->bk, act_at(m->bk, m->grads, loc), b - a);
+            ss += m->bk->sumsq(m->bk, m->grads + loc, b - a);
     }
     if (sharded(m) && m->opt.zero_stage >= 1) c->all_reduce_sum_f64(c, &ss, 1);
     return sqrt(ss);
@@ -79,7 +79,10 @@ float optim_step(Model *m, const OptimConfig *oc, double lr, double norm, int st
         if (c < 1.0) clip = (float)c;
     }
     const size_t n = m->local_n;
-    if (m->opt.offload_optimizer && n) bk->download_act(bk, m->host_grads, m->grads, n);
+    if (m->opt.offload_optimizer && n) {  // the float gradients, as they are
+        bk->copy_d2h(bk, m->host_grads, m->grads, n * sizeof(float), NULL);
+        bk->sync(bk);
+    }
     for (int i = 0; i < (int)arrlen(m->tab.specs); i++) {
         const ParamSpec *p = &m->tab.specs[i];
         size_t a, b, loc;
@@ -92,7 +95,7 @@ float optim_step(Model *m, const OptimConfig *oc, double lr, double norm, int st
             bk->upload_act(bk, param_at(m, a, loc), m->master + loc, b - a);
         } else {
             bk->adamw(bk, param_at(m, a, loc), m->master ? m->master + loc : NULL,
-                      act_at(bk, m->grads, loc), m->adam_m + loc, m->adam_v + loc, b - a, (float)lr,
+                      m->grads + loc, m->adam_m + loc, m->adam_v + loc, b - a, (float)lr,
                       (float)oc->beta1, (float)oc->beta2, (float)oc->eps, wd, clip, step);
         }
     }

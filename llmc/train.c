@@ -92,7 +92,7 @@ static void print_box(const Config *cfg, const Model *m, const Backend *bk, size
     char dev[128];
     snprintf(dev, sizeof dev, "%s, %d threads%s%s", bk->name, bk->threads, bk->detail[0] ? ", " : "", bk->detail);
     printf("| device       %-50s |\n", dev);
-    size_t pbytes = m->tab.num_params * bk->act_bytes, gbytes = m->tab.num_trainable * bk->act_bytes;
+    size_t pbytes = m->tab.num_params * bk->act_bytes, gbytes = m->tab.num_trainable * sizeof(float);  // float grads
     format_bytes(a, sizeof a, (double)(pbytes + gbytes));
     format_bytes(b, sizeof b, (double)m->tab.num_trainable * sizeof(float) * (m->master ? 3 : 2));
     format_bytes(d, sizeof d, (double)acts_bytes);
@@ -516,7 +516,7 @@ int train_main(int argc, char **argv, int arch) {
     if (spn > 1) split.tok = xmalloc(sizeof(int32_t) * BT / spn), split.tgt = xmalloc(sizeof(int32_t) * BT / spn);
     int32_t *tok = xmalloc(sizeof(int32_t) * GBT * accum), *tgt = xmalloc(sizeof(int32_t) * GBT * accum);
     int32_t *dst = prepared ? xmalloc(sizeof(int32_t) * GBT * accum) : NULL;  // document starts
-    const size_t grad_bytes = (cfg.zero_stage >= 3 ? model.local_n : model.tab.shard * model.tab.world) * bk->act_bytes;
+    const size_t grad_bytes = (cfg.zero_stage >= 3 ? model.local_n : model.tab.shard * model.tab.world) * sizeof(float);
 
     int bad_in_row = 0;  // consecutive skipped (non-finite) steps
     int stopped = stop_requested(comm), last_saved = -1;  // a signal: stop after this step

@@ -57,6 +57,7 @@ def tests(build):
         ("sharding", [PY, "test/test_sharding.py", "--bin", bin_]),
         ("limits", [PY, "test/test_limits.py", "--build", build]),
         ("cuda", [PY, "test/test_cuda.py", "--bin", bin_]),
+        ("cuda_emu_train", [PY, "test/test_cuda_emu_train.py", "--build", build]),
     ]
 
 

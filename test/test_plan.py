@@ -4,7 +4,8 @@
   * `--plan` with `device: cuda` runs without a GPU, needs device_memory_limit (one error line
     naming it otherwise), and prints the device assumptions it used;
   * the CUDA plan in float32 is the CPU plan plus the fixed device memory it states, row by
-    row (same allocations, same element size); in bfloat16 every row needs less device memory;
+    row (same allocations, same element size); in bfloat16 every row needs less device memory,
+    and gradients are counted at 4 bytes (float) per trainable parameter;
   * host_memory_limit marks modes whose host peak exceeds it as not fitting (on the CPU backend,
     where "device" memory is host memory, device + host must fit), and `auto` picks only among
     modes that fit both budgets, or stops with an error when none does;
@@ -90,6 +91,20 @@ def main():
         check("cuda bf16 plan needs less device memory than fp32 in every row",
               len(bf16) >= 8 and bf16.keys() == cuda32.keys() and all(bf16[k][0] < cuda32[k][0] for k in bf16),
               repr(bf16))
+
+        # Gradients are float in bf16 too (backend.h): 1024 more vocabulary rows (embedding and
+        # head, untied, full fine-tuning) cost 2 (weights) + 4 (gradients) + 4 (fp32 master) +
+        # 8 (AdamW moments) bytes per parameter, plus the 2-byte sampling logits; bf16
+        # gradients would have been 16 bytes per parameter (0.25 MiB less here).
+        cfg_v = os.path.join(root, "cfg_v.yaml")
+        with open(cfg) as f, open(cfg_v, "w") as g:
+            g.write(f.read().replace("vocab_size: 256", "vocab_size: 1280"))
+        rc, out, err = run(binary, cfg_v, "device=cuda", "device_memory_limit=80GiB", "--plan")
+        wide = rows(out)
+        want = 1024 * (64 * 2 * 18 + 2)
+        got = wide.get("plain", (0,))[0] - bf16.get("plain", (0,))[0]
+        check("cuda bf16 plan counts float gradients: 1024 more vocabulary rows add %.4f MiB (measured %.2f)"
+              % (want / 2 ** 20, got / 2 ** 20), rc == 0 and abs(got - want) <= 0.011 * 2 ** 20, out + err)
 
         # Host budget on the CPU backend: device + host must fit.
         plain_dev = cpu["plain"][0]

@@ -1,7 +1,7 @@
 // dev/cuda/adamw.cu: fused AdamW (PyTorch semantics: clip scale, decoupled decay, moments, bias
 // correction) against a double reference over three steps: float params in place, and bf16
 // params with an fp32 master (the master is checked at fp32 tolerance, the bf16 copy must be
-// the master rounded to bf16); then GB/s.
+// the master rounded to bf16); gradients are float in both precisions; then GB/s.
 #include "dev_common.cuh"
 
 int main(int argc, char **argv) {
@@ -20,9 +20,8 @@ int main(int argc, char **argv) {
             CUDA_CHECK(dev_copy(dp, up_act(pr, 1), n * 2, cudaMemcpyDeviceToDevice));
         }
         for (int t = 1; t <= 3; t++) {
-            std::vector<float> g = randn(n);
-            round_act(g, bf);
-            void *dg = up_act(g, bf);
+            std::vector<float> g = randn(n);  // a float gradient: not rounded in either precision
+            float *dg = (float *)up_act(g, 0);
             k_adamw(c, dp, (float *)dmaster, dg, dm, dv, n, lr, b1, b2, eps, wd, gs, t);
             const double bc1 = 1 - pow(b1, t), bc2 = 1 - pow(b2, t);
             for (size_t i = 0; i < n; i++) {
@@ -48,16 +47,16 @@ int main(int argc, char **argv) {
         }
         if (!g_quick) {
             const size_t N = (size_t)1 << 27, es = bf ? 2 : 4;
-            void *P = dmalloc(N * es), *G = dmalloc(N * es), *M = dmalloc(N * 4), *Vv = dmalloc(N * 4),
+            void *P = dmalloc(N * es), *G = dmalloc(N * 4), *M = dmalloc(N * 4), *Vv = dmalloc(N * 4),
                  *Ms = bf ? dmalloc(N * 4) : NULL;
             CUDA_CHECK(dev_memset(P, 0, N * es));
-            CUDA_CHECK(dev_memset(G, 0, N * es));
+            CUDA_CHECK(dev_memset(G, 0, N * 4));
             CUDA_CHECK(dev_memset(M, 0, N * 4));
             CUDA_CHECK(dev_memset(Vv, 0, N * 4));
             if (Ms) CUDA_CHECK(dev_memset(Ms, 0, N * 4));
             snprintf(name, sizeof name, "adamw %s n=2^27", prec(bf));
-            report_bw(name, bench_ms(c, 10, [&] { k_adamw(c, P, (float *)Ms, G, (float *)M, (float *)Vv, N, lr, b1, b2, eps, wd, gs, 5); }),
-                      (double)N * (2 * es + 16 + (bf ? 8 : 0)));
+            report_bw(name, bench_ms(c, 10, [&] { k_adamw(c, P, (float *)Ms, (const float *)G, (float *)M, (float *)Vv, N, lr, b1, b2, eps, wd, gs, 5); }),
+                      (double)N * (2 * es + 20 + (bf ? 8 : 0)));
             cudaFree(P), cudaFree(G), cudaFree(M), cudaFree(Vv), cudaFree(Ms);
         }
         cudaFree(dp), cudaFree(dmaster), cudaFree(dm), cudaFree(dv);

@@ -167,19 +167,29 @@ int main(int argc, char **argv) {
         std::vector<float> x = randn(2 * n), xr = x, y(2 * n);
         round_act(xr, bf);
         void *d = bk->dev_alloc(bk, 2 * n * bk->act_bytes, "x"), *d2 = bk->dev_alloc(bk, 2 * n * bk->act_bytes, "y");
-        bk->upload_act(bk, d, x.data(), 2 * n);
-        c->all_reduce_sum(c, d, 2 * n);
-        bk->download_act(bk, y.data(), d, 2 * n);
-        snprintf(name, sizeof name, "nccl world 1 %s: all-reduce is the identity", prec(bf));
-        check_true(name, !memcmp(y.data(), xr.data(), 2 * n * 4), "values changed");
-        c->reduce_scatter_sum(c, d2, d, 2 * n);
-        bk->download_act(bk, y.data(), d2, 2 * n);
-        snprintf(name, sizeof name, "nccl world 1 %s: reduce-scatter out of place", prec(bf));
-        check_true(name, !memcmp(y.data(), xr.data(), 2 * n * 4), "values changed");
-        c->reduce_scatter_sum(c, d, d, n);
+        // The sums carry gradients: float in both precisions (comm.h), so values pass unrounded.
+        float *g = (float *)bk->dev_alloc(bk, 2 * n * sizeof(float), "g"), *g2 = (float *)bk->dev_alloc(bk, 2 * n * sizeof(float), "g2");
+        auto down_f = [&](const float *src, size_t k) {
+            bk->copy_d2h(bk, y.data(), src, k * sizeof(float), NULL);
+            bk->sync(bk);
+        };
+        bk->copy_h2d(bk, g, x.data(), 2 * n * sizeof(float), NULL);
+        c->all_reduce_sum(c, g, 2 * n);
+        down_f(g, 2 * n);
+        snprintf(name, sizeof name, "nccl world 1 %s: all-reduce (float gradients) is the identity", prec(bf));
+        check_true(name, !memcmp(y.data(), x.data(), 2 * n * 4), "values changed");
+        c->reduce_scatter_sum(c, g2, g, 2 * n);
+        down_f(g2, 2 * n);
+        snprintf(name, sizeof name, "nccl world 1 %s: reduce-scatter (float) out of place", prec(bf));
+        check_true(name, !memcmp(y.data(), x.data(), 2 * n * 4), "values changed");
+        c->reduce_scatter_sum(c, g, g, n);
+        down_f(g, n);
+        snprintf(name, sizeof name, "nccl world 1 %s: reduce-scatter (float) in place", prec(bf));
+        check_true(name, !memcmp(y.data(), x.data(), n * 4), "values changed");
+        bk->upload_act(bk, d, x.data(), n);
         c->all_gather(c, d2, d, n);
         bk->download_act(bk, y.data(), d2, n);
-        snprintf(name, sizeof name, "nccl world 1 %s: reduce-scatter in place, all-gather", prec(bf));
+        snprintf(name, sizeof name, "nccl world 1 %s: all-gather (act precision)", prec(bf));
         check_true(name, !memcmp(y.data(), xr.data(), n * 4), "values changed");
         bk->upload_act(bk, d, x.data(), 2 * n);
         bk->memzero(bk, d2, 2 * n * bk->act_bytes, NULL);
@@ -199,7 +209,7 @@ int main(int argc, char **argv) {
         c->barrier(c);
         snprintf(name, sizeof name, "nccl world 1 %s: host broadcasts (staging grows), barrier", prec(bf));
         check_true(name, small == s0 && big == b0, "bytes changed");
-        bk->dev_free(bk, d), bk->dev_free(bk, d2);
+        bk->dev_free(bk, d), bk->dev_free(bk, d2), bk->dev_free(bk, g), bk->dev_free(bk, g2);
         c->destroy(c);
         bk->destroy(bk);
     }

@@ -1,5 +1,6 @@
 // dev/cuda/gpt2.cu: GPT-2's ops -- LayerNorm forward (out, mean, rstd) and backward (dx, dw, db
-// accumulated onto nonzero values; dw/db NULL for a frozen norm), GELU (tanh) forward and
+// accumulated onto nonzero float gradients, at fp32 tolerance in both precisions; dw/db NULL
+// for a frozen norm), GELU (tanh) forward and
 // backward (also with dx aliasing dout), learned positions forward and backward -- against
 // double references; then GB/s.
 #include "dev_common.cuh"
@@ -12,7 +13,7 @@ static void layernorm(CudaCtx *c, int N, int C) {
                        dx0 = randn((size_t)N * C), dw0 = randn(C), db0 = randn(C);
     for (auto &v : x) v += 0.5f;
     round_act(x, bf), round_act(w, bf), round_act(b, bf), round_act(dy, bf), round_act(dx0, bf);
-    round_act(dw0, bf), round_act(db0, bf);
+    // dw0, db0: float gradients
     std::vector<double> out((size_t)N * C), mu(N), rs(N), dx = to_d(dx0), dw = to_d(dw0), db = to_d(db0);
     for (int n = 0; n < N; n++) {
         double s = 0, ss = 0, sg = 0, sgx = 0;
@@ -43,14 +44,15 @@ static void layernorm(CudaCtx *c, int N, int C) {
     check(name, down_f32(dmu, N), mu, 1e-5);
     snprintf(name, sizeof name, "layernorm_fwd rstd %s %dx%d", prec(bf), N, C);
     check(name, down_f32(drs, N), rs, 1e-5);
-    void *ddy = up_act(dy, bf), *ddx = up_act(dx0, bf), *ddw = up_act(dw0, bf), *ddb = up_act(db0, bf);
+    void *ddy = up_act(dy, bf), *ddx = up_act(dx0, bf);
+    float *ddw = (float *)up_act(dw0, 0), *ddb = (float *)up_act(db0, 0);
     k_layernorm_bwd(c, ddx, ddw, ddb, ddy, dxi, dwi, dmu, drs, N, C);
     snprintf(name, sizeof name, "layernorm_bwd dx %s %dx%d", prec(bf), N, C);
     check(name, down_act(ddx, (size_t)N * C, bf), dx, tol_for(bf));
     snprintf(name, sizeof name, "layernorm_bwd dw %s %dx%d", prec(bf), N, C);
-    check(name, down_act(ddw, C, bf), dw, tol_for(bf));
+    check(name, down_f32(ddw, C), dw, 1e-5);
     snprintf(name, sizeof name, "layernorm_bwd db %s %dx%d", prec(bf), N, C);
-    check(name, down_act(ddb, C, bf), db, tol_for(bf));
+    check(name, down_f32(ddb, C), db, 1e-5);
     k_layernorm_bwd(c, ddx, NULL, NULL, ddy, dxi, dwi, dmu, drs, N, C);  // frozen
     cudaFree(dxi), cudaFree(dwi), cudaFree(dbi), cudaFree(o), cudaFree(dmu), cudaFree(drs), cudaFree(ddy);
     cudaFree(ddx), cudaFree(ddw), cudaFree(ddb);
@@ -77,16 +79,17 @@ static void gelu_pos(CudaCtx *c, size_t n, int B, int T, int C) {
     check(name, down_act(dd, n, bf), dx, tol_for(bf));
     const size_t m = (size_t)B * T * C;
     std::vector<float> out0 = randn(m), wpe = randn((size_t)T * C), dwpe0 = randn((size_t)T * C);
-    round_act(out0, bf), round_act(wpe, bf), round_act(dwpe0, bf);
+    round_act(out0, bf), round_act(wpe, bf);  // dwpe0: a float gradient
     std::vector<double> ro(m), rw = to_d(dwpe0);
     for (size_t i = 0; i < m; i++) ro[i] = (double)out0[i] + wpe[i % ((size_t)T * C)], rw[i % ((size_t)T * C)] += out0[i];
-    void *dout = up_act(out0, bf), *dwpe = up_act(wpe, bf), *ddw = up_act(dwpe0, bf);
+    void *dout = up_act(out0, bf), *dwpe = up_act(wpe, bf);
+    float *ddw = (float *)up_act(dwpe0, 0);
     k_pos_bwd(c, ddw, dout, B, T, C);
     k_pos_fwd(c, dout, dwpe, B, T, C);
     snprintf(name, sizeof name, "pos_fwd %s B=%d T=%d C=%d", prec(bf), B, T, C);
     check(name, down_act(dout, m, bf), ro, tol_for(bf));
     snprintf(name, sizeof name, "pos_bwd %s B=%d T=%d C=%d", prec(bf), B, T, C);
-    check(name, down_act(ddw, (size_t)T * C, bf), rw, tol_for(bf));
+    check(name, down_f32(ddw, (size_t)T * C), rw, 1e-5);
     cudaFree(dxin), cudaFree(dy), cudaFree(dd), cudaFree(dout), cudaFree(dwpe), cudaFree(ddw);
 }
 

@@ -1,5 +1,6 @@
-// dev/cuda/reduce.cu: k_sumsq and k_sum_f32 (double, fixed-order) against a double sum
-// (relative 1e-12: only the order of double additions differs), and bit-identical repeats.
+// dev/cuda/reduce.cu: k_sumsq (of a float gradient, in both act precisions) and k_sum_f32
+// (double, fixed-order) against a double sum (relative 1e-12: only the order of double additions
+// differs), and bit-identical repeats.
 #include "dev_common.cuh"
 
 int main(int argc, char **argv) {
@@ -9,8 +10,7 @@ int main(int argc, char **argv) {
         const size_t sizes[] = {1, 1000, 100003, (size_t)1 << 20};
         for (size_t n : sizes) {
             std::vector<float> x = randn(n, 3.0);
-            round_act(x, bf);
-            void *dx = up_act(x, bf);
+            float *dx = (float *)up_act(x, 0);  // gradients are float whatever the act precision
             double ss = 0, s = 0;
             for (float v : x) ss += (double)v * v, s += v;
             double g1 = k_sumsq(c, dx, n), g2 = k_sumsq(c, dx, n);
@@ -31,8 +31,8 @@ int main(int argc, char **argv) {
             cudaFree(dx);
         }
         if (!g_quick) {
-            const size_t n = (size_t)1 << 28, es = bf ? 2 : 4;
-            void *x = dmalloc(n * es);
+            const size_t n = (size_t)1 << 28, es = 4;
+            float *x = (float *)dmalloc(n * es);
             CUDA_CHECK(dev_memset(x, 0, n * es));
             char name[64];
             snprintf(name, sizeof name, "sumsq %s n=2^28 (incl. host sync)", prec(bf));

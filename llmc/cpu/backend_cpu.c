@@ -107,10 +107,17 @@ static void cpu_matmul(Backend *bk, void *C, const void *A, const void *B, int M
     (void)bk;
     matmul_f32(C, A, B, M, N, K, ta, tb, alpha, beta);
 }
+// Activations are float here, so a float weight gradient is an ordinary float matrix.
+static void cpu_matmul_dw(Backend *bk, float *dW, const void *A, const void *B, int M, int N, int K,
+                          int ta, int tb, float alpha) {
+    (void)bk;
+    matmul_f32(dW, A, B, M, N, K, ta, tb, alpha, 1.0f);
+}
 static void cpu_add_bias(Backend *bk, void *y, const void *b, int N, int D) { (void)bk; add_bias_f32(y, b, N, D); }
-static void cpu_bias_grad(Backend *bk, void *db, const void *dy, int N, int D) { (void)bk; bias_grad_f32(db, dy, N, D); }
+static void cpu_bias_grad(Backend *bk, float *db, const void *dy, int N, int D) { (void)bk; bias_grad_f32(db, dy, N, D); }
 static void cpu_add(Backend *bk, void *y, const void *a, const void *b, size_t n) { (void)bk; add_f32(y, a, b, n); }
 static void cpu_accumulate(Backend *bk, void *y, const void *x, size_t n) { (void)bk; accumulate_f32(y, x, n); }
+static void cpu_accumulate_grad(Backend *bk, float *y, const float *x, size_t n) { (void)bk; accumulate_f32(y, x, n); }
 static void cpu_scale(Backend *bk, void *y, float s, size_t n) { (void)bk; scale_f32(y, s, n); }
 
 static void cpu_embedding_fwd(Backend *bk, void *out, const int32_t *tok, const void *table,
@@ -118,7 +125,7 @@ static void cpu_embedding_fwd(Backend *bk, void *out, const int32_t *tok, const 
     (void)bk;
     embedding_fwd_f32(out, tok, table, N, C);
 }
-static void cpu_embedding_bwd(Backend *bk, void *dt, const void *dout, const int32_t *tok, int N,
+static void cpu_embedding_bwd(Backend *bk, float *dt, const void *dout, const int32_t *tok, int N,
                               int C, int V) {
     (void)bk; (void)V;
     embedding_bwd_f32(dt, dout, tok, N, C);
@@ -128,7 +135,7 @@ static void cpu_rmsnorm_fwd(Backend *bk, void *out, float *rstd, const void *x, 
     (void)bk;
     rmsnorm_fwd_f32(out, rstd, x, w, N, C, eps);
 }
-static void cpu_rmsnorm_bwd(Backend *bk, void *dx, void *dw, const void *dy, const void *x,
+static void cpu_rmsnorm_bwd(Backend *bk, void *dx, float *dw, const void *dy, const void *x,
                             const void *w, const float *rstd, int N, int C) {
     (void)bk;
     rmsnorm_bwd_f32(dx, dw, dy, x, w, rstd, N, C);
@@ -138,7 +145,7 @@ static void cpu_layernorm_fwd(Backend *bk, void *out, float *mean, float *rstd, 
     (void)bk;
     layernorm_fwd_f32(out, mean, rstd, x, w, b, N, C, eps);
 }
-static void cpu_layernorm_bwd(Backend *bk, void *dx, void *dw, void *db, const void *dy,
+static void cpu_layernorm_bwd(Backend *bk, void *dx, float *dw, float *db, const void *dy,
                               const void *x, const void *w, const float *mean, const float *rstd,
                               int N, int C) {
     (void)bk;
@@ -153,7 +160,7 @@ static void cpu_pos_fwd(Backend *bk, void *out, const void *wpe, int B, int T, i
     (void)bk;
     pos_fwd_f32(out, wpe, B, T, C);
 }
-static void cpu_pos_bwd(Backend *bk, void *dwpe, const void *dout, int B, int T, int C) {
+static void cpu_pos_bwd(Backend *bk, float *dwpe, const void *dout, int B, int T, int C) {
     (void)bk;
     pos_bwd_f32(dwpe, dout, B, T, C);
 }
@@ -196,19 +203,19 @@ static void cpu_swiglu_bwd(Backend *bk, void *dg, void *du, const void *dh, cons
     (void)bk;
     swiglu_bwd_f32(dg, du, dh, g, u, n);
 }
-static void cpu_classifier_ce(Backend *bk, float *losses, void *dx, void *dW, const void *x,
+static void cpu_classifier_ce(Backend *bk, float *losses, void *dx, float *dW, const void *x,
                               const void *W, const int32_t *tgt, int N, int V, int C, float scale) {
     (void)bk;
     classifier_ce_f32(losses, dx, dW, x, W, tgt, N, V, C, scale);
 }
-static double cpu_sumsq(Backend *bk, const void *x, size_t n) { (void)bk; return sumsq_f32(x, n); }
+static double cpu_sumsq(Backend *bk, const float *x, size_t n) { (void)bk; return sumsq_f32(x, n); }
 static double cpu_sum_f32(Backend *bk, const float *x, size_t n) {
     (void)bk;
     double s = 0;  // sequential: the loss must not depend on the thread count
     for (size_t i = 0; i < n; i++) s += x[i];
     return s;
 }
-static void cpu_adamw(Backend *bk, void *p, float *master, const void *g, float *m, float *v,
+static void cpu_adamw(Backend *bk, void *p, float *master, const float *g, float *m, float *v,
                       size_t n, float lr, float b1, float b2, float eps, float wd, float gscale,
                       int t) {
     (void)bk; (void)master;  // float params are their own master copy
@@ -279,10 +286,12 @@ Backend *backend_cpu_create(int threads) {
     bk->event_sync = cpu_event_sync;
     bk->sync = cpu_sync;
     bk->matmul = cpu_matmul;
+    bk->matmul_dw = cpu_matmul_dw;
     bk->add_bias = cpu_add_bias;
     bk->bias_grad = cpu_bias_grad;
     bk->add = cpu_add;
     bk->accumulate = cpu_accumulate;
+    bk->accumulate_f32 = cpu_accumulate_grad;
     bk->embedding_fwd = cpu_embedding_fwd;
     bk->embedding_bwd = cpu_embedding_bwd;
     bk->rmsnorm_fwd = cpu_rmsnorm_fwd;

@@ -2,16 +2,17 @@
 //   grad = g * grad_scale; w = w * (1 - lr*wd); m, v moments; w -= step * m / (sqrt(v)/bc2s + eps)
 // with step = lr / (1 - beta1^t) and bc2s = sqrt(1 - beta2^t) computed on the host in double.
 // With a master copy (bf16 params), w is read from and written to the fp32 master and the
-// param gets w rounded to bf16; without one the param itself (float) is updated.
+// param gets w rounded to bf16; without one the param itself (float) is updated. Gradients are
+// float in both precisions (backend.h).
 // NOT YET RUN ON A GPU (see common.cuh).
 #include "kernels.cuh"
 
-template <class T> __global__ void adamw_kernel(T *p, float *master, const T *g, float *m, float *v, size_t n,
+template <class T> __global__ void adamw_kernel(T *p, float *master, const float *g, float *m, float *v, size_t n,
                                                float lr, float b1, float b2, float eps, float wd,
                                                float gscale, float step, float bc2s) {
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
          i += (size_t)gridDim.x * blockDim.x) {
-        float grad = to_f<T>(g[i]) * gscale;
+        float grad = g[i] * gscale;
         float w = (master ? master[i] : to_f<T>(p[i])) * (1.0f - lr * wd);
         float mi = b1 * m[i] + (1 - b1) * grad;
         float vi = b2 * v[i] + (1 - b2) * grad * grad;
@@ -23,7 +24,7 @@ template <class T> __global__ void adamw_kernel(T *p, float *master, const T *g,
     }
 }
 
-void k_adamw(CudaCtx *c, void *params, float *master, const void *grads, float *m, float *v,
+void k_adamw(CudaCtx *c, void *params, float *master, const float *grads, float *m, float *v,
              size_t n, float lr, float beta1, float beta2, float eps, float wd, float grad_scale,
              int t) {
     if (!n) return;
@@ -31,8 +32,8 @@ void k_adamw(CudaCtx *c, void *params, float *master, const void *grads, float *
     const double bc1 = 1.0 - pow(beta1, t), bc2 = 1.0 - pow(beta2, t);
     const float step = (float)(lr / bc1), bc2s = (float)sqrt(bc2);
     if (c->bf16)
-        LAUNCH(grid_for(n, 256), 256, 0, c->stream, adamw_kernel<bf16>)((bf16 *)params, master, (const bf16 *)grads, m, v, n, lr, beta1, beta2, eps, wd, grad_scale, step, bc2s);
+        LAUNCH(grid_for(n, 256), 256, 0, c->stream, adamw_kernel<bf16>)((bf16 *)params, master, grads, m, v, n, lr, beta1, beta2, eps, wd, grad_scale, step, bc2s);
     else
-        LAUNCH(grid_for(n, 256), 256, 0, c->stream, adamw_kernel<float>)((float *)params, master, (const float *)grads, m, v, n, lr, beta1, beta2, eps, wd, grad_scale, step, bc2s);
+        LAUNCH(grid_for(n, 256), 256, 0, c->stream, adamw_kernel<float>)((float *)params, master, grads, m, v, n, lr, beta1, beta2, eps, wd, grad_scale, step, bc2s);
     LAUNCH_CHECK("adamw");
 }

@@ -413,22 +413,28 @@ static void cu_matmul(Backend *bk, void *C, const void *A, const void *B, int M,
                       int tb, float alpha, float beta) {
     k_matmul(ctx_of(bk), C, A, B, M, N, K, ta, tb, alpha, beta);
 }
+// Weight gradients: bf16 (or float) operands, fp32 C/D (CUBLAS_COMPUTE_32F), beta 1.
+static void cu_matmul_dw(Backend *bk, float *dW, const void *A, const void *B, int M, int N, int K, int ta,
+                         int tb, float alpha) {
+    k_matmul_f32out(ctx_of(bk), dW, A, B, M, N, K, ta, tb, alpha, 1.0f);
+}
 static void cu_add_bias(Backend *bk, void *y, const void *b, int N, int D) { k_add_bias(ctx_of(bk), y, b, N, D); }
-static void cu_bias_grad(Backend *bk, void *db, const void *dy, int N, int D) { k_bias_grad(ctx_of(bk), db, dy, N, D); }
+static void cu_bias_grad(Backend *bk, float *db, const void *dy, int N, int D) { k_bias_grad(ctx_of(bk), db, dy, N, D); }
 static void cu_add(Backend *bk, void *y, const void *a, const void *b, size_t n) { k_add(ctx_of(bk), y, a, b, n); }
 static void cu_accumulate(Backend *bk, void *y, const void *x, size_t n) { k_accumulate(ctx_of(bk), y, x, n); }
+static void cu_accumulate_f32(Backend *bk, float *y, const float *x, size_t n) { k_accumulate_f32(ctx_of(bk), y, x, n); }
 static void cu_scale(Backend *bk, void *y, float s, size_t n) { k_scale(ctx_of(bk), y, s, n); }
 static void cu_embedding_fwd(Backend *bk, void *out, const int32_t *tok, const void *table, int N, int C) {
     k_embedding_fwd(ctx_of(bk), out, tok, table, N, C);
 }
-static void cu_embedding_bwd(Backend *bk, void *dt, const void *dout, const int32_t *tok, int N, int C, int V) {
+static void cu_embedding_bwd(Backend *bk, float *dt, const void *dout, const int32_t *tok, int N, int C, int V) {
     k_embedding_bwd(ctx_of(bk), dt, dout, tok, N, C, V);
 }
 static void cu_rmsnorm_fwd(Backend *bk, void *out, float *rstd, const void *x, const void *w, int N, int C,
                            float eps) {
     k_rmsnorm_fwd(ctx_of(bk), out, rstd, x, w, N, C, eps);
 }
-static void cu_rmsnorm_bwd(Backend *bk, void *dx, void *dw, const void *dy, const void *x, const void *w,
+static void cu_rmsnorm_bwd(Backend *bk, void *dx, float *dw, const void *dy, const void *x, const void *w,
                            const float *rstd, int N, int C) {
     k_rmsnorm_bwd(ctx_of(bk), dx, dw, dy, x, w, rstd, N, C);
 }
@@ -436,14 +442,14 @@ static void cu_layernorm_fwd(Backend *bk, void *out, float *mean, float *rstd, c
                              const void *b, int N, int C, float eps) {
     k_layernorm_fwd(ctx_of(bk), out, mean, rstd, x, w, b, N, C, eps);
 }
-static void cu_layernorm_bwd(Backend *bk, void *dx, void *dw, void *db, const void *dy, const void *x, const void *w,
+static void cu_layernorm_bwd(Backend *bk, void *dx, float *dw, float *db, const void *dy, const void *x, const void *w,
                              const float *mean, const float *rstd, int N, int C) {
     k_layernorm_bwd(ctx_of(bk), dx, dw, db, dy, x, w, mean, rstd, N, C);
 }
 static void cu_gelu_fwd(Backend *bk, void *y, const void *x, size_t n) { k_gelu_fwd(ctx_of(bk), y, x, n); }
 static void cu_gelu_bwd(Backend *bk, void *dx, const void *dy, const void *x, size_t n) { k_gelu_bwd(ctx_of(bk), dx, dy, x, n); }
 static void cu_pos_fwd(Backend *bk, void *out, const void *wpe, int B, int T, int C) { k_pos_fwd(ctx_of(bk), out, wpe, B, T, C); }
-static void cu_pos_bwd(Backend *bk, void *dwpe, const void *dout, int B, int T, int C) { k_pos_bwd(ctx_of(bk), dwpe, dout, B, T, C); }
+static void cu_pos_bwd(Backend *bk, float *dwpe, const void *dout, int B, int T, int C) { k_pos_bwd(ctx_of(bk), dwpe, dout, B, T, C); }
 static void cu_rope_fwd(Backend *bk, void *x, const float *c, const float *s, const int32_t *pos,
                         int B, int T, int H, int D) {
     k_rope(ctx_of(bk), x, c, s, pos, B, T, H, D, 1);
@@ -478,13 +484,13 @@ static void cu_swiglu_fwd(Backend *bk, void *h, const void *g, const void *u, si
 static void cu_swiglu_bwd(Backend *bk, void *dg, void *du, const void *dh, const void *g, const void *u, size_t n) {
     k_swiglu_bwd(ctx_of(bk), dg, du, dh, g, u, n);
 }
-static void cu_classifier_ce(Backend *bk, float *losses, void *dx, void *dW, const void *x, const void *W,
+static void cu_classifier_ce(Backend *bk, float *losses, void *dx, float *dW, const void *x, const void *W,
                              const int32_t *tgt, int N, int V, int C, float scale) {
     k_classifier_ce(ctx_of(bk), losses, dx, dW, x, W, tgt, N, V, C, scale);
 }
-static double cu_sumsq(Backend *bk, const void *x, size_t n) { return k_sumsq(ctx_of(bk), x, n); }
+static double cu_sumsq(Backend *bk, const float *x, size_t n) { return k_sumsq(ctx_of(bk), x, n); }
 static double cu_sum_f32(Backend *bk, const float *x, size_t n) { return k_sum_f32(ctx_of(bk), x, n); }
-static void cu_adamw(Backend *bk, void *p, float *master, const void *g, float *m, float *v, size_t n, float lr,
+static void cu_adamw(Backend *bk, void *p, float *master, const float *g, float *m, float *v, size_t n, float lr,
                      float b1, float b2, float eps, float wd, float gscale, int t) {
     k_adamw(ctx_of(bk), p, master, g, m, v, n, lr, b1, b2, eps, wd, gscale, t);
 }
@@ -589,10 +595,12 @@ extern "C" Backend *backend_cuda_create(int dtype_bf16, int device_index) {
     bk->event_sync = cu_event_sync;
     bk->sync = cu_sync;
     bk->matmul = cu_matmul;
+    bk->matmul_dw = cu_matmul_dw;
     bk->add_bias = cu_add_bias;
     bk->bias_grad = cu_bias_grad;
     bk->add = cu_add;
     bk->accumulate = cu_accumulate;
+    bk->accumulate_f32 = cu_accumulate_f32;
     bk->embedding_fwd = cu_embedding_fwd;
     bk->embedding_bwd = cu_embedding_bwd;
     bk->rmsnorm_fwd = cu_rmsnorm_fwd;

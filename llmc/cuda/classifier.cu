@@ -7,7 +7,7 @@
 //   2. one block per row: max, sum of exp, loss = lse - z[target] (0 where target < 0), and the
 //      gradient (softmax - onehot) * scale (0 for ignored rows) in act precision -- in place over
 //      the fp32 logits in float mode, into a separate bf16 buffer in bf16 mode
-//   3. dx_chunk = grad W (cuBLASLt, beta 0), dW += grad^T x_chunk (beta 1)
+//   3. dx_chunk = grad W (cuBLASLt, beta 0), dW += grad^T x_chunk (beta 1, into the float dW)
 // The fp32 logits keep the loss accurate in bf16 mode; only the gradient is rounded to bf16.
 #include "kernels.cuh"
 
@@ -43,7 +43,7 @@ template <class G> __global__ void ce_row_kernel(float *losses, G *grad, const f
     }
 }
 
-void k_classifier_ce(CudaCtx *c, float *losses, void *dx, void *dW, const void *x, const void *W,
+void k_classifier_ce(CudaCtx *c, float *losses, void *dx, float *dW, const void *x, const void *W,
                      const int32_t *targets, int N, int V, int C, float scale) {
     if (N <= 0) return;
     size_t rows = CE_CHUNK_ELEMS / (size_t)V;
@@ -64,6 +64,6 @@ void k_classifier_ce(CudaCtx *c, float *losses, void *dx, void *dW, const void *
             LAUNCH(nr, CE_THREADS, 0, c->stream, ce_row_kernel<float>)(losses + n0, (float *)grad, logits, targets + n0, V, scale, want_grad);
         LAUNCH_CHECK("ce_row");
         if (dx) k_matmul(c, (char *)dx + (size_t)n0 * C * A, grad, W, nr, C, V, 0, 0, 1.0f, 0.0f);
-        if (dW) k_matmul(c, dW, grad, xc, V, C, nr, 1, 0, 1.0f, 1.0f);
+        if (dW) k_matmul_f32out(c, dW, grad, xc, V, C, nr, 1, 0, 1.0f, 1.0f);
     }
 }

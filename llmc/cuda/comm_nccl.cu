@@ -65,8 +65,9 @@ static void finish(Comm *c, const char *op, ncclResult_t r) {
 
 static size_t esize(Comm *c) { return ni(c)->act == ncclFloat32 ? 4 : 2; }
 
+// The sums carry gradients, float whatever the act precision (comm.h): NCCL adds in fp32.
 static void n_allreduce(Comm *c, void *b, size_t n) {
-    finish(c, "all-reduce", ncclAllReduce(b, b, n, ni(c)->act, ncclSum, ni(c)->nccl, ni(c)->stream));
+    finish(c, "all-reduce", ncclAllReduce(b, b, n, ncclFloat32, ncclSum, ni(c)->nccl, ni(c)->stream));
 }
 static void n_allreduce64(Comm *c, double *b, size_t n) {
     NcclImpl *x = ni(c);
@@ -82,9 +83,9 @@ static void n_reduce_scatter(Comm *c, void *r, const void *s, size_t n) {
     // NCCL writes the result to recv; in place means recv == send + rank * n, so run on the
     // whole buffer and move this rank's block to the front as the MPI path does.
     char *base = (char *)r;
-    char *mine = base + (size_t)c->rank * n * esize(c);
-    finish(c, "reduce-scatter", ncclReduceScatter(s, mine, n, ni(c)->act, ncclSum, ni(c)->nccl, ni(c)->stream));
-    if (mine != base) check(cudaMemcpyAsync(base, mine, n * esize(c), cudaMemcpyDeviceToDevice, ni(c)->stream), "copy");
+    char *mine = base + (size_t)c->rank * n * sizeof(float);
+    finish(c, "reduce-scatter", ncclReduceScatter(s, mine, n, ncclFloat32, ncclSum, ni(c)->nccl, ni(c)->stream));
+    if (mine != base) check(cudaMemcpyAsync(base, mine, n * sizeof(float), cudaMemcpyDeviceToDevice, ni(c)->stream), "copy");
     finish(c, "reduce-scatter", ncclSuccess);
 }
 static void n_all_gather(Comm *c, void *r, const void *s, size_t n) {

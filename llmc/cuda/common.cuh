@@ -9,7 +9,9 @@
 //
 // Precision: "act" tensors are bf16 (act_bytes 2) or float (act_bytes 4, for checking against
 // the CPU backend). Every kernel loads act values into float, computes in float (reductions of
-// long rows in float or double, as noted per kernel) and rounds once when it stores.
+// long rows in float or double, as noted per kernel) and rounds once when it stores. Parameter
+// gradients are float in both precisions (backend.h): kernels add into them without rounding
+// to bf16, so sums over micro-batches, MLP chunks and attention tiles keep fp32 precision.
 #pragma once
 #include <math.h>
 #include <stddef.h>

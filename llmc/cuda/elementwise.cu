@@ -155,6 +155,10 @@ void k_accumulate(CudaCtx *c, void *y, const void *x, size_t n) {
     else RUN_OP(float, n, can_vec<float>(n, y, x), AccOp, (float *)y, (const float *)x);
 }
 
+void k_accumulate_f32(CudaCtx *c, float *y, const float *x, size_t n) {
+    RUN_OP(float, n, can_vec<float>(n, y, x), AccOp, y, x);
+}
+
 void k_scale(CudaCtx *c, void *y, float s, size_t n) {
     if (c->bf16) RUN_OP(bf16, n, can_vec<bf16>(n, y), ScaleOp, (bf16 *)y, s);
     else RUN_OP(float, n, can_vec<float>(n, y), ScaleOp, (float *)y, s);
@@ -224,25 +228,22 @@ template <class T> __global__ void colsum_partial_kernel(float *part, const T *d
     part[(size_t)blockIdx.y * D + col] = s;
 }
 
-template <class T> __global__ void colsum_finish_kernel(T *out, const float *part, int R, int D) {
+// Into the float bias gradient (backend.h): one rounding per call.
+__global__ void colsum_finish_kernel(float *out, const float *part, int R, int D) {
     int col = blockIdx.x * blockDim.x + threadIdx.x;
     if (col >= D) return;
     double s = 0.0;
     for (int r = 0; r < R; r++) s += part[(size_t)r * D + col];
-    out[col] = from_f<T>(to_f<T>(out[col]) + (float)s);
+    out[col] += (float)s;
 }
 
-void k_bias_grad(CudaCtx *c, void *dbias, const void *dy, int N, int D) {
+void k_bias_grad(CudaCtx *c, float *dbias, const void *dy, int N, int D) {
     if (N <= 0 || D <= 0) return;
     int R = colsum_parts(N), rows = (N + R - 1) / R;
     float *part = (float *)ctx_scratch(c, SCR_PARTIAL, (size_t)R * D * sizeof(float));
     dim3 g((D + 255) / 256, R);
-    if (c->bf16) {
-        LAUNCH(g, 256, 0, c->stream, colsum_partial_kernel<bf16>)(part, (const bf16 *)dy, N, D, rows);
-        LAUNCH((D + 255) / 256, 256, 0, c->stream, colsum_finish_kernel<bf16>)((bf16 *)dbias, part, R, D);
-    } else {
-        LAUNCH(g, 256, 0, c->stream, colsum_partial_kernel<float>)(part, (const float *)dy, N, D, rows);
-        LAUNCH((D + 255) / 256, 256, 0, c->stream, colsum_finish_kernel<float>)((float *)dbias, part, R, D);
-    }
+    if (c->bf16) LAUNCH(g, 256, 0, c->stream, colsum_partial_kernel<bf16>)(part, (const bf16 *)dy, N, D, rows);
+    else LAUNCH(g, 256, 0, c->stream, colsum_partial_kernel<float>)(part, (const float *)dy, N, D, rows);
+    LAUNCH((D + 255) / 256, 256, 0, c->stream, colsum_finish_kernel)(dbias, part, R, D);
     LAUNCH_CHECK("bias_grad");
 }

@@ -112,7 +112,7 @@ __global__ void emb_place_kernel(int *order, int *cursor, const int32_t *tok, in
 }
 
 // 4. group sums: block x = position in the sorted order; only a group's first position works.
-template <class T, int V> __global__ void emb_sum_kernel(T *dtable, const T *dout, const int32_t *tok,
+template <class T, int V> __global__ void emb_sum_kernel(float *dtable, const T *dout, const int32_t *tok,
                                                         const int *order, int N, int C, int total, int Vocab) {
     const int i = blockIdx.x;
     if (i >= total) return;
@@ -133,14 +133,14 @@ template <class T, int V> __global__ void emb_sum_kernel(T *dtable, const T *dou
         for (int k = 0; k < V; k++) acc[k] += x[k];
     }
     float d[V];
-    T *dst = dtable + (size_t)v * C + c;
+    float *dst = dtable + (size_t)v * C + c;  // the float gradient (backend.h)
     load_f<V>(d, dst);
 #pragma unroll
     for (int k = 0; k < V; k++) d[k] += acc[k];
     store_f<V>(dst, d);
 }
 
-void k_embedding_bwd(CudaCtx *c, void *dtable, const void *dout, const int32_t *tokens, int N,
+void k_embedding_bwd(CudaCtx *c, float *dtable, const void *dout, const int32_t *tokens, int N,
                      int C, int V) {
     if (N <= 0 || C <= 0) return;
     // counts and cursors have a bucket V for out-of-range tokens, so every position is placed
@@ -154,13 +154,13 @@ void k_embedding_bwd(CudaCtx *c, void *dtable, const void *dout, const int32_t *
     if (c->bf16) {
         const int vec = C % 8 == 0 && can_vec<bf16>((size_t)C, dout, dtable) ? 8 : 1;
         dim3 g(N, (C / vec + threads - 1) / threads);
-        if (vec == 8) LAUNCH(g, threads, 0, c->stream, emb_sum_kernel<bf16, 8>)((bf16 *)dtable, (const bf16 *)dout, tokens, order, N, C, N, V);
-        else LAUNCH(g, threads, 0, c->stream, emb_sum_kernel<bf16, 1>)((bf16 *)dtable, (const bf16 *)dout, tokens, order, N, C, N, V);
+        if (vec == 8) LAUNCH(g, threads, 0, c->stream, emb_sum_kernel<bf16, 8>)(dtable, (const bf16 *)dout, tokens, order, N, C, N, V);
+        else LAUNCH(g, threads, 0, c->stream, emb_sum_kernel<bf16, 1>)(dtable, (const bf16 *)dout, tokens, order, N, C, N, V);
     } else {
         const int vec = C % 4 == 0 && can_vec<float>((size_t)C, dout, dtable) ? 4 : 1;
         dim3 g(N, (C / vec + threads - 1) / threads);
-        if (vec == 4) LAUNCH(g, threads, 0, c->stream, emb_sum_kernel<float, 4>)((float *)dtable, (const float *)dout, tokens, order, N, C, N, V);
-        else LAUNCH(g, threads, 0, c->stream, emb_sum_kernel<float, 1>)((float *)dtable, (const float *)dout, tokens, order, N, C, N, V);
+        if (vec == 4) LAUNCH(g, threads, 0, c->stream, emb_sum_kernel<float, 4>)(dtable, (const float *)dout, tokens, order, N, C, N, V);
+        else LAUNCH(g, threads, 0, c->stream, emb_sum_kernel<float, 1>)(dtable, (const float *)dout, tokens, order, N, C, N, V);
     }
     LAUNCH_CHECK("embedding_bwd");
 }

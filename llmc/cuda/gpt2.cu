@@ -95,14 +95,14 @@ template <class T> __global__ void layernorm_dwdb_partial_kernel(float *pw, floa
     pb[(size_t)blockIdx.y * C + col] = sb;
 }
 
-template <class T> __global__ void layernorm_dwdb_finish_kernel(T *dw, T *db, const float *pw, const float *pb,
-                                                               int R, int C) {
+// Into the float weight and bias gradients (backend.h).
+__global__ void layernorm_dwdb_finish_kernel(float *dw, float *db, const float *pw, const float *pb, int R, int C) {
     const int col = blockIdx.x * blockDim.x + threadIdx.x;
     if (col >= C) return;
     double sw = 0.0, sb = 0.0;
     for (int r = 0; r < R; r++) sw += pw[(size_t)r * C + col], sb += pb[(size_t)r * C + col];
-    dw[col] = from_f<T>(to_f<T>(dw[col]) + (float)sw);
-    if (db) db[col] = from_f<T>(to_f<T>(db[col]) + (float)sb);
+    dw[col] += (float)sw;
+    if (db) db[col] += (float)sb;
 }
 
 template <class T> static void ln_fwd(CudaCtx *c, void *out, float *mean, float *rstd, const void *x, const void *w,
@@ -123,7 +123,7 @@ void k_layernorm_fwd(CudaCtx *c, void *out, float *mean, float *rstd, const void
     else ln_fwd<float>(c, out, mean, rstd, x, w, b, N, C, eps);
 }
 
-template <class T> static void ln_bwd(CudaCtx *c, void *dx, void *dw, void *db, const void *dy, const void *x,
+template <class T> static void ln_bwd(CudaCtx *c, void *dx, float *dw, float *db, const void *dy, const void *x,
                                       const void *w, const float *mean, const float *rstd, int N, int C) {
     const int V = VecWidth<T>::value;
     const unsigned g = (N + LN_ROWS - 1) / LN_ROWS, t = 32 * LN_ROWS;
@@ -139,11 +139,11 @@ template <class T> static void ln_bwd(CudaCtx *c, void *dx, void *dw, void *db, 
     float *pw = (float *)ctx_scratch(c, SCR_PARTIAL, (size_t)2 * R * C * sizeof(float)), *pb = pw + (size_t)R * C;
     dim3 gp((C + 255) / 256, R);
     LAUNCH(gp, 256, 0, c->stream, layernorm_dwdb_partial_kernel<T>)(pw, pb, (const T *)dy, (const T *)x, mean, rstd, N, C, rows);
-    LAUNCH((C + 255) / 256, 256, 0, c->stream, layernorm_dwdb_finish_kernel<T>)((T *)dw, (T *)db, pw, pb, R, C);
+    LAUNCH((C + 255) / 256, 256, 0, c->stream, layernorm_dwdb_finish_kernel)(dw, db, pw, pb, R, C);
     LAUNCH_CHECK("layernorm_bwd dw");
 }
 
-void k_layernorm_bwd(CudaCtx *c, void *dx, void *dw, void *db, const void *dout, const void *x, const void *w,
+void k_layernorm_bwd(CudaCtx *c, void *dx, float *dw, float *db, const void *dout, const void *x, const void *w,
                      const float *mean, const float *rstd, int N, int C) {
     if (N <= 0) return;
     if (c->bf16) ln_bwd<bf16>(c, dx, dw, db, dout, x, w, mean, rstd, N, C);
@@ -191,12 +191,12 @@ template <class T> __global__ void pos_fwd_kernel(T *out, const T *wpe, int B, i
         out[i] = from_f<T>(to_f<T>(out[i]) + to_f<T>(wpe[i % tc]));
 }
 
-template <class T> __global__ void pos_bwd_kernel(T *dwpe, const T *dout, int B, int T_, int C) {
+template <class T> __global__ void pos_bwd_kernel(float *dwpe, const T *dout, int B, int T_, int C) {
     const size_t tc = (size_t)T_ * C;
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < tc; i += (size_t)gridDim.x * blockDim.x) {
         float s = 0.0f;
         for (int b = 0; b < B; b++) s += to_f<T>(dout[(size_t)b * tc + i]);
-        dwpe[i] = from_f<T>(to_f<T>(dwpe[i]) + s);
+        dwpe[i] += s;
     }
 }
 
@@ -208,10 +208,10 @@ void k_pos_fwd(CudaCtx *c, void *out, const void *wpe, int B, int T, int C) {
     LAUNCH_CHECK("pos_fwd");
 }
 
-void k_pos_bwd(CudaCtx *c, void *dwpe, const void *dout, int B, int T, int C) {
+void k_pos_bwd(CudaCtx *c, float *dwpe, const void *dout, int B, int T, int C) {
     const size_t tc = (size_t)T * C;
     if (!tc) return;
-    if (c->bf16) LAUNCH(grid_for(tc, 256), 256, 0, c->stream, pos_bwd_kernel<bf16>)((bf16 *)dwpe, (const bf16 *)dout, B, T, C);
-    else LAUNCH(grid_for(tc, 256), 256, 0, c->stream, pos_bwd_kernel<float>)((float *)dwpe, (const float *)dout, B, T, C);
+    if (c->bf16) LAUNCH(grid_for(tc, 256), 256, 0, c->stream, pos_bwd_kernel<bf16>)(dwpe, (const bf16 *)dout, B, T, C);
+    else LAUNCH(grid_for(tc, 256), 256, 0, c->stream, pos_bwd_kernel<float>)(dwpe, (const float *)dout, B, T, C);
     LAUNCH_CHECK("pos_bwd");
 }

@@ -10,8 +10,9 @@
 //   classifier.cu   fused chunked classifier + cross-entropy
 //   adamw.cu        fused AdamW (fp32 master for bf16 params)
 //   nf4.cu          NF4 dequantization of a device region
-// Each launcher enqueues on ctx->stream and reads the act precision from ctx->bf16; the
-// semantics are those of the same-named op in backend.h (the CPU kernels in
+// Each launcher enqueues on ctx->stream and reads the act precision from ctx->bf16; parameter
+// gradients are float in both precisions (backend.h); the semantics are those of the same-named
+// op in backend.h (the CPU kernels in
 // llmc/cpu/kernels.inc are the reference). NOT YET RUN ON A GPU: see common.cuh.
 #pragma once
 #include "common.cuh"
@@ -62,7 +63,8 @@ static inline size_t act_size(const CudaCtx *c) { return c->bf16 ? 2 : 4; }
 // C[M,N] = alpha op(A) op(B) + beta C, row-major, in act precision (backend.h's matmul).
 void k_matmul(CudaCtx *c, void *C, const void *A, const void *B, int M, int N, int K, int ta,
               int tb, float alpha, float beta);
-// The same with C (and the output) in float whatever the act precision (classifier logits).
+// The same with C (and the output) in float whatever the act precision (classifier logits,
+// weight gradients: backend.h's matmul_dw is this with beta 1).
 void k_matmul_f32out(CudaCtx *c, float *C, const void *A, const void *B, int M, int N, int K,
                      int ta, int tb, float alpha, float beta);
 void lt_cache_free(LtCache *cache);
@@ -70,9 +72,10 @@ void lt_cache_free(LtCache *cache);
 // ---- elementwise.cu ------------------------------------------------------------------------
 void k_add(CudaCtx *c, void *y, const void *a, const void *b, size_t n);
 void k_accumulate(CudaCtx *c, void *y, const void *x, size_t n);
+void k_accumulate_f32(CudaCtx *c, float *y, const float *x, size_t n);  // float whatever the act precision
 void k_scale(CudaCtx *c, void *y, float s, size_t n);
 void k_add_bias(CudaCtx *c, void *y, const void *bias, int N, int D);
-void k_bias_grad(CudaCtx *c, void *dbias, const void *dy, int N, int D);
+void k_bias_grad(CudaCtx *c, float *dbias, const void *dy, int N, int D);
 void k_swiglu_fwd(CudaCtx *c, void *h, const void *gate, const void *up, size_t n);
 void k_swiglu_bwd(CudaCtx *c, void *dgate, void *dup, const void *dh, const void *gate,
                   const void *up, size_t n);
@@ -83,29 +86,30 @@ void k_act_to_f32(CudaCtx *c, float *dst, const void *src, size_t n);
 
 // ---- reduce.cu -------------------------------------------------------------------------------
 // Sums in double with a fixed grid, so the result does not depend on the GPU; synchronises.
-double k_sumsq(CudaCtx *c, const void *x, size_t n);
+// sumsq reads float (gradients).
+double k_sumsq(CudaCtx *c, const float *x, size_t n);
 double k_sum_f32(CudaCtx *c, const float *x, size_t n);
 
 // ---- embedding.cu ----------------------------------------------------------------------------
 void k_embedding_fwd(CudaCtx *c, void *out, const int32_t *tokens, const void *table, int N, int C);
-void k_embedding_bwd(CudaCtx *c, void *dtable, const void *dout, const int32_t *tokens, int N,
+void k_embedding_bwd(CudaCtx *c, float *dtable, const void *dout, const int32_t *tokens, int N,
                      int C, int V);
 
 // ---- norms.cu --------------------------------------------------------------------------------
 void k_rmsnorm_fwd(CudaCtx *c, void *out, float *rstd, const void *x, const void *w, int N, int C,
                    float eps);
-void k_rmsnorm_bwd(CudaCtx *c, void *dx, void *dw, const void *dout, const void *x, const void *w,
+void k_rmsnorm_bwd(CudaCtx *c, void *dx, float *dw, const void *dout, const void *x, const void *w,
                    const float *rstd, int N, int C);
 
 // ---- gpt2.cu (GPT-2's ops) ------------------------------------------------------------------
 void k_layernorm_fwd(CudaCtx *c, void *out, float *mean, float *rstd, const void *x, const void *w, const void *b,
                      int N, int C, float eps);
-void k_layernorm_bwd(CudaCtx *c, void *dx, void *dw, void *db, const void *dout, const void *x, const void *w,
+void k_layernorm_bwd(CudaCtx *c, void *dx, float *dw, float *db, const void *dout, const void *x, const void *w,
                      const float *mean, const float *rstd, int N, int C);
 void k_gelu_fwd(CudaCtx *c, void *y, const void *x, size_t n);
 void k_gelu_bwd(CudaCtx *c, void *dx, const void *dout, const void *x, size_t n);
 void k_pos_fwd(CudaCtx *c, void *out, const void *wpe, int B, int T, int C);
-void k_pos_bwd(CudaCtx *c, void *dwpe, const void *dout, int B, int T, int C);
+void k_pos_bwd(CudaCtx *c, float *dwpe, const void *dout, int B, int T, int C);
 
 // ---- rope.cu ---------------------------------------------------------------------------------
 // sign +1: forward rotation; -1: the inverse (backward).
@@ -126,13 +130,13 @@ void k_attention_bwd(CudaCtx *c, void *dq, void *dk, void *dv, const void *dout,
 const char *k_attention_path(const CudaCtx *c, int D);
 
 // ---- classifier.cu ---------------------------------------------------------------------------
-void k_classifier_ce(CudaCtx *c, float *losses, void *dx, void *dW, const void *x, const void *W,
+void k_classifier_ce(CudaCtx *c, float *losses, void *dx, float *dW, const void *x, const void *W,
                      const int32_t *targets, int N, int V, int C, float scale);
 // Rows per chunk for a vocabulary of V (the chunk's logits are at most CE_CHUNK_ELEMS).
 #define CE_CHUNK_ELEMS ((size_t)1 << 24)
 
 // ---- adamw.cu --------------------------------------------------------------------------------
-void k_adamw(CudaCtx *c, void *params, float *master, const void *grads, float *m, float *v,
+void k_adamw(CudaCtx *c, void *params, float *master, const float *grads, float *m, float *v,
              size_t n, float lr, float beta1, float beta2, float eps, float wd, float grad_scale,
              int t);
 

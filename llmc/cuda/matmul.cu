@@ -8,7 +8,9 @@
 //   our A stored [K,M] (ta=1) is column-major [M,K]; its transpose      -> opB = T, rows M, ld M
 //   C: column-major [N,M], ld N.
 // Compute is fp32 (CUBLAS_COMPUTE_32F) in both precisions: bf16 inputs accumulate in fp32, and
-// float mode is true fp32 (no TF32), so it can be compared with the CPU backend.
+// float mode is true fp32 (no TF32), so it can be compared with the CPU backend. Weight
+// gradients (backend.h's matmul_dw) take bf16 A/B with fp32 C/D and beta 1, so a gradient summed
+// over micro-batches, tiles and chunks is never rounded to bf16.
 //
 // Plans (descriptors + the heuristic's algorithm) are cached by shape, transposes, types and
 // the pointers' alignments: cuBLASLt's heuristic assumes 256-byte aligned pointers unless told

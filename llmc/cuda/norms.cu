@@ -96,15 +96,16 @@ template <class T> __global__ void rmsnorm_dw_partial_kernel(float *part, const 
     part[(size_t)blockIdx.y * C + col] = s;
 }
 
-template <class T> __global__ void rmsnorm_dw_finish_kernel(T *dw, const float *part, int R, int C) {
+// Into the float weight gradient (backend.h).
+__global__ void rmsnorm_dw_finish_kernel(float *dw, const float *part, int R, int C) {
     const int col = blockIdx.x * blockDim.x + threadIdx.x;
     if (col >= C) return;
     double s = 0.0;
     for (int r = 0; r < R; r++) s += part[(size_t)r * C + col];
-    dw[col] = from_f<T>(to_f<T>(dw[col]) + (float)s);
+    dw[col] += (float)s;
 }
 
-void k_rmsnorm_bwd(CudaCtx *c, void *dx, void *dw, const void *dout, const void *x, const void *w,
+void k_rmsnorm_bwd(CudaCtx *c, void *dx, float *dw, const void *dout, const void *x, const void *w,
                    const float *rstd, int N, int C) {
     if (N <= 0) return;
     const unsigned g = (N + ROWS_PER_BLOCK - 1) / ROWS_PER_BLOCK, t = 32 * ROWS_PER_BLOCK;
@@ -126,12 +127,8 @@ void k_rmsnorm_bwd(CudaCtx *c, void *dx, void *dw, const void *dout, const void 
     const int rows = (N + R - 1) / R;
     float *part = (float *)ctx_scratch(c, SCR_PARTIAL, (size_t)R * C * sizeof(float));
     dim3 gp((C + 255) / 256, R);
-    if (c->bf16) {
-        LAUNCH(gp, 256, 0, c->stream, rmsnorm_dw_partial_kernel<bf16>)(part, (const bf16 *)dout, (const bf16 *)x, rstd, N, C, rows);
-        LAUNCH((C + 255) / 256, 256, 0, c->stream, rmsnorm_dw_finish_kernel<bf16>)((bf16 *)dw, part, R, C);
-    } else {
-        LAUNCH(gp, 256, 0, c->stream, rmsnorm_dw_partial_kernel<float>)(part, (const float *)dout, (const float *)x, rstd, N, C, rows);
-        LAUNCH((C + 255) / 256, 256, 0, c->stream, rmsnorm_dw_finish_kernel<float>)((float *)dw, part, R, C);
-    }
+    if (c->bf16) LAUNCH(gp, 256, 0, c->stream, rmsnorm_dw_partial_kernel<bf16>)(part, (const bf16 *)dout, (const bf16 *)x, rstd, N, C, rows);
+    else LAUNCH(gp, 256, 0, c->stream, rmsnorm_dw_partial_kernel<float>)(part, (const float *)dout, (const float *)x, rstd, N, C, rows);
+    LAUNCH((C + 255) / 256, 256, 0, c->stream, rmsnorm_dw_finish_kernel)(dw, part, R, C);
     LAUNCH_CHECK("rmsnorm_bwd dw");
 }

@@ -1,4 +1,5 @@
-// reduce.cu: sumsq and sum_f32 in double, deterministic. NOT YET RUN ON A GPU (see common.cuh).
+// reduce.cu: sumsq (of a float gradient) and sum_f32 in double, deterministic. NOT YET RUN ON A
+// GPU (see common.cuh).
 //
 // A fixed grid (RED_BLOCKS x RED_THREADS, independent of the GPU) walks the array with a grid
 // stride; each thread sums its elements in order in double, each block reduces in a fixed tree
@@ -45,8 +46,6 @@ template <class T, int SQUARE> static double reduce_any(CudaCtx *c, const T *x, 
     return *c->host_result;
 }
 
-double k_sumsq(CudaCtx *c, const void *x, size_t n) {
-    return c->bf16 ? reduce_any<bf16, 1>(c, (const bf16 *)x, n) : reduce_any<float, 1>(c, (const float *)x, n);
-}
+double k_sumsq(CudaCtx *c, const float *x, size_t n) { return reduce_any<float, 1>(c, x, n); }
 
 double k_sum_f32(CudaCtx *c, const float *x, size_t n) { return reduce_any<float, 0>(c, x, n); }

@@ -1,4 +1,4 @@
-// cuda_emu.cpp: the emulator's runtime (see cuda_emu.h): kernel launches over a thread pool,
+// cuda_emu.cpp: the emulator's runtime (see cuda_emu.h): kernel launches over fibers,
 // barriers, shuffles, and the CUDA runtime / cuBLASLt entry points the backend uses, on host
 // memory. Test infrastructure only; never linked into a GPU build.
 #include "cuda_emu.h"
@@ -7,7 +7,8 @@
 #include <stdarg.h>
 #include <time.h>
 #include <unistd.h>
-#include <condition_variable>
+#include <sys/mman.h>
+#include <ucontext.h>
 #include <map>
 #include <mutex>
 #include <thread>
@@ -34,23 +35,48 @@ void check_align(const void *p, unsigned bytes, const char *what) {
     if ((uintptr_t)p % bytes) fatal("emu: %s at %p is not %u-byte aligned", what, p, bytes);
 }
 
-// A reusable barrier; a wait longer than a minute means mismatched barriers (a deadlock).
+// The threads of a block are fibers (ucontext) run by the launching host thread: a barrier
+// parks the fiber and switches to the scheduler, which resumes the parked fibers once the last
+// one has arrived. One OS thread per CUDA thread cost a futex sleep and wake-up per thread and
+// barrier (on a 2-core machine a training step of a tiny model took about a minute, mostly in
+// the kernel's scheduler); a fiber switch costs a few hundred nanoseconds. The scheduler walks
+// the fibers in thread order, so a launch runs the same way every time; when no fiber can run
+// and some have not finished, the threads disagree on the barriers they reach: that stops the
+// program, naming the barriers.
+struct Barrier;
+struct Fiber {
+    ucontext_t ctx;
+    void *stack = nullptr;
+    int tid = 0;
+    bool done = false;
+    const Barrier *parked = nullptr;  // waiting there until its generation moves past wait_gen
+    uint64_t wait_gen = 0;
+    const char *what = nullptr;
+    dim3 thread, block;
+};
+static std::vector<Fiber *> g_fibers;  // grows to the widest block launched; stacks are reused
+static ucontext_t g_sched;
+static Fiber *g_fiber;
+#define FIBER_STACK ((size_t)1 << 20)  // kernels keep whole WMMA tiles per lane: be generous
+
+static void fiber_park(const Barrier *b, uint64_t gen, const char *what) {
+    Fiber *f = g_fiber;
+    f->parked = b, f->wait_gen = gen, f->what = what;
+    if (swapcontext(&f->ctx, &g_sched) != 0) fatal("emu: swapcontext failed");
+}
+
+// A reusable barrier of n fibers.
 struct Barrier {
-    std::mutex mu;
-    std::condition_variable cv;
     int n = 0, count = 0;
     uint64_t gen = 0;
     void wait(const char *what) {
-        std::unique_lock<std::mutex> lk(mu);
         uint64_t g = gen;
-        if (++count == n) {
+        if (++count == n) {  // the last to arrive releases the others and goes on
             count = 0;
             gen++;
-            cv.notify_all();
             return;
         }
-        if (!cv.wait_for(lk, std::chrono::seconds(60), [&] { return gen != g; }))
-            fatal("emu: %s barrier timed out (threads disagree on the barriers they reach)", what);
+        fiber_park(this, g, what);
     }
 };
 
@@ -79,19 +105,8 @@ uint64_t shfl_bits(uint64_t bits, int src) {
     return r;
 }
 
-// Persistent pool: worker i runs thread i of each block of the current job.
-// Heap-allocated and never destroyed, its threads detached: they live until the process exits.
-struct Pool {
-    std::mutex mu;
-    std::condition_variable go, done;
-    int workers = 0;
-    uint64_t gen = 0;
-    int finished = 0;
-};
-static Pool &pool = *new Pool;
-
+// Thread tid of every block of the job, blocks one after another.
 static void run_thread(Job *j, int tid) {
-    tl_tid = tid;
     tl_thread = dim3(tid % j->block.x, (tid / j->block.x) % j->block.y, tid / (j->block.x * j->block.y));
     for (unsigned bz = 0; bz < j->grid.z; bz++)
         for (unsigned by = 0; by < j->grid.y; by++)
@@ -104,20 +119,56 @@ static void run_thread(Job *j, int tid) {
             }
 }
 
-static void worker(int id) {
-    uint64_t seen = 0;
-    for (;;) {
-        Job *j;
-        {
-            std::unique_lock<std::mutex> lk(pool.mu);
-            pool.go.wait(lk, [&] { return pool.gen != seen; });
-            seen = pool.gen;
-            j = g_job;
-        }
-        if (id < j->nthreads) run_thread(j, id);
-        std::lock_guard<std::mutex> lk(pool.mu);
-        if (++pool.finished == pool.workers) pool.done.notify_all();
+static void fiber_main() {
+    Fiber *f = g_fiber;
+    run_thread(g_job, f->tid);
+    f->done = true;  // returning resumes g_sched (uc_link)
+}
+
+// Runs the job's nt fibers to completion.
+static void run_fibers(Job *j) {
+    const int nt = j->nthreads;
+    while ((int)g_fibers.size() < nt) {
+        Fiber *f = new Fiber;
+        f->tid = (int)g_fibers.size();
+        f->stack = mmap(nullptr, FIBER_STACK, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        if (f->stack == MAP_FAILED) fatal("emu: no memory for a fiber stack");
+        mprotect(f->stack, 4096, PROT_NONE);  // guard page: an overflow faults instead of corrupting
+        g_fibers.push_back(f);
     }
+    for (int i = 0; i < nt; i++) {
+        Fiber *f = g_fibers[i];
+        f->done = false, f->parked = nullptr;
+        if (getcontext(&f->ctx) != 0) fatal("emu: getcontext failed");
+        f->ctx.uc_stack.ss_sp = f->stack;
+        f->ctx.uc_stack.ss_size = FIBER_STACK;
+        f->ctx.uc_link = &g_sched;
+        makecontext(&f->ctx, fiber_main, 0);
+    }
+    for (;;) {
+        int left = 0, ran = 0;
+        for (int i = 0; i < nt; i++) {
+            Fiber *f = g_fibers[i];
+            if (f->done) continue;
+            left++;
+            if (f->parked && f->parked->gen == f->wait_gen) continue;
+            f->parked = nullptr;
+            g_fiber = f, tl_tid = f->tid, tl_thread = f->thread, tl_block = f->block;
+            if (swapcontext(&g_sched, &f->ctx) != 0) fatal("emu: swapcontext failed");
+            f->thread = tl_thread, f->block = tl_block;
+            ran++;
+        }
+        if (!left) break;
+        if (!ran) {
+            char msg[512];
+            size_t o = 0;
+            for (int i = 0; i < nt && o < sizeof msg - 64; i++)
+                if (!g_fibers[i]->done)
+                    o += snprintf(msg + o, sizeof msg - o, " thread %d at %s;", i, g_fibers[i]->what);
+            fatal("emu: barrier deadlock (threads disagree on the barriers they reach):%s", msg);
+        }
+    }
+    g_fiber = nullptr, tl_tid = -1;
 }
 
 static std::map<const void *, size_t> g_smem_limits;
@@ -148,14 +199,11 @@ void launch(const void *fn, dim3 grid, dim3 block, size_t smem, const std::funct
     const size_t dbytes = ((smem ? smem : 16) + 127) & ~(size_t)127;
     j.dyn = (unsigned char *)aligned_alloc(128, dbytes);
     memset(j.dyn, 0xff, dbytes);
+    static std::mutex launch_mu;  // one launch at a time, whichever host thread makes it
+    std::lock_guard<std::mutex> lk(launch_mu);
     g_bdim = block, g_gdim = grid, g_dyn_smem = j.dyn;
-    std::unique_lock<std::mutex> lk(pool.mu);
-    while (pool.workers < nt) std::thread(worker, pool.workers++).detach();
     g_job = &j;
-    pool.finished = 0;
-    pool.gen++;
-    pool.go.notify_all();
-    pool.done.wait(lk, [&] { return pool.finished == pool.workers; });
+    run_fibers(&j);
     g_job = nullptr;
     free(j.dyn);
 }

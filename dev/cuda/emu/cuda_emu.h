@@ -1,22 +1,25 @@
 // cuda_emu.h: a small SIMT emulator, so that llmc/cuda/*.cu can run on a machine without a GPU.
 //
 // With -DLLMC_EMU, llmc/cuda/common.cuh includes this header instead of the CUDA headers and
-// g++ compiles the kernels as ordinary C++. A launch runs one OS thread per CUDA thread of a
-// block (a persistent pool), the blocks of the grid one after another; __syncthreads is a
-// barrier over the block's threads, __syncwarp and the shuffles a barrier over the warp's 32
-// threads, __shared__ variables are function statics (one block runs at a time), dynamic
-// shared memory is a buffer filled with NaN bytes before each block. WMMA fragments hold the
-// whole 16x16 tile in every lane (load/mma/store follow the documented row/col-major meaning;
+// g++ compiles the kernels as ordinary C++. A launch runs each CUDA thread of a block as a
+// fiber (ucontext) of the launching host thread, in thread order, the blocks of the grid one
+// after another; __syncthreads is a barrier over the block's threads, __syncwarp and the
+// shuffles a barrier over the warp's 32 threads (a fiber parks there until all have arrived),
+// __shared__ variables are function statics (one block runs at a time), dynamic shared memory
+// is a buffer filled with NaN bytes before each block. WMMA fragments hold the whole 16x16
+// tile in every lane (load/mma/store follow the documented row/col-major meaning;
 // the real per-lane layout is never needed by code that only loads, multiplies and stores).
 // The CUDA runtime and cuBLASLt calls the backend makes are implemented on host memory in
 // cuda_emu.cpp (cuBLASLt's column-major semantics, from its documentation, over OpenBLAS).
 //
-// What this checks: indexing, bounds, barriers (a missing barrier can show as a wrong result
-// or, under -fsanitize=thread, a reported race), vector-access and WMMA alignment, shared
-// memory limits, the row-major -> column-major cuBLASLt mapping. What it cannot check:
-// timing, the real tensor-core fragment layouts and accumulation order, real cuBLASLt
-// algorithms, warp-synchronous code that relies on lockstep (none is written on purpose),
-// device-memory limits, real stream concurrency (the emulator runs every stream in issue order).
+// What this checks: indexing, bounds, barriers (a missing barrier shows as a wrong result: a
+// fiber runs until it reaches a barrier, so it reads what lower-numbered threads wrote and not
+// what higher ones will; threads that disagree on the barriers they reach stop the program),
+// vector-access and WMMA alignment, shared memory limits, the row-major -> column-major
+// cuBLASLt mapping. What it cannot check: timing, the real tensor-core fragment layouts and
+// accumulation order, real cuBLASLt algorithms, warp-synchronous code that relies on lockstep
+// (none is written on purpose), device-memory limits, real stream concurrency (the emulator
+// runs every stream in issue order).
 //
 // Stream order IS checked (EMU_HAZARDS=0 turns it off, =warn only reports): every operation
 // on a stream (kernel launch, async copy or memset, cuBLASLt matmul, NCCL collective, and the
@@ -226,11 +229,12 @@ inline void load_matrix_sync(fragment<accumulator, 16, 16, 16, float> &f, const 
     for (int r = 0; r < 16; r++)
         for (int c = 0; c < 16; c++) f.v[r * 16 + c] = l == mem_row_major ? p[(size_t)r * ldm + c] : p[(size_t)c * ldm + r];
 }
-// Only lane 0 writes (every lane holds the same tile), so a reader in another lane that skips
-// the __syncwarp the real code needs is a data race the thread sanitizer can see.
+// Only the warp's last lane writes (every lane holds the same tile) and fibers run in lane
+// order, so a reader in another lane that skips the __syncwarp the real code needs reads the
+// old contents (NaN bytes in dynamic shared memory): a wrong result.
 inline void store_matrix_sync(float *p, const fragment<accumulator, 16, 16, 16, float> &f, unsigned ldm, layout_t l) {
     check_frag_ptr(p, ldm, sizeof(float));
-    if (emu::lane_id() != 0) return;
+    if (emu::lane_id() != 31) return;
     for (int r = 0; r < 16; r++)
         for (int c = 0; c < 16; c++) {
             if (l == mem_row_major) p[(size_t)r * ldm + c] = f.v[r * 16 + c];

@@ -1,0 +1,199 @@
+#!/usr/bin/env python3
+"""Whole-model training through the CUDA backend in bf16, on the CPU emulator (dev/cuda/emu):
+parameter gradients accumulate in fp32 (llmc/backend.h), across micro-batches, MLP row chunks
+and attention query tiles.
+
+  /usr/bin/python3 test/test_cuda_emu_train.py [--build build] [--emu-bin build-emu/train_llama]
+
+Builds build-emu/train_llama (the trainer over the emulated CUDA backend: needs the CUDA
+headers, not a GPU; SKIP without them, and for sanitizer builds, whose objects g++ cannot link
+without their runtime). A tiny Llama with tiled MLP (4 chunks) and tiled attention (2 query
+tiles of 64 rows) takes one AdamW step with epsilon 1, so that the weights move by
+lr * g / (|g| + 1): the step's change measures its gradient g, element by element.
+
+  (a) accumulation alone: every micro-batch holds the same tokens (the shard repeats with the
+      batch's period) and the loss is a mean over the step's tokens, so the gradient of 4
+      accumulated micro-batches is exactly that of one (each contributes a quarter, a power of
+      two: every kernel's rounding scales with it). Summed in fp32 they agree to float rounding
+      (measured at most 5.7e-6 per tensor, normwise); the same sums rounded to bf16 after each
+      micro-batch, chunk and tile erred by 2.7e-3 to 1.1e-2 (the code before gradients were
+      float, 2026-11-25). Tolerance 2e-5.
+  (b) the bf16 CUDA gradient against the CPU backend's fp32 one, accumulation 4: what is left
+      is bf16 activations (about 2^-8 relative). Measured worst tensor 9.6e-3, median 6.9e-3
+      normwise (bf16 sums: 1.14e-2 and 8.3e-3); held to 1.05e-2 and 7.5e-3.
+  (c) LoRA: the adapters' B gradients (matmul_dw) over 2 identical micro-batches against one,
+      2e-5 (measured 2.2e-7; bf16 sums 7.2e-3: the chunks and tiles round differently).
+  (d) ZeRO-3 at a world of one (per-unit float gradients, reduce-scatter, accumulate_f32) and
+      offload_optimizer (float gradients copied to the host) give the plain run's gradient
+      norm to all 9 printed digits (with bf16 sums ZeRO-3's differed in the 5th).
+About 30 s on 2 cores.
+Prints PASS/FAIL lines and the measured figures.
+"""
+import argparse
+import json
+import os
+import random
+import shutil
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+from array import array
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+T, VOCAB = 128, 64
+FAILS = 0
+
+
+def check(name, ok, detail=""):
+    global FAILS
+    print(("PASS %s" % name) if ok else ("FAIL %s: %s" % (name, detail)), flush=True)
+    FAILS += not ok
+
+
+def nvcc():
+    return shutil.which("nvcc") or (os.path.exists("/usr/local/cuda/bin/nvcc") and "/usr/local/cuda/bin/nvcc")
+
+
+def read_safetensors(path):
+    """name -> list of floats (float32 tensors: the trainer writes its fp32 master weights)."""
+    with open(path, "rb") as f:
+        b = f.read()
+    n = struct.unpack("<Q", b[:8])[0]
+    head = json.loads(b[8:8 + n])
+    out = {}
+    for k, v in head.items():
+        if k == "__metadata__":
+            continue
+        if v["dtype"] != "F32":
+            raise SystemExit("%s: %s is %s, expected F32" % (path, k, v["dtype"]))
+        a, e = v["data_offsets"]
+        out[k] = array("f", b[8 + n + a:8 + n + e]).tolist()
+    return out
+
+
+def run(binary, tmp, name, device, extra):
+    cfg = {"model": None, "train_data": os.path.join(tmp, "period.bin"), "shuffle": "false",
+           "sequence_len": T, "micro_batch_size": 1, "max_steps": 1, "seed": 1234, "device": device,
+           "output_dir": os.path.join(tmp, name), "adam_epsilon": 1, "weight_decay": 0,
+           "max_grad_norm": 0, "warmup_steps": 0, "lr_scheduler": "constant", "learning_rate": 1,
+           "tiled_mlp": "true", "tiled_mlp_shards": 4, "tiled_attention": "true"}
+    cfg.update(extra)
+    lines = ["model:", "  vocab_size: %d" % VOCAB, "  hidden_size: 64", "  intermediate_size: 128",
+             "  num_hidden_layers: 2", "  num_attention_heads: 4", "  num_key_value_heads: 2",
+             "  max_position_embeddings: %d" % T]
+    lines += ["%s: %s" % (k, v) for k, v in cfg.items() if k != "model"]
+    path = os.path.join(tmp, name + ".yaml")
+    with open(path, "w") as f:
+        f.write("\n".join(lines) + "\n")
+    t0 = time.time()
+    p = subprocess.run([binary, "-c", path], capture_output=True, text=True, errors="replace")
+    if p.returncode != 0:
+        return None, "exit %d: %s" % (p.returncode, (p.stdout + p.stderr)[-1500:]), 0
+    with open(os.path.join(tmp, name, "metrics.jsonl")) as f:
+        m = [json.loads(line) for line in f if '"loss"' in line]
+    weights = "adapter_model.safetensors" if "adapter" in extra else "model.safetensors"
+    return (m[-1], read_safetensors(os.path.join(tmp, name, weights))), "", time.time() - t0
+
+
+def grad_errors(w0, wa, wb):
+    """Per tensor: max |(w0-wa) - (w0-wb)| / max |w0-wb| (the steps, normwise against b's)."""
+    errs = {}
+    for k in w0:
+        da = [x - y for x, y in zip(w0[k], wa[k])]
+        db = [x - y for x, y in zip(w0[k], wb[k])]
+        ref = max(abs(x) for x in db)
+        errs[k] = max(abs(x - y) for x, y in zip(da, db)) / (ref if ref > 0 else 1.0)
+    return errs
+
+
+def summary(errs):
+    worst = max(errs, key=errs.get)
+    vals = sorted(errs.values())
+    return "worst %.3g (%s), median %.3g over %d tensors" % (errs[worst], worst, vals[len(vals) // 2], len(vals))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--build", default="build")
+    ap.add_argument("--emu-bin", default="", help="an emulated trainer already built (skips make)")
+    args = ap.parse_args()
+    binary = args.emu_bin
+    if not binary:
+        if "asan" in os.path.basename(os.path.normpath(args.build)) or "fuzz" in args.build:
+            print("SKIP cuda_emu_train: %s is a sanitizer build; the emulated trainer links plain objects" % args.build)
+            return 0
+        if not nvcc():
+            print("SKIP cuda_emu_train: no CUDA headers (nvcc not found)")
+            return 0
+        t0 = time.time()
+        p = subprocess.run(["make", "-s", "-j2", "BUILD=" + args.build, "build-emu/train_llama"], cwd=ROOT,
+                           capture_output=True, text=True, errors="replace")
+        if p.returncode != 0:
+            check("build build-emu/train_llama", False, (p.stdout + p.stderr)[-2000:])
+            return 1
+        print("   built build-emu/train_llama in %.1f s" % (time.time() - t0))
+        binary = os.path.join(ROOT, "build-emu", "train_llama")
+    tmp = tempfile.mkdtemp(prefix="llmc_emu_train_")
+    try:
+        # The shard repeats with the batch's period (B x T tokens), so every window is the same.
+        rng = random.Random(7)
+        period = [rng.randrange(VOCAB) for _ in range(T)]
+        toks = array("H", period * 12 + period[:1])
+        with open(os.path.join(tmp, "period.bin"), "wb") as f:
+            f.write(struct.pack("<256i", *([20240520, 1, len(toks)] + [0] * 253)) + toks.tobytes())
+        init, why, _ = run(binary, tmp, "init", "cpu", {"learning_rate": 0})  # the initial weights
+        if init is None:
+            check("initial weights (CPU, learning_rate 0)", False, why)
+            return 1
+        w0 = init[1]
+        g1, why1, s1 = run(binary, tmp, "cuda_a1", "cuda", {"dtype": "bfloat16", "gradient_accumulation_steps": 1})
+        g4, why4, s4 = run(binary, tmp, "cuda_a4", "cuda", {"dtype": "bfloat16", "gradient_accumulation_steps": 4})
+        c4, whyc, _ = run(binary, tmp, "cpu_a4", "cpu", {"gradient_accumulation_steps": 4})
+        for r, w, n in ((g1, why1, "bf16 CUDA (emulated), 1 micro-batch"), (g4, why4, "bf16 CUDA (emulated), 4 micro-batches"),
+                        (c4, whyc, "CPU, 4 micro-batches")):
+            check("%s: runs" % n, r is not None, w)
+        if g1 is None or g4 is None or c4 is None:
+            return 1
+        print("   emulated runs: %.1f s (1 micro-batch), %.1f s (4)" % (s1, s4))
+        ea = grad_errors(w0, g4[1], g1[1])
+        check("(a) bf16 CUDA: 4 identical micro-batches accumulate to one's gradient within 2e-5 per tensor "
+              "(fp32 sums; bf16 sums erred 2.7e-3..1.1e-2): %s" % summary(ea), max(ea.values()) <= 2e-5,
+              "beyond the tolerance")
+        check("(a) the same loss (%.9g, %.9g)" % (g4[0]["loss"], g1[0]["loss"]), g4[0]["loss"] == g1[0]["loss"],
+              "losses differ")
+        eb = grad_errors(w0, g4[1], c4[1])
+        vals = sorted(eb.values())
+        check("(b) bf16 CUDA vs CPU fp32, 4 micro-batches: gradients within 1.05e-2 normwise, median 7.5e-3 "
+              "(bf16 sums: 1.14e-2, 8.3e-3): %s" % summary(eb), vals[-1] <= 1.05e-2 and vals[len(vals) // 2] <= 7.5e-3,
+              "beyond the tolerance")
+        lr = abs(g4[0]["loss"] - c4[0]["loss"]) / abs(c4[0]["loss"])
+        check("(b) loss within 1e-4 relative of the CPU's (%.3g)" % lr, lr <= 1e-4, "%.9g vs %.9g" % (g4[0]["loss"], c4[0]["loss"]))
+        # (c) LoRA: the adapters' gradients (matmul_dw into float) accumulate alike. B starts at
+        # zero, so at this first step only B has a gradient; A's initial values come from the
+        # seed, the same in both runs.
+        lora = {"dtype": "bfloat16", "adapter": "lora", "lora_r": 4, "lora_alpha": 8, "lora_target_linear": "true"}
+        l0, whyl0, _ = run(binary, tmp, "lora_init", "cpu", {k: v for k, v in dict(lora, learning_rate=0).items() if k != "dtype"})
+        l1, whyl1, _ = run(binary, tmp, "lora_a1", "cuda", dict(lora, gradient_accumulation_steps=1))
+        l4, whyl4, _ = run(binary, tmp, "lora_a2", "cuda", dict(lora, gradient_accumulation_steps=2))
+        check("(c) LoRA runs", l0 is not None and l1 is not None and l4 is not None, whyl0 + whyl1 + whyl4)
+        if l0 is not None and l1 is not None and l4 is not None:
+            el = {k: v for k, v in grad_errors(l0[1], l4[1], l1[1]).items() if "lora_B" in k}
+            check("(c) LoRA B: 2 identical micro-batches accumulate to one's gradient within 2e-5: %s" % summary(el),
+                  len(el) > 0 and max(el.values()) <= 2e-5, "beyond the tolerance")
+        # (d) ZeRO-3 (a world of one: its per-unit float gradients, reduce-scatter and
+        # accumulate_f32) and offload_optimizer (float gradients copied to the host): the plain
+        # run's gradient norm, to the last digit printed.
+        for key, val in (("zero_stage", 3), ("offload_optimizer", "true")):
+            r, w, _ = run(binary, tmp, "cuda_" + key, "cuda", {"dtype": "bfloat16", key: val})
+            check("(d) %s %s: the plain run's gradient norm (%s)" % (key, val, r and r[0]["grad_norm"]),
+                  r is not None and r[0]["grad_norm"] == g1[0]["grad_norm"],
+                  w or "%r vs %r" % (r[0]["grad_norm"], g1[0]["grad_norm"]))
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return 1 if FAILS else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
