@@ -99,7 +99,13 @@ typedef struct {
     regex_t re;            // target_modules as a regular expression
     int is_re;
     const cJSON *ltt, *lp; // layers_to_transform, layers_pattern (NULL when unused)
+    const char *const *linear_names;  // the model's linear modules (what `linear` adds)
+    int nlinear;
 } Sel;
+
+// Phi-3's linear modules as PEFT sees them: q/k/v and gate/up exist only fused.
+static const char *const FUSED_LINEAR[] = {"qkv_proj", "o_proj", "gate_up_proj", "down_proj"};
+static const char *const FUSED_MODULES[] = {"self_attn.qkv_proj", "mlp.gate_up_proj"};
 
 // PEFT's layer index of a module name: after one of the layers_pattern names
 // (".*\.{pattern}\.(\d+)\."), or without patterns after any part (".*\.[^.]*\.(\d+)\."):
@@ -140,7 +146,7 @@ static int selected(const Sel *s, const char *name) {
         cJSON_ArrayForEach(e, s->list) if (!strcmp(name, e->valuestring)) return 1;  // named exactly
     int found = 0;
     if (s->list) cJSON_ArrayForEach(e, s->list) found |= ends_with_part(name, e->valuestring);
-    for (int t = 0; s->linear && t < LORA_TARGETS; t++) found |= ends_with_part(name, LORA_TARGET_NAMES[t]);
+    for (int t = 0; s->linear && t < s->nlinear; t++) found |= ends_with_part(name, s->linear_names[t]);
     if (found && s->ltt) {
         long i = layer_index_of(name, s->lp);
         found = i >= 0 && in_layers(s->ltt, i);
@@ -156,10 +162,14 @@ static int empty(const cJSON *v) {
 }
 
 static void sel_init(Sel *s, const PeftKeys *k, const cJSON *tm, const cJSON *ltt, const cJSON *lp, int linear,
-                     int L) {
+                     const ModelConfig *c) {
+    const int L = c->num_hidden_layers;
     memset(s, 0, sizeof *s);
     s->k = k;
     s->linear = linear;
+    const int fused = family_of(c)->fused;
+    s->linear_names = fused ? FUSED_LINEAR : LORA_TARGET_NAMES;
+    s->nlinear = fused ? 4 : LORA_TARGETS;
     int regex = cJSON_IsString(tm) && strcmp(tm->valuestring, "all-linear");
     if (cJSON_IsString(tm) && !regex) s->linear = 1;
     if (cJSON_IsString(tm) && ltt && !cJSON_IsNull(ltt))
@@ -223,7 +233,7 @@ void peft_select(const PeftKeys *k, const cJSON *tm, const cJSON *ltt, const cJS
     }
     Sel s;
     static const cJSON empty_list = {.type = cJSON_Array};
-    sel_init(&s, k, tm ? tm : &empty_list, ltt, lp, lora_linear, L);
+    sel_init(&s, k, tm ? tm : &empty_list, ltt, lp, lora_linear, c);
     // Modules of the Hugging Face model that are not decoder projections: PEFT would adapt
     // lm_head and embed_tokens (which this trainer cannot) or fail on the rest.
     char name[160];
@@ -246,8 +256,17 @@ void peft_select(const PeftKeys *k, const cJSON *tm, const cJSON *ltt, const cJS
             if (selected(&s, name))
                 fail("%s: %s selects '%s', which is not a q/k/v/o/gate/up/down projection", k->src, k->tm, name);
         }
+        // An adapter on a fused module is one A shared by q, k and v (or gate and up) and one
+        // B over their joint output: not three separate adapters, and not implemented.
+        for (int i = 0; family_of(c)->fused && i < 2; i++) {
+            snprintf(name, sizeof name, "model.layers.%d.%s", l, FUSED_MODULES[i]);
+            if (selected(&s, name))
+                fail("%s: %s selects '%s': LoRA on phi3's fused %s is not supported; target o_proj and/or "
+                     "down_proj", k->src, k->tm, name, strchr(FUSED_MODULES[i], '.') + 1);
+        }
         int m = 0;
         for (int t = 0; t < LORA_TARGETS; t++) {
+            if (!family_has_target(c, t)) continue;  // Phi-3: no q/k/v/gate/up modules
             module_name(name, sizeof name, l, t);
             if (selected(&s, name)) m |= 1 << t;
         }
@@ -265,9 +284,14 @@ void peft_select(const PeftKeys *k, const cJSON *tm, const cJSON *ltt, const cJS
             int hit = 0;
             for (int l = 0; l < L && !hit; l++)
                 for (int t = 0; t < LORA_TARGETS && !hit; t++) {
+                    if (!family_has_target(c, t)) continue;
                     module_name(name, sizeof name, l, t);
                     hit = !strcmp(name, e->valuestring) || ends_with_part(name, e->valuestring);
                 }
+            if (!hit && family_of(c)->fused)
+                fail("%s: %s: unknown module '%s' (a phi3 model's adaptable projections are o_proj and "
+                     "down_proj, or full paths such as model.layers.0.self_attn.o_proj)", k->src, k->tm,
+                     e->valuestring);
             if (!hit)
                 fail("%s: %s: unknown module '%s' (expected q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, "
                      "down_proj or a full path such as model.layers.0.self_attn.q_proj)", k->src, k->tm,
