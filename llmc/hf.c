@@ -96,6 +96,10 @@ static void read_rope(const char *path, const cJSON *r, const char *where, Model
 // Phi-3's own keys. Dropout is not implemented, so a nonzero rate would train another model;
 // a partial rotary factor or longrope would place positions differently.
 static void read_phi3_keys(const char *path, const cJSON *root, ModelConfig *c) {
+    // Phi3Config has no head_dim; transformers 4.44's attention ignores the key, 4.57's honours it.
+    if (c->head_dim * c->num_attention_heads != c->hidden_size)
+        fail("%s: phi3 'head_dim' %d must be hidden_size / num_attention_heads (%d / %d): transformers "
+             "versions disagree on another value", path, c->head_dim, c->hidden_size, c->num_attention_heads);
     static const char *const drops[] = {"resid_pdrop", "embd_pdrop", "attention_dropout"};
     for (int i = 0; i < 3; i++) {
         double p = opt_num(path, root, drops[i], 0.0);
@@ -174,12 +178,19 @@ void hf_read_config(const char *path, ModelConfig *c) {
         fail("%s: 'hidden_act' must be \"silu\" (the only activation implemented)", path);
 
     c->bos_token_id = opt_int(path, root, "bos_token_id", -1);
-    // null is no padding_idx; an absent key is the family's default (Phi-3: 32000).
+    // The embedding's padding_idx: null is none, an absent key the family's default (Phi-3:
+    // 32000), a negative one counts from the end as nn.Embedding counts it (-1: the last row).
     const cJSON *pad = cJSON_GetObjectItemCaseSensitive(root, "pad_token_id");
-    c->pad_token_id = !pad ? fam->pad_token_id : opt_int(path, root, "pad_token_id", -1);
-    if (c->pad_token_id < -1 || c->pad_token_id >= c->vocab_size)  // nn.Embedding refuses it too
-        fail("%s: pad_token_id %d%s is not a token id below vocab_size %d", path, c->pad_token_id,
-             pad ? "" : " (the family's default when the key is absent)", c->vocab_size);
+    const int V = c->vocab_size;
+    c->pad_token_id = pad ? -1 : fam->pad_token_id;
+    if (pad && !cJSON_IsNull(pad)) {
+        int p = opt_int(path, root, "pad_token_id", -1);
+        if (p >= V || p < -V) fail("%s: pad_token_id %d is not a token id of vocab_size %d", path, p, V);
+        c->pad_token_id = p < 0 ? V + p : p;
+    }
+    if (c->pad_token_id >= V)  // transformers cannot build this embedding either
+        fail("%s: pad_token_id is absent, which for %s means %d, past vocab_size %d; set pad_token_id", path,
+             model_type, c->pad_token_id, V);
     // A list (Llama 3.1: [128001, 128008, 128009]) is kept whole and written back as a list.
     const cJSON *eos = get(root, "eos_token_id");
     c->eos_token_id = -1;

@@ -58,7 +58,8 @@ def phi3_cfg(**kw):
              embd_pdrop=0.0, attention_dropout=0.0, max_position_embeddings=128)
     c.update(kw)
     cfg = R.make_config(**c)
-    cfg.pop("head_dim")  # Phi3Config has none: hidden / heads
+    if "head_dim" not in kw:
+        cfg.pop("head_dim")  # Phi3Config has none: hidden / heads
     cfg.pop("attention_bias")
     cfg.pop("mlp_bias")
     return cfg
@@ -281,6 +282,81 @@ def case_lora_o_down(root):
     return errs, f"loss rel {wl:.1e}, adapters max diff {ww:.1e}, merged max diff {mw:.1e}"
 
 
+def case_resume_modes(root):
+    """A checkpoint of a Phi-3 holds the fused tensors and resumes bit-identically; LoRA with
+    recompute and layer streaming, and QLoRA, load the fused files too."""
+    work = os.path.join(root, "resume")
+    cfg = phi3_cfg()
+    model_dir, shard, tokens, weights = setup(work, cfg, 800, seed=5)
+    tc = R.train_config(sequence_len=16, micro_batch_size=2, max_steps=3, learning_rate=2e-3,
+                        warmup_steps=0, lr_scheduler="linear")
+    tc.update(base_model=model_dir, train_data=shard, output_dir=os.path.join(work, "full"),
+              save_steps=2)
+    run(work, tc, "full.yaml")
+    errs = []
+    ck = R.read_safetensors(os.path.join(tc["output_dir"], "checkpoint-2", "model.safetensors"))
+    if set(ck) != set(weights):
+        errs.append(f"checkpoint tensors {sorted(set(ck) ^ set(weights))[:4]} differ from the base's")
+    t2 = dict(tc, output_dir=os.path.join(work, "resumed"),
+              resume_from_checkpoint=os.path.join(tc["output_dir"], "checkpoint-2"))
+    run(work, t2, "resumed.yaml")
+    a = R.read_metrics(os.path.join(tc["output_dir"], "metrics.jsonl"))
+    b = R.read_metrics(os.path.join(t2["output_dir"], "metrics.jsonl"))
+    if [r["loss"] for r in a][2:] != [r["loss"] for r in b][-1:]:
+        errs.append(f"resumed step 3 loss {[r['loss'] for r in b]} vs {[r['loss'] for r in a]}")
+    wa = R.read_safetensors(os.path.join(tc["output_dir"], "model.safetensors"))
+    wb = R.read_safetensors(os.path.join(t2["output_dir"], "model.safetensors"))
+    if any(not np.array_equal(wa[k], wb[k]) for k in wa):
+        errs.append("resumed final weights differ from the straight run's")
+    lora = dict(save_steps=0, adapter="lora", lora_r=4, lora_alpha=8, lora_target_modules=["o_proj", "down_proj"])
+    t3 = dict(tc, output_dir=os.path.join(work, "lora"), **lora)
+    run(work, t3, "lora.yaml")
+    t3s = dict(t3, output_dir=os.path.join(work, "streamed"), gradient_checkpointing="true", layer_offloading=True)
+    run(work, t3s, "streamed.yaml")
+    c = [R.read_metrics(os.path.join(t["output_dir"], "metrics.jsonl")) for t in (t3, t3s)]
+    if [(r["loss"], r["grad_norm"]) for r in c[0]] != [(r["loss"], r["grad_norm"]) for r in c[1]]:
+        errs.append("LoRA with recompute + layer streaming: losses differ from the plain LoRA run's")
+    t4 = dict(tc, output_dir=os.path.join(work, "qlora"), max_steps=2, **dict(lora, adapter="qlora"))
+    t4["load_in_4bit"] = True
+    run(work, t4, "qlora.yaml")
+    q = R.read_metrics(os.path.join(t4["output_dir"], "metrics.jsonl"))
+    # NF4 rounds the base: the first loss is near the float one, not equal to it.
+    if not (len(q) == 2 and abs(q[0]["loss"] - a[0]["loss"]) < 0.05 * a[0]["loss"]):
+        errs.append(f"qlora losses {[r['loss'] for r in q]} vs float base {a[0]['loss']}")
+    return errs, "checkpoint fused and resumed bit-identically; streamed LoRA identical; qlora runs"
+
+
+def case_pad_negative(root):
+    """transformers' nn.Embedding counts a negative padding_idx from the end (any family)."""
+    work = os.path.join(root, "pad_negative")
+    cfg = R.make_config(vocab_size=64, hidden_size=32, num_attention_heads=4, pad_token_id=-1)
+    os.makedirs(work, exist_ok=True)
+    weights = R.init_weights(cfg, seed=9, embed_std=0.1)
+    model_dir = os.path.join(work, "model")
+    R.save_hf_dir(model_dir, cfg, weights)
+    t = np.asarray(R.random_tokens(600, 64, seed=9))
+    t[::4] = 63
+    shard = os.path.join(work, "train.bin")
+    R.write_shard(shard, t, version=1)
+    tokens = R.read_shard(shard)
+    tc = R.train_config(sequence_len=16, micro_batch_size=2, max_steps=2, learning_rate=5e-3,
+                        warmup_steps=0, lr_scheduler="constant")
+    tc.update(base_model=model_dir, train_data=shard, output_dir=os.path.join(work, "out"))
+    run(work, tc)
+    ref = R.train_reference(cfg, weights, tokens, tc)
+    errs = []
+    wl = check_losses(R.read_metrics(os.path.join(tc["output_dir"], "metrics.jsonl")), ref, errs)
+    got = R.read_safetensors(os.path.join(tc["output_dir"], "model.safetensors"))
+    werrs, ww = compare_weights(got, ref["weights"], 1e-4, scaled=True)
+    errs += werrs
+    e = "model.embed_tokens.weight"
+    nopad = R.train_reference(dict(cfg, pad_token_id=None), weights, tokens, tc)
+    d = float(np.max(np.abs(nopad["weights"][e][63] - ref["weights"][e][63])))
+    if d < 1e-3:
+        errs.append(f"test setup: padding_idx -1 moves row 63 by only {d:.1e}")
+    return errs, f"llama pad_token_id -1: loss rel {wl:.1e}, weights max diff {ww:.1e}, row 63 vs no padding {d:.1e}"
+
+
 def refusal(root, name, cfg=None, tc_extra=None, want="", weights_fn=None):
     """The run fails with one line on stderr that contains want; returns errors."""
     work = os.path.join(root, "refuse", name)
@@ -324,7 +400,9 @@ def case_refusals(root):
         ("embd_pdrop", phi3_cfg(embd_pdrop=0.05), None, "'embd_pdrop' = 0.05"),
         ("attention_dropout", phi3_cfg(attention_dropout=0.1), None, "'attention_dropout' = 0.1"),
         ("pad_default", {k: v for k, v in phi3_cfg().items() if k != "pad_token_id"}, None,
-         "pad_token_id 32000 (the family's default when the key is absent)"),
+         "pad_token_id is absent, which for phi3 means 32000, past vocab_size 64"),
+        ("pad_past_vocab", phi3_cfg(pad_token_id=64), None, "pad_token_id 64 is not a token id of vocab_size 64"),
+        ("head_dim", phi3_cfg(head_dim=16), None, "phi3 'head_dim' 16 must be hidden_size / num_attention_heads"),
         ("lora_qkv", None, dict(adapter="lora", lora_r=2, lora_alpha=4, lora_target_modules=["qkv_proj"]),
          "'model.layers.0.self_attn.qkv_proj': LoRA on phi3's fused qkv_proj is not supported"),
         ("lora_gate_up", None, dict(adapter="lora", lora_r=2, lora_alpha=4,
@@ -378,6 +456,7 @@ def main():
     root = tempfile.mkdtemp(prefix="test_phi3_")
     cases = [("one_step", case_one_step), ("steps_tied", case_steps_tied),
              ("export", case_export), ("lora_o_down", case_lora_o_down),
+             ("resume_modes", case_resume_modes), ("pad_negative", case_pad_negative),
              ("refusals", case_refusals)]
     try:
         passed, failed = harness.run_cases(((n, lambda f=f: f(root)) for n, f in cases),
