@@ -295,8 +295,9 @@ static size_t narrow_item(const char *dtype, const char *path, const char *name,
     return numel * 2;
 }
 
-// Item count of a base tensor written fused (Phi-3's qkv_proj, gate_up_proj): the parts'
-// rows stacked in order, each merged with its adapter when asked. Returns the new count.
+// Adds the fused tensor fs (Phi-3's qkv_proj or gate_up_proj) as one item at items[count]:
+// its parts' rows stacked in order, each merged with its adapter when asked. Returns the new
+// item count.
 static int add_fused(const Model *m, const FusedSlice *fs, int merge, const char *dtype, const char *path,
                      StWriteItem *items, char **names, float **bufs, int count) {
     const ParamTable *t = &m->tab;
