@@ -12,6 +12,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 #include "comm.h"
+#include "family.h"
 #include "gpt2_io.h"
 #include "hf.h"
 #include "json.h"
@@ -73,16 +74,48 @@ static const StTensor *find_via(void *ctx, const char *name) {
     return f->find(f->src, name);
 }
 
+// A base tensor that the files hold inside a fused one (Phi-3): its rows of that tensor,
+// which is read whole into buf (sized for it) and checked as a whole.
+static const float *load_fused_part(const char *where, const StTensor *(*find)(const void *, const char *),
+                                    const void *src, const ParamSpec *p, const FusedSlice *fs, float *buf) {
+    const StTensor *t = find(src, fs->name);
+    if (!t) fail("%s: missing tensor '%s'", where, fs->name);
+    char qs[200];
+    snprintf(qs, sizeof qs, "%s.quant_state.bitsandbytes__nf4", fs->name);
+    if (find(src, qs))
+        fail("%s: tensor '%s' is 4-bit (bitsandbytes); a fused 4-bit tensor is not supported (give the "
+             "16-bit base; QLoRA quantizes it at load)", where, fs->name);
+    if (t->ndim != 2 || t->shape[0] != fs->rows || t->shape[1] != p->shape[1])
+        fail("%s: tensor '%s' has shape [%" PRId64 ", %" PRId64 "], the config needs [%" PRId64 ", %" PRId64 "]",
+             where, fs->name, t->shape[0], t->ndim > 1 ? t->shape[1] : 0, fs->rows, p->shape[1]);
+    if (strcmp(t->dtype, "F32") && strcmp(t->dtype, "BF16") && strcmp(t->dtype, "F16"))
+        fail("%s: tensor '%s' has dtype %s; expected F32, BF16 or F16", where, fs->name, t->dtype);
+    st_to_f32(t, buf);
+    const size_t n = (size_t)fs->rows * (size_t)p->shape[1];
+    long long bad = first_nonfinite(buf, n);
+    if (bad >= 0)
+        fail("%s: tensor '%s' element %lld is %g; refusing to load non-finite values", where, fs->name, bad, buf[bad]);
+    return buf + (size_t)fs->row0 * (size_t)p->shape[1];
+}
+
 // Loads the selected tensors via a lookup function (a model directory or one file).
 static void load_params(Model *m, const char *where, const StTensor *(*find)(const void *, const char *),
                         const void *src, int sel) {
     size_t maxn = 0;
-    for (int i = 0; i < (int)arrlen(m->tab.specs); i++)
-        if (m->tab.specs[i].numel > maxn) maxn = m->tab.specs[i].numel;
+    FusedSlice fs;
+    for (int i = 0; i < (int)arrlen(m->tab.specs); i++) {
+        size_t n = m->tab.specs[i].numel;
+        if (family_fused_slice(&m->tab, i, &fs)) n = (size_t)fs.rows * (size_t)m->tab.specs[i].shape[1];
+        if (n > maxn) maxn = n;
+    }
     float *buf = xmalloc(sizeof(float) * maxn);
     for (int i = 0; i < (int)arrlen(m->tab.specs); i++) {
         const ParamSpec *p = &m->tab.specs[i];
         if (!selected(p, sel)) continue;
+        if (sel == SEL_BASE && family_fused_slice(&m->tab, i, &fs)) {
+            model_set_param(m, i, load_fused_part(where, find, src, p, &fs, buf));
+            continue;
+        }
         char name[160];
         snprintf(name, sizeof name, "%s%s", SEL_PREFIX[sel], p->name);
         if (p->quant) {  // QLoRA: a bitsandbytes 4-bit tensor loads as it is; else quantize
@@ -229,6 +262,42 @@ static int write_model_files(const char *dir, StWriteItem *items, int n, uint64_
     return rc;
 }
 
+// Narrows a written tensor's floats to dtype in place (a no-op for F32); its byte size.
+static size_t narrow_item(const char *dtype, const char *path, const char *name, float *buf, size_t numel) {
+    if (!strcmp(dtype, "F32")) return numel * sizeof(float);
+    float v;
+    long long bad = narrow(dtype, buf, numel, &v);
+    if (bad >= 0)
+        fail("%s: refusing to write '%s' as %s: element %lld (%g) overflows it; use save_dtype: float32", path,
+             name, dtype, bad, v);
+    return numel * 2;
+}
+
+// Adds the fused tensor fs (Phi-3's qkv_proj or gate_up_proj) as one item at items[count]:
+// its parts' rows stacked in order, each merged with its adapter when asked. Returns the new
+// item count.
+static int add_fused(const Model *m, const FusedSlice *fs, int merge, const char *dtype, const char *path,
+                     StWriteItem *items, char **names, float **bufs, int count) {
+    const ParamTable *t = &m->tab;
+    const int64_t cols = t->specs[fs->parts[0]].shape[1];
+    const size_t numel = (size_t)fs->rows * (size_t)cols;
+    float *buf = xmalloc(sizeof(float) * numel), *at = buf;
+    for (int j = 0; j < fs->nparts; j++) {
+        if (merge) model_get_param_merged(m, fs->parts[j], at);  // W + scale * B A
+        else model_get_param(m, fs->parts[j], at);
+        at += t->specs[fs->parts[j]].numel;
+    }
+    long long bad = first_nonfinite(buf, numel);
+    if (bad >= 0)
+        fail("%s: refusing to write '%s': element %lld is %g (the weights went non-finite)", path, fs->name, bad,
+             buf[bad]);
+    names[count] = xstrdup(fs->name);
+    bufs[count] = buf;
+    items[count] = (StWriteItem){.name = names[count], .ndim = 2, .shape = {fs->rows, cols}, .dtype = dtype,
+                                 .raw = buf, .nbytes = narrow_item(dtype, path, fs->name, buf, numel)};
+    return count + 1;
+}
+
 // Writes the selected tensors (several selections into one file). fmt NULL: one F32 file at
 // path (checkpoints: exact resume). Else path is a directory and the model is written in
 // fmt->dtype, sharded above fmt->max_shard bytes (the final model, as transformers saves it).
@@ -244,6 +313,11 @@ static int write_tensors(const Model *m, const char *path, const int *sels, int 
         for (int i = 0; i < n; i++) {
             const ParamSpec *p = &t->specs[i];
             if (!selected(p, sels[k])) continue;
+            FusedSlice fs;
+            if (sels[k] == SEL_BASE && family_fused_slice(t, i, &fs)) {
+                if (fs.part == 0) count = add_fused(m, &fs, merge, dtype, path, items, names, bufs, count);
+                continue;  // the later parts went into the first one's tensor
+            }
             int j = count++;
             names[j] = xmalloc(strlen(SEL_PREFIX[sels[k]]) + strlen(p->name) + 1);
             sprintf(names[j], "%s%s", SEL_PREFIX[sels[k]], p->name);
@@ -259,15 +333,7 @@ static int write_tensors(const Model *m, const char *path, const int *sels, int 
             if (bad >= 0)  // never publish NaN weights; the last good checkpoint stays as it is
                 fail("%s: refusing to write '%s': element %lld is %g (the weights or optimizer "
                      "state went non-finite)", path, names[j], bad, bufs[j][bad]);
-            size_t bytes = p->numel * sizeof(float);
-            if (strcmp(dtype, "F32")) {  // narrowed in place: the 16-bit values fit the buffer
-                float v;
-                bad = narrow(dtype, bufs[j], p->numel, &v);
-                if (bad >= 0)
-                    fail("%s: refusing to write '%s' as %s: element %lld (%g) overflows it; use "
-                         "save_dtype: float32", path, names[j], dtype, bad, v);
-                bytes = p->numel * 2;
-            }
+            size_t bytes = narrow_item(dtype, path, names[j], bufs[j], p->numel);  // in place
             items[j] = (StWriteItem){.name = names[j], .ndim = p->ndim, .shape = {p->shape[0], p->shape[1]},
                                      .dtype = dtype, .raw = bufs[j], .nbytes = bytes};
         }

@@ -2,19 +2,25 @@
 // files for the family (defaults of absent keys, which projections have biases, q/k norms,
 // which layers slide).
 #include "family.h"
+#include <stdio.h>
 #include <string.h>
 
 static const ModelFamily FAMILIES[] = {
     // Llama 2/3/3.1/3.2, SmolLM, TinyLlama: attention_bias biases all four projections.
-    {"llama", "LlamaForCausalLM", BIAS_FROM_CONFIG, BIAS_FROM_CONFIG, 0, WIN_NONE, 0, 0, 0},
+    {"llama", "LlamaForCausalLM", BIAS_FROM_CONFIG, BIAS_FROM_CONFIG, 0, WIN_NONE, 0, 0, 0, 0, -1},
     // Mistral: no biases (the modeling code ignores attention_bias); sliding_window defaults to
     // 4096 when the key is absent, null turns it off, and it applies to every layer.
-    {"mistral", "MistralForCausalLM", BIAS_NEVER, BIAS_NEVER, 0, WIN_ALL, 0, 4096, 0},
+    {"mistral", "MistralForCausalLM", BIAS_NEVER, BIAS_NEVER, 0, WIN_ALL, 0, 4096, 0, 0, -1},
     // Qwen2/2.5: q/k/v always biased, o_proj never; window only with use_sliding_window.
-    {"qwen2", "Qwen2ForCausalLM", BIAS_ALWAYS, BIAS_NEVER, 0, WIN_QWEN, 0, 4096, 28},
+    {"qwen2", "Qwen2ForCausalLM", BIAS_ALWAYS, BIAS_NEVER, 0, WIN_QWEN, 0, 4096, 28, 0, -1},
     // Qwen3: q_norm/k_norm, attention_bias (default false) on all four projections, head_dim
     // its own key (default 128).
-    {"qwen3", "Qwen3ForCausalLM", BIAS_FROM_CONFIG, BIAS_FROM_CONFIG, 1, WIN_QWEN, 128, 4096, 28},
+    {"qwen3", "Qwen3ForCausalLM", BIAS_FROM_CONFIG, BIAS_FROM_CONFIG, 1, WIN_QWEN, 128, 4096, 28, 0, -1},
+    // Phi-3 (mini/medium, Phi-4): Llama's block with q/k/v fused into qkv_proj and gate/up into
+    // gate_up_proj in the files, no biases (attention_bias ignored), sliding_window on every
+    // layer when set (absent: none; masking as Mistral's since transformers 4.45), and
+    // pad_token_id 32000 when absent (Phi3Config's default).
+    {"phi3", "Phi3ForCausalLM", BIAS_NEVER, BIAS_NEVER, 0, WIN_ALL, 0, 0, 0, 1, 32000},
 };
 
 const ModelFamily *family_find(const char *model_type) {
@@ -34,9 +40,9 @@ const ModelFamily *family_by_architecture(const char *architecture) {
     return NULL;
 }
 
-const char *family_list(void) { return "llama, mistral, qwen2, qwen3"; }
+const char *family_list(void) { return "llama, mistral, qwen2, qwen3, phi3"; }
 const char *family_architectures(void) {
-    return "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM";
+    return "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Phi3ForCausalLM";
 }
 
 int family_layer_window(const ModelConfig *c, int l) {
@@ -46,4 +52,37 @@ int family_layer_window(const ModelConfig *c, int l) {
     case WIN_QWEN: return c->use_sliding_window && l >= c->max_window_layers ? c->sliding_window : 0;
     default: return 0;
     }
+}
+
+// Phi-3's fused tensors, as Phi3Attention and Phi3MLP slice them: qkv_proj's output rows are
+// q (heads x head_dim), then k, then v; gate_up_proj's are gate, then up (chunk(2), gate first).
+static const struct { const char *suffix; int kinds[3], n; } FUSIONS[] = {
+    {"self_attn.qkv_proj.weight", {P_WQ, P_WK, P_WV}, 3},
+    {"mlp.gate_up_proj.weight", {P_WGATE, P_WUP}, 2},
+};
+
+int family_fused_slice(const ParamTable *t, int i, FusedSlice *f) {
+    const ParamSpec *p = &t->specs[i];
+    if (t->cfg.arch != ARCH_LLAMA || !family_of(&t->cfg)->fused || p->layer < 0) return 0;
+    for (size_t u = 0; u < sizeof FUSIONS / sizeof FUSIONS[0]; u++) {
+        int at = -1;
+        for (int j = 0; j < FUSIONS[u].n; j++)
+            if (param_index(t, p->layer, FUSIONS[u].kinds[j]) == i) at = j;
+        if (at < 0) continue;
+        memset(f, 0, sizeof *f);
+        snprintf(f->name, sizeof f->name, "model.layers.%d.%s", p->layer, FUSIONS[u].suffix);
+        f->part = at, f->nparts = FUSIONS[u].n;
+        for (int j = 0; j < FUSIONS[u].n; j++) {
+            f->parts[j] = param_index(t, p->layer, FUSIONS[u].kinds[j]);
+            if (j < at) f->row0 += t->specs[f->parts[j]].shape[0];
+            f->rows += t->specs[f->parts[j]].shape[0];
+        }
+        return 1;
+    }
+    return 0;
+}
+
+int family_has_target(const ModelConfig *c, int k) {
+    if (c->arch != ARCH_LLAMA || !family_of(c)->fused) return 1;
+    return k == LORA_O || k == LORA_DOWN;
 }

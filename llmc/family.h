@@ -1,5 +1,5 @@
 // family.h: the Llama-shaped model families as data. Every difference between Llama, Mistral,
-// Qwen2 and Qwen3 that the trainer implements is a field of one row of this table, read when
+// Qwen2, Qwen3 and Phi-3 that the trainer implements is a field of one row of this table, read when
 // config.json is loaded and when the parameter table is built; the block forward/backward in
 // model.c is written once and asks the row, never the family's name.
 #pragma once
@@ -24,6 +24,10 @@ typedef struct {
     int head_dim;              // default when config.json has none (0: hidden / heads)
     int sliding_window;        // default when the key is absent (null means none)
     int max_window_layers;     // default when the key is absent (WIN_QWEN)
+    int fused;                 // Phi-3's files: q/k/v as one self_attn.qkv_proj.weight and
+                               // gate/up as one mlp.gate_up_proj.weight (the table keeps them
+                               // apart; they are split at load and joined at save)
+    int pad_token_id;          // default when the key is absent (-1: none)
 } ModelFamily;
 
 // The row of model_type, or NULL when the family is not implemented.
@@ -37,3 +41,16 @@ const char *family_list(void);
 const char *family_architectures(void);
 // The attention window of layer l (0: none): what the attention op is given.
 int family_layer_window(const ModelConfig *c, int l);
+
+// Where table tensor i lives in a fused file tensor: its rows [row0, row0 + shape[0]) of
+// name's [rows, shape[1]], which stacks the table tensors parts[0..nparts) in that order.
+typedef struct {
+    char name[96];
+    int64_t row0, rows;
+    int part, nparts, parts[3];
+} FusedSlice;
+// 1 and *f filled when tensor i of t is written fused (Phi-3's q/k/v and gate/up), else 0.
+int family_fused_slice(const ParamTable *t, int i, FusedSlice *f);
+// Whether LORA_* target k is a module of the family's model (Phi-3 has no q/k/v/gate/up
+// modules, only the fused ones, which take no adapters here).
+int family_has_target(const ModelConfig *c, int k);

@@ -93,6 +93,36 @@ static void read_rope(const char *path, const cJSON *r, const char *where, Model
     c->rope_original_max_position_embeddings = (int)v[3];
 }
 
+// Phi-3's own keys. Dropout is not implemented, so a nonzero rate would train another model;
+// a partial rotary factor or longrope would place positions differently.
+static void read_phi3_keys(const char *path, const cJSON *root, ModelConfig *c) {
+    // Phi3Config has no head_dim; transformers 4.44's attention ignores the key, 4.57's honours it.
+    if (c->head_dim * c->num_attention_heads != c->hidden_size)
+        fail("%s: phi3 'head_dim' %d must be hidden_size / num_attention_heads (%d / %d): transformers "
+             "versions disagree on another value", path, c->head_dim, c->hidden_size, c->num_attention_heads);
+    static const char *const drops[] = {"resid_pdrop", "embd_pdrop", "attention_dropout"};
+    for (int i = 0; i < 3; i++) {
+        double p = opt_num(path, root, drops[i], 0.0);
+        if (p != 0.0) fail("%s: '%s' = %g is not supported (dropout is not implemented; use 0.0)", path, drops[i], p);
+    }
+    double prf = opt_num(path, root, "partial_rotary_factor", 1.0);
+    if (prf != 1.0)
+        fail("%s: 'partial_rotary_factor' = %g is not supported (only 1.0: RoPE over the whole head)", path, prf);
+    // transformers' Phi3Config renames the legacy "su" and "yarn" to "longrope"; all three
+    // rescale by per-frequency short/long factors, which are not implemented.
+    const cJSON *rs = get(root, "rope_scaling");
+    if (rs) {
+        const cJSON *ty = cJSON_IsObject(rs) ? get(rs, "type") : NULL;
+        const char *key = "type";
+        if (!ty && cJSON_IsObject(rs)) ty = get(rs, "rope_type"), key = "rope_type";
+        fail("%s: 'rope_scaling.%s' = %s is not supported for phi3 (only rope_scaling: null)", path, key,
+             cJSON_IsString(ty) ? ty->valuestring : "(none)");
+    }
+    c->original_max_position_embeddings = opt_int(path, root, "original_max_position_embeddings", 0);
+    if (c->original_max_position_embeddings < 0)
+        fail("%s: key 'original_max_position_embeddings' must be a positive integer", path);
+}
+
 void hf_read_config(const char *path, ModelConfig *c) {
     cJSON *root = json_read_file(path);
     if (!cJSON_IsObject(root)) fail("%s: not a JSON object", path);
@@ -105,7 +135,7 @@ void hf_read_config(const char *path, ModelConfig *c) {
         fail("%s: model_type '%s' is too long", path, model_type);
     strcpy(c->model_type, model_type);
     // Another family read as Llama would train the wrong model silently (Gemma's scaled
-    // embeddings, Phi-3's fused projections): refuse what the family table does not have.
+    // embeddings and (1 + w) norms): refuse what the family table does not have.
     const ModelFamily *fam = family_find(model_type);
     if (!fam) fail("%s: model_type '%s' is not supported (supported: %s)", path, model_type, family_list());
     const cJSON *archs = get(root, "architectures");
@@ -115,7 +145,7 @@ void hf_read_config(const char *path, ModelConfig *c) {
         cJSON_ArrayForEach(a, archs) {
             if (!cJSON_IsString(a)) fail("%s: key 'architectures' must be a list of strings", path);
             // transformers' AutoModelForCausalLM goes by model_type; an entry naming another
-            // family's causal LM is tolerated, anything else (a classifier head, Phi-3) is not.
+            // family's causal LM is tolerated, anything else (a classifier head) is not.
             if (!family_by_architecture(a->valuestring))
                 fail("%s: architecture '%s' is not supported (supported: %s)", path, a->valuestring,
                      family_architectures());
@@ -148,6 +178,19 @@ void hf_read_config(const char *path, ModelConfig *c) {
         fail("%s: 'hidden_act' must be \"silu\" (the only activation implemented)", path);
 
     c->bos_token_id = opt_int(path, root, "bos_token_id", -1);
+    // The embedding's padding_idx: null is none, an absent key the family's default (Phi-3:
+    // 32000), a negative one counts from the end as nn.Embedding counts it (-1: the last row).
+    const cJSON *pad = cJSON_GetObjectItemCaseSensitive(root, "pad_token_id");
+    const int V = c->vocab_size;
+    c->pad_token_id = pad ? -1 : fam->pad_token_id;
+    if (pad && !cJSON_IsNull(pad)) {
+        int p = opt_int(path, root, "pad_token_id", -1);
+        if (p >= V || p < -V) fail("%s: pad_token_id %d is not a token id of vocab_size %d", path, p, V);
+        c->pad_token_id = p < 0 ? V + p : p;
+    }
+    if (c->pad_token_id >= V)  // transformers cannot build this embedding either
+        fail("%s: pad_token_id is absent, which for %s means %d, past vocab_size %d; set pad_token_id", path,
+             model_type, c->pad_token_id, V);
     // A list (Llama 3.1: [128001, 128008, 128009]) is kept whole and written back as a list.
     const cJSON *eos = get(root, "eos_token_id");
     c->eos_token_id = -1;
@@ -201,6 +244,8 @@ void hf_read_config(const char *path, ModelConfig *c) {
         }
     }
 
+    if (fam->fused) read_phi3_keys(path, root, c);
+
     c->rope_theta = opt_num(path, root, "rope_theta", 10000.0);
     c->rope_type = ROPE_DEFAULT;
     c->rope_factor = 1.0;
@@ -212,6 +257,8 @@ void hf_read_config(const char *path, ModelConfig *c) {
         const cJSON *rs = get(root, "rope_scaling");
         if (rs) read_rope(path, rs, "rope_scaling", c);
     }
+    if (fam->fused && c->rope_type != ROPE_DEFAULT)  // Phi3Config knows only longrope scaling
+        fail("%s: phi3 takes no llama3 rope scaling (only rope_scaling: null)", path);
     if (!(isfinite(c->rope_theta) && c->rope_theta > 0))
         fail("%s: 'rope_theta' must be a positive finite number, got %g", path, c->rope_theta);
     cJSON_Delete(root);
@@ -274,6 +321,13 @@ int hf_write_config(const char *path, const ModelConfig *c) {
     ADD(cJSON_AddBoolToObject(o, "attention_bias", c->attention_bias));
     ADD(cJSON_AddBoolToObject(o, "mlp_bias", 0));
     ADD(add_real(o, "attention_dropout", 0.0, 0));
+    if (fam->fused) {  // Phi-3's keys as read (dropouts are 0 and the rotary factor 1 here)
+        ADD(add_real(o, "resid_pdrop", 0.0, 0));
+        ADD(add_real(o, "embd_pdrop", 0.0, 0));
+        ADD(add_real(o, "partial_rotary_factor", 1.0, 0));
+        if (c->original_max_position_embeddings > 0)
+            ADD(cJSON_AddNumberToObject(o, "original_max_position_embeddings", c->original_max_position_embeddings));
+    }
     // The window keys are written back as read, so the saved model attends as the loaded one did.
     if (fam->window != WIN_NONE) {
         if (c->sliding_window) ADD(cJSON_AddNumberToObject(o, "sliding_window", c->sliding_window));
@@ -288,6 +342,9 @@ int hf_write_config(const char *path, const ModelConfig *c) {
     ADD(add_real(o, "initializer_range", 0.02, 0));
     ADD(cJSON_AddBoolToObject(o, "use_cache", 1));
     if (c->bos_token_id >= 0) ADD(cJSON_AddNumberToObject(o, "bos_token_id", c->bos_token_id));
+    // Absent would mean the family's default (Phi-3: 32000), so none is written as null there.
+    if (c->pad_token_id >= 0) ADD(cJSON_AddNumberToObject(o, "pad_token_id", c->pad_token_id));
+    else if (fam->pad_token_id >= 0) ADD(cJSON_AddNullToObject(o, "pad_token_id"));
     if (c->eos_is_list) {
         cJSON *e = cJSON_AddArrayToObject(o, "eos_token_id");
         ADD(e);

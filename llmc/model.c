@@ -21,7 +21,7 @@ void model_config_defaults(ModelConfig *c) {
     c->rms_norm_eps = 1e-5f;
     c->rope_theta = 10000.0;
     c->max_position_embeddings = 2048;
-    c->bos_token_id = c->eos_token_id = -1;
+    c->bos_token_id = c->eos_token_id = c->pad_token_id = -1;
 }
 
 // A ceiling far past any real model (Llama 3 405B has 4e11 parameters) and far below 64-bit
@@ -599,6 +599,7 @@ void model_alloc_acts(Model *m, int B, int T, const MemPolicy *pol) {
     m->d_ff1 = bk->dev_alloc(bk, tile * I * A, "backward scratch (MLP)");
     m->d_ff2 = bk->dev_alloc(bk, tile * I * A, "backward scratch (MLP)");
     m->logits = bk->dev_alloc(bk, (size_t)c->vocab_size * A, "sampling logits");
+    if (c->arch == ARCH_LLAMA && c->pad_token_id >= 0) m->pad_row = bk->dev_alloc(bk, C * A, "padding_idx row");
     if (c->arch == ARCH_LLAMA && family_of(c)->qk_norm) {
         const size_t H = (size_t)c->num_attention_heads + c->num_key_value_heads;
         m->q_rot = bk->dev_alloc(bk, QR * QD * A, "q/k norm working set");
@@ -646,7 +647,7 @@ void model_free(Model *m) {
         void *ps[] = {m->final_ln, m->final_rstd, m->losses, m->tokens, m->targets, m->doc_start, m->pos, m->d_res,
                       m->d_ln, m->d_att, m->d_q, m->d_k, m->d_v, m->d_ff1, m->d_ff2, m->logits,
                       m->rope_cos, m->rope_sin, m->lora_tmp, m->lora_dtmp, m->lora_xd, m->lora_dxd,
-                      m->q_rot, m->k_rot, m->qk_rstd, m->dkv_f32};
+                      m->q_rot, m->k_rot, m->qk_rstd, m->dkv_f32, m->pad_row};
         for (size_t i = 0; i < sizeof ps / sizeof ps[0]; i++) bk->dev_free(bk, ps[i]);
     }
     if (m->sp) {
@@ -1473,6 +1474,18 @@ static void backward_layers(Model *m, int B, int T) {
     }
 }
 
+// The lookup's gradient into the embedding. transformers builds it as nn.Embedding(...,
+// padding_idx=pad_token_id), whose backward adds nothing to that row: the row (which may
+// hold a tied head's gradient and earlier micro-batches') is kept across the scatter.
+static void embedding_bwd(Model *m, int N) {
+    Backend *bk = m->bk;
+    const int C = m->cfg.hidden_size;
+    void *g = G(m, m->tab.embed), *pad = m->pad_row ? act_at(bk, g, (size_t)m->cfg.pad_token_id * C) : NULL;
+    if (pad) bk->copy_d2d(bk, m->pad_row, pad, (size_t)C * bk->act_bytes, NULL);
+    bk->embedding_bwd(bk, g, m->d_res, m->tokens, N, C, m->cfg.vocab_size);
+    if (pad) bk->copy_d2d(bk, pad, m->pad_row, (size_t)C * bk->act_bytes, NULL);
+}
+
 double model_forward_backward(Model *m, int B, int T, float loss_scale) {
     Backend *bk = m->bk;
     const ModelConfig *c = &m->cfg;
@@ -1508,7 +1521,7 @@ double model_forward_backward(Model *m, int B, int T, float loss_scale) {
                       act_at(bk, res, (size_t)r0 * C), P(m, t->final_norm), m->final_rstd, N, r0, n);
     }
     backward_layers(m, B, T);
-    if (G(m, t->embed)) bk->embedding_bwd(bk, G(m, t->embed), m->d_res, m->tokens, N, C, c->vocab_size);
+    if (G(m, t->embed)) embedding_bwd(m, N);
     if (t->pos_embed >= 0 && G(m, t->pos_embed)) bk->pos_bwd(bk, G(m, t->pos_embed), m->d_res, B, T, C);
     if (m->opt.zero_stage >= 3) z3_reduce(m, 0, m->z3_nl_grad);
     return loss;

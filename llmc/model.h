@@ -15,7 +15,7 @@ enum { ARCH_LLAMA = 0, ARCH_GPT2 = 1 };
 typedef struct {
     int arch;                 // ARCH_LLAMA or ARCH_GPT2
     int padded_vocab;         // GPT-2: rows of the embedding (vocab_size rounded up to 128)
-    char model_type[32];      // "llama", "mistral", "qwen2", "qwen3": a row of family.h
+    char model_type[32];      // "llama", "mistral", "qwen2", "qwen3", "phi3": a row of family.h
     int vocab_size;
     int hidden_size;          // C
     int intermediate_size;    // I
@@ -32,6 +32,13 @@ typedef struct {
     int tie_word_embeddings;
     int attention_bias;       // q/k/v biases; o_proj's too where the family says (family.h)
     int bos_token_id, eos_token_id;  // -1 if absent; eos_token_id is the first of eos_ids
+    // The embedding's padding_idx (transformers' nn.Embedding(..., pad_token_id)): that row
+    // gets no gradient from the lookup. -1: none (null, or absent where the family has no
+    // default).
+    int pad_token_id;
+    // Phi-3's top-level original_max_position_embeddings: only longrope reads it (refused), so
+    // it is kept only to be written back (0: absent).
+    int original_max_position_embeddings;
     int eos_ids[16], n_eos;   // config.json's eos_token_id: all its ids (a list when eos_is_list)
     int eos_is_list;
     // Sliding-window attention (family.h says which layers use it): sliding_window as
@@ -250,6 +257,8 @@ typedef struct {
     void *d_res, *d_ln, *d_att, *d_q, *d_k, *d_v, *d_ff1, *d_ff2;  // d_ff*: one MLP tile
     float *dkv_f32;               // [2][N, Hkv D] dK/dV sums across attention tiles (bf16 only)
     void *logits;                 // [V] for sampling
+    void *pad_row;                // [C]: the padding_idx row of the embedding gradient, kept
+                                  // across the lookup's backward (NULL: no pad_token_id)
 } Model;
 
 // Fails with "model needs X GiB of host memory ..." when the parameter table (and, unless bk

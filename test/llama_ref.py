@@ -18,6 +18,12 @@ transformers 4.53+), not by running transformers:
     qwen3    attention_bias on q/k/v/o (default false); q_norm/k_norm: RMSNorm over head_dim of
              every head (weight [head_dim], eps rms_norm_eps) before RoPE; head_dim default 128;
              windows as qwen2
+    phi3     no biases; one self_attn.qkv_proj.weight whose output is sliced q | k | v and one
+             mlp.gate_up_proj.weight whose output is chunk(2)'ed gate | up (modeling_phi3's
+             Phi3Attention / Phi3MLP); the model computes with the fused weights as they are;
+             sliding_window (absent: none) on every layer; pad_token_id absent means 32000
+Every family: the embedding is nn.Embedding(..., padding_idx=pad_token_id), so the lookup adds
+no gradient to the pad row (F.embedding's padding_idx).
 A sliding window W lets query i see keys j with i - W < j <= i (masking_utils'
 sliding_window_overlay: kv_idx > q_idx - sliding_window).
 
@@ -99,7 +105,8 @@ def make_config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_
 
 
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
-                 "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+                 "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
+                 "phi3": "Phi3ForCausalLM"}
 
 
 def family(cfg):
@@ -109,11 +116,11 @@ def family(cfg):
     if mt not in ARCHITECTURES:
         raise ValueError(f"model_type {mt} not in the reference")
     ab = bool(cfg.get("attention_bias", False))
-    qkv_bias = {"llama": ab, "mistral": False, "qwen2": True, "qwen3": ab}[mt]
-    o_bias = {"llama": ab, "mistral": False, "qwen2": False, "qwen3": ab}[mt]
+    qkv_bias = {"llama": ab, "mistral": False, "qwen2": True, "qwen3": ab, "phi3": False}[mt]
+    o_bias = {"llama": ab, "mistral": False, "qwen2": False, "qwen3": ab, "phi3": False}[mt]
     L = cfg["num_hidden_layers"]
-    sw = cfg["sliding_window"] if "sliding_window" in cfg else (None if mt == "llama" else 4096)
-    if mt == "mistral":
+    sw = cfg["sliding_window"] if "sliding_window" in cfg else (None if mt in ("llama", "phi3") else 4096)
+    if mt in ("mistral", "phi3"):
         windows = [sw or 0] * L
     elif mt in ("qwen2", "qwen3"):
         sw = sw if cfg.get("use_sliding_window", False) else None
@@ -121,7 +128,9 @@ def family(cfg):
         windows = [sw if sw is not None and i >= mwl else 0 for i in range(L)]
     else:
         windows = [0] * L
-    return {"qkv_bias": qkv_bias, "o_bias": o_bias, "qk_norm": mt == "qwen3", "windows": windows}
+    pad = cfg["pad_token_id"] if "pad_token_id" in cfg else (32000 if mt == "phi3" else None)
+    return {"qkv_bias": qkv_bias, "o_bias": o_bias, "qk_norm": mt == "qwen3", "windows": windows,
+            "fused": mt == "phi3", "pad": pad}
 
 
 def _dims(cfg):
@@ -142,6 +151,13 @@ def param_shapes(cfg):
     for i in range(L):
         p = f"model.layers.{i}."
         s[p + "input_layernorm.weight"] = (C,)
+        if fam["fused"]:  # Phi-3: the files' (and modeling_phi3's) fused projections
+            s[p + "self_attn.qkv_proj.weight"] = ((Hq + 2 * Hkv) * D, C)
+            s[p + "self_attn.o_proj.weight"] = (C, Hq * D)
+            s[p + "post_attention_layernorm.weight"] = (C,)
+            s[p + "mlp.gate_up_proj.weight"] = (2 * I, C)
+            s[p + "mlp.down_proj.weight"] = (C, I)
+            continue
         s[p + "self_attn.q_proj.weight"] = (Hq * D, C)
         if bias:
             s[p + "self_attn.q_proj.bias"] = (Hq * D,)
@@ -550,6 +566,7 @@ class RefLlama(torch.nn.Module):
         fam = family(cfg)
         self.bias, self.o_bias, self.qk_norm = fam["qkv_bias"], fam["o_bias"], fam["qk_norm"]
         self.windows = fam["windows"]
+        self.fused, self.pad = fam["fused"], fam["pad"]
         self.use_sdpa = use_sdpa and hasattr(F, "scaled_dot_product_attention")
         self.dtype = dtype
         shapes = param_shapes(cfg)
@@ -610,7 +627,7 @@ class RefLlama(torch.nn.Module):
     def forward(self, idx):
         B, T = idx.shape
         C, Hq, Hkv, D = self.C, self.Hq, self.Hkv, self.D
-        x = F.embedding(idx, self.p("model.embed_tokens.weight"))
+        x = F.embedding(idx, self.p("model.embed_tokens.weight"), padding_idx=self.pad)
         pos = torch.arange(T, dtype=torch.float64)
         ang = pos[:, None] * self.inv_freq[None, :]           # [T, D/2]
         ang = torch.cat((ang, ang), dim=-1)                    # [T, D]
@@ -621,12 +638,18 @@ class RefLlama(torch.nn.Module):
         for i in range(self.L):
             pre = f"model.layers.{i}."
             h = self.rmsnorm(x, self.p(pre + "input_layernorm.weight"))
-            bq = self.p(pre + "self_attn.q_proj.bias") if self.bias else None
-            bk = self.p(pre + "self_attn.k_proj.bias") if self.bias else None
-            bv = self.p(pre + "self_attn.v_proj.bias") if self.bias else None
-            q = self.linear(h, pre + "self_attn.q_proj", bq)
-            k = self.linear(h, pre + "self_attn.k_proj", bk)
-            v = self.linear(h, pre + "self_attn.v_proj", bv)
+            if self.fused:  # Phi3Attention: qkv[..., :Hq D] | [Hq D : (Hq + Hkv) D] | rest
+                qkv = self.linear(h, pre + "self_attn.qkv_proj", None)
+                q = qkv[..., :Hq * D]
+                k = qkv[..., Hq * D:(Hq + Hkv) * D]
+                v = qkv[..., (Hq + Hkv) * D:]
+            else:
+                bq = self.p(pre + "self_attn.q_proj.bias") if self.bias else None
+                bk = self.p(pre + "self_attn.k_proj.bias") if self.bias else None
+                bv = self.p(pre + "self_attn.v_proj.bias") if self.bias else None
+                q = self.linear(h, pre + "self_attn.q_proj", bq)
+                k = self.linear(h, pre + "self_attn.k_proj", bk)
+                v = self.linear(h, pre + "self_attn.v_proj", bv)
             q = q.view(B, T, Hq, D)
             k = k.view(B, T, Hkv, D)
             if self.qk_norm:  # Qwen3: RMSNorm over head_dim of each head, before RoPE
@@ -656,8 +679,11 @@ class RefLlama(torch.nn.Module):
             bo = self.p(pre + "self_attn.o_proj.bias") if self.o_bias else None
             x = x + self.linear(y, pre + "self_attn.o_proj", bo)
             h = self.rmsnorm(x, self.p(pre + "post_attention_layernorm.weight"))
-            g = self.linear(h, pre + "mlp.gate_proj", None)
-            u = self.linear(h, pre + "mlp.up_proj", None)
+            if self.fused:  # Phi3MLP: gate, up = gate_up_proj(h).chunk(2, dim=-1)
+                g, u = self.linear(h, pre + "mlp.gate_up_proj", None).chunk(2, dim=-1)
+            else:
+                g = self.linear(h, pre + "mlp.gate_proj", None)
+                u = self.linear(h, pre + "mlp.up_proj", None)
             x = x + self.linear(F.silu(g) * u, pre + "mlp.down_proj", None)
         x = self.rmsnorm(x, self.p("model.norm.weight"))
         head = self.p("model.embed_tokens.weight" if self.tied else "lm_head.weight")

@@ -664,10 +664,10 @@ CASES = [
     ("adapter_config_duplicate_key", adapter_dup_key),
     ("hf_model_type_unsupported", hf_case(
         edit_config_json(lambda c: c.update(model_type="gemma2")),
-        lambda m: ["config.json", "gemma2", "llama, mistral, qwen2, qwen3"])),
+        lambda m: ["config.json", "gemma2", "llama, mistral, qwen2, qwen3, phi3"])),
     ("hf_architecture_unsupported", hf_case(
-        edit_config_json(lambda c: c.update(architectures=["Phi3ForCausalLM"])),
-        lambda m: ["config.json", "Phi3ForCausalLM", "Qwen3ForCausalLM"])),
+        edit_config_json(lambda c: c.update(architectures=["GemmaForCausalLM"])),
+        lambda m: ["config.json", "GemmaForCausalLM", "Qwen3ForCausalLM, Phi3ForCausalLM"])),
     ("hf_layer_types_unsupported_pattern", hf_case(
         edit_config_json(lambda c: c.update(model_type="qwen2", use_sliding_window=True, sliding_window=4,
                                             max_window_layers=0,

@@ -1,0 +1,474 @@
+#!/usr/bin/python3
+"""Phi-3 (model_type phi3, Phi3ForCausalLM) end to end: the family row of llmc/family.c.
+
+    /usr/bin/python3 test/test_phi3.py --bin build/train_llama
+
+The reference is test/llama_ref.py's Phi-3 path: plain PyTorch in float64 written from
+transformers' modeling_phi3 (the fused self_attn.qkv_proj sliced q | k | v, mlp.gate_up_proj
+chunked gate | up, the sliding-window mask kv_idx > q_idx - sliding_window on every layer, the
+embedding's padding_idx = pad_token_id). The reference computes with the fused weights as the
+files hold them, so the trainer's split at load and join at save are checked against the
+modeling code's slicing, not against themselves. transformers itself cannot run here (its
+models need PyTorch >= 2.1; the machine has 1.13).
+
+  one_step          GQA 4/2, sliding_window 5 < sequence_len 16, pad_token_id 3 frequent in
+                    the data: the first loss within 1e-5 (relative), and after one AdamW step
+                    (weight decay) every output weight, by its fused name, within 1e-5.
+  steps_tied        tied embeddings (the padding row keeps the head's gradient), 3 steps,
+                    grad accumulation, clipping: losses 1e-5, grad norms 1e-4, weights 1e-4;
+                    the window and the padding row both matter (toggling either moves the
+                    result by far more than the tolerance).
+  export            the output directory as transformers loads a Phi-3: config.json
+                    (Phi3ForCausalLM, phi3, sliding_window, pad_token_id,
+                    original_max_position_embeddings), the input's tensor names (qkv_proj,
+                    gate_up_proj, no q_proj); bfloat16 shards with an index naming the fused
+                    tensors; the output trains again as a base with the reference's loss.
+  lora_o_down       LoRA on o_proj and down_proj: losses and adapters against the reference,
+                    adapter_config target_modules, and the merged model (fused qkv/gate_up
+                    unchanged, o/down = W + scale B A).
+  refusals          one-line errors: longrope / su rope_scaling, partial_rotary_factor,
+                    resid_pdrop / embd_pdrop / attention_dropout > 0, an absent pad_token_id
+                    (32000) past a small vocab, LoRA on qkv_proj / gate_up_proj / all-linear /
+                    lora_target_linear, q_proj (no such module in Phi-3), unfused files, a
+                    wrong qkv_proj shape.
+"""
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import harness  # noqa: E402
+import llama_ref as R  # noqa: E402
+
+ARGS = None
+PAD = 3
+
+
+def phi3_cfg(**kw):
+    c = dict(vocab_size=64, hidden_size=48, intermediate_size=64, num_hidden_layers=2,
+             num_attention_heads=4, num_key_value_heads=2, model_type="phi3", rms_norm_eps=1e-5,
+             rope_theta=10000.0, sliding_window=5, pad_token_id=PAD, bos_token_id=1,
+             eos_token_id=PAD, original_max_position_embeddings=128, resid_pdrop=0.0,
+             embd_pdrop=0.0, attention_dropout=0.0, max_position_embeddings=128)
+    c.update(kw)
+    cfg = R.make_config(**c)
+    if "head_dim" not in kw:
+        cfg.pop("head_dim")  # Phi3Config has none: hidden / heads
+    cfg.pop("attention_bias")
+    cfg.pop("mlp_bias")
+    return cfg
+
+
+def tokens_with_pad(n, vocab, seed):
+    t = np.asarray(R.random_tokens(n, vocab, seed=seed))
+    t[::5] = PAD  # every fifth token is the padding id (Phi-3's pad is its end-of-text)
+    return t
+
+
+def run(work, tc, name="cfg.yaml", expect_ok=True):
+    path = os.path.join(work, name)
+    R.write_yaml(path, tc)
+    cmd = [ARGS.bin, "-c", path]
+    if ARGS.threads is not None:
+        cmd += ["--set", f"num_threads={ARGS.threads}"]
+    p = subprocess.run(cmd, cwd=work, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                       timeout=ARGS.timeout)
+    if expect_ok and p.returncode != 0:
+        raise RuntimeError(f"trainer exit {p.returncode}: {p.stderr.decode()[-600:]}")
+    return p
+
+
+def setup(work, cfg, n_tokens, seed, init=None):
+    os.makedirs(work, exist_ok=True)
+    weights = R.init_weights(cfg, seed=seed, **(init or dict(embed_std=0.1)))
+    model_dir = os.path.join(work, "model")
+    R.save_hf_dir(model_dir, cfg, weights)
+    shard = os.path.join(work, "train.bin")
+    R.write_shard(shard, tokens_with_pad(n_tokens, cfg["vocab_size"], seed), version=1)
+    return model_dir, shard, R.read_shard(shard), weights
+
+
+def rel(a, b):
+    return abs(a - b) / max(abs(b), 1e-30)
+
+
+def compare_weights(got, ref, tol, scaled):
+    """(errors, worst abs diff): every reference tensor, by name, within tol (x max(1, |w|))."""
+    errs = []
+    worst = 0.0
+    if set(got) != set(ref):
+        errs.append(f"output tensors differ: missing {sorted(set(ref) - set(got))[:4]}, "
+                    f"extra {sorted(set(got) - set(ref))[:4]}")
+    for k, v in ref.items():
+        if k not in got:
+            continue
+        g = np.asarray(got[k], dtype=np.float64)
+        if g.shape != v.shape:
+            errs.append(f"{k}: shape {g.shape} vs {v.shape}")
+            continue
+        d = float(np.max(np.abs(g - v)))
+        worst = max(worst, d)
+        t = tol * (max(1.0, float(np.max(np.abs(v)))) if scaled else 1.0)
+        if d > t:
+            errs.append(f"{k}: max diff {d:.3e} > {t:.1e}")
+    return errs, worst
+
+
+def check_losses(rows, ref, errs, gn=True):
+    worst = 0.0
+    if len(rows) != len(ref["losses"]):
+        errs.append(f"{len(rows)} metrics rows, expected {len(ref['losses'])}")
+    for s, r in enumerate(rows[:len(ref["losses"])]):
+        e = rel(r["loss"], ref["losses"][s])
+        worst = max(worst, e)
+        if e > 1e-5:
+            errs.append(f"step {s + 1}: loss {r['loss']} vs ref {ref['losses'][s]} (rel {e:.1e})")
+        if gn and rel(r["grad_norm"], ref["grad_norms"][s]) > 1e-4:
+            errs.append(f"step {s + 1}: grad_norm {r['grad_norm']} vs ref {ref['grad_norms'][s]}")
+    return worst
+
+
+def case_one_step(root):
+    work = os.path.join(root, "one_step")
+    cfg = phi3_cfg()
+    model_dir, shard, tokens, weights = setup(work, cfg, 600, seed=3,
+                                              init=dict(qk_std=0.25, embed_std=0.1))
+    tc = R.train_config(sequence_len=16, micro_batch_size=2, max_steps=1, learning_rate=1e-3,
+                        warmup_steps=0, lr_scheduler="constant", weight_decay=0.1,
+                        max_grad_norm=0.0)
+    tc.update(base_model=model_dir, train_data=shard, output_dir=os.path.join(work, "out"))
+    run(work, tc)
+    ref = R.train_reference(cfg, weights, tokens, tc)
+    rows = R.read_metrics(os.path.join(tc["output_dir"], "metrics.jsonl"))
+    errs = []
+    wl = check_losses(rows, ref, errs)
+    got = R.read_safetensors(os.path.join(tc["output_dir"], "model.safetensors"))
+    werrs, ww = compare_weights(got, ref["weights"], 1e-5, scaled=False)
+    errs += werrs
+    moved = max(float(np.max(np.abs(ref["weights"][k] - weights[k]))) for k in weights)
+    return errs, f"loss rel {wl:.1e}, weights max diff {ww:.1e} (step moved them {moved:.1e})"
+
+
+def case_steps_tied(root):
+    work = os.path.join(root, "steps_tied")
+    cfg = phi3_cfg(tie_word_embeddings=True, num_attention_heads=6, num_key_value_heads=2,
+                   sliding_window=4)
+    model_dir, shard, tokens, weights = setup(work, cfg, 1500, seed=7,
+                                              init=dict(qk_std=0.25, embed_std=0.1))
+    tc = R.train_config(sequence_len=13, micro_batch_size=2, gradient_accumulation_steps=2,
+                        max_steps=3, learning_rate=5e-3, lr_scheduler="cosine", warmup_steps=1,
+                        weight_decay=0.1, max_grad_norm=0.5)
+    tc.update(base_model=model_dir, train_data=shard, output_dir=os.path.join(work, "out"))
+    run(work, tc)
+    ref = R.train_reference(cfg, weights, tokens, tc)
+    rows = R.read_metrics(os.path.join(tc["output_dir"], "metrics.jsonl"))
+    errs = []
+    wl = check_losses(rows, ref, errs)
+    got = R.read_safetensors(os.path.join(tc["output_dir"], "model.safetensors"))
+    werrs, ww = compare_weights(got, ref["weights"], 1e-4, scaled=True)
+    errs += werrs
+    # Both Phi-3 specifics matter here: without the window the first loss moves, without the
+    # padding row the trained embedding does.
+    batches = R.step_batches(tokens, 2, 13, 2, 1)
+    d_win = rel(R.batch_loss(dict(cfg, sliding_window=None), weights, batches),
+                R.batch_loss(cfg, weights, batches))
+    nopad = R.train_reference(dict(cfg, pad_token_id=None), weights, tokens, tc)
+    e = "model.embed_tokens.weight"
+    d_pad = float(np.max(np.abs(nopad["weights"][e][PAD] - ref["weights"][e][PAD])))
+    if d_win < 1e-3:
+        errs.append(f"test setup: the window moves the loss by only {d_win:.1e}")
+    if d_pad < 1e-3:
+        errs.append(f"test setup: padding_idx moves the pad row by only {d_pad:.1e}")
+    return errs, (f"loss rel {wl:.1e}, weights max diff {ww:.1e}; window on/off moves the loss "
+                  f"{d_win:.1e}, padding_idx on/off the pad row {d_pad:.1e}")
+
+
+def read_json(p):
+    with open(p) as f:
+        return json.load(f)
+
+
+def case_export(root):
+    work = os.path.join(root, "export")
+    cfg = phi3_cfg(num_hidden_layers=3)
+    model_dir, shard, tokens, weights = setup(work, cfg, 600, seed=11)
+    tc = R.train_config(sequence_len=12, micro_batch_size=1, max_steps=1, learning_rate=1e-3,
+                        warmup_steps=0, lr_scheduler="constant")
+    tc.update(base_model=model_dir, train_data=shard, output_dir=os.path.join(work, "out"))
+    run(work, tc)
+    out = tc["output_dir"]
+    errs = []
+    got = read_json(os.path.join(out, "config.json"))
+    expect = {"architectures": ["Phi3ForCausalLM"], "model_type": "phi3", "sliding_window": 5,
+              "pad_token_id": PAD, "original_max_position_embeddings": 128,
+              "tie_word_embeddings": False, "rope_scaling": None, "partial_rotary_factor": 1.0,
+              "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attention_dropout": 0.0,
+              "hidden_size": 48, "num_key_value_heads": 2, "torch_dtype": "float32"}
+    for k, v in expect.items():
+        if got.get(k, "<absent>") != v:
+            errs.append(f"config.json {k} = {got.get(k, '<absent>')!r}, expected {v!r}")
+    w_out = R.read_safetensors(os.path.join(out, "model.safetensors"))
+    if set(w_out) != set(weights):
+        errs.append(f"output tensors differ from the input's: {sorted(set(w_out) ^ set(weights))[:4]}")
+    # Round trip: the output is a base that the trainer and the reference read alike.
+    t2 = dict(tc, base_model=out, output_dir=os.path.join(work, "out2"))
+    run(work, t2, "again.yaml")
+    rows = R.read_metrics(os.path.join(t2["output_dir"], "metrics.jsonl"))
+    ref = R.batch_loss(got, w_out, R.step_batches(tokens, 1, 12, 1, 1))
+    e = rel(rows[0]["loss"], ref)
+    if e > 1e-5:
+        errs.append(f"reloaded output's first loss {rows[0]['loss']} vs reference {ref}")
+    # bfloat16 shards: the index names the fused tensors, and they hold the float32 output's
+    # values rounded to bfloat16.
+    t3 = dict(tc, output_dir=os.path.join(work, "out_bf16"), save_dtype="bfloat16",
+              max_shard_size=20000)
+    run(work, t3, "bf16.yaml")
+    idx = read_json(os.path.join(t3["output_dir"], "model.safetensors.index.json"))
+    wm = idx["weight_map"]
+    if set(wm) != set(weights):
+        errs.append(f"sharded index names {sorted(set(wm) ^ set(weights))[:4]} apart from the input's")
+    nshards = len(set(wm.values()))
+    if nshards < 2:
+        errs.append(f"expected several shards, got {nshards}")
+    shards = {}
+    for f in set(wm.values()):
+        shards.update(R.read_safetensors(os.path.join(t3["output_dir"], f)))
+    for k in ("model.layers.1.self_attn.qkv_proj.weight", "model.layers.2.mlp.gate_up_proj.weight"):
+        a = np.asarray(shards[k], dtype=np.float64)
+        b = np.asarray(w_out[k], dtype=np.float64)
+        d = float(np.max(np.abs(a - b) / np.maximum(np.abs(b), 1e-30)))
+        if a.shape != b.shape or d > 2 ** -8:
+            errs.append(f"{k} (bfloat16) differs from the float32 output by {d:.1e} relative")
+    return errs, f"config keys and tensor names kept, round-trip loss rel {e:.1e}, bf16 in {nshards} shards"
+
+
+def case_lora_o_down(root):
+    work = os.path.join(root, "lora")
+    cfg = phi3_cfg()
+    model_dir, shard, tokens, weights = setup(work, cfg, 1200, seed=21,
+                                              init=dict(qk_std=0.25, embed_std=0.1))
+    targets = ["o_proj", "down_proj"]
+    spec = R.lora_spec(cfg, r=4, alpha=8, targets=targets, seed=21, b_std=0.1)
+    adir = os.path.join(work, "adapter_in")
+    R.save_adapter_dir(adir, spec)
+    tc = R.train_config(sequence_len=16, micro_batch_size=2, gradient_accumulation_steps=1,
+                        max_steps=3, learning_rate=5e-3, lr_scheduler="constant", warmup_steps=0,
+                        weight_decay=0.1, max_grad_norm=1.0)
+    tc.update(base_model=model_dir, train_data=shard, adapter="lora", lora_r=4, lora_alpha=8,
+              lora_dropout=0.0, lora_target_modules=targets, lora_model_dir=adir,
+              merge_lora=True, output_dir=os.path.join(work, "out"))
+    run(work, tc)
+    ref = R.train_reference(cfg, weights, tokens, tc, lora=spec)
+    rows = R.read_metrics(os.path.join(tc["output_dir"], "metrics.jsonl"))
+    errs = []
+    wl = check_losses(rows, ref, errs)
+    out = R.read_safetensors(os.path.join(tc["output_dir"], "adapter_model.safetensors"))
+    got = {k[len(R.PEFT_PREFIX):]: v for k, v in out.items()}
+    werrs, ww = compare_weights(got, ref["adapter"], 1e-4, scaled=True)
+    errs += werrs
+    ac = read_json(os.path.join(tc["output_dir"], "adapter_config.json"))
+    if ac.get("target_modules") != targets:
+        errs.append(f"adapter_config target_modules {ac.get('target_modules')}, expected {targets}")
+    merged = R.read_safetensors(os.path.join(tc["output_dir"], "merged", "model.safetensors"))
+    want = R.merge_lora(cfg, weights, dict(spec, weights=ref["adapter"]))
+    merrs, mw = compare_weights(merged, want, 1e-5, scaled=True)
+    errs += merrs
+    return errs, f"loss rel {wl:.1e}, adapters max diff {ww:.1e}, merged max diff {mw:.1e}"
+
+
+def case_resume_modes(root):
+    """A checkpoint of a Phi-3 holds the fused tensors and resumes bit-identically; LoRA with
+    recompute and layer streaming, and QLoRA, load the fused files too."""
+    work = os.path.join(root, "resume")
+    cfg = phi3_cfg()
+    model_dir, shard, tokens, weights = setup(work, cfg, 800, seed=5)
+    tc = R.train_config(sequence_len=16, micro_batch_size=2, max_steps=3, learning_rate=2e-3,
+                        warmup_steps=0, lr_scheduler="linear")
+    tc.update(base_model=model_dir, train_data=shard, output_dir=os.path.join(work, "full"),
+              save_steps=2)
+    run(work, tc, "full.yaml")
+    errs = []
+    ck = R.read_safetensors(os.path.join(tc["output_dir"], "checkpoint-2", "model.safetensors"))
+    if set(ck) != set(weights):
+        errs.append(f"checkpoint tensors {sorted(set(ck) ^ set(weights))[:4]} differ from the base's")
+    t2 = dict(tc, output_dir=os.path.join(work, "resumed"),
+              resume_from_checkpoint=os.path.join(tc["output_dir"], "checkpoint-2"))
+    run(work, t2, "resumed.yaml")
+    a = R.read_metrics(os.path.join(tc["output_dir"], "metrics.jsonl"))
+    b = R.read_metrics(os.path.join(t2["output_dir"], "metrics.jsonl"))
+    if [r["loss"] for r in a][2:] != [r["loss"] for r in b][-1:]:
+        errs.append(f"resumed step 3 loss {[r['loss'] for r in b]} vs {[r['loss'] for r in a]}")
+    wa = R.read_safetensors(os.path.join(tc["output_dir"], "model.safetensors"))
+    wb = R.read_safetensors(os.path.join(t2["output_dir"], "model.safetensors"))
+    if any(not np.array_equal(wa[k], wb[k]) for k in wa):
+        errs.append("resumed final weights differ from the straight run's")
+    lora = dict(save_steps=0, adapter="lora", lora_r=4, lora_alpha=8, lora_target_modules=["o_proj", "down_proj"])
+    t3 = dict(tc, output_dir=os.path.join(work, "lora"), **lora)
+    run(work, t3, "lora.yaml")
+    t3s = dict(t3, output_dir=os.path.join(work, "streamed"), gradient_checkpointing="true", layer_offloading=True)
+    run(work, t3s, "streamed.yaml")
+    c = [R.read_metrics(os.path.join(t["output_dir"], "metrics.jsonl")) for t in (t3, t3s)]
+    if [(r["loss"], r["grad_norm"]) for r in c[0]] != [(r["loss"], r["grad_norm"]) for r in c[1]]:
+        errs.append("LoRA with recompute + layer streaming: losses differ from the plain LoRA run's")
+    t4 = dict(tc, output_dir=os.path.join(work, "qlora"), max_steps=2, **dict(lora, adapter="qlora"))
+    t4["load_in_4bit"] = True
+    run(work, t4, "qlora.yaml")
+    q = R.read_metrics(os.path.join(t4["output_dir"], "metrics.jsonl"))
+    # NF4 rounds the base: the first loss is near the float one, not equal to it.
+    if not (len(q) == 2 and abs(q[0]["loss"] - a[0]["loss"]) < 0.05 * a[0]["loss"]):
+        errs.append(f"qlora losses {[r['loss'] for r in q]} vs float base {a[0]['loss']}")
+    return errs, "checkpoint fused and resumed bit-identically; streamed LoRA identical; qlora runs"
+
+
+def case_pad_negative(root):
+    """transformers' nn.Embedding counts a negative padding_idx from the end (any family)."""
+    work = os.path.join(root, "pad_negative")
+    cfg = R.make_config(vocab_size=64, hidden_size=32, num_attention_heads=4, pad_token_id=-1)
+    os.makedirs(work, exist_ok=True)
+    weights = R.init_weights(cfg, seed=9, embed_std=0.1)
+    model_dir = os.path.join(work, "model")
+    R.save_hf_dir(model_dir, cfg, weights)
+    t = np.asarray(R.random_tokens(600, 64, seed=9))
+    t[::4] = 63
+    shard = os.path.join(work, "train.bin")
+    R.write_shard(shard, t, version=1)
+    tokens = R.read_shard(shard)
+    tc = R.train_config(sequence_len=16, micro_batch_size=2, max_steps=2, learning_rate=5e-3,
+                        warmup_steps=0, lr_scheduler="constant")
+    tc.update(base_model=model_dir, train_data=shard, output_dir=os.path.join(work, "out"))
+    run(work, tc)
+    ref = R.train_reference(cfg, weights, tokens, tc)
+    errs = []
+    wl = check_losses(R.read_metrics(os.path.join(tc["output_dir"], "metrics.jsonl")), ref, errs)
+    got = R.read_safetensors(os.path.join(tc["output_dir"], "model.safetensors"))
+    werrs, ww = compare_weights(got, ref["weights"], 1e-4, scaled=True)
+    errs += werrs
+    e = "model.embed_tokens.weight"
+    nopad = R.train_reference(dict(cfg, pad_token_id=None), weights, tokens, tc)
+    d = float(np.max(np.abs(nopad["weights"][e][63] - ref["weights"][e][63])))
+    if d < 1e-3:
+        errs.append(f"test setup: padding_idx -1 moves row 63 by only {d:.1e}")
+    return errs, f"llama pad_token_id -1: loss rel {wl:.1e}, weights max diff {ww:.1e}, row 63 vs no padding {d:.1e}"
+
+
+def refusal(root, name, cfg=None, tc_extra=None, want="", weights_fn=None):
+    """The run fails with one line on stderr that contains want; returns errors."""
+    work = os.path.join(root, "refuse", name)
+    cfg = cfg or phi3_cfg()
+    os.makedirs(work, exist_ok=True)
+    model_dir = os.path.join(work, "model")
+    w = R.init_weights(phi3_cfg(), seed=1)
+    if weights_fn:
+        w = weights_fn(w)
+    os.makedirs(model_dir, exist_ok=True)
+    with open(os.path.join(model_dir, "config.json"), "w") as f:
+        json.dump(cfg, f)
+    R.write_safetensors(os.path.join(model_dir, "model.safetensors"), w, metadata={"format": "pt"})
+    shard = os.path.join(work, "train.bin")
+    R.write_shard(shard, tokens_with_pad(400, 64, 1), version=1)
+    tc = R.train_config(sequence_len=8, micro_batch_size=1, max_steps=1, warmup_steps=0,
+                        lr_scheduler="constant")
+    tc.update(base_model=model_dir, train_data=shard, output_dir=os.path.join(work, "out"))
+    tc.update(tc_extra or {})
+    p = run(work, tc, expect_ok=False)
+    err = p.stderr.decode("utf-8", "replace").strip()
+    if p.returncode == 0:
+        return [f"{name}: the run succeeded; expected an error with {want!r}"]
+    if want not in err or len(err.splitlines()) != 1:
+        return [f"{name}: stderr {err[-300:]!r} is not one line naming {want!r}"]
+    return []
+
+
+def case_refusals(root):
+    errs = []
+    long_scaling = {"type": "longrope", "short_factor": [1.0] * 6, "long_factor": [2.0] * 6}
+    cases = [
+        ("longrope", phi3_cfg(rope_scaling=long_scaling), None, "'rope_scaling.type' = longrope"),
+        ("su", phi3_cfg(rope_scaling=dict(long_scaling, type="su")), None, "'rope_scaling.type' = su"),
+        ("llama3_rope", phi3_cfg(rope_scaling={"rope_type": "llama3", "factor": 8.0,
+                                               "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                               "original_max_position_embeddings": 64}), None,
+         "'rope_scaling.rope_type' = llama3"),
+        ("partial_rotary", phi3_cfg(partial_rotary_factor=0.75), None, "'partial_rotary_factor' = 0.75"),
+        ("resid_pdrop", phi3_cfg(resid_pdrop=0.1), None, "'resid_pdrop' = 0.1"),
+        ("embd_pdrop", phi3_cfg(embd_pdrop=0.05), None, "'embd_pdrop' = 0.05"),
+        ("attention_dropout", phi3_cfg(attention_dropout=0.1), None, "'attention_dropout' = 0.1"),
+        ("pad_default", {k: v for k, v in phi3_cfg().items() if k != "pad_token_id"}, None,
+         "pad_token_id is absent, which for phi3 means 32000, past vocab_size 64"),
+        ("pad_past_vocab", phi3_cfg(pad_token_id=64), None, "pad_token_id 64 is not a token id of vocab_size 64"),
+        ("head_dim", phi3_cfg(head_dim=16), None, "phi3 'head_dim' 16 must be hidden_size / num_attention_heads"),
+        ("lora_qkv", None, dict(adapter="lora", lora_r=2, lora_alpha=4, lora_target_modules=["qkv_proj"]),
+         "'model.layers.0.self_attn.qkv_proj': LoRA on phi3's fused qkv_proj is not supported"),
+        ("lora_gate_up", None, dict(adapter="lora", lora_r=2, lora_alpha=4,
+                                    lora_target_modules=["o_proj", "gate_up_proj"]),
+         "LoRA on phi3's fused gate_up_proj is not supported"),
+        ("lora_all_linear", None, dict(adapter="lora", lora_r=2, lora_alpha=4, lora_target_modules="all-linear"),
+         "fused qkv_proj is not supported"),
+        ("lora_target_linear", None, dict(adapter="lora", lora_r=2, lora_alpha=4, lora_target_linear=True),
+         "fused qkv_proj is not supported"),
+        ("lora_q_proj", None, dict(adapter="lora", lora_r=2, lora_alpha=4, lora_target_modules=["q_proj"]),
+         "unknown module 'q_proj' (expected one of o_proj, down_proj"),
+    ]
+    for name, cfg, extra, want in cases:
+        errs += refusal(root, name, cfg, extra, want)
+
+    def unfused(w):  # Llama-style names in a phi3 directory
+        out = {}
+        for k, v in w.items():
+            if k.endswith("qkv_proj.weight"):
+                q, kk, vv = np.split(v, [48, 72])
+                for n, a in (("q_proj", q), ("k_proj", kk), ("v_proj", vv)):
+                    out[k.replace("qkv_proj", n)] = a
+            else:
+                out[k] = v
+        return out
+
+    def short_qkv(w):
+        k = "model.layers.1.self_attn.qkv_proj.weight"
+        return dict(w, **{k: w[k][:-8]})
+
+    errs += refusal(root, "unfused", None, None, "missing tensor 'model.layers.0.self_attn.qkv_proj.weight'",
+                    weights_fn=unfused)
+    errs += refusal(root, "qkv_shape", None, None,
+                    "tensor 'model.layers.1.self_attn.qkv_proj.weight' has shape [88, 48], the config needs "
+                    "[96, 48]", weights_fn=short_qkv)
+    return errs, f"{len(cases) + 2} inputs refused with one line each"
+
+
+def main():
+    global ARGS
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--bin", default="./train_llama")
+    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--timeout", type=float, default=120.0)
+    ap.add_argument("--only", default=None)
+    ap.add_argument("--keep", action="store_true")
+    ap.add_argument("-v", "--verbose", action="store_true")
+    ARGS = ap.parse_args()
+    ARGS.bin = os.path.abspath(ARGS.bin)
+    root = tempfile.mkdtemp(prefix="test_phi3_")
+    cases = [("one_step", case_one_step), ("steps_tied", case_steps_tied),
+             ("export", case_export), ("lora_o_down", case_lora_o_down),
+             ("resume_modes", case_resume_modes), ("pad_negative", case_pad_negative),
+             ("refusals", case_refusals)]
+    try:
+        passed, failed = harness.run_cases(((n, lambda f=f: f(root)) for n, f in cases),
+                                           ARGS.only, ARGS.verbose)
+    finally:
+        if ARGS.keep:
+            print(f"kept {root}")
+        else:
+            shutil.rmtree(root, ignore_errors=True)
+    print(f"{passed} passed, {failed} failed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
