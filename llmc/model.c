@@ -711,17 +711,9 @@ void model_set_param(Model *m, int i, const float *src) {
         m->bk->copy_h2d(m->bk, m->master + loc, src + (a - p->goff), (b - a) * sizeof(float), NULL);
 }
 
-// The range of this rank's fp32 master that holds all of [g, g + n), or NULL.
-static const OwnedRange *owned_range(const Model *m, size_t g, size_t n) {
-    if (!m->master) return NULL;
-    for (int k = 0; k < m->nowned; k++)
-        if (m->owned[k].g0 <= g && g + n <= m->owned[k].g1) return &m->owned[k];
-    return NULL;
-}
-
 void model_get_param(const Model *m, int i, float *dst) {
     const ParamSpec *p = &m->tab.specs[i];
-    const OwnedRange *o;
+    size_t a, b, loc;
     if (p->quant) {
         // Dequantized on the host from a copy of the region, exactly as the kernel would.
         size_t bytes = nf4_region_bytes(p->numel, 64, 1);
@@ -737,10 +729,10 @@ void model_get_param(const Model *m, int i, float *dst) {
     } else if (p->streamed) {
         const char *blk = (const char *)m->host_blocks + (size_t)p->layer * m->tab.block_bytes;
         m->bk->host_to_f32(m->bk, dst, blk + p->offset * m->bk->act_bytes, p->numel);
-    } else if ((o = owned_range(m, p->goff, p->numel))) {
+    } else if (m->master && model_owned_part(m, p, &a, &b, &loc) && a == p->goff && b == p->goff + p->numel) {
         // The fp32 master when this rank holds all of the tensor (ZeRO-3 included: its gathered
         // copy is in the activation dtype); else the gathered act copy.
-        m->bk->copy_d2h(m->bk, dst, m->master + o->local + (p->goff - o->g0), p->numel * sizeof(float), NULL);
+        m->bk->copy_d2h(m->bk, dst, m->master + loc, p->numel * sizeof(float), NULL);
         m->bk->sync(m->bk);
     } else if (p->trainable && m->opt.zero_stage >= 3) {
         if (!m->z3_full) fail("internal: %s read while sharded (call model_gather_all first)", p->name);

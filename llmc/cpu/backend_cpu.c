@@ -236,10 +236,8 @@ void backend_cpu_preinit(char **argv) {
     const char *core = openblas_get_corename();
     if (!core) return;
     __builtin_cpu_init();
-    const int avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                       __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl") &&
-                       __builtin_cpu_supports("avx512cd");
-    const int avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    const int level = kernels_f32_level();  // 2: AVX-512 F/BW/DQ/VL, 1: AVX2 + FMA
+    const int avx512 = level == 2 && __builtin_cpu_supports("avx512cd"), avx2 = level >= 1;
     const int core512 = !strcasecmp(core, "skylakex") || !strcasecmp(core, "cooperlake") ||
                         !strcasecmp(core, "sapphirerapids");
     const char *want = NULL;
