@@ -117,6 +117,19 @@ static void hf_gpt2_config(const char *dir, ModelConfig *c) {
     c->num_attention_heads = json_int(o, "n_head", path, 1);
     c->hidden_size = json_int(o, "n_embd", path, 1);
     int inner = json_int(o, "n_inner", path, 0);
+    // GPT-2's files carry the pretraining dropouts (0.1). llm.c trains without dropout and so
+    // does train_gpt; said once, so a fine-tune that expected them knows.
+    static const char *const drops[] = {"attn_pdrop", "resid_pdrop", "embd_pdrop"};
+    for (int i = 0; i < 3; i++) {
+        const cJSON *d = cJSON_GetObjectItemCaseSensitive(o, drops[i]);
+        if (d && !cJSON_IsNull(d) && (!cJSON_IsNumber(d) || d->valuedouble < 0 || d->valuedouble >= 1))
+            fail("%s: '%s' must be a number in [0, 1)", path, drops[i]);
+        if (d && cJSON_IsNumber(d) && d->valuedouble != 0) {
+            printf("note: %s: %s = %g (and any other dropout) is not applied: train_gpt trains without dropout, "
+                   "as llm.c does\n", path, drops[i], d->valuedouble);
+            break;
+        }
+    }
     cJSON_Delete(o);
     if (inner && inner != 4 * c->hidden_size) fail("%s: n_inner %d is not 4 x n_embd (GPT-2's MLP)", path, inner);
     if (c->hidden_size % c->num_attention_heads)

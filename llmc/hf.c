@@ -100,8 +100,8 @@ static void read_phi3_keys(const char *path, const cJSON *root, ModelConfig *c) 
     if (c->head_dim * c->num_attention_heads != c->hidden_size)
         fail("%s: phi3 'head_dim' %d must be hidden_size / num_attention_heads (%d / %d): transformers "
              "versions disagree on another value", path, c->head_dim, c->hidden_size, c->num_attention_heads);
-    static const char *const drops[] = {"resid_pdrop", "embd_pdrop", "attention_dropout"};
-    for (int i = 0; i < 3; i++) {
+    static const char *const drops[] = {"resid_pdrop", "embd_pdrop"};
+    for (int i = 0; i < 2; i++) {
         double p = opt_num(path, root, drops[i], 0.0);
         if (p != 0.0) fail("%s: '%s' = %g is not supported (dropout is not implemented; use 0.0)", path, drops[i], p);
     }
@@ -173,6 +173,11 @@ void hf_read_config(const char *path, ModelConfig *c) {
                                                       : opt_bool(path, root, "attention_bias", 0);
     if (opt_bool(path, root, "mlp_bias", 0))
         fail("%s: 'mlp_bias': true is not supported", path);
+    // Every family's attention applies this dropout in training; without it we would train
+    // another model.
+    double drop = opt_num(path, root, "attention_dropout", 0.0);
+    if (drop != 0.0)
+        fail("%s: 'attention_dropout' = %g is not supported (dropout is not implemented; use 0.0)", path, drop);
     const cJSON *act = get(root, "hidden_act");
     if (act && (!cJSON_IsString(act) || strcmp(act->valuestring, "silu") != 0))
         fail("%s: 'hidden_act' must be \"silu\" (the only activation implemented)", path);

@@ -247,7 +247,7 @@ def hf_tensors(cfg, w, prefix="transformer."):
     return {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in t.items()}
 
 
-def save_hf_dir(d, cfg, w, prefix="transformer."):
+def save_hf_dir(d, cfg, w, prefix="transformer.", **extra):
     """A Hugging Face GPT-2 directory (config.json + model.safetensors, as GPT2LMHeadModel
     saves it, with the attn.bias mask buffer older transformers wrote) for weights w."""
     os.makedirs(d, exist_ok=True)
@@ -260,7 +260,7 @@ def save_hf_dir(d, cfg, w, prefix="transformer."):
         json.dump(dict(model_type="gpt2", architectures=["GPT2LMHeadModel"], vocab_size=cfg["vocab_size"],
                        n_positions=cfg["max_seq_len"], n_embd=cfg["channels"], n_layer=cfg["num_layers"],
                        n_head=cfg["num_heads"], n_inner=None, activation_function="gelu_new",
-                       layer_norm_epsilon=1e-5), f)
+                       layer_norm_epsilon=1e-5, **extra), f)
 
 
 def gelu_tanh(x):

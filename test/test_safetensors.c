@@ -633,6 +633,21 @@ static void test_errors(void) {
     snprintf(buf, sizeof buf, "{%s,\"hidden_size\":64,\"mlp_bias\":true}", base);
     write_text(cfg, buf);
     expect_fail("err config mlp_bias", do_hf_read, cfg, "mlp_bias", NULL);
+    // Every family's attention drops out in training: a nonzero rate is refused, 0.0 reads.
+    const char *fams[] = {"llama", "mistral", "qwen2", "qwen3"};
+    for (int i = 0; i < 4; i++) {
+        char name[64];
+        snprintf(buf, sizeof buf, "{%s,\"hidden_size\":64,\"model_type\":\"%s\",\"attention_dropout\":0.1}",
+                 base, fams[i]);
+        write_text(cfg, buf);
+        snprintf(name, sizeof name, "err config %s attention_dropout", fams[i]);
+        expect_fail(name, do_hf_read, cfg, "'attention_dropout' = 0.1", NULL);
+    }
+    snprintf(buf, sizeof buf, "{%s,\"hidden_size\":64,\"attention_dropout\":0.0}", base);
+    write_text(cfg, buf);
+    ModelConfig mc;
+    hf_read_config(cfg, &mc);
+    check("config attention_dropout 0.0 reads", mc.hidden_size == 64, "hidden %d", mc.hidden_size);
     snprintf(buf, sizeof buf, "{%s,\"hidden_size\":64,\"hidden_act\":\"gelu\"}", base);
     write_text(cfg, buf);
     expect_fail("err config hidden_act", do_hf_read, cfg, "hidden_act", NULL);

@@ -423,7 +423,9 @@ def check_hf_gpt2(work, tokens):
     w = G.init_weights(cfg, seed=4)
     cache = os.path.join(work, "hf_cache")
     repo = os.path.join(cache, "models--openai-community--gpt2")
-    hf_gpt2_dir(os.path.join(repo, "snapshots", "abc123"), cfg, w, "transformer.")
+    # the hub's file carries GPT-2's pretraining dropouts, which train_gpt says it does not apply
+    hf_gpt2_dir(os.path.join(repo, "snapshots", "abc123"), cfg, w, "transformer.", attn_pdrop=0.1,
+                resid_pdrop=0.1, embd_pdrop=0.1)
     os.makedirs(os.path.join(repo, "refs"))
     with open(os.path.join(repo, "refs", "main"), "w") as f:
         f.write("abc123")
@@ -435,8 +437,11 @@ def check_hf_gpt2(work, tokens):
     for src in ("gpt2", plain):
         out = os.path.join(work, "out_hf")
         shutil.rmtree(out, ignore_errors=True)
-        run(["-c", "hf.yaml", "-e", src, "-i", "train_big.bin", "-o", out, "-b", "2", "-t", "16", "-x", "1",
-             "-l", "0", "-s", "0"], work, {"HF_HUB_CACHE": cache})
+        p = run(["-c", "hf.yaml", "-e", src, "-i", "train_big.bin", "-o", out, "-b", "2", "-t", "16", "-x", "1",
+                 "-l", "0", "-s", "0"], work, {"HF_HUB_CACHE": cache})
+        noted = "attn_pdrop = 0.1 (and any other dropout) is not applied" in p.stdout
+        if noted != (src == "gpt2"):
+            errs.append("-e %s: dropout note %s" % (src, "printed" if noted else "missing"))
         rows = [r for r in read_metrics(os.path.join(out, "metrics.jsonl")) if "loss" in r]
         if not rows or abs(rows[0]["loss"] - want) > 1e-5 * want:
             errs.append("-e %s: loss %r, reference %.7f" % (src, rows[:1], want))
