@@ -729,6 +729,8 @@ void model_get_param(const Model *m, int i, float *dst) {
     } else if (p->streamed) {
         const char *blk = (const char *)m->host_blocks + (size_t)p->layer * m->tab.block_bytes;
         m->bk->host_to_f32(m->bk, dst, blk + p->offset * m->bk->act_bytes, p->numel);
+    } else if (p->trainable && m->master_full) {
+        memcpy(dst, m->master_full + p->goff, p->numel * sizeof(float));
     } else if (m->master && model_owned_part(m, p, &a, &b, &loc) && a == p->goff && b == p->goff + p->numel) {
         // The fp32 master when this rank holds all of the tensor (ZeRO-3 included: its gathered
         // copy is in the activation dtype); else the gathered act copy.
@@ -1046,9 +1048,63 @@ static void z3_layer(Model *m, int l) {
     m->z3_slot_layer[k] = l;
 }
 
-void model_gather_all(Model *m) {
-    if (m->opt.zero_stage < 3) return;
+// The fp32 master pieces [loc, loc + s) of every rank, rank i's piece being trainable indices
+// [g0 + i s, g0 + (i + 1) s) clipped to g1, into rank 0's master_full. all_gather moves act
+// elements, so floats travel as 4 / act_bytes of them each (bytes, no arithmetic); chunks of
+// `chunk` floats keep the device scratch at world x chunk floats.
+static void gather_master(Model *m, size_t loc, size_t s, size_t g0, size_t g1, float *scratch, size_t chunk) {
     Backend *bk = m->bk;
+    Comm *c = m->opt.comm;
+    const size_t per = sizeof(float) / bk->act_bytes;
+    for (size_t k = 0; k < s; k += chunk) {
+        size_t n = s - k < chunk ? s - k : chunk;
+        float *mine = scratch + (size_t)c->rank * n;
+        if (m->opt.offload_optimizer) bk->copy_h2d(bk, mine, m->master + loc + k, n * sizeof(float), NULL);
+        else bk->copy_d2d(bk, mine, m->master + loc + k, n * sizeof(float), NULL);
+        c->all_gather(c, scratch, mine, n * per);
+        if (c->rank == 0)
+            for (int i = 0; i < c->world; i++) {
+                size_t g = g0 + (size_t)i * s + k, e = g + n < g1 ? g + n : g1;
+                if (g < e) bk->copy_d2h(bk, m->master_full + g, scratch + (size_t)i * n, (e - g) * sizeof(float), NULL);
+            }
+        bk->sync(bk);
+    }
+}
+
+void model_gather_all(Model *m) {
+    Backend *bk = m->bk;
+    const size_t G = m->tab.num_trainable;
+    if (m->master && m->opt.zero_stage >= 1 && G) {
+        // Every rank's fp32 master to rank 0, so the saved weights are the master weights
+        // rather than their bf16 copies (trainable ones; frozen weights have no master).
+        if (m->opt.comm->rank == 0) {
+            m->master_full = malloc(G * sizeof(float));
+            if (!m->master_full)
+                fail("out of host memory for the gathered fp32 master weights (%.2f GiB) to save the model",
+                     G * 4.0 / (1 << 30));
+        }
+        const int z3 = m->opt.zero_stage >= 3;
+        // LLMC_SAVE_GATHER_FLOATS: the chunk, for tests that need several per piece.
+        const char *env = getenv("LLMC_SAVE_GATHER_FLOATS");
+        size_t chunk = env && atol(env) > 0 ? (size_t)atol(env) : (size_t)4 << 20, most = z3 ? 0 : m->tab.shard;
+        for (int u = 0; z3 && u <= m->cfg.num_hidden_layers; u++)
+            if (unit_shard(&m->tab, u) > most) most = unit_shard(&m->tab, u);
+        if (most < chunk) chunk = most ? most : 1;
+        float *scratch = bk->dev_alloc(bk, chunk * m->opt.comm->world * sizeof(float), "master gather (save)");
+        if (z3) {
+            size_t loc = 0;
+            for (int u = 0; u <= m->cfg.num_hidden_layers; u++) {
+                size_t s = unit_shard(&m->tab, u);
+                gather_master(m, loc, s, m->tab.units[u], m->tab.units[u + 1], scratch, chunk);
+                loc += s;
+            }
+        } else {
+            gather_master(m, 0, m->tab.shard, 0, G, scratch, chunk);
+        }
+        bk->dev_free(bk, scratch);
+        return;  // the act copy is not needed: every sharded tensor has a master
+    }
+    if (m->opt.zero_stage < 3) return;
     size_t maxu = 0;
     for (int u = 0; u <= m->cfg.num_hidden_layers; u++)
         if (unit_shard(&m->tab, u) * m->opt.comm->world > maxu) maxu = unit_shard(&m->tab, u) * m->opt.comm->world;
@@ -1063,8 +1119,10 @@ void model_gather_all(Model *m) {
 }
 
 void model_gather_done(Model *m) {
-    m->bk->dev_free(m->bk, m->z3_full);
+    if (m->z3_full) m->bk->dev_free(m->bk, m->z3_full);
     m->z3_full = NULL;
+    free(m->master_full);
+    m->master_full = NULL;
 }
 static void *LP(const Model *m, int l, int k) { return P(m, param_index(&m->tab, l, k)); }
 static float *LG(const Model *m, int l, int k) { return G(m, param_index(&m->tab, l, k)); }

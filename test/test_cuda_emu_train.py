@@ -187,7 +187,7 @@ def main():
         # (d) ZeRO-3 (a world of one: its per-unit float gradients, reduce-scatter and
         # accumulate_f32) and offload_optimizer (float gradients copied to the host): the plain
         # run's gradient norm, to the last digit printed.
-        for key, val in (("zero_stage", 3), ("offload_optimizer", "true")):
+        for key, val in (("zero_stage", 3), ("zero_stage", 1), ("offload_optimizer", "true")):
             r, w, _ = run(binary, tmp, "cuda_" + key, "cuda", {"dtype": "bfloat16", key: val})
             check("(d) %s %s: the plain run's gradient norm (%s)" % (key, val, r and r[0]["grad_norm"]),
                   r is not None and r[0]["grad_norm"] == g1[0]["grad_norm"],
