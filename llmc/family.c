@@ -82,7 +82,4 @@ int family_fused_slice(const ParamTable *t, int i, FusedSlice *f) {
     return 0;
 }
 
-int family_has_target(const ModelConfig *c, int k) {
-    if (c->arch != ARCH_LLAMA || !family_of(c)->fused) return 1;
-    return k == LORA_O || k == LORA_DOWN;
-}
+int family_is_fused(const ModelConfig *c) { return c->arch == ARCH_LLAMA && family_of(c)->fused; }

@@ -51,6 +51,3 @@ typedef struct {
 } FusedSlice;
 // 1 and *f filled when tensor i of t is written fused (Phi-3's q/k/v and gate/up), else 0.
 int family_fused_slice(const ParamTable *t, int i, FusedSlice *f);
-// Whether LORA_* target k is a module of the family's model (Phi-3 has no q/k/v/gate/up
-// modules, only the fused ones, which take no adapters here).
-int family_has_target(const ModelConfig *c, int k);

@@ -60,13 +60,17 @@ void model_size(const ModelConfig *c, int64_t I, int64_t Vp, const LoraConfig *l
         tensors = count_of(c->tie_word_embeddings ? 2 : 3);
     }
     // Adapters of one layer whose LORA_* mask is m: parameters, and tensors in *nt.
-    // (GPT-2's c_attn: one A over C inputs and one B over the 3C fused outputs, in the q slot.)
+    // (A fused module, GPT-2's c_attn or Phi-3's qkv_proj / gate_up_proj: one A over its input
+    // and one B over all its parts' outputs, in the first part's slot.)
+    const int fqkv = lora_fused_qkv(c), fgu = lora_fused_gate_up(c);
     Count ad_out[LORA_TARGETS];
     memcpy(ad_out, out, sizeof ad_out);
-    if (gpt2) ad_out[LORA_Q] = count_mul(count_of(3), out[LORA_Q]);
+    if (fqkv) ad_out[LORA_Q] = count_add(QD, count_mul(count_of(2), KD));
+    if (fgu) ad_out[LORA_GATE] = count_mul(count_of(2), out[LORA_GATE]);
 #define LAYER_ADAPTERS(m, nt, acc)                                                                  \
     for (int k = 0; k < LORA_TARGETS; k++)                                                          \
-        if ((m) >> k & 1 && !(gpt2 && (k == LORA_GATE || k == LORA_K || k == LORA_V))) {            \
+        if ((m) >> k & 1 && !(gpt2 && k == LORA_GATE) && !(fqkv && (k == LORA_K || k == LORA_V)) && \
+            !(fgu && k == LORA_UP)) {                                                               \
             acc = count_add(acc, count_mul(count_of(lora->r), count_add(in[k], ad_out[k])));        \
             (nt) += 2;                                                                              \
         }
@@ -155,6 +159,8 @@ void lora_module_name(char *out, size_t cap, const ModelConfig *c, int layer, in
         static const char *const gpt2[LORA_TARGETS] = {"attn.c_attn", "attn.c_attn", "attn.c_attn", "attn.c_proj",
                                                        "", "mlp.c_fc", "mlp.c_proj"};
         snprintf(out, cap, "transformer.h.%d.%s", layer, gpt2[t]);
+    } else if (family_is_fused(c) && t != LORA_O && t != LORA_DOWN) {
+        snprintf(out, cap, "model.layers.%d.%s", layer, t <= LORA_V ? "self_attn.qkv_proj" : "mlp.gate_up_proj");
     } else {
         snprintf(out, cap, "model.layers.%d.%s.%s", layer, t <= LORA_O ? "self_attn" : "mlp", LORA_TARGET_NAMES[t]);
     }
@@ -265,9 +271,12 @@ void param_table_build(ParamTable *t, const ModelConfig *c, const LoraConfig *lo
         for (int l = 0; l < L; l++)
             for (int k = 0; k < LORA_TARGETS; k++) {
                 if (!(lora_layer_targets(&t->lora, l) >> k & 1) || t->layer_param[l * P_PER_LAYER + LORA_WEIGHT[k]] < 0) continue;
-                if (lora_fused_qkv(c) && (k == LORA_K || k == LORA_V)) continue;  // in c_attn's
+                if (lora_fused_qkv(c) && (k == LORA_K || k == LORA_V)) continue;  // in q's slot
+                if (lora_fused_gate_up(c) && k == LORA_UP) continue;               // in gate's
                 const ParamSpec *w = &t->specs[t->layer_param[l * P_PER_LAYER + LORA_WEIGHT[k]]];
-                int64_t out = w->shape[0] * (lora_fused_qkv(c) && k == LORA_Q ? 3 : 1), in = w->shape[1];
+                int64_t out = w->shape[0], in = w->shape[1];
+                if (lora_fused_qkv(c) && k == LORA_Q) out += 2 * t->specs[t->layer_param[l * P_PER_LAYER + P_WK]].shape[0];
+                if (lora_fused_gate_up(c) && k == LORA_GATE) out *= 2;
                 char mod[80];
                 lora_module_name(mod, sizeof mod, c, l, k);
                 snprintf(n, sizeof n, "%s.lora_A.weight", mod);
@@ -1171,13 +1180,19 @@ static const void *lora_input(Model *m, int l, int t, const void *x, int row0, i
 }
 
 // The slot that holds target t's adapter in layer l (-1: none) and the first row of its B that
-// t's outputs use: t's own, or for GPT-2's k and v the q slot's (c_attn's) at rows C and 2C on.
-// q, k and v then share A and the dropout mask of the slot, as PEFT's one c_attn adapter does.
+// t's outputs use: t's own, or for a fused module's later parts the first part's slot (k at
+// QD, v at QD + KD; up at I). The parts then share A and the dropout mask of the slot, as
+// PEFT's one adapter on c_attn, qkv_proj or gate_up_proj does.
 static int lora_slot(const Model *m, int l, int t, size_t *brow) {
+    const ModelConfig *c = &m->cfg;
+    const size_t QD = (size_t)c->num_attention_heads * c->head_dim, KD = (size_t)c->num_key_value_heads * c->head_dim;
     *brow = 0;
-    if (lora_fused_qkv(&m->cfg) && (t == LORA_K || t == LORA_V)) {
-        *brow = (size_t)(t - LORA_Q) * (size_t)m->cfg.hidden_size;
+    if (lora_fused_qkv(c) && (t == LORA_K || t == LORA_V)) {
+        *brow = t == LORA_K ? QD : QD + KD;
         t = LORA_Q;
+    } else if (lora_fused_gate_up(c) && t == LORA_UP) {
+        *brow = (size_t)c->intermediate_size;
+        t = LORA_GATE;
     }
     return param_index(&m->tab, l, P_LORA_A + t) < 0 ? -1 : t;
 }

@@ -81,10 +81,14 @@ typedef struct {
     unsigned char layer_targets[LORA_MAX_LAYERS];
 } LoraConfig;
 
-// GPT-2's c_attn is one Conv1D over q, k and v: PEFT gives it one adapter, A [r, C] over the
-// input and B [3C, r] over the fused output. Here the LORA_Q slot holds that A and B; the q, k
-// and v bits are set together and the k and v slots stay empty (their rows of B are C and 2C on).
-static inline int lora_fused_qkv(const ModelConfig *c) { return c->arch == ARCH_GPT2; }
+// GPT-2's c_attn (a Conv1D) and Phi-3's self_attn.qkv_proj are one module over q, k and v, and
+// Phi-3's mlp.gate_up_proj one over gate and up: PEFT gives such a module one adapter, A [r, in]
+// over the input and B [rows of all parts, r] over the fused output. Here the first part's slot
+// (LORA_Q, LORA_GATE) holds that A and B; the parts' bits are set together and the other parts'
+// slots stay empty (their rows of B follow: k at QD, v at QD + KD; up at I).
+int family_is_fused(const ModelConfig *c);  // family.c: the files hold Phi-3's fused modules
+static inline int lora_fused_qkv(const ModelConfig *c) { return c->arch == ARCH_GPT2 || family_is_fused(c); }
+static inline int lora_fused_gate_up(const ModelConfig *c) { return family_is_fused(c); }
 
 // The LORA_* bit mask of the projections layer l adapts.
 static inline int lora_layer_targets(const LoraConfig *lc, int l) {

@@ -41,8 +41,11 @@ static const char *const LLAMA_OUTSIDE[] = {"lm_head", "model.embed_tokens", "mo
 static const char *const LLAMA_INSIDE[] = {"", ".self_attn", ".mlp", ".mlp.act_fn", ".input_layernorm",
                                            ".post_attention_layernorm", ".self_attn.rotary_emb",
                                            ".self_attn.q_norm", ".self_attn.k_norm"};
-static const AdaptedModule PHI3_MODS[] = {  // its fused qkv_proj / gate_up_proj carry none here
-    {"self_attn.o_proj", 1 << LORA_O, "o_proj"}, {"mlp.down_proj", 1 << LORA_DOWN, "down_proj"}};
+static const AdaptedModule PHI3_MODS[] = {  // qkv_proj and gate_up_proj: one adapter each
+    {"self_attn.qkv_proj", 1 << LORA_Q | 1 << LORA_K | 1 << LORA_V, "qkv_proj"},
+    {"self_attn.o_proj", 1 << LORA_O, "o_proj"},
+    {"mlp.gate_up_proj", 1 << LORA_GATE | 1 << LORA_UP, "gate_up_proj"},
+    {"mlp.down_proj", 1 << LORA_DOWN, "down_proj"}};
 static const AdaptedModule GPT2_MODS[] = {
     {"attn.c_attn", 1 << LORA_Q | 1 << LORA_K | 1 << LORA_V, "c_attn"}, {"attn.c_proj", 1 << LORA_O, "attn.c_proj"},
     {"mlp.c_fc", 1 << LORA_UP, "c_fc"}, {"mlp.c_proj", 1 << LORA_DOWN, "mlp.c_proj"}};
@@ -58,7 +61,7 @@ static ModuleTree tree_of(const ModelConfig *c) {
                             GPT2_INSIDE, N(GPT2_INSIDE), "c_attn/c_proj/c_fc modules"};
     if (family_of(c)->fused)
         return (ModuleTree){"model.layers.%d", "layers", PHI3_MODS, N(PHI3_MODS), LLAMA_OUTSIDE, N(LLAMA_OUTSIDE),
-                            LLAMA_INSIDE, N(LLAMA_INSIDE) - 2, "o_proj/down_proj projections (phi3)"};
+                            LLAMA_INSIDE, N(LLAMA_INSIDE) - 2, "qkv_proj/o_proj/gate_up_proj/down_proj projections (phi3)"};
     return (ModuleTree){"model.layers.%d", "layers", LLAMA_MODS, N(LLAMA_MODS), LLAMA_OUTSIDE, N(LLAMA_OUTSIDE),
                         LLAMA_INSIDE, family_of(c)->qk_norm ? N(LLAMA_INSIDE) : N(LLAMA_INSIDE) - 2,
                         "q/k/v/o/gate/up/down projections"};
@@ -162,11 +165,7 @@ typedef struct {
     regex_t re;            // target_modules as a regular expression
     int is_re;
     const cJSON *ltt, *lp; // layers_to_transform, layers_pattern (NULL when unused)
-    int fused;             // Phi-3: q/k/v and gate/up exist only as fused modules
 } Sel;
-
-// Phi-3's fused modules: q/k/v and gate/up exist only as these.
-static const char *const FUSED_MODULES[] = {"self_attn.qkv_proj", "mlp.gate_up_proj"};
 
 // PEFT's layer index of a module name: after one of the layers_pattern names
 // (".*\.{pattern}\.(\d+)\."), or without patterns after any part (".*\.[^.]*\.(\d+)\."):
@@ -208,8 +207,6 @@ static int selected(const Sel *s, const char *name) {
     int found = 0;
     if (s->list) cJSON_ArrayForEach(e, s->list) found |= ends_with_part(name, e->valuestring);
     for (int i = 0; s->linear && i < s->mt->nmods; i++) found |= ends_with_part(name, short_name(&s->mt->mods[i]));
-    // Phi-3's fused modules are linear too: all-linear selects them (and is then refused).
-    for (int i = 0; s->linear && s->fused && i < 2; i++) found |= ends_with_part(name, strchr(FUSED_MODULES[i], '.') + 1);
     if (found && s->ltt) {
         long i = layer_index_of(name, s->lp);
         found = i >= 0 && in_layers(s->ltt, i);
@@ -231,7 +228,6 @@ static void sel_init(Sel *s, const PeftKeys *k, const ModuleTree *mt, const cJSO
     s->k = k;
     s->mt = mt;
     s->linear = linear;
-    s->fused = family_of(c)->fused;
     int regex = cJSON_IsString(tm) && strcmp(tm->valuestring, "all-linear");
     if (cJSON_IsString(tm) && !regex) s->linear = 1;
     if (cJSON_IsString(tm) && ltt && !cJSON_IsNull(ltt))
@@ -313,14 +309,6 @@ void peft_select(const PeftKeys *k, const cJSON *tm, const cJSON *ltt, const cJS
             snprintf(name, sizeof name, "%s%s", prefix, mt.inside[i]);
             if (selected(&s, name))
                 fail("%s: %s selects '%s', which is not one of the %s", k->src, k->tm, name, mt.what);
-        }
-        // An adapter on a fused module is one A shared by q, k and v (or gate and up) and one
-        // B over their joint output: not three separate adapters, and not implemented.
-        for (int i = 0; family_of(c)->fused && i < 2; i++) {
-            snprintf(name, sizeof name, "model.layers.%d.%s", l, FUSED_MODULES[i]);
-            if (selected(&s, name))
-                fail("%s: %s selects '%s': LoRA on phi3's fused %s is not supported; target o_proj and/or "
-                     "down_proj", k->src, k->tm, name, strchr(FUSED_MODULES[i], '.') + 1);
         }
         int m = 0;
         for (int i = 0; i < mt.nmods; i++) {

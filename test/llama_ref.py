@@ -190,14 +190,17 @@ def is_decay_param(name):
 
 
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+PHI3_LORA_TARGETS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")  # Phi-3's modules
+ANY_TARGET = ("q_proj", "k_proj", "v_proj", "qkv_proj", "o_proj", "gate_proj", "up_proj", "gate_up_proj",
+              "down_proj")  # in the order of a written target_modules list
 PEFT_PREFIX = "base_model.model."
 
 
 def lora_module(layer, target):
     """HF module path of an adaptable projection, e.g. model.layers.0.self_attn.q_proj."""
-    if target not in LORA_TARGETS:
+    if target not in ANY_TARGET:
         raise ValueError(f"unknown LoRA target {target}")
-    grp = "mlp" if target in ("gate_proj", "up_proj", "down_proj") else "self_attn"
+    grp = "mlp" if target in ("gate_proj", "up_proj", "gate_up_proj", "down_proj") else "self_attn"
     return f"model.layers.{layer}.{grp}.{target}"
 
 
@@ -206,7 +209,7 @@ def lora_shapes(cfg, r, targets):
     shapes = param_shapes(cfg)
     out = {}
     for i in range(cfg["num_hidden_layers"]):
-        for t in LORA_TARGETS:
+        for t in ANY_TARGET:
             if t not in targets:
                 continue
             m = lora_module(i, t)
@@ -238,7 +241,7 @@ def init_lora(cfg, r, targets, seed=0, b_std=0.05):
 def lora_spec(cfg, r, alpha, targets, use_rslora=False, weights=None, seed=0, dropout=0.0,
               b_std=0.05):
     """The `lora` argument of RefLlama/RefTrainer: settings plus {hf lora name: ndarray}."""
-    targets = [t for t in LORA_TARGETS if t in targets]
+    targets = [t for t in ANY_TARGET if t in targets]
     if weights is None:
         weights = init_lora(cfg, r, targets, seed=seed, b_std=b_std)
     return {"r": int(r), "lora_alpha": alpha, "use_rslora": bool(use_rslora),
@@ -280,7 +283,7 @@ def load_adapter_dir(path):
     spec = {"r": int(conf["r"]), "lora_alpha": conf["lora_alpha"],
             "use_rslora": bool(conf.get("use_rslora", False)),
             "lora_dropout": float(conf.get("lora_dropout", 0.0)),
-            "target_modules": [t for t in LORA_TARGETS if t in tm], "weights": w,
+            "target_modules": [t for t in ANY_TARGET if t in tm], "weights": w,
             "config": conf}
     return spec
 

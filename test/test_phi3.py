@@ -8,8 +8,8 @@ transformers' modeling_phi3 (the fused self_attn.qkv_proj sliced q | k | v, mlp.
 chunked gate | up, the sliding-window mask kv_idx > q_idx - sliding_window on every layer, the
 embedding's padding_idx = pad_token_id). The reference computes with the fused weights as the
 files hold them, so the trainer's split at load and join at save are checked against the
-modeling code's slicing, not against themselves. transformers itself cannot run here (its
-models need PyTorch >= 2.1; the machine has 1.13).
+modeling code's slicing, not against themselves. transformers 4.44.2 and peft 0.11.1 (in
+/opt/llmc-transformers-4.44.2, from scripts/install_deps.sh) check the adapter in lora_peft.
 
   one_step          GQA 4/2, sliding_window 5 < sequence_len 16, pad_token_id 3 frequent in
                     the data: the first loss within 1e-5 (relative), and after one AdamW step
@@ -26,11 +26,15 @@ models need PyTorch >= 2.1; the machine has 1.13).
   lora_o_down       LoRA on o_proj and down_proj: losses and adapters against the reference,
                     adapter_config target_modules, and the merged model (fused qkv/gate_up
                     unchanged, o/down = W + scale B A).
+  lora_fused        the same on all four modules: qkv_proj's one adapter (B over q | k | v) and
+                    gate_up_proj's (B over gate | up) against the reference's fused Linear.
+  lora_peft         lora_target_linear on Phi-3; the adapter loads in peft 0.11.1 on
+                    transformers 4.44.2's Phi3ForCausalLM (logits 1e-5), merge_and_unload equals
+                    our merged model (1e-6).
   refusals          one-line errors: longrope / su rope_scaling, partial_rotary_factor,
                     resid_pdrop / embd_pdrop / attention_dropout > 0, an absent pad_token_id
-                    (32000) past a small vocab, LoRA on qkv_proj / gate_up_proj / all-linear /
-                    lora_target_linear, q_proj (no such module in Phi-3), unfused files, a
-                    wrong qkv_proj shape.
+                    (32000) past a small vocab, LoRA on q_proj (no such module in Phi-3),
+                    unfused files, a wrong qkv_proj shape.
 """
 import argparse
 import json
@@ -248,12 +252,12 @@ def case_export(root):
     return errs, f"config keys and tensor names kept, round-trip loss rel {e:.1e}, bf16 in {nshards} shards"
 
 
-def case_lora_o_down(root):
-    work = os.path.join(root, "lora")
+def case_lora_o_down(root, targets=("o_proj", "down_proj"), name="lora"):
+    work = os.path.join(root, name)
     cfg = phi3_cfg()
     model_dir, shard, tokens, weights = setup(work, cfg, 1200, seed=21,
                                               init=dict(qk_std=0.25, embed_std=0.1))
-    targets = ["o_proj", "down_proj"]
+    targets = list(targets)
     spec = R.lora_spec(cfg, r=4, alpha=8, targets=targets, seed=21, b_std=0.1)
     adir = os.path.join(work, "adapter_in")
     R.save_adapter_dir(adir, spec)
@@ -280,6 +284,86 @@ def case_lora_o_down(root):
     merrs, mw = compare_weights(merged, want, 1e-5, scaled=True)
     errs += merrs
     return errs, f"loss rel {wl:.1e}, adapters max diff {ww:.1e}, merged max diff {mw:.1e}"
+
+
+def case_lora_fused(root):
+    """LoRA on every Phi-3 module, the fused ones included: qkv_proj's adapter is one A over the
+    input and one B over q | k | v (GQA: rows Hq D + 2 Hkv D), gate_up_proj's one B over gate |
+    up, as PEFT adapts the Linear modules; the reference applies them to the fused outputs."""
+    return case_lora_o_down(root, R.PHI3_LORA_TARGETS, "lora_fused")
+
+
+# Run by transformers 4.44.2's Phi3ForCausalLM and peft 0.11.1 in a child Python (the
+# transformers on the default path builds no model on Debian's torch 1.13): the base plus the
+# adapter directory as PeftModel.from_pretrained loads them, logits for argv[3]'s ids, and the
+# merge_and_unload weights, into the .npz at argv[4].
+PEFT_CHILD = r"""
+import json, sys
+import numpy as np, torch
+from transformers import Phi3ForCausalLM
+from peft import PeftModel
+model_dir, adapter_dir, ids, out = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), sys.argv[4]
+base = Phi3ForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32, attn_implementation="eager").eval()
+pm = PeftModel.from_pretrained(base, adapter_dir).eval()
+with torch.no_grad():
+    logits = pm(torch.tensor(ids)).logits.double().numpy()
+    merged = {k: v.double().numpy() for k, v in pm.merge_and_unload().state_dict().items()}
+np.savez(out, logits=logits, **{"w:" + k: v for k, v in merged.items()})
+"""
+TF_DIR = os.environ.get("LLMC_GPT2_TRANSFORMERS", "/opt/llmc-transformers-4.44.2")
+
+
+def case_lora_peft(root):
+    """lora_target_linear (Axolotl) selects every Phi-3 module, qkv_proj and gate_up_proj
+    included; the trained adapter loads in peft 0.11.1 on transformers 4.44.2's
+    Phi3ForCausalLM and gives the reference's logits, and peft's merge_and_unload gives our
+    merged model. (5 tokens: 4.44's eager attention ignores the window of 5.)"""
+    if not os.path.isfile(os.path.join(TF_DIR, "transformers", "__init__.py")):
+        return [f"transformers 4.44.2 is not in {TF_DIR}: run scripts/install_deps.sh"], ""
+    work = os.path.join(root, "lora_peft")
+    cfg = phi3_cfg()
+    model_dir, shard, tokens, weights = setup(work, cfg, 1200, seed=23, init=dict(qk_std=0.25, embed_std=0.1))
+    tc = R.train_config(sequence_len=16, micro_batch_size=2, gradient_accumulation_steps=1, max_steps=2,
+                        learning_rate=2e-2, lr_scheduler="constant", warmup_steps=0)
+    tc.update(base_model=model_dir, train_data=shard, adapter="lora", lora_r=4, lora_alpha=8, lora_dropout=0.0,
+              lora_target_linear=True, merge_lora=True, output_dir=os.path.join(work, "out"))
+    run(work, tc)
+    out = tc["output_dir"]
+    errs = []
+    ac = read_json(os.path.join(out, "adapter_config.json"))
+    want_tm = list(R.PHI3_LORA_TARGETS)
+    if ac.get("target_modules") != want_tm:
+        errs.append(f"adapter_config target_modules {ac.get('target_modules')}, expected {want_tm}")
+    ids = [[5, PAD, 17, 40, 9], [1, 2, 63, PAD, 30]]
+    npz = os.path.join(work, "peft.npz")
+    env = dict(os.environ, PYTHONPATH=TF_DIR)
+    p = subprocess.run([sys.executable, "-c", PEFT_CHILD, model_dir, out, json.dumps(ids), npz], env=env,
+                       capture_output=True, timeout=ARGS.timeout)
+    if p.returncode != 0:
+        return errs + ["peft could not load the adapter: " + p.stderr.decode("utf-8", "replace")[-600:]], ""
+    got = np.load(npz)
+    spec = R.load_adapter_dir(out)
+    import torch
+    ref = R.RefLlama(cfg, weights, lora=spec)
+    with torch.no_grad():
+        want = ref(torch.tensor(ids)).double().numpy()
+    ld = float(np.abs(got["logits"] - want).max() / np.abs(want).max())
+    if not ld <= 1e-5:
+        errs.append(f"peft logits vs the reference with our adapter: {ld:.2e} relative (max 1e-5)")
+    base_delta = max(float(np.abs(spec["weights"][k]).max()) for k in spec["weights"] if ".lora_B." in k)
+    if base_delta == 0:
+        errs.append("the trained lora_B tensors are all zero: the check would not see the adapter")
+    ours = R.read_safetensors(os.path.join(out, "merged", "model.safetensors"))
+    md = 0.0
+    for k, v in ours.items():
+        w = got["w:" + k] if "w:" + k in got.files else None
+        if w is None:
+            errs.append(f"merged tensor {k} is not in peft's merged model")
+            continue
+        md = max(md, float(np.abs(np.asarray(v, np.float64) - w).max() / max(np.abs(w).max(), 1e-30)))
+    if not md <= 1e-6:
+        errs.append(f"merged model vs peft's merge_and_unload: {md:.2e} relative (max 1e-6)")
+    return errs, f"peft logits {ld:.1e} rel, merged weights {md:.1e} rel"
 
 
 def case_resume_modes(root):
@@ -403,17 +487,8 @@ def case_refusals(root):
          "pad_token_id is absent, which for phi3 means 32000, past vocab_size 64"),
         ("pad_past_vocab", phi3_cfg(pad_token_id=64), None, "pad_token_id 64 is not a token id of vocab_size 64"),
         ("head_dim", phi3_cfg(head_dim=16), None, "phi3 'head_dim' 16 must be hidden_size / num_attention_heads"),
-        ("lora_qkv", None, dict(adapter="lora", lora_r=2, lora_alpha=4, lora_target_modules=["qkv_proj"]),
-         "'model.layers.0.self_attn.qkv_proj': LoRA on phi3's fused qkv_proj is not supported"),
-        ("lora_gate_up", None, dict(adapter="lora", lora_r=2, lora_alpha=4,
-                                    lora_target_modules=["o_proj", "gate_up_proj"]),
-         "LoRA on phi3's fused gate_up_proj is not supported"),
-        ("lora_all_linear", None, dict(adapter="lora", lora_r=2, lora_alpha=4, lora_target_modules="all-linear"),
-         "fused qkv_proj is not supported"),
-        ("lora_target_linear", None, dict(adapter="lora", lora_r=2, lora_alpha=4, lora_target_linear=True),
-         "fused qkv_proj is not supported"),
         ("lora_q_proj", None, dict(adapter="lora", lora_r=2, lora_alpha=4, lora_target_modules=["q_proj"]),
-         "unknown module 'q_proj' (expected one of o_proj, down_proj"),
+         "unknown module 'q_proj' (expected one of qkv_proj, o_proj, gate_up_proj, down_proj"),
     ]
     for name, cfg, extra, want in cases:
         errs += refusal(root, name, cfg, extra, want)
@@ -456,6 +531,7 @@ def main():
     root = tempfile.mkdtemp(prefix="test_phi3_")
     cases = [("one_step", case_one_step), ("steps_tied", case_steps_tied),
              ("export", case_export), ("lora_o_down", case_lora_o_down),
+             ("lora_fused", case_lora_fused), ("lora_peft", case_lora_peft),
              ("resume_modes", case_resume_modes), ("pad_negative", case_pad_negative),
              ("refusals", case_refusals)]
     try:
