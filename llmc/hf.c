@@ -93,8 +93,54 @@ static void read_rope(const char *path, const cJSON *r, const char *where, Model
     c->rope_original_max_position_embeddings = (int)v[3];
 }
 
+// Phi-3's longrope: rope_scaling {"type": "longrope" (or the legacy "su" / "yarn", which
+// Phi3Config renames), "short_factor": [D/2 numbers], "long_factor": [D/2 numbers]}, plus the
+// attention_factor newer transformers read (else derived from max_position_embeddings /
+// original_max_position_embeddings as both transformers 4.44 and 4.57 do; a "factor" key is
+// overridden by that ratio in transformers too, since Phi3Config has the original length).
+static void read_longrope(const char *path, const cJSON *rs, ModelConfig *c) {
+    const int half = c->head_dim / 2;
+    const cJSON *e;
+    cJSON_ArrayForEach(e, rs) {
+        static const char *const known[] = {"type", "rope_type", "short_factor", "long_factor", "attention_factor", "factor"};
+        int ok = 0;
+        for (size_t i = 0; i < sizeof known / sizeof *known; i++) ok |= !strcmp(e->string, known[i]);
+        if (!ok) fail("%s: 'rope_scaling.%s' is not supported for longrope (type, short_factor, long_factor, "
+                      "attention_factor)", path, e->string);
+    }
+    if (half > ROPE_MAX_HALF) fail("%s: longrope with head_dim %d: at most %d is implemented", path, c->head_dim, 2 * ROPE_MAX_HALF);
+    static const char *const lists[] = {"short_factor", "long_factor"};
+    for (int k = 0; k < 2; k++) {
+        const cJSON *l = get(rs, lists[k]);
+        if (!cJSON_IsArray(l) || cJSON_GetArraySize(l) != half)
+            fail("%s: 'rope_scaling.%s' must be a list of %d numbers (head_dim / 2)", path, lists[k], half);
+        float *dst = k ? c->rope_long_factor : c->rope_short_factor;
+        int i = 0;
+        cJSON_ArrayForEach(e, l) {
+            if (!cJSON_IsNumber(e) || !isfinite(e->valuedouble) || !(e->valuedouble > 0) || e->valuedouble > 1e30)
+                fail("%s: 'rope_scaling.%s'[%d] must be a positive finite number", path, lists[k], i);
+            dst[i++] = (float)e->valuedouble;
+        }
+    }
+    const cJSON *f = get(rs, "factor");
+    if (f && !(cJSON_IsNumber(f) && isfinite(f->valuedouble) && f->valuedouble > 0))
+        fail("%s: 'rope_scaling.factor' must be a positive number", path);
+    if (c->original_max_position_embeddings == 0) c->original_max_position_embeddings = 4096;  // Phi3Config's
+    const cJSON *af = get(rs, "attention_factor");
+    if (af) {
+        if (!cJSON_IsNumber(af) || !isfinite(af->valuedouble) || !(af->valuedouble > 0))
+            fail("%s: 'rope_scaling.attention_factor' must be a positive number", path);
+        c->rope_attention_factor = af->valuedouble;
+        c->rope_has_attention_factor = 1;
+    } else {
+        const double orig = c->original_max_position_embeddings, scale = c->max_position_embeddings / orig;
+        c->rope_attention_factor = scale <= 1.0 || orig <= 1 ? 1.0 : sqrt(1.0 + log(scale) / log(orig));
+    }
+    c->rope_type = ROPE_LONGROPE;
+}
+
 // Phi-3's own keys. Dropout is not implemented, so a nonzero rate would train another model;
-// a partial rotary factor or longrope would place positions differently.
+// a partial rotary factor would place positions differently.
 static void read_phi3_keys(const char *path, const cJSON *root, ModelConfig *c) {
     // Phi3Config has no head_dim; transformers 4.44's attention ignores the key, 4.57's honours it.
     if (c->head_dim * c->num_attention_heads != c->hidden_size)
@@ -108,19 +154,21 @@ static void read_phi3_keys(const char *path, const cJSON *root, ModelConfig *c) 
     double prf = opt_num(path, root, "partial_rotary_factor", 1.0);
     if (prf != 1.0)
         fail("%s: 'partial_rotary_factor' = %g is not supported (only 1.0: RoPE over the whole head)", path, prf);
-    // transformers' Phi3Config renames the legacy "su" and "yarn" to "longrope"; all three
-    // rescale by per-frequency short/long factors, which are not implemented.
-    const cJSON *rs = get(root, "rope_scaling");
-    if (rs) {
-        const cJSON *ty = cJSON_IsObject(rs) ? get(rs, "type") : NULL;
-        const char *key = "type";
-        if (!ty && cJSON_IsObject(rs)) ty = get(rs, "rope_type"), key = "rope_type";
-        fail("%s: 'rope_scaling.%s' = %s is not supported for phi3 (only rope_scaling: null)", path, key,
-             cJSON_IsString(ty) ? ty->valuestring : "(none)");
-    }
     c->original_max_position_embeddings = opt_int(path, root, "original_max_position_embeddings", 0);
     if (c->original_max_position_embeddings < 0)
         fail("%s: key 'original_max_position_embeddings' must be a positive integer", path);
+    // transformers' Phi3Config renames the legacy "su" and "yarn" to "longrope".
+    const cJSON *rs = get(root, "rope_scaling");
+    if (rs) {
+        if (!cJSON_IsObject(rs)) fail("%s: 'rope_scaling' must be an object or null", path);
+        const cJSON *ty = get(rs, "type");
+        const char *key = "type";
+        if (!ty) ty = get(rs, "rope_type"), key = "rope_type";
+        const char *t = cJSON_IsString(ty) ? ty->valuestring : "(none)";
+        if (strcmp(t, "longrope") && strcmp(t, "su") && strcmp(t, "yarn"))
+            fail("%s: 'rope_scaling.%s' = %s is not supported for phi3 (longrope, su, yarn or null)", path, key, t);
+        read_longrope(path, rs, c);
+    }
 }
 
 void hf_read_config(const char *path, ModelConfig *c) {
@@ -252,18 +300,18 @@ void hf_read_config(const char *path, ModelConfig *c) {
     if (fam->fused) read_phi3_keys(path, root, c);
 
     c->rope_theta = opt_num(path, root, "rope_theta", 10000.0);
-    c->rope_type = ROPE_DEFAULT;
+    if (c->rope_type != ROPE_LONGROPE) c->rope_type = ROPE_DEFAULT;
     c->rope_factor = 1.0;
     const cJSON *rp = get(root, "rope_parameters");
     if (rp) {
         read_rope(path, rp, "rope_parameters", c);
         c->rope_theta = opt_num(path, rp, "rope_theta", c->rope_theta);
-    } else {
+    } else if (!fam->fused) {  // Phi-3's rope_scaling is longrope, read above
         const cJSON *rs = get(root, "rope_scaling");
         if (rs) read_rope(path, rs, "rope_scaling", c);
     }
-    if (fam->fused && c->rope_type != ROPE_DEFAULT)  // Phi3Config knows only longrope scaling
-        fail("%s: phi3 takes no llama3 rope scaling (only rope_scaling: null)", path);
+    if (fam->fused && c->rope_type == ROPE_LLAMA3)  // Phi3Config knows only longrope scaling
+        fail("%s: phi3 takes no llama3 rope scaling (only longrope or none)", path);
     if (!(isfinite(c->rope_theta) && c->rope_theta > 0))
         fail("%s: 'rope_theta' must be a positive finite number, got %g", path, c->rope_theta);
     cJSON_Delete(root);
@@ -318,6 +366,26 @@ int hf_write_config(const char *path, const ModelConfig *c) {
             ADD(add_real(r, "high_freq_factor", c->rope_high_freq_factor, 0));
             ADD(cJSON_AddNumberToObject(r, "original_max_position_embeddings",
                                         c->rope_original_max_position_embeddings));
+        }
+    } else if (c->rope_type == ROPE_LONGROPE) {
+        cJSON *r = cJSON_AddObjectToObject(o, "rope_scaling");
+        ADD(r);
+        if (r) {
+            ADD(cJSON_AddStringToObject(r, "type", "longrope"));
+            for (int k = 0; k < 2; k++) {
+                cJSON *l = cJSON_AddArrayToObject(r, k ? "long_factor" : "short_factor");
+                ADD(l);
+                for (int i = 0; l && i < c->head_dim / 2; i++) {
+                    char num[40];
+                    const float v = k ? c->rope_long_factor[i] : c->rope_short_factor[i];
+                    for (int prec = 1; prec <= 9; prec++) {  // the shortest digits that read back
+                        snprintf(num, sizeof num, "%.*g", prec, v);
+                        if (strtof(num, NULL) == v) break;
+                    }
+                    ADD(cJSON_AddItemToArray(l, cJSON_CreateRaw(num)));
+                }
+            }
+            if (c->rope_has_attention_factor) ADD(add_real(r, "attention_factor", c->rope_attention_factor, 0));
         }
     } else {
         ADD(cJSON_AddNullToObject(o, "rope_scaling"));

@@ -148,6 +148,16 @@ void model_config_validate(const ModelConfig *c, const char *src) {
           c->rope_original_max_position_embeddings > 0))
         fail("%s: llama3 rope_scaling needs factor > 0, 0 < low_freq_factor < high_freq_factor and "
              "original_max_position_embeddings > 0", src);
+    if (c->rope_type == ROPE_LONGROPE) {
+        if (c->head_dim / 2 > ROPE_MAX_HALF)
+            fail("%s: longrope with head_dim %d: at most %d is implemented", src, c->head_dim, 2 * ROPE_MAX_HALF);
+        if (!(c->original_max_position_embeddings > 0) || !(isfinite(c->rope_attention_factor) && c->rope_attention_factor > 0))
+            fail("%s: longrope needs original_max_position_embeddings > 0 and a positive attention factor", src);
+        for (int i = 0; i < c->head_dim / 2; i++)
+            if (!(isfinite(c->rope_short_factor[i]) && c->rope_short_factor[i] > 0 &&
+                  isfinite(c->rope_long_factor[i]) && c->rope_long_factor[i] > 0))
+                fail("%s: longrope short_factor/long_factor[%d] must be positive finite numbers", src, i);
+    }
 }
 
 const char *const LORA_TARGET_NAMES[LORA_TARGETS] = {"q_proj", "k_proj", "v_proj", "o_proj",
@@ -352,11 +362,15 @@ void param_table_free(ParamTable *t) {
 
 // HF computes inv_freq = 1 / theta^(2i/D) in float32, then llama3 rescales by wavelength:
 // long wavelengths are divided by `factor`, short ones kept, the band between interpolated.
-void rope_inv_freq(const ModelConfig *c, float *inv) {
+void rope_inv_freq(const ModelConfig *c, float *inv, int long_factors) {
     const int half = c->head_dim / 2;
     for (int i = 0; i < half; i++) {
         float e = (float)(2 * i) / (float)c->head_dim;
         inv[i] = 1.0f / powf((float)c->rope_theta, e);
+        if (c->rope_type == ROPE_LONGROPE) {  // Phi-3: 1 / (ext_factors * base ** e), float32
+            const float ext = long_factors ? c->rope_long_factor[i] : c->rope_short_factor[i];
+            inv[i] = 1.0f / (ext * powf((float)c->rope_theta, e));
+        }
     }
     if (c->rope_type != ROPE_LLAMA3) return;
     const double old = c->rope_original_max_position_embeddings;
@@ -626,26 +640,42 @@ void model_alloc_acts(Model *m, int B, int T, const MemPolicy *pol) {
         }
     }
 
-    // RoPE tables: angle = t * inv_freq in float32 as HF computes it, cos/sin in double.
-    const int half = c->head_dim / 2;
-    m->rope_cos = bk->dev_alloc(bk, sizeof(float) * Tg * half, "rope table");
-    m->rope_sin = bk->dev_alloc(bk, sizeof(float) * Tg * half, "rope table");
+    // RoPE tables: angle = t * inv_freq in float32 as HF computes it, cos/sin in double (then
+    // times longrope's attention factor in float, as HF scales its float32 cos/sin). Longrope
+    // has two, short then long factors; model_set_batch picks one per micro-batch.
+    const int half = c->head_dim / 2, ntab = c->rope_type == ROPE_LONGROPE ? 2 : 1;
+    const size_t per = (size_t)Tg * half;
+    m->rope_rows = (size_t)Tg;
+    m->rope_tab_cos = bk->dev_alloc(bk, sizeof(float) * per * ntab, "rope table");
+    m->rope_tab_sin = bk->dev_alloc(bk, sizeof(float) * per * ntab, "rope table");
+    m->rope_cos = m->rope_tab_cos, m->rope_sin = m->rope_tab_sin;
     if (bk->dry_run) return;
-    float *inv = xmalloc(sizeof(float) * half), *cs = xmalloc(sizeof(float) * Tg * half),
-          *sn = xmalloc(sizeof(float) * Tg * half);
-    rope_inv_freq(c, inv);
-    for (int t = 0; t < Tg; t++)
-        for (int i = 0; i < half; i++) {
-            float ang = (float)t * inv[i];
-            cs[(size_t)t * half + i] = (float)cos(ang);
-            sn[(size_t)t * half + i] = (float)sin(ang);
-        }
-    bk->copy_h2d(bk, m->rope_cos, cs, sizeof(float) * Tg * half, NULL);
-    bk->copy_h2d(bk, m->rope_sin, sn, sizeof(float) * Tg * half, NULL);
-    bk->sync(bk);
+    const float af = c->rope_type == ROPE_LONGROPE ? (float)c->rope_attention_factor : 1.0f;
+    float *inv = xmalloc(sizeof(float) * half), *cs = xmalloc(sizeof(float) * per), *sn = xmalloc(sizeof(float) * per);
+    for (int k = 0; k < ntab; k++) {
+        rope_inv_freq(c, inv, k);
+        for (int t = 0; t < Tg; t++)
+            for (int i = 0; i < half; i++) {
+                float ang = (float)t * inv[i];
+                cs[(size_t)t * half + i] = (float)cos(ang) * af;
+                sn[(size_t)t * half + i] = (float)sin(ang) * af;
+            }
+        bk->copy_h2d(bk, m->rope_tab_cos + k * per, cs, sizeof(float) * per, NULL);
+        bk->copy_h2d(bk, m->rope_tab_sin + k * per, sn, sizeof(float) * per, NULL);
+        bk->sync(bk);
+    }
     free(inv);
     free(cs);
     free(sn);
+}
+
+// Longrope's table for a micro-batch whose largest position is maxpos: the long factors once
+// maxpos + 1 passes original_max_position_embeddings (HF: torch.max(position_ids) + 1).
+static void rope_pick(Model *m, int maxpos) {
+    const ModelConfig *c = &m->cfg;
+    if (c->rope_type != ROPE_LONGROPE) return;
+    const size_t off = maxpos + 1 > c->original_max_position_embeddings ? m->rope_rows * (c->head_dim / 2) : 0;
+    m->rope_cos = m->rope_tab_cos + off, m->rope_sin = m->rope_tab_sin + off;
 }
 
 void model_free(Model *m) {
@@ -655,7 +685,7 @@ void model_free(Model *m) {
         actstore_free(m->store);
         void *ps[] = {m->final_ln, m->final_rstd, m->losses, m->tokens, m->targets, m->doc_start, m->pos, m->d_res,
                       m->d_ln, m->d_att, m->d_q, m->d_k, m->d_v, m->d_ff1, m->d_ff2, m->logits,
-                      m->rope_cos, m->rope_sin, m->lora_tmp, m->lora_dtmp, m->lora_xd, m->lora_dxd,
+                      m->rope_tab_cos, m->rope_tab_sin, m->lora_tmp, m->lora_dtmp, m->lora_xd, m->lora_dxd,
                       m->q_rot, m->k_rot, m->qk_rstd, m->dkv_f32, m->pad_row};
         for (size_t i = 0; i < sizeof ps / sizeof ps[0]; i++) bk->dev_free(bk, ps[i]);
     }
@@ -849,6 +879,14 @@ static void set_batch_sp(Model *m, const int32_t *doc_start, int B, int T) {
                 fail("internal: bad document start %d at row %d position %d", ds[g], b, g);
             pos[(size_t)b * T + t] = ds ? g - ds[g] : g;
         }
+    // The whole micro-batch's largest position (every rank has the whole rows' documents).
+    int maxpos = Tg - 1;
+    if (doc_start) {
+        maxpos = 0;
+        for (size_t i = 0; i < (size_t)B * Tg; i++)
+            if ((int)(i % Tg) - doc_start[i] > maxpos) maxpos = (int)(i % Tg) - doc_start[i];
+    }
+    rope_pick(m, maxpos);
     if (doc_start) bk->copy_h2d(bk, m->doc_start, doc_start, sizeof(int32_t) * B * Tg, NULL);
     bk->copy_h2d(bk, m->pos, pos, sizeof(int32_t) * B * T, NULL);
     bk->sync(bk);
@@ -865,6 +903,7 @@ void model_set_batch(Model *m, const int32_t *tokens, const int32_t *targets,
     if (targets) bk->copy_h2d(bk, m->targets, targets, sizeof(int32_t) * N, NULL);
     m->has_docs = m->has_pos = 0;
     if (m->sp) return set_batch_sp(m, doc_start, B, T);
+    rope_pick(m, T - 1);  // positions run to T - 1 in a row without documents
     if (!doc_start && m->cfg.arch == ARCH_LLAMA) {
         // Tiles of rows need their RoPE positions spelled out (NULL means "from 0").
         int32_t *pos = xmalloc(sizeof(int32_t) * N);
@@ -887,6 +926,9 @@ void model_set_batch(Model *m, const int32_t *tokens, const int32_t *targets,
                 fail("internal: bad document start %d at row %d position %d", doc_start[i], b, t);
             pos[i] = t - doc_start[i];
         }
+    int maxpos = 0;
+    for (size_t i = 0; i < N; i++) maxpos = pos[i] > maxpos ? pos[i] : maxpos;
+    rope_pick(m, maxpos);
     bk->copy_h2d(bk, m->doc_start, doc_start, sizeof(int32_t) * N, NULL);
     bk->copy_h2d(bk, m->pos, pos, sizeof(int32_t) * N, NULL);
     bk->sync(bk);  // pos is freed below; copies may be asynchronous

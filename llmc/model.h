@@ -6,7 +6,8 @@
 #include "backend.h"
 #include "mempolicy.h"
 
-enum { ROPE_DEFAULT = 0, ROPE_LLAMA3 = 1 };
+enum { ROPE_DEFAULT = 0, ROPE_LLAMA3 = 1, ROPE_LONGROPE = 2 };
+#define ROPE_MAX_HALF 256  // head_dim / 2 at most, for longrope's per-frequency factors
 // The block family: Llama (RMSNorm, RoPE, GQA, SwiGLU) or GPT-2 (LayerNorm with bias, learned
 // positions, GELU MLP, biases on every linear, tied head over a padded vocabulary).
 enum { ARCH_LLAMA = 0, ARCH_GPT2 = 1 };
@@ -26,7 +27,7 @@ typedef struct {
     int max_position_embeddings;
     float rms_norm_eps;
     double rope_theta;
-    int rope_type;            // ROPE_DEFAULT or ROPE_LLAMA3
+    int rope_type;            // ROPE_DEFAULT, ROPE_LLAMA3 or ROPE_LONGROPE (Phi-3)
     double rope_factor, rope_low_freq_factor, rope_high_freq_factor;
     int rope_original_max_position_embeddings;
     int tie_word_embeddings;
@@ -39,6 +40,14 @@ typedef struct {
     // Phi-3's top-level original_max_position_embeddings: only longrope reads it (refused), so
     // it is kept only to be written back (0: absent).
     int original_max_position_embeddings;
+    // Phi-3's longrope (rope_scaling type "longrope", legacy "su"/"yarn"): inv_freq[i] is divided
+    // by short_factor[i] while a micro-batch's positions stay below
+    // original_max_position_embeddings, by long_factor[i] past it, and cos/sin are scaled by
+    // the attention factor (rope_scaling's attention_factor, else sqrt(1 + ln(max/orig) /
+    // ln(orig)) when max_position_embeddings > orig).
+    float rope_short_factor[ROPE_MAX_HALF], rope_long_factor[ROPE_MAX_HALF];
+    double rope_attention_factor;
+    int rope_has_attention_factor;  // given in the file (written back then)
     int eos_ids[16], n_eos;   // config.json's eos_token_id: all its ids (a list when eos_is_list)
     int eos_is_list;
     // Sliding-window attention (family.h says which layers use it): sliding_window as
@@ -173,8 +182,9 @@ void param_table_free(ParamTable *t);
 static inline int param_index(const ParamTable *t, int layer, int kind) {
     return t->layer_param[layer * P_PER_LAYER + kind];
 }
-// RoPE inverse frequencies [D/2], including llama3 scaling, computed as HF does in float32.
-void rope_inv_freq(const ModelConfig *c, float *inv_freq);
+// RoPE inverse frequencies [D/2], including llama3 scaling and longrope's short (long_factors
+// 0) or long factors, computed as HF does in float32.
+void rope_inv_freq(const ModelConfig *c, float *inv_freq, int long_factors);
 
 // ---- the engine's model state ----------------------------------------------------------
 
@@ -255,7 +265,9 @@ typedef struct {
     // pos holds this rank's global positions, and attention runs through the reshuffles.
     struct SeqPar *sp;
     int has_pos;
-    float *rope_cos, *rope_sin;   // [T, D/2]
+    float *rope_cos, *rope_sin;   // [T, D/2]: the table the current micro-batch uses
+    float *rope_tab_cos, *rope_tab_sin;  // the tables: one, or longrope's short then long
+    size_t rope_rows;             // T of one table
     // q/k norm families (Qwen3): a->q/a->k keep the projections; attention reads normalized,
     // rotated copies made here (and remade before the layer's backward), with their rstd.
     void *q_rot, *k_rot;          // [rows of an attention span, Hq D], [N, Hkv D]

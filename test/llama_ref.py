@@ -501,8 +501,26 @@ def read_metrics(path):
 # model
 
 
-def rope_inv_freq(cfg):
-    """HF default inv_freq in float32, with the llama3 rope_scaling rule applied (in float32)."""
+LONGROPE = ("longrope", "su", "yarn")  # Phi3Config renames the legacy two
+
+
+def rope_attention_factor(cfg):
+    """Phi-3 longrope's cos/sin scale (modeling_phi3 4.44, rope_utils 4.57): rope_scaling's
+    attention_factor, else sqrt(1 + ln(max / orig) / ln(orig)) when max > orig; 1 otherwise."""
+    rs = cfg.get("rope_scaling") or {}
+    if rs.get("rope_type", rs.get("type")) not in LONGROPE:
+        return 1.0
+    if "attention_factor" in rs:
+        return float(rs["attention_factor"])
+    orig = cfg.get("original_max_position_embeddings", 4096)
+    scale = cfg["max_position_embeddings"] / orig
+    return 1.0 if scale <= 1.0 else math.sqrt(1 + math.log(scale) / math.log(orig))
+
+
+def rope_inv_freq(cfg, seq_len=0):
+    """HF default inv_freq in float32, with the llama3 rope_scaling rule applied (in float32),
+    or Phi-3's longrope: 1 / (ext_factors * theta ** e), the long factors when seq_len (the
+    batch's largest position + 1) passes original_max_position_embeddings."""
     _, _, _, D = _dims(cfg)
     theta = float(cfg.get("rope_theta", 10000.0))
     exps = torch.arange(0, D, 2, dtype=torch.int64).float() / D
@@ -512,6 +530,10 @@ def rope_inv_freq(cfg):
         rtype = rs.get("rope_type", rs.get("type"))
         if rtype in (None, "default"):
             return inv
+        if rtype in LONGROPE:
+            long = seq_len > cfg.get("original_max_position_embeddings", 4096)
+            ext = torch.tensor(rs["long_factor" if long else "short_factor"], dtype=torch.float32)
+            return 1.0 / (ext * theta ** exps)
         if rtype != "llama3":
             raise ValueError(f"rope_type {rtype} not supported by the reference")
         factor = float(rs["factor"])
@@ -583,6 +605,7 @@ class RefLlama(torch.nn.Module):
             assert tuple(a.shape) == tuple(shapes[k]), (k, a.shape, shapes[k])
             self.params[k.replace(".", "__")] = torch.nn.Parameter(a, requires_grad=lora is None)
         self.inv_freq = rope_inv_freq(cfg).to(torch.float64)
+        self.rope_af = rope_attention_factor(cfg)
         self.lora = lora
         self.lora_names = []
         self.lora_params = torch.nn.ParameterDict()
@@ -632,10 +655,11 @@ class RefLlama(torch.nn.Module):
         C, Hq, Hkv, D = self.C, self.Hq, self.Hkv, self.D
         x = F.embedding(idx, self.p("model.embed_tokens.weight"), padding_idx=self.pad)
         pos = torch.arange(T, dtype=torch.float64)
-        ang = pos[:, None] * self.inv_freq[None, :]           # [T, D/2]
+        inv_freq = rope_inv_freq(self.cfg, T).to(torch.float64)  # longrope picks by T
+        ang = pos[:, None] * inv_freq[None, :]                # [T, D/2]
         ang = torch.cat((ang, ang), dim=-1)                    # [T, D]
-        cos = ang.cos().to(self.dtype)
-        sin = ang.sin().to(self.dtype)
+        cos = (ang.cos() * self.rope_af).to(self.dtype)
+        sin = (ang.sin() * self.rope_af).to(self.dtype)
         causal = torch.ones(T, T, dtype=torch.bool).tril()
         rep = Hq // Hkv
         for i in range(self.L):

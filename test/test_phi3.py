@@ -31,7 +31,11 @@ modeling code's slicing, not against themselves. transformers 4.44.2 and peft 0.
   lora_peft         lora_target_linear on Phi-3; the adapter loads in peft 0.11.1 on
                     transformers 4.44.2's Phi3ForCausalLM (logits 1e-5), merge_and_unload equals
                     our merged model (1e-6).
-  refusals          one-line errors: longrope / su rope_scaling, partial_rotary_factor,
+  longrope          rope_scaling longrope with the long and the short factors: the reference's
+                    logits against transformers 4.44.2's Phi3ForCausalLM, then loss, one step's
+                    weights and the rope_scaling written back.
+  refusals          one-line errors: other rope_scaling types, bad longrope factor lists or
+                    keys, partial_rotary_factor,
                     resid_pdrop / embd_pdrop / attention_dropout > 0, an absent pad_token_id
                     (32000) past a small vocab, LoRA on q_proj (no such module in Phi-3),
                     unfused files, a wrong qkv_proj shape.
@@ -75,14 +79,14 @@ def tokens_with_pad(n, vocab, seed):
     return t
 
 
-def run(work, tc, name="cfg.yaml", expect_ok=True):
+def run(work, tc, name="cfg.yaml", expect_ok=True, env=None):
     path = os.path.join(work, name)
     R.write_yaml(path, tc)
     cmd = [ARGS.bin, "-c", path]
     if ARGS.threads is not None:
         cmd += ["--set", f"num_threads={ARGS.threads}"]
     p = subprocess.run(cmd, cwd=work, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                       timeout=ARGS.timeout)
+                       timeout=ARGS.timeout, env=dict(os.environ, **(env or {})))
     if expect_ok and p.returncode != 0:
         raise RuntimeError(f"trainer exit {p.returncode}: {p.stderr.decode()[-600:]}")
     return p
@@ -366,6 +370,115 @@ def case_lora_peft(root):
     return errs, f"peft logits {ld:.1e} rel, merged weights {md:.1e} rel"
 
 
+# Logits of transformers 4.44.2's Phi3ForCausalLM (its own longrope code) for argv[2]'s ids
+# from the model directory argv[1], into the .npy at argv[3].
+HF_CHILD = r"""
+import json, sys
+import numpy as np, torch
+from transformers import Phi3ForCausalLM
+m = Phi3ForCausalLM.from_pretrained(sys.argv[1], torch_dtype=torch.float32, attn_implementation="eager").eval()
+with torch.no_grad():
+    np.save(sys.argv[3], m(torch.tensor(json.loads(sys.argv[2]))).logits.double().numpy())
+"""
+
+SHORT = [1.0, 1.1, 1.3, 1.7, 2.2, 3.0]
+LONG = [1.5, 2.0, 3.1, 5.0, 8.0, 13.0]
+
+
+def case_longrope(root):
+    """rope_scaling longrope (Phi-3-mini-128k, Phi-3.5-mini): inv_freq / short or long factors
+    by the batch's length against original_max_position_embeddings, cos/sin times
+    sqrt(1 + ln(max / orig) / ln(orig)). For a long (16 > 8) and a short (16 <= 32) setting:
+    the reference's logits against transformers 4.44.2's Phi3ForCausalLM, then the first loss
+    and one AdamW step's weights against the reference, and rope_scaling written back."""
+    import torch
+    errs, notes = [], []
+    for name, orig, legacy in (("long", 8, "longrope"), ("short", 32, "su")):
+        work = os.path.join(root, "longrope_" + name)
+        cfg = phi3_cfg(sliding_window=None, max_position_embeddings=128, original_max_position_embeddings=orig,
+                       rope_scaling={"type": legacy, "short_factor": SHORT, "long_factor": LONG})
+        model_dir, shard, tokens, weights = setup(work, cfg, 600, seed=5, init=dict(qk_std=0.25, embed_std=0.1))
+        ids = [list(map(int, tokens[:16])), list(map(int, tokens[16:32]))]
+        want = R.RefLlama(cfg, weights)(torch.tensor(ids)).detach().double().numpy()
+        if os.path.isfile(os.path.join(TF_DIR, "transformers", "__init__.py")):
+            npy = os.path.join(work, "hf.npy")
+            p = subprocess.run([sys.executable, "-c", HF_CHILD, model_dir, json.dumps(ids), npy],
+                               env=dict(os.environ, PYTHONPATH=TF_DIR), capture_output=True, timeout=ARGS.timeout)
+            if p.returncode != 0:
+                errs.append(f"{name}: transformers could not run: " + p.stderr.decode("utf-8", "replace")[-400:])
+            else:
+                hd = float(np.abs(np.load(npy) - want).max() / np.abs(want).max())
+                notes.append(f"{name}: reference vs transformers {hd:.1e}")
+                if not hd <= 1e-5:
+                    errs.append(f"{name}: the reference's logits vs transformers 4.44.2's: {hd:.2e} relative")
+        else:
+            errs.append(f"transformers 4.44.2 is not in {TF_DIR}: run scripts/install_deps.sh")
+        # The other factor set and no attention factor must each move the result past the tolerance.
+        other = dict(cfg, original_max_position_embeddings=24 - orig // 2 if orig == 8 else 8)
+        flat = dict(cfg, max_position_embeddings=orig)
+        for what, c2 in (("the other factors", other), ("no attention factor", flat)):
+            d = float(np.abs(R.RefLlama(c2, weights)(torch.tensor(ids)).detach().double().numpy() - want).max()
+                      / np.abs(want).max())
+            if not d > 1e-3:
+                errs.append(f"{name}: {what} moves the logits only {d:.1e}: the check would not see it")
+        tc = R.train_config(sequence_len=16, micro_batch_size=2, max_steps=1, learning_rate=1e-3, warmup_steps=0,
+                            lr_scheduler="constant", weight_decay=0.1, max_grad_norm=0.0)
+        tc.update(base_model=model_dir, train_data=shard, output_dir=os.path.join(work, "out"))
+        run(work, tc)
+        ref = R.train_reference(cfg, weights, tokens, tc)
+        wl = check_losses(R.read_metrics(os.path.join(tc["output_dir"], "metrics.jsonl")), ref, errs)
+        got = R.read_safetensors(os.path.join(tc["output_dir"], "model.safetensors"))
+        werrs, ww = compare_weights(got, ref["weights"], 1e-5, scaled=False)
+        errs += [f"{name}: {e}" for e in werrs]
+        rs = read_json(os.path.join(tc["output_dir"], "config.json")).get("rope_scaling")
+        if rs != {"type": "longrope", "short_factor": SHORT, "long_factor": LONG}:
+            errs.append(f"{name}: written rope_scaling {rs}")
+        notes.append(f"loss rel {wl:.1e}, weights {ww:.1e}")
+    return errs, "; ".join(notes)
+
+
+def case_longrope_packed(root):
+    """Longrope picks its factors by the batch's largest position + 1 (transformers:
+    max(position_ids) + 1), so packed rows of documents up to 12 tokens long use the short
+    factors (original_max_position_embeddings 16) though the rows are 32 long: the same losses
+    as a model whose long factors are its short ones, bit for bit; unpacked rows of 32 differ."""
+    from checks import prepared_rows_env
+    work = os.path.join(root, "longrope_packed")
+    os.makedirs(work, exist_ok=True)
+    rs = {"type": "longrope", "short_factor": SHORT, "long_factor": LONG}
+    cfg = phi3_cfg(sliding_window=None, max_position_embeddings=128, original_max_position_embeddings=16,
+                   rope_scaling=rs)
+    w = R.init_weights(cfg, seed=7, qk_std=0.25, embed_std=0.1)
+    dirs = {}
+    for name, c in (("real", cfg), ("all_short", dict(cfg, rope_scaling=dict(rs, long_factor=SHORT)))):
+        dirs[name] = os.path.join(work, name)
+        R.save_hf_dir(dirs[name], c, w)
+        with open(os.path.join(dirs[name], "tokenizer.json"), "w") as f:
+            f.write("{}")
+    env = {"LLMC_SCRIPTS_DIR": prepared_rows_env(work, 32, [0, 9, 20, 32]), "LLMC_PYTHON": sys.executable}
+    shard = os.path.join(work, "train.bin")
+    R.write_shard(shard, tokens_with_pad(2000, 64, 2), version=1)
+    out = {}
+    for packed in (True, False):
+        for name, d in dirs.items():
+            tc = R.train_config(sequence_len=32, micro_batch_size=1, max_steps=3, learning_rate=1e-3,
+                                warmup_steps=0, lr_scheduler="constant")
+            tc.update(base_model=d, output_dir=os.path.join(work, f"out_{name}_{packed}"))
+            if packed:
+                tc.update(datasets=[{"path": "x.jsonl", "type": "completion"}], tokenizer_config=d)
+            else:
+                tc.update(train_data=shard)
+            run(work, tc, f"{name}_{packed}.yaml", env=env)
+            out[name, packed] = [r["loss"] for r in R.read_metrics(os.path.join(tc["output_dir"], "metrics.jsonl"))]
+    errs = []
+    if out["real", True] != out["all_short", True] or len(out["real", True]) != 3:
+        errs.append(f"packed (documents <= 12 tokens): {out['real', True]} vs short factors {out['all_short', True]}")
+    d = max(abs(a - b) for a, b in zip(out["real", False], out["all_short", False]))
+    if not d > 1e-4:
+        errs.append(f"unpacked rows of 32 > 16: the long factors move the loss only {d:.1e}")
+    return errs, f"packed = short factors bit for bit; unpacked long vs short {d:.1e}"
+
+
 def case_resume_modes(root):
     """A checkpoint of a Phi-3 holds the fused tensors and resumes bit-identically; LoRA with
     recompute and layer streaming, and QLoRA, load the fused files too."""
@@ -473,8 +586,13 @@ def case_refusals(root):
     errs = []
     long_scaling = {"type": "longrope", "short_factor": [1.0] * 6, "long_factor": [2.0] * 6}
     cases = [
-        ("longrope", phi3_cfg(rope_scaling=long_scaling), None, "'rope_scaling.type' = longrope"),
-        ("su", phi3_cfg(rope_scaling=dict(long_scaling, type="su")), None, "'rope_scaling.type' = su"),
+        ("dynamic", phi3_cfg(rope_scaling={"type": "dynamic", "factor": 2.0}), None, "'rope_scaling.type' = dynamic"),
+        ("longrope_short_len", phi3_cfg(rope_scaling=dict(long_scaling, short_factor=[1.0] * 5)), None,
+         "'rope_scaling.short_factor' must be a list of 6 numbers"),
+        ("longrope_zero", phi3_cfg(rope_scaling=dict(long_scaling, long_factor=[2.0] * 5 + [0])), None,
+         "'rope_scaling.long_factor'[5] must be a positive finite number"),
+        ("longrope_key", phi3_cfg(rope_scaling=dict(long_scaling, mscale=1.2)), None,
+         "'rope_scaling.mscale' is not supported for longrope"),
         ("llama3_rope", phi3_cfg(rope_scaling={"rope_type": "llama3", "factor": 8.0,
                                                "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                                                "original_max_position_embeddings": 64}), None,
@@ -531,7 +649,8 @@ def main():
     root = tempfile.mkdtemp(prefix="test_phi3_")
     cases = [("one_step", case_one_step), ("steps_tied", case_steps_tied),
              ("export", case_export), ("lora_o_down", case_lora_o_down),
-             ("lora_fused", case_lora_fused), ("lora_peft", case_lora_peft),
+             ("lora_fused", case_lora_fused), ("lora_peft", case_lora_peft), ("longrope", case_longrope),
+             ("longrope_packed", case_longrope_packed),
              ("resume_modes", case_resume_modes), ("pad_negative", case_pad_negative),
              ("refusals", case_refusals)]
     try:

@@ -9,7 +9,9 @@ sequence_parallel_degree N against one process, on tiny Hugging Face models:
   hidden_states     with activation_offloading: hidden_states (recompute + host tier)
   window            Mistral, sliding_window 8 < sequence_len 32
   qwen3             q/k norms and head_dim independent of the hidden size
-  packed            prepared rows with three documents per row (the whole rows' document map)
+  longrope          Phi-3 longrope, 16 tokens per rank of 32 past original_max 20: long factors
+  packed            prepared rows with three documents per row (the whole rows' document map),
+                    and with Phi-3 longrope (documents <= 12 tokens: the short factors)
   errors            a degree that is not the rank count, T or heads that do not split
 
 Each run: 4 steps (grad accumulation 2, clipping, warmup + cosine); the per-step losses and the
@@ -126,6 +128,10 @@ def main():
     try:
         e = Env(root, os.path.abspath(os.path.join(a.build, "train_llama")))
         llama = e.model("llama", num_attention_heads=4, num_key_value_heads=2)
+        phi3 = e.model("phi3", model_type="phi3", num_attention_heads=4, num_key_value_heads=2, pad_token_id=3,
+                       original_max_position_embeddings=20,
+                       rope_scaling={"type": "longrope", "short_factor": [1.0, 1.2, 1.9, 3.0],
+                                     "long_factor": [1.4, 2.5, 4.0, 9.0]})
         cases = [
             ("gqa_n2", llama, 2, None), ("gqa_n4", llama, 4, None),
             ("zero1", llama, 2, {"zero_stage": 1}), ("zero3", llama, 2, {"zero_stage": 3}),
@@ -135,6 +141,9 @@ def main():
                                sliding_window=8), 2, None),
             ("qwen3", e.model("qwen3", model_type="qwen3", hidden_size=32, num_attention_heads=4,
                               num_key_value_heads=2, head_dim=16), 4, None),
+            # 16 tokens per rank but 32 per sequence: past original_max_position_embeddings 20,
+            # so the long factors, on every rank.
+            ("longrope", phi3, 2, None),
         ]
         for name, model, n, extra in cases:
             if a.k in name:
@@ -148,6 +157,10 @@ def main():
             open(os.path.join(root, "tokenizer.json"), "w").write("{}")
             shutil.copy(os.path.join(root, "tokenizer.json"), os.path.join(llama, "tokenizer.json"))
             compare(e, "packed", llama, 2, extra)
+            # Documents of at most 12 tokens: longrope's short factors (16 <= 20) on both ranks,
+            # found from the whole rows' document map.
+            shutil.copy(os.path.join(root, "tokenizer.json"), os.path.join(phi3, "tokenizer.json"))
+            compare(e, "packed_longrope", phi3, 2, dict(extra, tokenizer_config=phi3))
         if a.k in "errors":
             for what, n, extra, needle in [
                     ("a degree other than the rank count", 2, {"sequence_parallel_degree": 4}, "needs exactly 4 ranks"),
