@@ -470,9 +470,12 @@ static void test_embedding(void) {
 // ---- rope --------------------------------------------------------------------------------
 
 // inv_freq as Hugging Face computes it (default and llama3), in double.
-static void hf_inv_freq(const ModelConfig *c, double *inv) {
+static void hf_inv_freq(const ModelConfig *c, double *inv, int long_factors) {
     int D = c->head_dim;
     for (int i = 0; i < D / 2; i++) inv[i] = 1.0 / pow(c->rope_theta, (double)(2 * i) / D);
+    if (c->rope_type == ROPE_LONGROPE)  // Phi-3: 1 / (ext_factors * theta ** (2i / D))
+        for (int i = 0; i < D / 2; i++)
+            inv[i] /= long_factors ? c->rope_long_factor[i] : c->rope_short_factor[i];
     if (c->rope_type != ROPE_LLAMA3) return;
     double old = c->rope_original_max_position_embeddings, lo = c->rope_low_freq_factor,
            hi = c->rope_high_freq_factor, f = c->rope_factor;
@@ -502,9 +505,9 @@ static long double rope_loss(void *p) {
 
 static void test_rope(void) {
     const int B = 2, T = 9, H = 3, D = 16, half = D / 2;
-    ModelConfig cfg[2];
-    float inv[2][8];
-    for (int k = 0; k < 2; k++) {
+    ModelConfig cfg[3];
+    float inv[4][8];
+    for (int k = 0; k < 3; k++) {
         model_config_defaults(&cfg[k]);
         cfg[k].head_dim = D;
         cfg[k].rope_theta = 10000;
@@ -514,11 +517,14 @@ static void test_rope(void) {
     cfg[1].rope_low_freq_factor = 1;
     cfg[1].rope_high_freq_factor = 4;
     cfg[1].rope_original_max_position_embeddings = 8;
-    const char *tname[2] = {"default", "llama3"};
-    for (int k = 0; k < 2; k++) {
+    cfg[2].rope_type = ROPE_LONGROPE;
+    for (int i = 0; i < half; i++) cfg[2].rope_short_factor[i] = 1.0f + 0.25f * i, cfg[2].rope_long_factor[i] = 1.5f + i * i;
+    const char *tname[4] = {"default", "llama3", "longrope short", "longrope long"};
+    for (int k = 0; k < 4; k++) {
         double ref[8];
-        rope_inv_freq(&cfg[k], inv[k]);
-        hf_inv_freq(&cfg[k], ref);
+        const ModelConfig *c = &cfg[k < 3 ? k : 2];
+        rope_inv_freq(c, inv[k], k == 3);
+        hf_inv_freq(c, ref, k == 3);
         Cmp e = {0};
         for (int i = 0; i < half; i++) cmp_rel(&e, "inv_freq", i, inv[k][i], ref[i]);
         report(&e, 1e-6, "rope_inv_freq %s vs HF formula in double", tname[k]);
