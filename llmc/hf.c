@@ -56,6 +56,67 @@ static int opt_bool(const char *path, const cJSON *o, const char *key, int def) 
     return cJSON_IsTrue(v);
 }
 
+// A positive finite number under key k of r, or def when absent (null counts as absent, as
+// transformers' `.get(k) or default`).
+static double yarn_num(const char *path, const cJSON *r, const char *where, const char *k, double def, int *given) {
+    const cJSON *v = get(r, k);
+    if (!v || cJSON_IsNull(v)) return def;
+    if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble) || !(v->valuedouble > 0) || v->valuedouble > 1e12)
+        fail("%s: '%s.%s' must be a positive number", path, where, k);
+    *given = 1;
+    return v->valuedouble;
+}
+
+// YaRN as transformers 4.57's _compute_yarn_parameters reads it: factor (required),
+// original_max_position_embeddings (else max_position_embeddings), beta_fast (32), beta_slow
+// (1), truncate (true), attention_factor (else 0.1 ln(factor) + 1, or DeepSeek's
+// mscale / mscale_all_dim ratio of that form, 1 when factor <= 1).
+static void read_yarn(const char *path, const cJSON *r, const char *where, ModelConfig *c) {
+    const cJSON *e;
+    cJSON_ArrayForEach(e, r) {
+        static const char *const known[] = {"rope_type", "type", "factor", "original_max_position_embeddings", "beta_fast",
+                                            "beta_slow", "attention_factor", "mscale", "mscale_all_dim", "truncate",
+                                            "rope_theta"};
+        int ok = 0;
+        for (size_t i = 0; i < sizeof known / sizeof *known; i++) ok |= !strcmp(e->string, known[i]);
+        if (!ok) fail("%s: '%s.%s' is not supported for yarn", path, where, e->string);
+    }
+    int g = 0, keys = 0;
+    if (!cJSON_IsNumber(get(r, "factor"))) fail("%s: '%s' (yarn) needs a number 'factor'", path, where);
+    c->rope_factor = yarn_num(path, r, where, "factor", 0, &g);
+    g = 0;
+    double orig = yarn_num(path, r, where, "original_max_position_embeddings", 0, &g);
+    if (g && (orig != floor(orig) || orig > INT_MAX))
+        fail("%s: '%s.original_max_position_embeddings' must be a whole number", path, where);
+    c->rope_original_max_position_embeddings = (int)orig;
+    keys |= g ? YARN_ORIG : 0, g = 0;
+    c->rope_beta_fast = yarn_num(path, r, where, "beta_fast", 32, &g);
+    keys |= g ? YARN_BETA_FAST : 0, g = 0;
+    c->rope_beta_slow = yarn_num(path, r, where, "beta_slow", 1, &g);
+    keys |= g ? YARN_BETA_SLOW : 0, g = 0;
+    c->rope_mscale = yarn_num(path, r, where, "mscale", 0, &g);
+    keys |= g ? YARN_MSCALE : 0, g = 0;
+    c->rope_mscale_all_dim = yarn_num(path, r, where, "mscale_all_dim", 0, &g);
+    keys |= g ? YARN_MSCALE_ALL : 0, g = 0;
+    const cJSON *tr = get(r, "truncate");
+    c->rope_truncate = 1;
+    if (tr && !cJSON_IsNull(tr)) {
+        if (!cJSON_IsBool(tr)) fail("%s: '%s.truncate' must be true or false", path, where);
+        c->rope_truncate = cJSON_IsTrue(tr);
+        keys |= YARN_TRUNCATE;
+    }
+    c->rope_yarn_keys = keys;
+    const double f = c->rope_factor;
+#define MSCALE(m) (f <= 1 ? 1.0 : 0.1 * (m) * log(f) + 1.0)
+    c->rope_attention_factor = yarn_num(path, r, where, "attention_factor", 0, &c->rope_has_attention_factor);
+    if (!c->rope_has_attention_factor)
+        c->rope_attention_factor = c->rope_mscale > 0 && c->rope_mscale_all_dim > 0
+                                       ? MSCALE(c->rope_mscale) / MSCALE(c->rope_mscale_all_dim)
+                                       : MSCALE(1.0);
+#undef MSCALE
+    c->rope_type = ROPE_YARN;
+}
+
 // rope_scaling / rope_parameters share one layout: rope_type (or legacy "type") plus the
 // llama3 fields. `where` names the object in messages.
 static void read_rope(const char *path, const cJSON *r, const char *where, ModelConfig *c) {
@@ -69,8 +130,9 @@ static void read_rope(const char *path, const cJSON *r, const char *where, Model
         c->rope_type = ROPE_DEFAULT;
         return;
     }
+    if (strcmp(t, "yarn") == 0) return read_yarn(path, r, where, c);
     if (strcmp(t, "llama3") != 0)
-        fail("%s: '%s.%s' = \"%s\" is not supported (only \"default\" and \"llama3\")", path,
+        fail("%s: '%s.%s' = \"%s\" is not supported (only \"default\", \"llama3\" and \"yarn\")", path,
              where, tkey, t);
     c->rope_type = ROPE_LLAMA3;
     static const char *keys[] = {"factor", "low_freq_factor", "high_freq_factor",
@@ -366,6 +428,22 @@ int hf_write_config(const char *path, const ModelConfig *c) {
             ADD(add_real(r, "high_freq_factor", c->rope_high_freq_factor, 0));
             ADD(cJSON_AddNumberToObject(r, "original_max_position_embeddings",
                                         c->rope_original_max_position_embeddings));
+        }
+    } else if (c->rope_type == ROPE_YARN) {
+        cJSON *r = cJSON_AddObjectToObject(o, "rope_scaling");
+        ADD(r);
+        if (r) {  // the keys the file gave, as read
+            const int k = c->rope_yarn_keys;
+            ADD(cJSON_AddStringToObject(r, "rope_type", "yarn"));
+            ADD(add_real(r, "factor", c->rope_factor, 0));
+            if (k & YARN_ORIG)
+                ADD(cJSON_AddNumberToObject(r, "original_max_position_embeddings", c->rope_original_max_position_embeddings));
+            if (k & YARN_BETA_FAST) ADD(add_real(r, "beta_fast", c->rope_beta_fast, 0));
+            if (k & YARN_BETA_SLOW) ADD(add_real(r, "beta_slow", c->rope_beta_slow, 0));
+            if (k & YARN_MSCALE) ADD(add_real(r, "mscale", c->rope_mscale, 0));
+            if (k & YARN_MSCALE_ALL) ADD(add_real(r, "mscale_all_dim", c->rope_mscale_all_dim, 0));
+            if (k & YARN_TRUNCATE) ADD(cJSON_AddBoolToObject(r, "truncate", c->rope_truncate));
+            if (c->rope_has_attention_factor) ADD(add_real(r, "attention_factor", c->rope_attention_factor, 0));
         }
     } else if (c->rope_type == ROPE_LONGROPE) {
         cJSON *r = cJSON_AddObjectToObject(o, "rope_scaling");

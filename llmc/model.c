@@ -148,6 +148,10 @@ void model_config_validate(const ModelConfig *c, const char *src) {
           c->rope_original_max_position_embeddings > 0))
         fail("%s: llama3 rope_scaling needs factor > 0, 0 < low_freq_factor < high_freq_factor and "
              "original_max_position_embeddings > 0", src);
+    if (c->rope_type == ROPE_YARN &&
+        !(c->rope_factor > 0 && c->rope_beta_fast > 0 && c->rope_beta_slow > 0 && c->rope_attention_factor > 0 &&
+          isfinite(c->rope_attention_factor) && c->rope_original_max_position_embeddings >= 0))
+        fail("%s: yarn rope_scaling needs factor, beta_fast, beta_slow and the attention factor > 0", src);
     if (c->rope_type == ROPE_LONGROPE) {
         if (c->head_dim / 2 > ROPE_MAX_HALF)
             fail("%s: longrope with head_dim %d: at most %d is implemented", src, c->head_dim, 2 * ROPE_MAX_HALF);
@@ -371,6 +375,29 @@ void rope_inv_freq(const ModelConfig *c, float *inv, int long_factors) {
             const float ext = long_factors ? c->rope_long_factor[i] : c->rope_short_factor[i];
             inv[i] = 1.0f / (ext * powf((float)c->rope_theta, e));
         }
+    }
+    if (c->rope_type == ROPE_YARN) {
+        // transformers' _compute_yarn_parameters (4.57): interpolated (/ factor) frequencies
+        // below a ramp over dimensions [low, high], extrapolated (as trained) above it, in float32.
+        const int dim = c->head_dim;
+        const double base = c->rope_theta, orig = c->rope_original_max_position_embeddings > 0
+                                                      ? c->rope_original_max_position_embeddings
+                                                      : c->max_position_embeddings;
+        double lo = dim * log(orig / (c->rope_beta_fast * 2 * M_PI)) / (2 * log(base));
+        double hi = dim * log(orig / (c->rope_beta_slow * 2 * M_PI)) / (2 * log(base));
+        if (c->rope_truncate) lo = floor(lo), hi = ceil(hi);
+        if (lo < 0) lo = 0;
+        if (hi > dim - 1) hi = dim - 1;
+        if (lo == hi) hi += 0.001;  // as transformers: no division by zero
+        for (int i = 0; i < half; i++) {
+            const float pos = powf((float)base, (float)(2 * i) / (float)dim);
+            const float extrap = 1.0f / pos, interp = 1.0f / ((float)c->rope_factor * pos);
+            float ramp = ((float)i - (float)lo) / (float)(hi - lo);
+            ramp = ramp < 0 ? 0 : ramp > 1 ? 1 : ramp;
+            const float ef = 1.0f - ramp;  // the extrapolation share
+            inv[i] = interp * (1.0f - ef) + extrap * ef;
+        }
+        return;
     }
     if (c->rope_type != ROPE_LLAMA3) return;
     const double old = c->rope_original_max_position_embeddings;
@@ -650,7 +677,7 @@ void model_alloc_acts(Model *m, int B, int T, const MemPolicy *pol) {
     m->rope_tab_sin = bk->dev_alloc(bk, sizeof(float) * per * ntab, "rope table");
     m->rope_cos = m->rope_tab_cos, m->rope_sin = m->rope_tab_sin;
     if (bk->dry_run) return;
-    const float af = c->rope_type == ROPE_LONGROPE ? (float)c->rope_attention_factor : 1.0f;
+    const float af = c->rope_type == ROPE_LONGROPE || c->rope_type == ROPE_YARN ? (float)c->rope_attention_factor : 1.0f;
     float *inv = xmalloc(sizeof(float) * half), *cs = xmalloc(sizeof(float) * per), *sn = xmalloc(sizeof(float) * per);
     for (int k = 0; k < ntab; k++) {
         rope_inv_freq(c, inv, k);

@@ -6,8 +6,9 @@
 #include "backend.h"
 #include "mempolicy.h"
 
-enum { ROPE_DEFAULT = 0, ROPE_LLAMA3 = 1, ROPE_LONGROPE = 2 };
+enum { ROPE_DEFAULT = 0, ROPE_LLAMA3 = 1, ROPE_LONGROPE = 2, ROPE_YARN = 3 };
 #define ROPE_MAX_HALF 256  // head_dim / 2 at most, for longrope's per-frequency factors
+enum { YARN_ORIG = 1, YARN_BETA_FAST = 2, YARN_BETA_SLOW = 4, YARN_MSCALE = 8, YARN_MSCALE_ALL = 16, YARN_TRUNCATE = 32 };
 // The block family: Llama (RMSNorm, RoPE, GQA, SwiGLU) or GPT-2 (LayerNorm with bias, learned
 // positions, GELU MLP, biases on every linear, tied head over a padded vocabulary).
 enum { ARCH_LLAMA = 0, ARCH_GPT2 = 1 };
@@ -27,7 +28,7 @@ typedef struct {
     int max_position_embeddings;
     float rms_norm_eps;
     double rope_theta;
-    int rope_type;            // ROPE_DEFAULT, ROPE_LLAMA3 or ROPE_LONGROPE (Phi-3)
+    int rope_type;            // ROPE_DEFAULT, ROPE_LLAMA3, ROPE_LONGROPE (Phi-3) or ROPE_YARN
     double rope_factor, rope_low_freq_factor, rope_high_freq_factor;
     int rope_original_max_position_embeddings;
     int tie_word_embeddings;
@@ -46,8 +47,15 @@ typedef struct {
     // the attention factor (rope_scaling's attention_factor, else sqrt(1 + ln(max/orig) /
     // ln(orig)) when max_position_embeddings > orig).
     float rope_short_factor[ROPE_MAX_HALF], rope_long_factor[ROPE_MAX_HALF];
-    double rope_attention_factor;
+    double rope_attention_factor;   // longrope and yarn: cos/sin are scaled by it
     int rope_has_attention_factor;  // given in the file (written back then)
+    // YaRN (rope_type "yarn": Qwen2.5's long-context setting, any Llama-like family): factor
+    // and rope_original_max_position_embeddings above (0: max_position_embeddings), the ramp
+    // between beta_fast and beta_slow rotations (truncated to whole dimensions unless
+    // truncate is false), DeepSeek's mscale / mscale_all_dim for the attention factor.
+    double rope_beta_fast, rope_beta_slow, rope_mscale, rope_mscale_all_dim;
+    int rope_truncate;
+    int rope_yarn_keys;             // YARN_* bits: the optional keys the file gave
     int eos_ids[16], n_eos;   // config.json's eos_token_id: all its ids (a list when eos_is_list)
     int eos_is_list;
     // Sliding-window attention (family.h says which layers use it): sliding_window as

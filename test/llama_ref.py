@@ -508,6 +508,16 @@ def rope_attention_factor(cfg):
     """Phi-3 longrope's cos/sin scale (modeling_phi3 4.44, rope_utils 4.57): rope_scaling's
     attention_factor, else sqrt(1 + ln(max / orig) / ln(orig)) when max > orig; 1 otherwise."""
     rs = cfg.get("rope_scaling") or {}
+    if rs.get("rope_type", rs.get("type")) == "yarn":  # transformers 4.57's yarn
+        if rs.get("attention_factor") is not None:
+            return float(rs["attention_factor"])
+        f = float(rs["factor"])
+
+        def mscale(m):
+            return 1.0 if f <= 1 else 0.1 * m * math.log(f) + 1.0
+        if rs.get("mscale") and rs.get("mscale_all_dim"):
+            return mscale(rs["mscale"]) / mscale(rs["mscale_all_dim"])
+        return mscale(1.0)
     if rs.get("rope_type", rs.get("type")) not in LONGROPE:
         return 1.0
     if "attention_factor" in rs:
@@ -530,6 +540,23 @@ def rope_inv_freq(cfg, seq_len=0):
         rtype = rs.get("rope_type", rs.get("type"))
         if rtype in (None, "default"):
             return inv
+        if rtype == "yarn":  # transformers 4.57's _compute_yarn_parameters, float32 as there
+            f = float(rs["factor"])
+            orig = rs.get("original_max_position_embeddings") or cfg["max_position_embeddings"]
+            fast, slow = rs.get("beta_fast") or 32, rs.get("beta_slow") or 1
+
+            def corr(rot):
+                return (D * math.log(orig / (rot * 2 * math.pi))) / (2 * math.log(theta))
+            lo, hi = corr(fast), corr(slow)
+            if rs.get("truncate", True):
+                lo, hi = math.floor(lo), math.ceil(hi)
+            lo, hi = max(lo, 0), min(hi, D - 1)
+            if lo == hi:
+                hi += 0.001
+            pos = theta ** exps
+            ramp = torch.clamp((torch.arange(D // 2, dtype=torch.float32) - lo) / (hi - lo), 0, 1)
+            ef = 1 - ramp
+            return (1.0 / (f * pos)) * (1 - ef) + (1.0 / pos) * ef
         if rtype in LONGROPE:
             long = seq_len > cfg.get("original_max_position_embeddings", 4096)
             ext = torch.tensor(rs["long_factor" if long else "short_factor"], dtype=torch.float32)

@@ -597,9 +597,15 @@ CASES = [
                                               lambda m: ["config.json", "hidden_size"])),
     ("hf_config_hidden_size_string", hf_case(edit_config_json(lambda c: c.update(hidden_size="16")),
                                              lambda m: ["config.json", "hidden_size"])),
-    ("hf_rope_yarn", hf_case(edit_config_json(
-        lambda c: c.update(rope_scaling={"rope_type": "yarn", "factor": 4.0})),
-        lambda m: ["config.json", "yarn"])),
+    ("hf_rope_yarn_factor", hf_case(edit_config_json(
+        lambda c: c.update(rope_scaling={"rope_type": "yarn", "factor": 0})),
+        lambda m: ["config.json", "rope_scaling.factor"])),
+    ("hf_rope_yarn_key", hf_case(edit_config_json(
+        lambda c: c.update(rope_scaling={"rope_type": "yarn", "factor": 4.0, "low_freq_factor": 1.0})),
+        lambda m: ["config.json", "low_freq_factor", "yarn"])),
+    ("hf_rope_dynamic", hf_case(edit_config_json(
+        lambda c: c.update(rope_scaling={"rope_type": "dynamic", "factor": 4.0})),
+        lambda m: ["config.json", "dynamic"])),
     ("hf_config_kv_heads_not_dividing", hf_case(
         edit_config_json(lambda c: c.update(num_key_value_heads=3)),
         lambda m: ["config.json", "num_key_value_heads"])),

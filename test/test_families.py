@@ -6,8 +6,8 @@ window, and config.json written back as the input family's.
 
 The reference is test/llama_ref.py: plain PyTorch written from transformers' modeling
 equations (Qwen3's q_norm/k_norm before RoPE, Qwen2/3 layer_types from use_sliding_window and
-max_window_layers, the window mask kv_idx > q_idx - sliding_window), float64; transformers is
-not installed here. Logit/loss/weight exactness of the families in full fine-tuning is in
+max_window_layers, the window mask kv_idx > q_idx - sliding_window), float64; transformers
+4.44.2 (in /opt/llmc-transformers-4.44.2, from scripts/install_deps.sh) checks it for yarn. Logit/loss/weight exactness of the families in full fine-tuning is in
 test/test_torch_ref.py (cases f-j).
 
   qwen3_lora_window   Qwen3 (q/k norms, head_dim 16 != C/Hq 12, tied, GQA 4/2, window 5 on
@@ -23,6 +23,9 @@ test/test_torch_ref.py (cases f-j).
                       eos_token_id as a list, torch_dtype; the output directory trains again as
                       a base (round trip) with the same first loss as the reference gives it.
   qwen2_layer_types   a config.json with layer_types as transformers >= 4.53 writes it loads.
+  yarn                rope_scaling yarn on Llama (its logits against transformers 4.44.2's
+                      LlamaForCausalLM) and Qwen2 (every optional key): loss, one step's
+                      weights, rope_scaling written back.
 """
 import argparse
 import hashlib
@@ -217,6 +220,80 @@ def case_qwen2_layer_types(root):
     return errs, "layer_types matching max_window_layers accepted"
 
 
+# Logits of transformers 4.44.2's LlamaForCausalLM (its rope_utils yarn) for argv[2]'s ids from
+# the model directory argv[1], into the .npy at argv[3].
+HF_CHILD = r"""
+import json, sys
+import numpy as np, torch
+from transformers import AutoModelForCausalLM
+m = AutoModelForCausalLM.from_pretrained(sys.argv[1], torch_dtype=torch.float32, attn_implementation="eager").eval()
+with torch.no_grad():
+    np.save(sys.argv[3], m(torch.tensor(json.loads(sys.argv[2]))).logits.double().numpy())
+"""
+TF_DIR = os.environ.get("LLMC_GPT2_TRANSFORMERS", "/opt/llmc-transformers-4.44.2")
+YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32}
+
+
+def case_yarn(root):
+    """rope_scaling yarn (Qwen2.5's long-context setting; transformers 4.57's
+    _compute_yarn_parameters): frequencies interpolated by factor below the beta_fast/beta_slow
+    ramp, kept above it, cos/sin times 0.1 ln(factor) + 1 (or attention_factor / the mscale
+    ratio). Llama GQA: the reference's logits against transformers 4.44.2's LlamaForCausalLM
+    (original_max_position_embeddings = max_position_embeddings, where 4.44 and 4.57 agree);
+    then for Llama and for Qwen2 with every optional key (beta_fast 16, beta_slow 2, truncate
+    false, mscale / mscale_all_dim), first loss and one AdamW step against the reference, the
+    rope_scaling written back as read, and a check that yarn moves the logits."""
+    import torch
+    errs, notes = [], []
+    qwen_rs = dict(YARN, beta_fast=16.0, beta_slow=2.0, truncate=False, mscale=0.8, mscale_all_dim=0.5)
+    for name, kw in (("llama", dict(model_type="llama", rope_scaling=YARN)),
+                     ("qwen2", dict(model_type="qwen2", attention_bias=True, rope_scaling=qwen_rs))):
+        work = os.path.join(root, "yarn_" + name)
+        cfg = R.make_config(vocab_size=64, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32,
+                            rope_theta=100.0, **kw)
+        model_dir, shard, tokens, weights = setup(work, cfg, 600, seed=9)
+        ids = [list(map(int, tokens[:16])), list(map(int, tokens[16:32]))]
+        want = R.RefLlama(cfg, weights)(torch.tensor(ids)).detach().double().numpy()
+        plain = R.RefLlama(dict(cfg, rope_scaling=None), weights)(torch.tensor(ids)).detach().double().numpy()
+        moved = float(np.abs(plain - want).max() / np.abs(want).max())
+        if not moved > 1e-3:
+            errs.append(f"{name}: yarn moves the logits only {moved:.1e}: the check would not see it")
+        if name == "llama":
+            if not os.path.isfile(os.path.join(TF_DIR, "transformers", "__init__.py")):
+                errs.append(f"transformers 4.44.2 is not in {TF_DIR}: run scripts/install_deps.sh")
+            else:
+                npy = os.path.join(work, "hf.npy")
+                p = subprocess.run([sys.executable, "-c", HF_CHILD, model_dir, json.dumps(ids), npy],
+                                   env=dict(os.environ, PYTHONPATH=TF_DIR), capture_output=True,
+                                   timeout=ARGS.timeout)
+                if p.returncode != 0:
+                    errs.append("transformers could not run: " + p.stderr.decode("utf-8", "replace")[-400:])
+                else:
+                    hd = float(np.abs(np.load(npy) - want).max() / np.abs(want).max())
+                    notes.append(f"reference vs transformers {hd:.1e}")
+                    if not hd <= 1e-5:
+                        errs.append(f"the reference's logits vs transformers 4.44.2's: {hd:.2e} relative")
+        tc = R.train_config(sequence_len=16, micro_batch_size=2, max_steps=1, learning_rate=1e-3, warmup_steps=0,
+                            lr_scheduler="constant", weight_decay=0.1, max_grad_norm=0.0, adam_epsilon=1e-3)
+        tc.update(base_model=model_dir, train_data=shard, output_dir=os.path.join(work, "out"))
+        run(work, tc)
+        ref = R.train_reference(cfg, weights, tokens, tc)
+        row = [r for r in R.read_metrics(os.path.join(tc["output_dir"], "metrics.jsonl")) if "loss" in r][0]
+        lr_ = rel(row["loss"], ref["losses"][0])
+        if not lr_ <= LOSS_RTOL:
+            errs.append(f"{name}: loss {row['loss']} vs reference {ref['losses'][0]} ({lr_:.1e})")
+        got = R.read_safetensors(os.path.join(tc["output_dir"], "model.safetensors"))
+        wd = max(float(np.max(np.abs(np.asarray(got[k], np.float64) - v))) for k, v in ref["weights"].items())
+        if not wd <= 1e-5:
+            errs.append(f"{name}: weights after one step differ from the reference by {wd:.1e}")
+        rs = read_json(os.path.join(tc["output_dir"], "config.json")).get("rope_scaling")
+        if rs != cfg["rope_scaling"]:
+            errs.append(f"{name}: written rope_scaling {rs}, read {cfg['rope_scaling']}")
+        notes.append(f"{name}: loss {lr_:.1e}, weights {wd:.1e}, yarn moves logits {moved:.1e}")
+    return errs, "; ".join(notes)
+
+
 def main():
     global ARGS
     ap = argparse.ArgumentParser(description=__doc__,
@@ -232,7 +309,7 @@ def main():
     root = tempfile.mkdtemp(prefix="test_families_")
     cases = [("qwen3_lora_window", case_qwen3_lora_window),
              ("config_write_back", case_config_write_back),
-             ("qwen2_layer_types", case_qwen2_layer_types)]
+             ("qwen2_layer_types", case_qwen2_layer_types), ("yarn", case_yarn)]
     try:
         passed, failed = harness.run_cases(((n, lambda f=f: f(root)) for n, f in cases),
                                            ARGS.only, ARGS.verbose)

@@ -476,6 +476,16 @@ static void hf_inv_freq(const ModelConfig *c, double *inv, int long_factors) {
     if (c->rope_type == ROPE_LONGROPE)  // Phi-3: 1 / (ext_factors * theta ** (2i / D))
         for (int i = 0; i < D / 2; i++)
             inv[i] /= long_factors ? c->rope_long_factor[i] : c->rope_short_factor[i];
+    if (c->rope_type == ROPE_YARN) {  // transformers' _compute_yarn_parameters, in double
+        double orig = c->rope_original_max_position_embeddings, b = c->rope_theta;
+        double lo = floor(D * log(orig / (c->rope_beta_fast * 2 * M_PI)) / (2 * log(b)));
+        double hi = ceil(D * log(orig / (c->rope_beta_slow * 2 * M_PI)) / (2 * log(b)));
+        lo = lo < 0 ? 0 : lo, hi = hi > D - 1 ? D - 1 : hi;
+        for (int i = 0; i < D / 2; i++) {
+            double ramp = fmin(1, fmax(0, (i - lo) / (hi - lo)));
+            inv[i] = inv[i] / c->rope_factor * ramp + inv[i] * (1 - ramp);
+        }
+    }
     if (c->rope_type != ROPE_LLAMA3) return;
     double old = c->rope_original_max_position_embeddings, lo = c->rope_low_freq_factor,
            hi = c->rope_high_freq_factor, f = c->rope_factor;
@@ -505,9 +515,9 @@ static long double rope_loss(void *p) {
 
 static void test_rope(void) {
     const int B = 2, T = 9, H = 3, D = 16, half = D / 2;
-    ModelConfig cfg[3];
-    float inv[4][8];
-    for (int k = 0; k < 3; k++) {
+    ModelConfig cfg[4];
+    float inv[5][8];
+    for (int k = 0; k < 4; k++) {
         model_config_defaults(&cfg[k]);
         cfg[k].head_dim = D;
         cfg[k].rope_theta = 10000;
@@ -519,10 +529,13 @@ static void test_rope(void) {
     cfg[1].rope_original_max_position_embeddings = 8;
     cfg[2].rope_type = ROPE_LONGROPE;
     for (int i = 0; i < half; i++) cfg[2].rope_short_factor[i] = 1.0f + 0.25f * i, cfg[2].rope_long_factor[i] = 1.5f + i * i;
-    const char *tname[4] = {"default", "llama3", "longrope short", "longrope long"};
-    for (int k = 0; k < 4; k++) {
+    cfg[3].rope_type = ROPE_YARN;  // the ramp runs over dimensions 0..5: 1..4 are blends
+    cfg[3].rope_factor = 4, cfg[3].rope_theta = 100, cfg[3].rope_original_max_position_embeddings = 64;
+    cfg[3].rope_beta_fast = 8, cfg[3].rope_beta_slow = 1, cfg[3].rope_truncate = 1;
+    const char *tname[5] = {"default", "llama3", "longrope short", "longrope long", "yarn"};
+    for (int k = 0; k < 5; k++) {
         double ref[8];
-        const ModelConfig *c = &cfg[k < 3 ? k : 2];
+        const ModelConfig *c = &cfg[k < 3 ? k : k == 3 ? 2 : 3];
         rope_inv_freq(c, inv[k], k == 3);
         hf_inv_freq(c, ref, k == 3);
         Cmp e = {0};
