@@ -131,8 +131,21 @@ static void read_rope(const char *path, const cJSON *r, const char *where, Model
         return;
     }
     if (strcmp(t, "yarn") == 0) return read_yarn(path, r, where, c);
+    if (strcmp(t, "linear") == 0) {  // transformers' linear scaling: positions / factor
+        const cJSON *e;
+        cJSON_ArrayForEach(e, r) if (strcmp(e->string, "rope_type") && strcmp(e->string, "type") &&
+                                     strcmp(e->string, "factor") && strcmp(e->string, "rope_theta"))
+            fail("%s: '%s.%s' is not supported for linear rope scaling (factor only)", path, where, e->string);
+        const cJSON *f = get(r, "factor");
+        if (!cJSON_IsNumber(f) || !isfinite(f->valuedouble) || !(f->valuedouble > 0))
+            fail("%s: '%s' (linear) needs a positive number 'factor'", path, where);
+        c->rope_factor = f->valuedouble;
+        c->rope_type = ROPE_LINEAR;
+        return;
+    }
     if (strcmp(t, "llama3") != 0)
-        fail("%s: '%s.%s' = \"%s\" is not supported (only \"default\", \"llama3\" and \"yarn\")", path,
+        fail("%s: '%s.%s' = \"%s\" is not supported (only \"default\", \"linear\", \"llama3\" and \"yarn\"; "
+             "\"dynamic\" rescales by the longest batch seen so far, which training cannot reproduce)", path,
              where, tkey, t);
     c->rope_type = ROPE_LLAMA3;
     static const char *keys[] = {"factor", "low_freq_factor", "high_freq_factor",
@@ -201,8 +214,7 @@ static void read_longrope(const char *path, const cJSON *rs, ModelConfig *c) {
     c->rope_type = ROPE_LONGROPE;
 }
 
-// Phi-3's own keys. Dropout is not implemented, so a nonzero rate would train another model;
-// a partial rotary factor would place positions differently.
+// Phi-3's own keys. Dropout is not implemented, so a nonzero rate would train another model.
 static void read_phi3_keys(const char *path, const cJSON *root, ModelConfig *c) {
     // Phi3Config has no head_dim; transformers 4.44's attention ignores the key, 4.57's honours it.
     if (c->head_dim * c->num_attention_heads != c->hidden_size)
@@ -213,9 +225,6 @@ static void read_phi3_keys(const char *path, const cJSON *root, ModelConfig *c) 
         double p = opt_num(path, root, drops[i], 0.0);
         if (p != 0.0) fail("%s: '%s' = %g is not supported (dropout is not implemented; use 0.0)", path, drops[i], p);
     }
-    double prf = opt_num(path, root, "partial_rotary_factor", 1.0);
-    if (prf != 1.0)
-        fail("%s: 'partial_rotary_factor' = %g is not supported (only 1.0: RoPE over the whole head)", path, prf);
     c->original_max_position_embeddings = opt_int(path, root, "original_max_position_embeddings", 0);
     if (c->original_max_position_embeddings < 0)
         fail("%s: key 'original_max_position_embeddings' must be a positive integer", path);
@@ -288,6 +297,10 @@ void hf_read_config(const char *path, ModelConfig *c) {
     double drop = opt_num(path, root, "attention_dropout", 0.0);
     if (drop != 0.0)
         fail("%s: 'attention_dropout' = %g is not supported (dropout is not implemented; use 0.0)", path, drop);
+    // transformers' rope code reads it for every family (rotating only that share of each head).
+    double prf = opt_num(path, root, "partial_rotary_factor", 1.0);
+    if (prf != 1.0)
+        fail("%s: 'partial_rotary_factor' = %g is not supported (only 1.0: RoPE over the whole head)", path, prf);
     const cJSON *act = get(root, "hidden_act");
     if (act && (!cJSON_IsString(act) || strcmp(act->valuestring, "silu") != 0))
         fail("%s: 'hidden_act' must be \"silu\" (the only activation implemented)", path);
@@ -428,6 +441,13 @@ int hf_write_config(const char *path, const ModelConfig *c) {
             ADD(add_real(r, "high_freq_factor", c->rope_high_freq_factor, 0));
             ADD(cJSON_AddNumberToObject(r, "original_max_position_embeddings",
                                         c->rope_original_max_position_embeddings));
+        }
+    } else if (c->rope_type == ROPE_LINEAR) {
+        cJSON *r = cJSON_AddObjectToObject(o, "rope_scaling");
+        ADD(r);
+        if (r) {
+            ADD(cJSON_AddStringToObject(r, "rope_type", "linear"));
+            ADD(add_real(r, "factor", c->rope_factor, 0));
         }
     } else if (c->rope_type == ROPE_YARN) {
         cJSON *r = cJSON_AddObjectToObject(o, "rope_scaling");

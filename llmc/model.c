@@ -148,6 +148,8 @@ void model_config_validate(const ModelConfig *c, const char *src) {
           c->rope_original_max_position_embeddings > 0))
         fail("%s: llama3 rope_scaling needs factor > 0, 0 < low_freq_factor < high_freq_factor and "
              "original_max_position_embeddings > 0", src);
+    if (c->rope_type == ROPE_LINEAR && !(isfinite(c->rope_factor) && c->rope_factor > 0))
+        fail("%s: linear rope_scaling needs factor > 0", src);
     if (c->rope_type == ROPE_YARN &&
         !(c->rope_factor > 0 && c->rope_beta_fast > 0 && c->rope_beta_slow > 0 && c->rope_attention_factor > 0 &&
           isfinite(c->rope_attention_factor) && c->rope_original_max_position_embeddings >= 0))
@@ -375,6 +377,10 @@ void rope_inv_freq(const ModelConfig *c, float *inv, int long_factors) {
             const float ext = long_factors ? c->rope_long_factor[i] : c->rope_short_factor[i];
             inv[i] = 1.0f / (ext * powf((float)c->rope_theta, e));
         }
+    }
+    if (c->rope_type == ROPE_LINEAR) {  // positions / factor, as inv_freq /= factor in float32
+        for (int i = 0; i < half; i++) inv[i] /= (float)c->rope_factor;
+        return;
     }
     if (c->rope_type == ROPE_YARN) {
         // transformers' _compute_yarn_parameters (4.57): interpolated (/ factor) frequencies

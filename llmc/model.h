@@ -6,7 +6,7 @@
 #include "backend.h"
 #include "mempolicy.h"
 
-enum { ROPE_DEFAULT = 0, ROPE_LLAMA3 = 1, ROPE_LONGROPE = 2, ROPE_YARN = 3 };
+enum { ROPE_DEFAULT = 0, ROPE_LLAMA3 = 1, ROPE_LONGROPE = 2, ROPE_YARN = 3, ROPE_LINEAR = 4 };
 #define ROPE_MAX_HALF 256  // head_dim / 2 at most, for longrope's per-frequency factors
 enum { YARN_ORIG = 1, YARN_BETA_FAST = 2, YARN_BETA_SLOW = 4, YARN_MSCALE = 8, YARN_MSCALE_ALL = 16, YARN_TRUNCATE = 32 };
 // The block family: Llama (RMSNorm, RoPE, GQA, SwiGLU) or GPT-2 (LayerNorm with bias, learned
@@ -28,7 +28,8 @@ typedef struct {
     int max_position_embeddings;
     float rms_norm_eps;
     double rope_theta;
-    int rope_type;            // ROPE_DEFAULT, ROPE_LLAMA3, ROPE_LONGROPE (Phi-3) or ROPE_YARN
+    int rope_type;            // ROPE_DEFAULT, ROPE_LLAMA3, ROPE_LONGROPE (Phi-3), ROPE_YARN or ROPE_LINEAR
+                              // (linear: inv_freq / rope_factor)
     double rope_factor, rope_low_freq_factor, rope_high_freq_factor;
     int rope_original_max_position_embeddings;
     int tie_word_embeddings;

@@ -540,6 +540,8 @@ def rope_inv_freq(cfg, seq_len=0):
         rtype = rs.get("rope_type", rs.get("type"))
         if rtype in (None, "default"):
             return inv
+        if rtype == "linear":
+            return inv / float(rs["factor"])
         if rtype == "yarn":  # transformers 4.57's _compute_yarn_parameters, float32 as there
             f = float(rs["factor"])
             orig = rs.get("original_max_position_embeddings") or cfg["max_position_embeddings"]

@@ -606,6 +606,9 @@ CASES = [
     ("hf_rope_dynamic", hf_case(edit_config_json(
         lambda c: c.update(rope_scaling={"rope_type": "dynamic", "factor": 4.0})),
         lambda m: ["config.json", "dynamic"])),
+    ("hf_rope_linear_factor", hf_case(edit_config_json(
+        lambda c: c.update(rope_scaling={"rope_type": "linear", "factor": -2.0})),
+        lambda m: ["config.json", "linear", "factor"])),
     ("hf_config_kv_heads_not_dividing", hf_case(
         edit_config_json(lambda c: c.update(num_key_value_heads=3)),
         lambda m: ["config.json", "num_key_value_heads"])),

@@ -24,8 +24,9 @@ test/test_torch_ref.py (cases f-j).
                       a base (round trip) with the same first loss as the reference gives it.
   qwen2_layer_types   a config.json with layer_types as transformers >= 4.53 writes it loads.
   yarn                rope_scaling yarn on Llama (its logits against transformers 4.44.2's
-                      LlamaForCausalLM) and Qwen2 (every optional key): loss, one step's
-                      weights, rope_scaling written back.
+                      LlamaForCausalLM) and Qwen2 (every optional key), and linear on Llama
+                      (against transformers too): loss, one step's weights, rope_scaling
+                      written back.
 """
 import argparse
 import hashlib
@@ -247,7 +248,8 @@ def case_yarn(root):
     errs, notes = [], []
     qwen_rs = dict(YARN, beta_fast=16.0, beta_slow=2.0, truncate=False, mscale=0.8, mscale_all_dim=0.5)
     for name, kw in (("llama", dict(model_type="llama", rope_scaling=YARN)),
-                     ("qwen2", dict(model_type="qwen2", attention_bias=True, rope_scaling=qwen_rs))):
+                     ("qwen2", dict(model_type="qwen2", attention_bias=True, rope_scaling=qwen_rs)),
+                     ("llama_linear", dict(model_type="llama", rope_scaling={"rope_type": "linear", "factor": 2.5}))):
         work = os.path.join(root, "yarn_" + name)
         cfg = R.make_config(vocab_size=64, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
                             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32,
@@ -259,7 +261,7 @@ def case_yarn(root):
         moved = float(np.abs(plain - want).max() / np.abs(want).max())
         if not moved > 1e-3:
             errs.append(f"{name}: yarn moves the logits only {moved:.1e}: the check would not see it")
-        if name == "llama":
+        if name.startswith("llama"):
             if not os.path.isfile(os.path.join(TF_DIR, "transformers", "__init__.py")):
                 errs.append(f"transformers 4.44.2 is not in {TF_DIR}: run scripts/install_deps.sh")
             else:
@@ -271,9 +273,9 @@ def case_yarn(root):
                     errs.append("transformers could not run: " + p.stderr.decode("utf-8", "replace")[-400:])
                 else:
                     hd = float(np.abs(np.load(npy) - want).max() / np.abs(want).max())
-                    notes.append(f"reference vs transformers {hd:.1e}")
+                    notes.append(f"{name}: reference vs transformers {hd:.1e}")
                     if not hd <= 1e-5:
-                        errs.append(f"the reference's logits vs transformers 4.44.2's: {hd:.2e} relative")
+                        errs.append(f"{name}: the reference's logits vs transformers 4.44.2's: {hd:.2e} relative")
         tc = R.train_config(sequence_len=16, micro_batch_size=2, max_steps=1, learning_rate=1e-3, warmup_steps=0,
                             lr_scheduler="constant", weight_decay=0.1, max_grad_norm=0.0, adam_epsilon=1e-3)
         tc.update(base_model=model_dir, train_data=shard, output_dir=os.path.join(work, "out"))

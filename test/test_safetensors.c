@@ -612,9 +612,9 @@ static void test_errors(void) {
     write_text(cfg, buf);
     expect_fail("err config hidden_size string", do_hf_read, cfg, "'hidden_size'", NULL);
     snprintf(buf, sizeof buf, "{%s,\"hidden_size\":64,\"rope_scaling\":{\"rope_type\":\"linear\","
-                              "\"factor\":2.0}}", base);
+                              "\"factor\":2.0,\"low_freq_factor\":1}}", base);
     write_text(cfg, buf);
-    expect_fail("err config rope linear", do_hf_read, cfg, "rope_scaling", "linear", NULL);
+    expect_fail("err config rope linear extra key", do_hf_read, cfg, "rope_scaling.low_freq_factor", "linear", NULL);
     snprintf(buf, sizeof buf, "{%s,\"hidden_size\":64,\"rope_scaling\":{\"type\":\"dynamic\","
                               "\"factor\":2.0}}", base);
     write_text(cfg, buf);
@@ -643,6 +643,9 @@ static void test_errors(void) {
         snprintf(name, sizeof name, "err config %s attention_dropout", fams[i]);
         expect_fail(name, do_hf_read, cfg, "'attention_dropout' = 0.1", NULL);
     }
+    snprintf(buf, sizeof buf, "{%s,\"hidden_size\":64,\"model_type\":\"qwen2\",\"partial_rotary_factor\":0.5}", base);
+    write_text(cfg, buf);
+    expect_fail("err config qwen2 partial_rotary_factor", do_hf_read, cfg, "'partial_rotary_factor' = 0.5", NULL);
     snprintf(buf, sizeof buf, "{%s,\"hidden_size\":64,\"attention_dropout\":0.0}", base);
     write_text(cfg, buf);
     ModelConfig mc;
