@@ -22,6 +22,7 @@
 #include "model.h"
 #include "optim.h"
 #include "plan.h"
+#include "peft.h"
 #include "prepare.h"
 #include "quantize.h"
 #include "rows.h"
@@ -71,9 +72,10 @@ static void print_box(const Config *cfg, const Model *m, const Backend *bk, size
     snprintf(np, sizeof np, "%zu (trainable %zu)", m->tab.num_params, m->tab.num_trainable);
     printf("| parameters   %-50s |\n", np);
     if (m->tab.lora.r) {
-        char lr[128];
-        snprintf(lr, sizeof lr, "LoRA r=%d alpha=%g dropout=%g scale=%g targets=0x%x", m->tab.lora.r,
-                 m->tab.lora.alpha, m->tab.lora.dropout, m->tab.lora_scale, m->tab.lora.targets);
+        char lr[320], names[200];
+        peft_target_names(c, m->tab.lora.targets, names, sizeof names);
+        snprintf(lr, sizeof lr, "LoRA r=%d alpha=%g dropout=%g scale=%g on %s%s", m->tab.lora.r, m->tab.lora.alpha,
+                 m->tab.lora.dropout, m->tab.lora_scale, names, m->tab.lora.per_layer ? " (per layer)" : "");
         printf("| adapter      %-50s |\n", lr);
     }
     char shape[128];
@@ -81,6 +83,26 @@ static void print_box(const Config *cfg, const Model *m, const Backend *bk, size
              c->hidden_size, c->intermediate_size, c->num_attention_heads, c->num_key_value_heads,
              c->head_dim, c->vocab_size, c->tie_word_embeddings ? " tied" : "");
     printf("| shape        %-50s |\n", shape);
+    if (c->arch == ARCH_LLAMA) {  // what the rotary embedding applies, as read from config.json
+        char rope[160];
+        const int orig = c->rope_type == ROPE_LONGROPE ? c->original_max_position_embeddings
+                         : c->rope_original_max_position_embeddings ? c->rope_original_max_position_embeddings
+                                                                     : c->max_position_embeddings;
+        switch (c->rope_type) {
+        case ROPE_LLAMA3: snprintf(rope, sizeof rope, "theta %g, llama3 x%g (original %d)", c->rope_theta, c->rope_factor, orig); break;
+        case ROPE_LINEAR: snprintf(rope, sizeof rope, "theta %g, linear x%g", c->rope_theta, c->rope_factor); break;
+        case ROPE_YARN:
+            snprintf(rope, sizeof rope, "theta %g, yarn x%g (original %d), attention x%.4g", c->rope_theta, c->rope_factor,
+                     orig, c->rope_attention_factor);
+            break;
+        case ROPE_LONGROPE:
+            snprintf(rope, sizeof rope, "theta %g, longrope (%s factors past %d), attention x%.4g", c->rope_theta,
+                     "short/long", orig, c->rope_attention_factor);
+            break;
+        default: snprintf(rope, sizeof rope, "theta %g", c->rope_theta);
+        }
+        printf("| rope         %-50s |\n", rope);
+    }
     char tok[128];
     snprintf(tok, sizeof tok, "%lld (B=%d x T=%d x accum %d)", tokens, cfg->micro_batch_size,
              cfg->sequence_len, cfg->gradient_accumulation_steps);
