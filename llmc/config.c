@@ -744,6 +744,38 @@ static void load_mapping(Config *cfg, yaml_document_t *doc, yaml_node_t *map, co
             cfg->has_model_block = 1;
             continue;
         }
+        if (!*prefix && !strcmp(key, "rope_scaling")) {  // Axolotl's: config.json's rope_scaling, replaced
+            if (vn->type == YAML_SCALAR_NODE && is_null(vn)) continue;
+            if (vn->type != YAML_MAPPING_NODE)
+                fail("%s: key 'rope_scaling' expects a mapping (rope_type: yarn, factor: 4.0, ...) or null", origin);
+            cJSON *o = cJSON_CreateObject();
+            if (!o) fail("out of memory");
+            for (yaml_node_pair_t *q = vn->data.mapping.pairs.start; q < vn->data.mapping.pairs.top; q++) {
+                yaml_node_t *k2 = yaml_document_get_node(doc, q->key), *v2 = yaml_document_get_node(doc, q->value);
+                char o2[1200];
+                snprintf(o2, sizeof o2, "%s:%zu", path, k2->start_mark.line + 1);
+                if (k2->type != YAML_SCALAR_NODE) fail("%s: keys must be plain names", o2);
+                if (v2->type != YAML_SCALAR_NODE)
+                    fail("%s: rope_scaling.%s: only single values here (per-frequency lists belong in config.json)", o2,
+                         scalar(k2));
+                // Values as YAML means them: numbers, true/false, null, else strings.
+                const char *v = scalar(v2);
+                char *end;
+                double d = strtod(v, &end);
+                cJSON *item = is_null(v2) ? cJSON_CreateNull()
+                              : !strcmp(v, "true") || !strcmp(v, "false") ? cJSON_CreateBool(!strcmp(v, "true"))
+                              : *v && !*end && v2->data.scalar.style == YAML_PLAIN_SCALAR_STYLE ? cJSON_CreateNumber(d)
+                                                                                                   : cJSON_CreateString(v);
+                if (!item || !cJSON_AddItemToObject(o, scalar(k2), item)) fail("out of memory");
+            }
+            char *txt = cJSON_PrintUnformatted(o);
+            if (!txt || strlen(txt) >= sizeof cfg->rope_scaling_json) fail("%s: rope_scaling is too long", origin);
+            strcpy(cfg->rope_scaling_json, txt);
+            cfg->rope_scaling_line = (int)kn->start_mark.line + 1;
+            free(txt);
+            cJSON_Delete(o);
+            continue;
+        }
         if (!*prefix && !strcmp(key, "fsdp_config")) {  // Axolotl's FSDP options
             if (vn->type == YAML_SCALAR_NODE && is_null(vn)) continue;
             if (vn->type != YAML_MAPPING_NODE) fail("%s: key 'fsdp_config' expects a mapping of FSDP options", origin);

@@ -66,6 +66,10 @@ typedef struct {
     char base_model_id[256];       // the hub id base_model was resolved from ("" for a directory)
     unsigned char given[160];      // given[i]: KEYS[i] was set by the YAML or --set
     int fsdp_config_given, fsdp_given;
+    // Axolotl's rope_scaling mapping as JSON ("" when absent or null): it replaces config.json's
+    // rope_scaling (hf_override_rope), so a run can stretch a model's context from the YAML.
+    char rope_scaling_json[1024];
+    int rope_scaling_line;
     // prepared data (prepare.h): datasets:/pretraining_dataset: instead of train_data shards
     void *yaml_json;               // the whole config as JSON (cJSON *; --set applied) for the script
     int datasets_run;              // the config asks for prepared data

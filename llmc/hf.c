@@ -392,6 +392,27 @@ void hf_read_config(const char *path, ModelConfig *c) {
     cJSON_Delete(root);
 }
 
+void hf_override_rope(const char *where, const char *json, ModelConfig *c) {
+    cJSON *r = cJSON_Parse(json);
+    if (!cJSON_IsObject(r)) fail("%s: rope_scaling must be a mapping", where);
+    c->rope_type = ROPE_DEFAULT;
+    c->rope_factor = 1.0;
+    c->rope_has_attention_factor = 0;
+    c->rope_original_max_position_embeddings = 0;
+    if (family_of(c)->fused) {  // Phi-3: longrope, or nothing
+        const cJSON *ty = get(r, "type");
+        if (!ty) ty = get(r, "rope_type");
+        const char *t = cJSON_IsString(ty) ? ty->valuestring : "(none)";
+        if (strcmp(t, "longrope") && strcmp(t, "su") && strcmp(t, "yarn"))
+            fail("%s: 'rope_scaling.type' = %s is not supported for phi3 (longrope, su, yarn)", where, t);
+        read_longrope(where, r, c);
+    } else {
+        read_rope(where, r, "rope_scaling", c);
+        if (c->rope_type == ROPE_LLAMA3 && family_of(c)->fused) fail("%s: phi3 takes no llama3 rope scaling", where);
+    }
+    cJSON_Delete(r);
+}
+
 // Floats are written as Python would (shortest round-trip digits, always with a '.' or an
 // exponent): transformers warns when llama3 rope factors are not floats, and 1e-5f must not
 // come out as its double expansion 9.99999974737875e-06.

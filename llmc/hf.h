@@ -8,6 +8,9 @@
 // this trainer does not implement (a model_type or architecture outside family.h, rope scaling
 // other than llama3, mlp_bias, non-silu act, a layer_types pattern its keys do not give).
 void hf_read_config(const char *path, ModelConfig *c);
+// Replaces c's rope scaling with the rope_scaling object in json (Axolotl's YAML key), read as
+// config.json's would be for c's family; `where` names the YAML in messages.
+void hf_override_rope(const char *where, const char *json, ModelConfig *c);
 // Writes a config.json that transformers loads: the input family's architecture and
 // model_type, its window keys and eos_token_id (a list stays a list) as read. Returns 0, or -1
 // with errno set on an I/O error.

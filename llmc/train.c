@@ -29,6 +29,7 @@
 #include "export.h"
 #include "gpt2_io.h"
 #include "gpt2_cli.h"
+#include "hf.h"
 #include "metrics.h"
 #include "train.h"
 #include "seqpar.h"
@@ -375,6 +376,13 @@ int train_main(int argc, char **argv, int arch) {
     ModelConfig mc = cfg.model;
     if (cfg.base_model[0] && arch == ARCH_GPT2) gpt2_read_config(cfg.base_model, &mc);
     else if (cfg.base_model[0]) load_hf_config(cfg.base_model, &mc);
+    if (cfg.rope_scaling_json[0]) {  // Axolotl's rope_scaling: replaces the model's
+        char where[1200];
+        snprintf(where, sizeof where, "%s:%d", cfg.path, cfg.rope_scaling_line);
+        if (arch == ARCH_GPT2) fail("%s: rope_scaling: GPT-2 has learned positions, no rotary embedding", where);
+        hf_override_rope(where, cfg.rope_scaling_json, &mc);
+        model_config_validate(&mc, where);
+    }
     if (T > mc.max_position_embeddings)
         fail("sequence_len %d exceeds the model's max_position_embeddings %d", T, mc.max_position_embeddings);
     // ---- memory plan: --plan prints it; auto picks from it; a limit names what would fit

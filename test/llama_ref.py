@@ -479,6 +479,8 @@ def write_yaml(path, d):
                 items = [x if isinstance(x, str) and x.isidentifier() else _yaml_scalar(x)
                          for x in v]  # plain names stay plain: [q_proj, v_proj]
                 f.write(f"{k}: [{', '.join(items)}]\n")
+            elif isinstance(v, dict):  # a flow mapping of scalars: {rope_type: "yarn", factor: 4.0}
+                f.write(f"{k}: {{{', '.join(f'{a}: {_yaml_scalar(b)}' for a, b in v.items())}}}\n")
             else:
                 f.write(f"{k}: {_yaml_scalar(v)}\n")
 

@@ -523,6 +523,14 @@ CASES = [
     ("yaml_syntax", raw_yaml_case(
         lambda e, d: "max_steps: 1\nlearning_rate: 3e-4: 5\n", lambda p: [p + ":2"], "bad_syntax.yaml")),
     ("yaml_top_level_list", raw_yaml_case(lambda e, d: "- max_steps\n- 1\n", lambda p: [p])),
+    ("yaml_rope_scaling_dynamic", raw_yaml_case(
+        lambda e, d: yaml_text(base_cfg(e, d)) + "rope_scaling:\n  rope_type: dynamic\n  factor: 2.0\n",
+        lambda p: [p, "dynamic"])),
+    ("yaml_rope_scaling_list", raw_yaml_case(
+        lambda e, d: yaml_text(base_cfg(e, d)) + "rope_scaling:\n  rope_type: yarn\n  factor: [1, 2]\n",
+        lambda p: [p, "rope_scaling.factor", "single values"])),
+    ("yaml_rope_scaling_scalar", raw_yaml_case(
+        lambda e, d: yaml_text(base_cfg(e, d)) + "rope_scaling: yarn\n", lambda p: [p, "rope_scaling", "mapping"])),
     ("yaml_empty_file", raw_yaml_case(lambda e, d: "", lambda p: ["base_model"])),
     ("yaml_unknown_key_suggests", yaml_case(["learnig_rate", "learning_rate"], learnig_rate="1e-3")),
     ("yaml_unknown_model_key_suggests", yaml_case(

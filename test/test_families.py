@@ -26,7 +26,8 @@ test/test_torch_ref.py (cases f-j).
   yarn                rope_scaling yarn on Llama (its logits against transformers 4.44.2's
                       LlamaForCausalLM) and Qwen2 (every optional key), and linear on Llama
                       (against transformers too): loss, one step's weights, rope_scaling
-                      written back.
+                      written back; Axolotl's YAML rope_scaling on a model without one gives
+                      config.json's loss bit for bit and writes it into the output.
 """
 import argparse
 import hashlib
@@ -292,6 +293,17 @@ def case_yarn(root):
         rs = read_json(os.path.join(tc["output_dir"], "config.json")).get("rope_scaling")
         if rs != cfg["rope_scaling"]:
             errs.append(f"{name}: written rope_scaling {rs}, read {cfg['rope_scaling']}")
+        if name == "llama":  # the same through Axolotl's YAML key on a model without rope_scaling
+            plain_dir = os.path.join(work, "model_plain")
+            R.save_hf_dir(plain_dir, dict(cfg, rope_scaling=None), weights)
+            tc2 = dict(tc, base_model=plain_dir, output_dir=os.path.join(work, "out_yaml"), rope_scaling=YARN)
+            run(work, tc2, "yaml.yaml")
+            row2 = [r for r in R.read_metrics(os.path.join(tc2["output_dir"], "metrics.jsonl")) if "loss" in r][0]
+            if row2["loss"] != row["loss"]:
+                errs.append(f"YAML rope_scaling: loss {row2['loss']}, config.json's {row['loss']}")
+            rs2 = read_json(os.path.join(tc2["output_dir"], "config.json")).get("rope_scaling")
+            if rs2 != YARN:
+                errs.append(f"YAML rope_scaling: written {rs2}, expected {YARN}")
         notes.append(f"{name}: loss {lr_:.1e}, weights {wd:.1e}, yarn moves logits {moved:.1e}")
     return errs, "; ".join(notes)
 
