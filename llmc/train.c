@@ -383,8 +383,23 @@ int train_main(int argc, char **argv, int arch) {
         hf_override_rope(where, cfg.rope_scaling_json, &mc);
         model_config_validate(&mc, where);
     }
-    if (T > mc.max_position_embeddings)
+    if (T > mc.max_position_embeddings && arch == ARCH_GPT2)  // learned positions: no rows past it
         fail("sequence_len %d exceeds the model's max_position_embeddings %d", T, mc.max_position_embeddings);
+    if (T > mc.max_position_embeddings) {
+        // Axolotl raises the model's max_position_embeddings to sequence_len after loading it, so
+        // the rotary embedding keeps what the loaded config gave (yarn's and longrope's factors);
+        // the saved config.json says the new length.
+        printf("note: increasing max_position_embeddings from %d to sequence_len %d, as Axolotl does (the rotary "
+               "embedding keeps the values computed from %d)\n", mc.max_position_embeddings, T, mc.max_position_embeddings);
+        // What the rotary embedding derived from the old length is written out explicitly, so
+        // the saved model loads with the embedding it was trained with.
+        if (mc.rope_type == ROPE_YARN && !mc.rope_original_max_position_embeddings) {
+            mc.rope_original_max_position_embeddings = mc.max_position_embeddings;
+            mc.rope_yarn_keys |= YARN_ORIG;
+        }
+        if (mc.rope_type == ROPE_LONGROPE) mc.rope_has_attention_factor = 1;
+        mc.max_position_embeddings = T;
+    }
     // ---- memory plan: --plan prints it; auto picks from it; a limit names what would fit
     MemPolicy pol;
     config_mem_policy(&cfg, &pol);

@@ -570,8 +570,8 @@ CASES = [
     ("yaml_adam_epsilon_underflows", yaml_case(["adam_epsilon"], adam_epsilon="1e-50")),
     ("yaml_adam_beta2_rounds_to_one", yaml_case(["adam_beta2", "float32"], adam_beta2="0.999999999")),
     ("yaml_adam_beta1_one", yaml_case(["adam_beta1"], adam_beta1="1")),
-    ("yaml_seq_len_over_max_pos", yaml_case(
-        ["max_position_embeddings"], model=with_model(max_position_embeddings="4"))),
+    ("yaml_max_pos_zero", yaml_case(
+        ["max_position_embeddings"], model=with_model(max_position_embeddings="0"))),
     # ---- token shards
     ("data_glob_no_match", lambda e, d: (
         ["-c", cfg_file(d, base_cfg(e, d, train_data=os.path.join(d, "nothing_*.bin")))],
@@ -620,9 +620,9 @@ CASES = [
     ("hf_config_kv_heads_not_dividing", hf_case(
         edit_config_json(lambda c: c.update(num_key_value_heads=3)),
         lambda m: ["config.json", "num_key_value_heads"])),
-    ("hf_seq_len_over_max_pos", hf_case(
-        edit_config_json(lambda c: c.update(max_position_embeddings=4)),
-        lambda m: ["max_position_embeddings"])),
+    ("hf_max_pos_zero", hf_case(
+        edit_config_json(lambda c: c.update(max_position_embeddings=0)),
+        lambda m: ["config.json", "max_position_embeddings"])),
     ("st_header_longer_than_file", hf_case(header_too_long, lambda m: ["model.safetensors"])),
     ("st_header_not_json", hf_case(header_not_json, lambda m: ["model.safetensors"])),
     ("st_shorter_than_8_bytes", hf_case(write_raw("model.safetensors", b"\x01\x00"),

@@ -61,6 +61,7 @@ def run(work, tc, name="cfg.yaml"):
                        timeout=ARGS.timeout)
     if p.returncode != 0:
         raise RuntimeError(f"trainer exit {p.returncode}: {p.stderr.decode()[-600:]}")
+    return p
 
 
 def setup(work, cfg, n_tokens, seed):
@@ -243,11 +244,15 @@ def case_yarn(root):
     ratio). Llama GQA: the reference's logits against transformers 4.44.2's LlamaForCausalLM
     (original_max_position_embeddings = max_position_embeddings, where 4.44 and 4.57 agree);
     then for Llama and for Qwen2 with every optional key (beta_fast 16, beta_slow 2, truncate
-    false, mscale / mscale_all_dim), first loss and one AdamW step against the reference, the
-    rope_scaling written back as read, and a check that yarn moves the logits."""
+    false, mscale / mscale_all_dim; no original_max_position_embeddings), first loss and one
+    AdamW step against the reference, the rope_scaling written back as read, and a check that
+    yarn moves the logits; Qwen2 at sequence_len 48 > max_position_embeddings 32 (raised, as
+    Axolotl does, with yarn's original length written out)."""
     import torch
     errs, notes = [], []
-    qwen_rs = dict(YARN, beta_fast=16.0, beta_slow=2.0, truncate=False, mscale=0.8, mscale_all_dim=0.5)
+    # Qwen2: every optional key but original_max_position_embeddings (max_position_embeddings then)
+    qwen_rs = {"rope_type": "yarn", "factor": 4.0, "beta_fast": 16.0, "beta_slow": 2.0, "truncate": False,
+               "mscale": 0.8, "mscale_all_dim": 0.5}
     for name, kw in (("llama", dict(model_type="llama", rope_scaling=YARN)),
                      ("qwen2", dict(model_type="qwen2", attention_bias=True, rope_scaling=qwen_rs)),
                      ("llama_linear", dict(model_type="llama", rope_scaling={"rope_type": "linear", "factor": 2.5}))):
@@ -304,6 +309,21 @@ def case_yarn(root):
             rs2 = read_json(os.path.join(tc2["output_dir"], "config.json")).get("rope_scaling")
             if rs2 != YARN:
                 errs.append(f"YAML rope_scaling: written {rs2}, expected {YARN}")
+        if name == "qwen2":  # sequence_len past max_position_embeddings (32): raised as Axolotl does
+            tc3 = dict(tc, sequence_len=48, output_dir=os.path.join(work, "out_48"))
+            p3 = run(work, tc3, "t48.yaml")
+            ref3 = R.train_reference(cfg, weights, tokens, tc3)
+            row3 = [r for r in R.read_metrics(os.path.join(tc3["output_dir"], "metrics.jsonl")) if "loss" in r][0]
+            out_cfg = read_json(os.path.join(tc3["output_dir"], "config.json"))
+            if rel(row3["loss"], ref3["losses"][0]) > LOSS_RTOL:
+                errs.append(f"sequence_len 48 > 32: loss {row3['loss']} vs reference {ref3['losses'][0]}")
+            # the length yarn was computed from is written out, so the output loads as trained
+            want_rs = dict(cfg["rope_scaling"], original_max_position_embeddings=32)
+            if out_cfg.get("max_position_embeddings") != 48 or out_cfg.get("rope_scaling") != want_rs:
+                errs.append(f"sequence_len 48 > 32: written max_position_embeddings "
+                            f"{out_cfg.get('max_position_embeddings')}, rope_scaling {out_cfg.get('rope_scaling')}")
+            if "increasing max_position_embeddings from 32 to sequence_len 48" not in p3.stdout.decode():
+                errs.append("sequence_len 48 > 32: no note saying max_position_embeddings was raised")
         notes.append(f"{name}: loss {lr_:.1e}, weights {wd:.1e}, yarn moves logits {moved:.1e}")
     return errs, "; ".join(notes)
 

@@ -408,6 +408,11 @@ def check_descriptors(work):
         want = gpt2_params(L, C, maxT)
         if not line or int(line[0].split("|")[2]) != want:
             errs.append("%s: %r, expected %d" % (desc, line, want))
+    # learned positions: no row past max_position_embeddings (Llama's is raised instead)
+    p = run(["-e", "d6", "-i", "train.bin", "-j", "val.bin", "-o", "out_d", "-b", "1", "-t", "2048", "-x", "1",
+             "-v", "0", "-s", "0", "-r", "0"], work, check=False)
+    if p.returncode == 0 or "exceeds the model's max_position_embeddings 1024" not in p.stderr:
+        errs.append("-e d6 -t 2048: exit %d, %r" % (p.returncode, p.stderr[-300:]))
     report("descriptors", errs)
 
 
