@@ -56,11 +56,22 @@ static int opt_bool(const char *path, const cJSON *o, const char *key, int def) 
     return cJSON_IsTrue(v);
 }
 
-// A positive finite number under key k of r, or def when absent (null counts as absent, as
-// transformers' `.get(k) or default`).
+// Every key of the rope scaling object r is one of known[0..n); else fails naming it and `what`.
+static void only_keys(const char *path, const char *where, const cJSON *r, const char *const *known, size_t n,
+                      const char *what) {
+    const cJSON *e;
+    cJSON_ArrayForEach(e, r) {
+        size_t i = 0;
+        while (i < n && strcmp(e->string, known[i])) i++;
+        if (i == n) fail("%s: '%s.%s' is not supported for %s", path, where, e->string, what);
+    }
+}
+
+// A positive finite number under key k of r, or def when absent (get() counts null as absent,
+// as transformers' `.get(k) or default`).
 static double yarn_num(const char *path, const cJSON *r, const char *where, const char *k, double def, int *given) {
     const cJSON *v = get(r, k);
-    if (!v || cJSON_IsNull(v)) return def;
+    if (!v) return def;
     if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble) || !(v->valuedouble > 0) || v->valuedouble > 1e12)
         fail("%s: '%s.%s' must be a positive number", path, where, k);
     *given = 1;
@@ -72,15 +83,10 @@ static double yarn_num(const char *path, const cJSON *r, const char *where, cons
 // (1), truncate (true), attention_factor (else 0.1 ln(factor) + 1, or DeepSeek's
 // mscale / mscale_all_dim ratio of that form, 1 when factor <= 1).
 static void read_yarn(const char *path, const cJSON *r, const char *where, ModelConfig *c) {
-    const cJSON *e;
-    cJSON_ArrayForEach(e, r) {
-        static const char *const known[] = {"rope_type", "type", "factor", "original_max_position_embeddings", "beta_fast",
-                                            "beta_slow", "attention_factor", "mscale", "mscale_all_dim", "truncate",
-                                            "rope_theta"};
-        int ok = 0;
-        for (size_t i = 0; i < sizeof known / sizeof *known; i++) ok |= !strcmp(e->string, known[i]);
-        if (!ok) fail("%s: '%s.%s' is not supported for yarn", path, where, e->string);
-    }
+    static const char *const known[] = {"rope_type", "type", "factor", "original_max_position_embeddings", "beta_fast",
+                                        "beta_slow", "attention_factor", "mscale", "mscale_all_dim", "truncate",
+                                        "rope_theta"};
+    only_keys(path, where, r, known, sizeof known / sizeof *known, "yarn");
     int g = 0, keys = 0;
     if (!cJSON_IsNumber(get(r, "factor"))) fail("%s: '%s' (yarn) needs a number 'factor'", path, where);
     c->rope_factor = yarn_num(path, r, where, "factor", 0, &g);
@@ -132,10 +138,8 @@ static void read_rope(const char *path, const cJSON *r, const char *where, Model
     }
     if (strcmp(t, "yarn") == 0) return read_yarn(path, r, where, c);
     if (strcmp(t, "linear") == 0) {  // transformers' linear scaling: positions / factor
-        const cJSON *e;
-        cJSON_ArrayForEach(e, r) if (strcmp(e->string, "rope_type") && strcmp(e->string, "type") &&
-                                     strcmp(e->string, "factor") && strcmp(e->string, "rope_theta"))
-            fail("%s: '%s.%s' is not supported for linear rope scaling (factor only)", path, where, e->string);
+        static const char *const known[] = {"rope_type", "type", "factor", "rope_theta"};
+        only_keys(path, where, r, known, sizeof known / sizeof *known, "linear rope scaling (factor only)");
         const cJSON *f = get(r, "factor");
         if (!cJSON_IsNumber(f) || !isfinite(f->valuedouble) || !(f->valuedouble > 0))
             fail("%s: '%s' (linear) needs a positive number 'factor'", path, where);
@@ -175,14 +179,16 @@ static void read_rope(const char *path, const cJSON *r, const char *where, Model
 // overridden by that ratio in transformers too, since Phi3Config has the original length).
 static void read_longrope(const char *path, const cJSON *rs, ModelConfig *c) {
     const int half = c->head_dim / 2;
-    const cJSON *e;
-    cJSON_ArrayForEach(e, rs) {
-        static const char *const known[] = {"type", "rope_type", "short_factor", "long_factor", "attention_factor", "factor"};
-        int ok = 0;
-        for (size_t i = 0; i < sizeof known / sizeof *known; i++) ok |= !strcmp(e->string, known[i]);
-        if (!ok) fail("%s: 'rope_scaling.%s' is not supported for longrope (type, short_factor, long_factor, "
-                      "attention_factor)", path, e->string);
-    }
+    if (!cJSON_IsObject(rs)) fail("%s: 'rope_scaling' must be an object or null", path);
+    const cJSON *ty = get(rs, "type"), *e;
+    const char *key = "type";
+    if (!ty) ty = get(rs, "rope_type"), key = "rope_type";
+    const char *t = cJSON_IsString(ty) ? ty->valuestring : "(none)";
+    if (strcmp(t, "longrope") && strcmp(t, "su") && strcmp(t, "yarn"))  // Phi3Config renames su, yarn
+        fail("%s: 'rope_scaling.%s' = %s is not supported for phi3 (longrope, su, yarn or null)", path, key, t);
+    static const char *const known[] = {"type", "rope_type", "short_factor", "long_factor", "attention_factor", "factor"};
+    only_keys(path, "rope_scaling", rs, known, sizeof known / sizeof *known,
+              "longrope (type, short_factor, long_factor, attention_factor)");
     if (half > ROPE_MAX_HALF) fail("%s: longrope with head_dim %d: at most %d is implemented", path, c->head_dim, 2 * ROPE_MAX_HALF);
     static const char *const lists[] = {"short_factor", "long_factor"};
     for (int k = 0; k < 2; k++) {
@@ -228,18 +234,8 @@ static void read_phi3_keys(const char *path, const cJSON *root, ModelConfig *c) 
     c->original_max_position_embeddings = opt_int(path, root, "original_max_position_embeddings", 0);
     if (c->original_max_position_embeddings < 0)
         fail("%s: key 'original_max_position_embeddings' must be a positive integer", path);
-    // transformers' Phi3Config renames the legacy "su" and "yarn" to "longrope".
     const cJSON *rs = get(root, "rope_scaling");
-    if (rs) {
-        if (!cJSON_IsObject(rs)) fail("%s: 'rope_scaling' must be an object or null", path);
-        const cJSON *ty = get(rs, "type");
-        const char *key = "type";
-        if (!ty) ty = get(rs, "rope_type"), key = "rope_type";
-        const char *t = cJSON_IsString(ty) ? ty->valuestring : "(none)";
-        if (strcmp(t, "longrope") && strcmp(t, "su") && strcmp(t, "yarn"))
-            fail("%s: 'rope_scaling.%s' = %s is not supported for phi3 (longrope, su, yarn or null)", path, key, t);
-        read_longrope(path, rs, c);
-    }
+    if (rs) read_longrope(path, rs, c);
 }
 
 void hf_read_config(const char *path, ModelConfig *c) {
@@ -399,25 +395,16 @@ void hf_override_rope(const char *where, const char *json, ModelConfig *c) {
     c->rope_factor = 1.0;
     c->rope_has_attention_factor = 0;
     c->rope_original_max_position_embeddings = 0;
-    if (family_of(c)->fused) {  // Phi-3: longrope, or nothing
-        const cJSON *ty = get(r, "type");
-        if (!ty) ty = get(r, "rope_type");
-        const char *t = cJSON_IsString(ty) ? ty->valuestring : "(none)";
-        if (strcmp(t, "longrope") && strcmp(t, "su") && strcmp(t, "yarn"))
-            fail("%s: 'rope_scaling.type' = %s is not supported for phi3 (longrope, su, yarn)", where, t);
-        read_longrope(where, r, c);
-    } else {
-        read_rope(where, r, "rope_scaling", c);
-        if (c->rope_type == ROPE_LLAMA3 && family_of(c)->fused) fail("%s: phi3 takes no llama3 rope scaling", where);
-    }
+    if (family_of(c)->fused) read_longrope(where, r, c);  // Phi-3: longrope only
+    else read_rope(where, r, "rope_scaling", c);
     cJSON_Delete(r);
 }
 
 // Floats are written as Python would (shortest round-trip digits, always with a '.' or an
 // exponent): transformers warns when llama3 rope factors are not floats, and 1e-5f must not
 // come out as its double expansion 9.99999974737875e-06.
-static cJSON *add_real(cJSON *o, const char *key, double v, int single) {
-    if (!isfinite(v)) return cJSON_AddNullToObject(o, key);
+static cJSON *real_item(double v, int single) {
+    if (!isfinite(v)) return cJSON_CreateNull();
     char s[40];
     if (v == floor(v) && fabs(v) < 1e15) {
         snprintf(s, sizeof s, "%.1f", v);  // 500000.0, not 5e+05
@@ -428,7 +415,16 @@ static cJSON *add_real(cJSON *o, const char *key, double v, int single) {
         }
     }
     if (!strpbrk(s, ".e")) strcat(s, ".0");
-    return cJSON_AddRawToObject(o, key, s);
+    return cJSON_CreateRaw(s);
+}
+
+static cJSON *add_real(cJSON *o, const char *key, double v, int single) {
+    cJSON *item = real_item(v, single);
+    if (item && !cJSON_AddItemToObject(o, key, item)) {
+        cJSON_Delete(item);
+        return NULL;
+    }
+    return item;
 }
 
 int hf_write_config(const char *path, const ModelConfig *c) {
@@ -494,15 +490,8 @@ int hf_write_config(const char *path, const ModelConfig *c) {
             for (int k = 0; k < 2; k++) {
                 cJSON *l = cJSON_AddArrayToObject(r, k ? "long_factor" : "short_factor");
                 ADD(l);
-                for (int i = 0; l && i < c->head_dim / 2; i++) {
-                    char num[40];
-                    const float v = k ? c->rope_long_factor[i] : c->rope_short_factor[i];
-                    for (int prec = 1; prec <= 9; prec++) {  // the shortest digits that read back
-                        snprintf(num, sizeof num, "%.*g", prec, v);
-                        if (strtof(num, NULL) == v) break;
-                    }
-                    ADD(cJSON_AddItemToArray(l, cJSON_CreateRaw(num)));
-                }
+                for (int i = 0; l && i < c->head_dim / 2; i++)
+                    ADD(cJSON_AddItemToArray(l, real_item(k ? c->rope_long_factor[i] : c->rope_short_factor[i], 1)));
             }
             if (c->rope_has_attention_factor) ADD(add_real(r, "attention_factor", c->rope_attention_factor, 0));
         }

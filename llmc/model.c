@@ -372,11 +372,11 @@ void rope_inv_freq(const ModelConfig *c, float *inv, int long_factors) {
     const int half = c->head_dim / 2;
     for (int i = 0; i < half; i++) {
         float e = (float)(2 * i) / (float)c->head_dim;
-        inv[i] = 1.0f / powf((float)c->rope_theta, e);
-        if (c->rope_type == ROPE_LONGROPE) {  // Phi-3: 1 / (ext_factors * base ** e), float32
-            const float ext = long_factors ? c->rope_long_factor[i] : c->rope_short_factor[i];
-            inv[i] = 1.0f / (ext * powf((float)c->rope_theta, e));
-        }
+        // Phi-3's longrope: 1 / (ext_factors * base ** e) in float32; ext 1 (exact) otherwise.
+        const float ext = c->rope_type != ROPE_LONGROPE ? 1.0f
+                          : long_factors                ? c->rope_long_factor[i]
+                                                        : c->rope_short_factor[i];
+        inv[i] = 1.0f / (ext * powf((float)c->rope_theta, e));
     }
     if (c->rope_type == ROPE_LINEAR) {  // positions / factor, as inv_freq /= factor in float32
         for (int i = 0; i < half; i++) inv[i] /= (float)c->rope_factor;
