@@ -1,0 +1,65 @@
+// gemm_calls.c: times every cblas_sgemm call of a program by shape (an LD_PRELOAD shim), to see
+// which matrix products of a training step are slow against dev/sgemm_roofline.c's figures.
+// At exit it prints, per (transposes, M, N, K, beta != 0): calls, mean and total time, GFLOP/s.
+// Times are wall time per call, so calls made inside a parallel region add up across threads.
+//   gcc -O2 -fopenmp -shared -fPIC -o build/gemm_calls.so dev/gemm_calls.c -ldl
+//       -I/usr/include/x86_64-linux-gnu/openblas-openmp    (one line)
+//   LD_PRELOAD=build/gemm_calls.so ./train_llama -c cfg.yaml --set num_threads=1
+#define _GNU_SOURCE
+#include <cblas.h>
+#include <dlfcn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+
+typedef void (*sgemm_fn)(const enum CBLAS_ORDER, const enum CBLAS_TRANSPOSE, const enum CBLAS_TRANSPOSE,
+                         const blasint, const blasint, const blasint, const float, const float *, const blasint,
+                         const float *, const blasint, const float, float *, const blasint);
+typedef struct { int ta, tb, M, N, K, beta; double s; long n; } Shape;
+
+static sgemm_fn real_sgemm;
+static Shape shapes[512];
+static int nshapes, ncalls;
+
+static double now_s(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec + t.tv_nsec * 1e-9;
+}
+
+static void report(void) {
+    double total = 0;
+    for (int i = 0; i < nshapes; i++) total += shapes[i].s;
+    fprintf(stderr, "cblas_sgemm: %d calls, %.1f ms in all\n", ncalls, total * 1e3);
+    for (int i = 0; i < nshapes; i++) {
+        const Shape *e = &shapes[i];
+        fprintf(stderr, "  ta %d tb %d M %5d N %5d K %5d beta %d  calls %7ld  mean %.3f ms  total %8.1f ms  %6.1f GFLOP/s\n",
+                e->ta, e->tb, e->M, e->N, e->K, e->beta, e->n, e->s / e->n * 1e3, e->s * 1e3,
+                2.0 * e->M * e->N * e->K * e->n / e->s * 1e-9);
+    }
+}
+
+void cblas_sgemm(const enum CBLAS_ORDER o, const enum CBLAS_TRANSPOSE ta, const enum CBLAS_TRANSPOSE tb,
+                 const blasint M, const blasint N, const blasint K, const float alpha, const float *A,
+                 const blasint lda, const float *B, const blasint ldb, const float beta, float *C,
+                 const blasint ldc) {
+    if (!real_sgemm) {
+        real_sgemm = (sgemm_fn)dlsym(RTLD_NEXT, "cblas_sgemm");
+        if (!real_sgemm) { fprintf(stderr, "gemm_calls: no cblas_sgemm to wrap\n"); abort(); }
+        atexit(report);
+    }
+    const double t0 = now_s();
+    real_sgemm(o, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    const double dt = now_s() - t0;
+    const Shape key = {ta == CblasTrans, tb == CblasTrans, M, N, K, beta != 0, 0, 0};
+    __atomic_add_fetch(&ncalls, 1, __ATOMIC_RELAXED);
+    #pragma omp critical(gemm_calls)
+    {
+        int i = 0;
+        while (i < nshapes && !(shapes[i].ta == key.ta && shapes[i].tb == key.tb && shapes[i].M == M &&
+                                shapes[i].N == N && shapes[i].K == K && shapes[i].beta == key.beta))
+            i++;
+        if (i == nshapes && nshapes < 512) shapes[nshapes++] = key;
+        if (i < nshapes) shapes[i].s += dt, shapes[i].n++;
+    }
+}
