@@ -73,8 +73,10 @@ int main(int argc, char **argv) {
     const int N = B * T, D = C / Hq;
     double flops = 0, lin = 0, att = 0, cls = 0;
     // Identical layers: time one, count L.
-    double one = linear_s(N, C, Hq * D, reps, &flops) + 2 * linear_s(N, C, Hkv * D, reps, &flops) +
-                 linear_s(N, Hq * D, C, reps, &flops) + 2 * linear_s(N, C, FF, reps, &flops) +
+    // k and v, gate and up share a shape: timed once, counted twice (time and flops).
+    double kv = linear_s(N, C, Hkv * D, reps, &flops), gu = linear_s(N, C, FF, reps, &flops);
+    flops += 6.0 * N * C * Hkv * D + 6.0 * N * C * FF;
+    double one = linear_s(N, C, Hq * D, reps, &flops) + 2 * kv + linear_s(N, Hq * D, C, reps, &flops) + 2 * gu +
                  linear_s(N, FF, C, reps, &flops);
     lin = L * one;
     flops *= L;

@@ -32,6 +32,16 @@ typedef struct Backend Backend;
 typedef struct Queue Queue;  // an in-order stream of work (a CUDA stream; immediate on the CPU)
 typedef struct Event Event;  // a point in a queue that other queues or the host can wait for
 
+// One of a batch of independent products for matmul_many: matmul's arguments (dw 0), or
+// matmul_dw's (dw 1: C is a float gradient, beta ignored, the product is added).
+typedef struct {
+    void *C;
+    const void *A, *B;
+    int M, N, K, ta, tb;
+    float alpha, beta;
+    int dw;
+} Matmul;
+
 typedef struct {
     size_t in_use, peak, limit;  // device bytes; limit 0 means no budget
     size_t host_in_use, host_peak;
@@ -92,6 +102,9 @@ struct Backend {
     // accumulation, as cuBLASLt's bf16 inputs with fp32 C/D).
     void (*matmul_dw)(Backend *, float *dW_f32, const void *A, const void *B, int M, int N, int K,
                       int transA, int transB, float alpha);
+    // Products no one of which reads or writes another's C: the same as matmul / matmul_dw on
+    // each in turn, run side by side where the backend can. NULL: the engine runs them in turn.
+    void (*matmul_many)(Backend *, const Matmul *jobs, int n);
     void (*add_bias)(Backend *, void *y, const void *bias, int N, int D);         // y[n,:] += bias
     void (*bias_grad)(Backend *, float *dbias_f32, const void *dy, int N, int D); // dbias += sum_n dy
     void (*add)(Backend *, void *y, const void *a, const void *b, size_t n);      // y = a + b

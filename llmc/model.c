@@ -1211,18 +1211,41 @@ void model_gather_done(Model *m) {
 static void *LP(const Model *m, int l, int k) { return P(m, param_index(&m->tab, l, k)); }
 static float *LG(const Model *m, int l, int k) { return G(m, param_index(&m->tab, l, k)); }
 
+// Independent products in one call, side by side where the backend can.
+static void matmuls(Backend *bk, const Matmul *j, int n) {
+    if (bk->matmul_many) {
+        bk->matmul_many(bk, j, n);
+        return;
+    }
+    for (int i = 0; i < n; i++) {
+        if (j[i].dw) bk->matmul_dw(bk, j[i].C, j[i].A, j[i].B, j[i].M, j[i].N, j[i].K, j[i].ta, j[i].tb, j[i].alpha);
+        else bk->matmul(bk, j[i].C, j[i].A, j[i].B, j[i].M, j[i].N, j[i].K, j[i].ta, j[i].tb, j[i].alpha, j[i].beta);
+    }
+}
+
+// The product of a linear layer's forward, y[N,out] = x[N,in] W^T.
+static Matmul fwd_product(void *y, const void *x, const void *W, int N, int in, int out) {
+    return (Matmul){.C = y, .A = x, .B = W, .M = N, .N = out, .K = in, .tb = 1, .alpha = 1.0f};
+}
+
 // y[N,out] = x[N,in] W^T (+ b)
 static void linear_fwd(Backend *bk, void *y, const void *x, const void *W, const void *b, int N,
                        int in, int out) {
-    bk->matmul(bk, y, x, W, N, out, in, 0, 1, 1.0f, 0.0f);
+    Matmul j = fwd_product(y, x, W, N, in, out);
+    matmuls(bk, &j, 1);
     if (b) bk->add_bias(bk, y, b, N, out);
 }
 
-// dx (=, or += when accumulate) dy W; dW += dy^T x; db += sum dy (float gradients).
+// dx (=, or += when accumulate) dy W; dW += dy^T x; db += sum dy (float gradients). dx and dW
+// are independent products: one call.
 static void linear_bwd(Backend *bk, void *dx, float *dW, float *db, const void *dy, const void *x,
                        const void *W, int N, int in, int out, int accumulate) {
-    if (dx) bk->matmul(bk, dx, dy, W, N, in, out, 0, 0, 1.0f, accumulate ? 1.0f : 0.0f);
-    if (dW) bk->matmul_dw(bk, dW, dy, x, out, in, N, 1, 0, 1.0f);
+    Matmul j[2];
+    int n = 0;
+    if (dx) j[n++] = (Matmul){.C = dx, .A = dy, .B = W, .M = N, .N = in, .K = out, .alpha = 1.0f,
+                              .beta = accumulate ? 1.0f : 0.0f};
+    if (dW) j[n++] = (Matmul){.C = dW, .A = dy, .B = x, .M = out, .N = in, .K = N, .ta = 1, .alpha = 1.0f, .dw = 1};
+    if (n) matmuls(bk, j, n);
     if (db) bk->bias_grad(bk, db, dy, N, out);
 }
 
@@ -1311,6 +1334,21 @@ static void lora_bwd(Model *m, int l, int t, void *dx, const void *dy, const voi
     }
 }
 
+// Two projections of the same rows x[n, in] (k and v; gate and up): the products in one
+// call, then each output's bias and LoRA term. w and b are P_ indices (b -1: none).
+typedef struct { void *y; int w, b, lora, out; } Proj;
+static void projs_fwd(Model *m, int l, const Proj *p, int np, const void *x, int r0, int n, int in) {
+    Backend *bk = m->bk;
+    Matmul j[2];
+    for (int i = 0; i < np; i++) j[i] = fwd_product(p[i].y, x, LP(m, l, p[i].w), n, in, p[i].out);
+    matmuls(bk, j, np);
+    for (int i = 0; i < np; i++) {
+        const void *b = p[i].b < 0 ? NULL : opt_param(m, l, p[i].b);
+        if (b) bk->add_bias(bk, p[i].y, b, n, p[i].out);
+        lora_fwd(m, l, p[i].lora, p[i].y, x, r0, n, in, p[i].out);
+    }
+}
+
 // RMSNorm (Llama) or LayerNorm with bias (GPT-2) of rows [r0, r0+n) of an N-row tensor (x, out
 // and dout point at row r0 already); stats holds N rstd, or N means then N rstd.
 static void norm_fwd_rows(Model *m, void *out, float *stats, size_t N, size_t r0, const void *x, const void *w,
@@ -1348,10 +1386,8 @@ static void mlp_tile_fwd(Model *m, int l, const LayerActs *a, int r0, int n) {
         bk->gelu_fwd(bk, h, gate, (size_t)n * I);
         return;
     }
-    linear_fwd(bk, gate, ln2, LP(m, l, P_WGATE), NULL, n, C, I);
-    lora_fwd(m, l, LORA_GATE, gate, ln2, r0, n, C, I);
-    linear_fwd(bk, up, ln2, LP(m, l, P_WUP), NULL, n, C, I);
-    lora_fwd(m, l, LORA_UP, up, ln2, r0, n, C, I);
+    const Proj p[2] = {{gate, P_WGATE, -1, LORA_GATE, I}, {up, P_WUP, -1, LORA_UP, I}};
+    projs_fwd(m, l, p, 2, ln2, r0, n, C);
     bk->swiglu_fwd(bk, h, gate, up, (size_t)n * I);
 }
 
@@ -1405,12 +1441,12 @@ static void attn_fwd_span(Model *m, int l, const LayerActs *a, Span s, int B, in
     void *k = act_at(bk, a->k, r0 * KD), *v = act_at(bk, a->v, r0 * KD), *xm = act_at(bk, a->x_mid, r0 * C);
     const void *xin = act_at(bk, a->xin, r0 * C);
     norm_fwd_rows(m, ln1, a->rstd1, N, r0, xin, LP(m, l, P_LN1), opt_param(m, l, P_LN1B), n);
+    // q alone, as tiled attention's backward remakes it: a batched product can differ in the
+    // last bit from the same product alone (matmul_many), and the remade q must be the same.
     linear_fwd(bk, q, ln1, LP(m, l, P_WQ), opt_param(m, l, P_BQ), n, C, QD);
     lora_fwd(m, l, LORA_Q, q, ln1, r0, n, C, QD);
-    linear_fwd(bk, k, ln1, LP(m, l, P_WK), opt_param(m, l, P_BK), n, C, KD);
-    lora_fwd(m, l, LORA_K, k, ln1, r0, n, C, KD);
-    linear_fwd(bk, v, ln1, LP(m, l, P_WV), opt_param(m, l, P_BV), n, C, KD);
-    lora_fwd(m, l, LORA_V, v, ln1, r0, n, C, KD);
+    const Proj p[2] = {{k, P_WK, P_BK, LORA_K, KD}, {v, P_WV, P_BV, LORA_V, KD}};
+    projs_fwd(m, l, p, 2, ln1, r0, n, C);
     const void *qa = q;
     if (c->arch == ARCH_LLAMA) {  // GPT-2 has learned positions instead
         qa = q_rotate(m, l, q, s, T);

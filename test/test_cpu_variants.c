@@ -7,10 +7,12 @@
 // 2. Every variant this CPU can run (base SSE2, AVX2, AVX-512) against the base on the same
 //    inputs, compared bit for bit: training must not depend on which machine ran it.
 // 3. Which variant name_f32 resolved to: the widest the CPU supports.
+// 4. matmul_many's threading by row pieces against whole products (below).
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
 #include <math.h>
+#include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -189,9 +191,106 @@ static void test_variants(void) {
     check(bound, name, "another variant is bound");
 }
 
-int main(void) {
+// 4. matmul_many (the CPU backend's independent products, whole products side by side on the
+//    threads) against its products alone, bit for bit, for 1-4 threads: single-threaded when
+//    there are at least as many products as threads, else through matmul (OpenBLAS threading
+//    each) at the same thread count. Batches of the benchmark
+//    model's shapes (q/k/v, gate/up, a linear's dx + dW pair), small odd ones, every
+//    transpose, alpha/beta. Run for each OpenBLAS core type the CPU can use (their kernel
+//    tiles differ), each in a child process (the core type is read at load time).
+static int test_matmul_many(void) {
+    static const int shapes[][5] = {  // ta, tb, M, N, K
+        {0, 1, 2048, 256, 256}, {0, 1, 2048, 128, 256}, {0, 1, 2048, 128, 256},  // q, k, v
+        {0, 1, 1000, 344, 256}, {0, 1, 1000, 344, 256},                          // gate, up
+        {0, 0, 2048, 256, 344}, {1, 0, 344, 256, 2048},                          // dx, dW
+        {1, 1, 37, 29, 17}, {0, 0, 300, 48, 64}, {1, 0, 64, 48, 300}, {0, 1, 1000, 8, 3}};
+    static const int batches[][2] = {{0, 3}, {3, 2}, {5, 2}, {7, 1}, {8, 2}, {7, 4}, {0, 11}};
+    enum { NJ = 11 };
+    const int saved = omp_get_max_threads();
+    MatmulJob job[NJ];
+    float *ref[NJ], *one[NJ], *out[NJ];
+    for (int i = 0; i < NJ; i++) {
+        const int *s = shapes[i];
+        size_t na = (size_t)s[2] * s[4], nb = (size_t)s[4] * s[3], nc = (size_t)s[2] * s[3];
+        float *a = malloc(sizeof(float) * na), *b = malloc(sizeof(float) * nb);
+        ref[i] = malloc(sizeof(float) * nc), one[i] = malloc(sizeof(float) * nc), out[i] = malloc(sizeof(float) * nc);
+        for (size_t k = 0; k < na; k++) a[k] = (float)sin(0.37 * k + i);
+        for (size_t k = 0; k < nb; k++) b[k] = (float)cos(0.21 * k - i);
+        job[i] = (MatmulJob){ref[i], a, b, s[2], s[3], s[4], s[0], s[1], i % 2 ? 0.7 : 1.0, i % 3 ? 0.0 : 0.5};
+    }
+#define FILL(p, i) for (size_t k = 0; k < (size_t)job[i].M * job[i].N; k++) (p)[k] = (float)k * 1e-3f
+#define ALONE(j, c) matmul_f32((c), (j).A, (j).B, (j).M, (j).N, (j).K, (j).ta, (j).tb, (float)(j).alpha, (float)(j).beta)
+    omp_set_num_threads(1);
+    for (int i = 0; i < NJ; i++) {
+        FILL(ref[i], i);
+        ALONE(job[i], ref[i]);
+    }
+    size_t diff = 0, diff1 = 0, n = 0;
+    for (int t = 1; t <= 4; t++) {
+        omp_set_num_threads(t);
+        for (int i = 0; i < NJ; i++) {
+            FILL(one[i], i);
+            ALONE(job[i], one[i]);
+        }
+        for (size_t bi = 0; bi < sizeof batches / sizeof *batches; bi++) {
+            MatmulJob j[NJ];
+            const int first = batches[bi][0], cnt = batches[bi][1];
+            for (int i = first; i < first + cnt; i++) {
+                j[i - first] = job[i];
+                j[i - first].C = out[i];
+                FILL(out[i], i);
+            }
+            matmul_many_f32(j, cnt);
+            // At least as many products as threads: each whole on one thread, so the bits of the
+            // single-threaded product; fewer: one after another, each threaded by OpenBLAS.
+            for (int i = first; i < first + cnt; i++)
+                for (size_t k = 0; k < (size_t)job[i].M * job[i].N; k++) {
+                    diff += fbits(out[i][k]) != fbits((cnt >= t ? ref : one)[i][k]);
+                    diff1 += fbits(one[i][k]) != fbits(ref[i][k]);
+                    n++;
+                }
+        }
+    }
+#undef FILL
+#undef ALONE
+    omp_set_num_threads(saved);
+    char name[128], d[128];
+    const char *core = getenv("OPENBLAS_CORETYPE");
+    snprintf(name, sizeof name, "matmul_many (1-4 threads) == its products alone, bit for bit (OpenBLAS core %s)",
+             core ? core : "detected");
+    snprintf(d, sizeof d, "%zu of %zu outputs differ", diff, n);
+    check(diff == 0, name, d);
+    // Why every mode must batch the same products the same way: OpenBLAS's threaded product
+    // differs from its single-threaded one once K spans several of its K blocks.
+    printf("     (OpenBLAS threaded vs single-threaded products: %zu of %zu outputs differ)\n", diff1, n);
+    for (int i = 0; i < NJ; i++) free((void *)job[i].A), free((void *)job[i].B), free(ref[i]), free(one[i]), free(out[i]);
+    return diff == 0;
+}
+
+// The same under each OpenBLAS core type this CPU runs, in children of this program.
+static void test_matmul_many_cores(const char *self) {
+    static const char *cores[] = {"Prescott", "Haswell", "Zen", "SkylakeX", "Cooperlake"};
+    __builtin_cpu_init();
+    for (size_t c = 0; c < sizeof cores / sizeof *cores; c++) {
+        int need512 = c >= 3, need2 = c >= 1;
+        if ((need512 && !__builtin_cpu_supports("avx512bw")) || (need2 && !__builtin_cpu_supports("avx2")) ||
+            (c == 4 && !__builtin_cpu_supports("avx512bf16")))
+            continue;
+        char cmd[512];
+        snprintf(cmd, sizeof cmd, "OPENBLAS_CORETYPE=%s '%s' --matmul-only", cores[c], self);
+        int st = system(cmd);
+        char name[96];
+        snprintf(name, sizeof name, "matmul_many child for core %s ran clean", cores[c]);
+        check(st == 0, name, "the child failed (its FAIL line is above)");
+    }
+}
+
+int main(int argc, char **argv) {
+    if (argc > 1 && !strcmp(argv[1], "--matmul-only")) return test_matmul_many() ? 0 : 1;
     test_vexpf();
     test_variants();
+    test_matmul_many();
+    test_matmul_many_cores(argv[0]);
     printf("%d passed, %d failed\n", n_pass, n_fail);
     return n_fail ? 1 : 0;
 }

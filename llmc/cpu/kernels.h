@@ -4,9 +4,19 @@
 #include <stddef.h>
 #include <stdint.h>
 
+// One product of a batch of independent ones (matmul_many): C = alpha op(A) op(B) + beta C,
+// row-major, as matmul's arguments. Element types are the kernel set's (float or double).
+typedef struct {
+    void *C;
+    const void *A, *B;
+    int M, N, K, ta, tb;
+    double alpha, beta;
+} MatmulJob;
+
 #define DECLARE_KERNELS(R, S)                                                                    \
     void matmul_##S(R *C, const R *A, const R *B, int M, int N, int K, int ta, int tb, R alpha,  \
                     R beta);                                                                     \
+    void matmul_many_##S(const MatmulJob *jobs, int n);                                          \
     void add_bias_##S(R *y, const R *bias, int N, int D);                                        \
     void bias_grad_##S(R *dbias, const R *dy, int N, int D);                                     \
     void add_##S(R *y, const R *a, const R *b, size_t n);                                        \
@@ -54,7 +64,7 @@ DECLARE_KERNELS(double, f64)
 
 // Every kernel's name, for the per-CPU dispatch in kernels_f32.c.
 #define KERNEL_NAMES(X) \
-    X(matmul) X(add_bias) X(bias_grad) X(add) X(accumulate) X(scale) X(embedding_fwd) \
+    X(matmul) X(matmul_many) X(add_bias) X(bias_grad) X(add) X(accumulate) X(scale) X(embedding_fwd) \
     X(embedding_bwd) X(rmsnorm_fwd) X(rmsnorm_bwd) X(layernorm_fwd) X(layernorm_bwd) \
     X(gelu_fwd) X(gelu_bwd) X(pos_fwd) X(pos_bwd) X(rope_fwd) X(rope_bwd) X(attention_block) \
     X(attention_fwd) X(attention_bwd) X(swiglu_fwd) X(dropout) X(swiglu_bwd) X(classifier_ce) \
