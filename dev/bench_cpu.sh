@@ -11,6 +11,7 @@
 #   dev/bench_cpu.sh                  # threads: 1 and all cores
 #   THREADS="2" STEPS=10 SHAPE=large dev/bench_cpu.sh
 #   BIN=build/train_llama NO_MAKE=1 dev/bench_cpu.sh
+#   ROUNDS=3 dev/bench_cpu.sh          # each side 3 times, interleaved; the table takes the fastest
 #
 # Each thread count runs pinned (taskset) to cores 0..N-1: ours, torch, then the roofline.
 set -euo pipefail
@@ -23,6 +24,7 @@ STEPS=${STEPS:-10}
 WARMUP=${WARMUP:-2}
 BIN=${BIN:-./train_llama}
 SHAPE=${SHAPE:-small}
+ROUNDS=${ROUNDS:-1}
 BUILD=${BUILD:-build}
 
 # NO_MAKE=1 skips the build (e.g. BIN=build/train_llama while ./train_llama is running).
@@ -69,20 +71,26 @@ pin() {  # pin to cores 0..n-1 when taskset exists
     if command -v taskset >/dev/null 2>&1; then taskset -c "0-$((n - 1))" "$@"; else "$@"; fi
 }
 
+# ROUNDS=n repeats the three sides n times, interleaved, and the table takes each side's fastest
+# round: on a shared (virtual) machine a neighbour's load comes and goes within a minute.
 for n in $THREADS; do
+  for r in $(seq "$ROUNDS"); do
+    sfx=$([ "$ROUNDS" -gt 1 ] && echo "_r$r" || true)
+    [ "$ROUNDS" -gt 1 ] && echo "== round $r of $ROUNDS"
     echo "== threads $n: train_llama"
     t0=$(date +%s.%N)
-    pin "$n" "$BIN" -c "$DIR/cfg.yaml" --set "num_threads=$n" --set "output_dir=$DIR/ours_$n" \
-        > "$DIR/ours_$n.log" 2>&1 || { tail -20 "$DIR/ours_$n.log"; exit 1; }
+    pin "$n" "$BIN" -c "$DIR/cfg.yaml" --set "num_threads=$n" --set "output_dir=$DIR/ours_$n$sfx" \
+        > "$DIR/ours_$n$sfx.log" 2>&1 || { tail -20 "$DIR/ours_$n$sfx.log"; exit 1; }
     echo "   $(echo "$(date +%s.%N) - $t0" | bc) s wall"
     echo "== threads $n: torch"
     OMP_NUM_THREADS=$n MKL_NUM_THREADS=$n OPENBLAS_NUM_THREADS=$n pin "$n" "$PY" dev/bench_torch.py torch --shape "$SHAPE" \
-        --dir "$DIR" --threads "$n" --steps "$STEPS" --warmup "$WARMUP"
+        --dir "$DIR" --threads "$n" --steps "$STEPS" --warmup "$WARMUP" --tag "$sfx"
     echo "== threads $n: SGEMM roofline"
     # shellcheck disable=SC2086
-    OMP_NUM_THREADS=$n pin "$n" "$BUILD/sgemm_roofline" $ROOF_ARGS --threads "$n" > "$DIR/roofline_$n.txt"
-    head -2 "$DIR/roofline_$n.txt"
-    tail -1 "$DIR/roofline_$n.txt" > "$DIR/roofline_$n.json"
+    OMP_NUM_THREADS=$n pin "$n" "$BUILD/sgemm_roofline" $ROOF_ARGS --threads "$n" > "$DIR/roofline_$n$sfx.txt"
+    head -2 "$DIR/roofline_$n$sfx.txt"
+    tail -1 "$DIR/roofline_$n$sfx.txt" > "$DIR/roofline_$n$sfx.json"
+  done
 done
 
-"$PY" dev/bench_torch.py table --shape "$SHAPE" --dir "$DIR" --threads "$THREADS" --warmup "$WARMUP"
+"$PY" dev/bench_torch.py table --shape "$SHAPE" --dir "$DIR" --threads "$THREADS" --warmup "$WARMUP" --rounds "$ROUNDS"

@@ -16,6 +16,7 @@ Driven by dev/bench_cpu.sh; three subcommands:
           large (12 layers, C 768, I 2048, 12/12 heads, V 256, B 1, T 1024)
 """
 import argparse
+import glob
 import json
 import os
 import sys
@@ -113,14 +114,32 @@ def cmd_torch(a):
     res = {"threads": a.threads, "ms": ms, "tokens_per_sec": B * T * ACCUM / (ms / 1000.0),
            "losses": losses, "sdpa": tr.model.use_sdpa, "torch": torch.__version__,
            "openblas": openblas_core()}
-    with open(os.path.join(a.dir, f"torch_{a.threads}.json"), "w") as f:
+    with open(os.path.join(a.dir, f"torch_{a.threads}{a.tag}.json"), "w") as f:
         json.dump(res, f)
     print(f"torch threads={a.threads}: {ms:.1f} ms/step, {res['tokens_per_sec']:.0f} tok/s, "
           f"loss {losses[0]:.4f} -> {losses[-1]:.4f}")
 
 
+def rounds(d, name):
+    """name and its repeats name_r1, name_r2, ... (dev/bench_cpu.sh ROUNDS=n) that exist in d."""
+    base, ext = os.path.splitext(name)
+    return [p for p in [os.path.join(d, name)] + sorted(glob.glob(os.path.join(d, f"{base}_r*{ext}")))
+            if os.path.exists(p)]
+
+
+def best_json(d, name):
+    """The fastest (lowest ms) of a side's rounds, or None."""
+    runs = [json.load(open(p)) for p in rounds(d, name)]
+    return min(runs, key=lambda r: r["ms"]) if runs else None
+
+
 def ours_stats(d, threads, warmup):
-    path = os.path.join(d, f"ours_{threads}", "metrics.jsonl")
+    runs = [s for s in (ours_run(p, warmup) for p in rounds(d, f"ours_{threads}")) if s]
+    return min(runs, key=lambda r: r["ms"]) if runs else None
+
+
+def ours_run(out_dir, warmup):
+    path = os.path.join(out_dir, "metrics.jsonl")
     if not os.path.exists(path):
         return None
     rows = [r for r in R.read_metrics(path) if int(r["step"]) > warmup and "ms" in r]
@@ -135,16 +154,15 @@ def ours_stats(d, threads, warmup):
 
 def cmd_table(a):
     print(f"\nmodel: {S['L']} layers, C {S['C']}, I {S['I']}, {S['Hq']} heads / {S['Hkv']} kv heads, "
-          f"V {S['V']}; B {B}, T {T}; float32; mean of the steps after {a.warmup} warmup steps\n")
+          f"V {S['V']}; B {B}, T {T}; float32; mean of the steps after {a.warmup} warmup steps"
+          f"{'; each side the fastest of its ' + str(a.rounds) + ' rounds' if a.rounds > 1 else ''}\n")
     print("| threads | ours ms/step | ours tok/s | torch ms/step | torch tok/s | SGEMM roofline ms/step "
           "| ours/torch | ours/roofline |")
     print("|---:|---:|---:|---:|---:|---:|---:|---:|")
     for n in a.threads.split():
         o = ours_stats(a.dir, n, a.warmup)
-        tp = os.path.join(a.dir, f"torch_{n}.json")
-        t = json.load(open(tp)) if os.path.exists(tp) else None
-        rp = os.path.join(a.dir, f"roofline_{n}.json")
-        r = json.load(open(rp)) if os.path.exists(rp) else None
+        t = best_json(a.dir, f"torch_{n}.json")
+        r = best_json(a.dir, f"roofline_{n}.json")
         os_ = f"{o['ms']:.1f} | {o['tokens_per_sec']:.0f}" if o else "n/a | n/a"
         ts_ = f"{t['ms']:.1f} | {t['tokens_per_sec']:.0f}" if t else "n/a | n/a"
         rs_ = f"{r['ms']:.1f}" if r else "n/a"
@@ -153,14 +171,12 @@ def cmd_table(a):
         print(f"| {n} | {os_} | {ts_} | {rs_} | {ratio} | {roof} |")
     t = None
     for n in a.threads.split():
-        tp = os.path.join(a.dir, f"torch_{n}.json")
-        if os.path.exists(tp):
-            t = json.load(open(tp))
+        t = best_json(a.dir, f"torch_{n}.json") or t
     for n in a.threads.split():  # same model and data: the losses should agree
         o = ours_stats(a.dir, n, a.warmup)
-        tp = os.path.join(a.dir, f"torch_{n}.json")
-        if o and os.path.exists(tp):
-            tl = json.load(open(tp))["losses"]
+        tb = best_json(a.dir, f"torch_{n}.json")
+        if o and tb:
+            tl = tb["losses"]
             k = min(len(tl), len(o["losses"]))
             d = max(abs(x - y) for x, y in zip(tl[:k], o["losses"][:k]))
             print(f"\nthreads {n}: loss step 1 ours {o['losses'][0]:.5f} torch {tl[0]:.5f}, "
@@ -181,6 +197,8 @@ def main():
     ap.add_argument("--threads", default="1")
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--tag", default="", help="suffix of the torch result file (a round: _r2)")
+    ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--shape", choices=sorted(SHAPES), default="small")
     a = ap.parse_args()
     set_shape(a.shape)
