@@ -157,6 +157,11 @@ def main():
             ("llama", llama, None, {"gradient_checkpointing": "selective", "activation_offloading": "disk"}),
             ("llama", llama, None, {"gradient_checkpointing": True, "gradient_checkpointing_every": 2,
                                     "activation_offloading": True}),
+            # 2 threads: the CPU backend runs independent products side by side (matmul_many);
+            # remade products must still match the forward's bit for bit.
+            ("llama_2threads", llama, {"num_threads": 2}, {}),
+            ("llama_2threads", llama, {"num_threads": 2}, {"tiled_mlp": True, "gradient_checkpointing": True,
+                                                           "activation_offloading": "hidden_states"}),
             ("lora_dropout", llama, dict(lora, lora_dropout=0.2), {}),
             ("qlora", llama, dict(lora, adapter="qlora", load_in_4bit=True), {}),
             ("window", e.model("mistral", model_type="mistral", num_attention_heads=4, num_key_value_heads=2,
