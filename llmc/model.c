@@ -1231,8 +1231,7 @@ static Matmul fwd_product(void *y, const void *x, const void *W, int N, int in, 
 // y[N,out] = x[N,in] W^T (+ b)
 static void linear_fwd(Backend *bk, void *y, const void *x, const void *W, const void *b, int N,
                        int in, int out) {
-    Matmul j = fwd_product(y, x, W, N, in, out);
-    matmuls(bk, &j, 1);
+    bk->matmul(bk, y, x, W, N, out, in, 0, 1, 1.0f, 0.0f);
     if (b) bk->add_bias(bk, y, b, N, out);
 }
 
@@ -1240,7 +1239,7 @@ static void linear_fwd(Backend *bk, void *y, const void *x, const void *W, const
 // are independent products: one call.
 static void linear_bwd(Backend *bk, void *dx, float *dW, float *db, const void *dy, const void *x,
                        const void *W, int N, int in, int out, int accumulate) {
-    Matmul j[2];
+    Matmul j[2] = {{0}};  // np <= 2
     int n = 0;
     if (dx) j[n++] = (Matmul){.C = dx, .A = dy, .B = W, .M = N, .N = in, .K = out, .alpha = 1.0f,
                               .beta = accumulate ? 1.0f : 0.0f};
@@ -1339,7 +1338,7 @@ static void lora_bwd(Model *m, int l, int t, void *dx, const void *dy, const voi
 typedef struct { void *y; int w, b, lora, out; } Proj;
 static void projs_fwd(Model *m, int l, const Proj *p, int np, const void *x, int r0, int n, int in) {
     Backend *bk = m->bk;
-    Matmul j[2];
+    Matmul j[2] = {{0}};  // np <= 2
     for (int i = 0; i < np; i++) j[i] = fwd_product(p[i].y, x, LP(m, l, p[i].w), n, in, p[i].out);
     matmuls(bk, j, np);
     for (int i = 0; i < np; i++) {

@@ -207,7 +207,7 @@ static int test_matmul_many(void) {
     static const int batches[][2] = {{0, 3}, {3, 2}, {5, 2}, {7, 1}, {8, 2}, {7, 4}, {0, 11}};
     enum { NJ = 11 };
     const int saved = omp_get_max_threads();
-    MatmulJob job[NJ];
+    Matmul job[NJ];
     float *ref[NJ], *one[NJ], *out[NJ];
     for (int i = 0; i < NJ; i++) {
         const int *s = shapes[i];
@@ -216,7 +216,7 @@ static int test_matmul_many(void) {
         ref[i] = malloc(sizeof(float) * nc), one[i] = malloc(sizeof(float) * nc), out[i] = malloc(sizeof(float) * nc);
         for (size_t k = 0; k < na; k++) a[k] = (float)sin(0.37 * k + i);
         for (size_t k = 0; k < nb; k++) b[k] = (float)cos(0.21 * k - i);
-        job[i] = (MatmulJob){ref[i], a, b, s[2], s[3], s[4], s[0], s[1], i % 2 ? 0.7 : 1.0, i % 3 ? 0.0 : 0.5};
+        job[i] = (Matmul){ref[i], a, b, s[2], s[3], s[4], s[0], s[1], i % 2 ? 0.7 : 1.0, i % 3 ? 0.0 : 0.5};
     }
 #define FILL(p, i) for (size_t k = 0; k < (size_t)job[i].M * job[i].N; k++) (p)[k] = (float)k * 1e-3f
 #define ALONE(j, c) matmul_f32((c), (j).A, (j).B, (j).M, (j).N, (j).K, (j).ta, (j).tb, (float)(j).alpha, (float)(j).beta)
@@ -233,7 +233,7 @@ static int test_matmul_many(void) {
             ALONE(job[i], one[i]);
         }
         for (size_t bi = 0; bi < sizeof batches / sizeof *batches; bi++) {
-            MatmulJob j[NJ];
+            Matmul j[NJ];
             const int first = batches[bi][0], cnt = batches[bi][1];
             for (int i = first; i < first + cnt; i++) {
                 j[i - first] = job[i];

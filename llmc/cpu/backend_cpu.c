@@ -126,13 +126,7 @@ static void cpu_matmul_dw(Backend *bk, float *dW, const void *A, const void *B, 
 }
 static void cpu_matmul_many(Backend *bk, const Matmul *jobs, int n) {
     (void)bk;
-    MatmulJob j[16];
-    if (n > 16) fail("internal: matmul_many takes at most 16 products (%d)", n);
-    for (int i = 0; i < n; i++) {
-        const Matmul *m = &jobs[i];
-        j[i] = (MatmulJob){m->C, m->A, m->B, m->M, m->N, m->K, m->ta, m->tb, m->alpha, m->dw ? 1.0f : m->beta};
-    }
-    matmul_many_f32(j, n);
+    matmul_many_f32(jobs, n);
 }
 static void cpu_add_bias(Backend *bk, void *y, const void *b, int N, int D) { (void)bk; add_bias_f32(y, b, N, D); }
 static void cpu_bias_grad(Backend *bk, float *db, const void *dy, int N, int D) { (void)bk; bias_grad_f32(db, dy, N, D); }

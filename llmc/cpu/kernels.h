@@ -4,19 +4,12 @@
 #include <stddef.h>
 #include <stdint.h>
 
-// One product of a batch of independent ones (matmul_many): C = alpha op(A) op(B) + beta C,
-// row-major, as matmul's arguments. Element types are the kernel set's (float or double).
-typedef struct {
-    void *C;
-    const void *A, *B;
-    int M, N, K, ta, tb;
-    double alpha, beta;
-} MatmulJob;
+#include "../backend.h"  // Matmul, matmul_many's products (element type: the kernel set's)
 
 #define DECLARE_KERNELS(R, S)                                                                    \
     void matmul_##S(R *C, const R *A, const R *B, int M, int N, int K, int ta, int tb, R alpha,  \
                     R beta);                                                                     \
-    void matmul_many_##S(const MatmulJob *jobs, int n);                                          \
+    void matmul_many_##S(const Matmul *jobs, int n);                                             \
     void add_bias_##S(R *y, const R *bias, int N, int D);                                        \
     void bias_grad_##S(R *dbias, const R *dy, int N, int D);                                     \
     void add_##S(R *y, const R *a, const R *b, size_t n);                                        \

@@ -24,8 +24,9 @@ static inline float vexpf(float xf) {
     double t = x * 1.4426950408889634 + magic;
     double n = t - magic;
     double r = x - n * 0.6931471805599453;
-    // Estrin's scheme: pairs of terms, then pairs of pairs, so the longest chain of dependent
-    // operations is 8 instead of Horner's 18 (the loops are latency-bound otherwise).
+    // Estrin's scheme: pairs of terms, then pairs of pairs: the longest chain of dependent
+    // operations is 8 instead of Horner's 18. Measured ~4% faster in SwiGLU: the loops are
+    // mostly throughput-bound (double precision, two halves per AVX-512 float vector).
     double r2 = r * r, r4 = r2 * r2, r8 = r4 * r4;
     double a01 = 1.0 + r, a23 = 0.5 + r * (1.0 / 6), a45 = 1.0 / 24 + r * (1.0 / 120);
     double a67 = 1.0 / 720 + r * (1.0 / 5040), a89 = 1.0 / 40320 + r * (1.0 / 362880);
