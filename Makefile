@@ -113,7 +113,7 @@ $(EMU)/cuda/cuda_emu.o: dev/cuda/emu/cuda_emu.cpp dev/cuda/emu/cuda_emu.h
 	@mkdir -p $(dir $@)
 	$(CXX) $(EMU_CXXFLAGS) -c $< -o $@
 
-$(EMU)/dev/%.o: dev/cuda/%.cu dev/cuda/dev_common.cuh $(CU_HDRS) dev/cuda/emu/cuda_emu.h
+$(EMU)/dev/%.o: dev/cuda/%.cu dev/cuda/dev_common.cuh $(CU_HDRS) $(HDRS) dev/cuda/emu/cuda_emu.h
 	@mkdir -p $(dir $@)
 	$(CXX) $(EMU_CXXFLAGS) -x c++ -c $< -o $@
 
