@@ -175,6 +175,11 @@ $(BUILD)/sgemm_roofline: dev/sgemm_roofline.c
 	@mkdir -p $(dir $@)
 	$(CC) -O2 -Wall -I$(BLAS_INC) $< -o $@ -L$(BLAS_LIB) -Wl,-rpath,$(BLAS_LIB) -lopenblas
 
+# The CPU attention kernels alone: float vs double check, then forward/backward times.
+$(BUILD)/bench_attention: dev/bench_attention.c $(BUILD)/llmc/cpu/kernels_f32.o $(BUILD)/llmc/cpu/kernels_f32_base.o \
+    $(BUILD)/llmc/cpu/kernels_f32_avx2.o $(BUILD)/llmc/cpu/kernels_f32_avx512.o $(BUILD)/llmc/cpu/kernels_f64.o
+	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
+
 clean:
 	rm -rf build build-asan build-native build-emu train_llama train_gpt
 

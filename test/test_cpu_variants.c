@@ -114,9 +114,9 @@ static void put(Outs *o, const float *x, size_t n) {
 static Outs run_variant(const Variant *k) {
     Outs o = {0};
     rs = 0x9E3779B97F4A7C15ULL;  // every variant sees the same inputs
-    // Attention with a window and documents: 2 rows, T 150 (partial key blocks), GQA 4/2, D 40
-    // (not a multiple of the lanes).
-    const int B = 2, T = 150, Hq = 4, Hkv = 2, D = 40, window = 70;
+    // Attention with a window and documents: 2 rows, T 300 (two key tiles of 256, the second
+    // partial, for the last query block), GQA 4/2, D 40 (not a multiple of the lanes).
+    const int B = 2, T = 300, Hq = 4, Hkv = 2, D = 40, window = 260;
     size_t nq = (size_t)B * T * Hq * D, nk = (size_t)B * T * Hkv * D;
     float *q = arr(nq, 2), *kk = arr(nk, 2), *v = arr(nk, 1), *dout = arr(nq, 1);
     int32_t *ds = malloc(sizeof(int32_t) * B * T);

@@ -1045,7 +1045,7 @@ static void test_f32_attention(int window) {
 // bits of one call over all queries, forward (out, lse) and backward (dq, and dk/dv summed over
 // the tiles through accumulate); packed documents, a window and an uneven last tile included.
 static void test_f32_attention_tiles(int tile, int window) {
-    const int B = 2, T = 200, Hq = 4, Hkv = 2, D = 8;
+    const int B = 2, T = 330, Hq = 4, Hkv = 2, D = 8;
     const size_t nq = (size_t)B * T * Hq * D, nk = (size_t)B * T * Hkv * D, nl = (size_t)B * Hq * T;
     double *qd = randn(nq, 1), *kd = randn(nk, 1), *vd = randn(nk, 1), *gd = randn(nq, 1);
     float *q = to_f32(qd, nq), *k = to_f32(kd, nk), *v = to_f32(vd, nk), *g = to_f32(gd, nq);
@@ -1344,6 +1344,10 @@ int main(void) {
     test_attention(2, 64, 4, 4, 8, 40);
     test_attention(2, 130, 4, 1, 8, 30);
     test_attention(1, 129, 3, 1, 16, 30);
+    // Longer than a key tile (256): queries past it meet two key tiles, the online softmax
+    // rescales; 520 ends in a partial third.
+    test_attention(1, 300, 2, 1, 8, 20);
+    test_attention(1, 520, 2, 2, 8, 12);
     // Sliding windows (keys t - window + 1 .. t): shorter than a row, across and at tile
     // boundaries (tiles are 64), of one key, and past T (the plain causal mask); with GQA.
     test_attention_mask(1, 20, 4, 2, 8, 400, 5, NULL);
@@ -1352,10 +1356,16 @@ int main(void) {
     test_attention_mask(1, 150, 4, 2, 8, 30, 65, NULL);
     test_attention_mask(2, 70, 4, 2, 8, 30, 1, NULL);
     test_attention_mask(1, 129, 3, 1, 16, 30, 500, NULL);
+    // Windows over more than one key tile: the first tile starts mid-row and rows of a tile see
+    // nothing (left of their window) while others do.
+    test_attention_mask(1, 600, 2, 1, 8, 12, 300, NULL);
+    test_attention_mask(1, 400, 2, 2, 8, 12, 257, NULL);
     // Documents packed in a row (doc_start), alone and with a window; a one-token document.
     static const int docs[2][8] = {{0, 50, 51, 120, -1}, {0, 70, -1}};
     test_attention_docs(2, 140, 4, 2, 8, 30, 0, docs);
     test_attention_docs(2, 140, 4, 2, 8, 30, 30, docs);
+    static const int long_docs[2][8] = {{0, 40, 300, -1}, {0, 290, 291, -1}};
+    test_attention_docs(2, 340, 2, 1, 8, 12, 0, long_docs);
 
     static const int32_t t_small[] = {3, 10, -1, 0, 3, 7, -1};
     test_ce(7, 11, 5, t_small, 0);
@@ -1381,6 +1391,7 @@ int main(void) {
     // Query tiles (last: their random inputs shift no other test's).
     test_f32_attention_tiles(64, 0);
     test_f32_attention_tiles(128, 37);
+    test_f32_attention_tiles(192, 270);  // rows longer than a key tile, window past one
 
     printf("%d passed, %d failed\n", n_pass, n_fail);
     return n_fail ? 1 : 0;
