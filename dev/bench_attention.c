@@ -32,7 +32,7 @@ static float *to_f32(const double *x, size_t n) {
     return p;
 }
 
-// Largest |a - b| / (max |b| + tiny) over n.
+// Largest |a - b| over the largest |b| (at least 1e-30), over n.
 static double rel_err(const float *a, const double *b, size_t n) {
     double d = 0, m = 1e-30;
     for (size_t i = 0; i < n; i++) {

@@ -1349,7 +1349,7 @@ int main(void) {
     test_attention(1, 300, 2, 1, 8, 20);
     test_attention(1, 520, 2, 2, 8, 12);
     // Sliding windows (keys t - window + 1 .. t): shorter than a row, across and at tile
-    // boundaries (tiles are 64), of one key, and past T (the plain causal mask); with GQA.
+    // boundaries (query blocks are 64 rows), of one key, and past T (the plain causal mask); with GQA.
     test_attention_mask(1, 20, 4, 2, 8, 400, 5, NULL);
     test_attention_mask(2, 130, 4, 1, 8, 30, 37, NULL);
     test_attention_mask(1, 200, 6, 2, 16, 30, 64, NULL);
