@@ -173,7 +173,7 @@ bench: train_llama $(BUILD)/sgemm_roofline
 # The SGEMM-only time of a training step, with the OpenBLAS the trainer links (dev/bench_cpu.sh).
 $(BUILD)/sgemm_roofline: dev/sgemm_roofline.c
 	@mkdir -p $(dir $@)
-	$(CC) -O2 -Wall -I$(BLAS_INC) $< -o $@ -L$(BLAS_LIB) -Wl,-rpath,$(BLAS_LIB) -lopenblas
+	$(CC) -O2 -Wall -fopenmp -I$(BLAS_INC) $< -o $@ -L$(BLAS_LIB) -Wl,-rpath,$(BLAS_LIB) -lopenblas
 
 # The CPU attention kernels alone: float vs double check, then forward/backward times.
 $(BUILD)/bench_attention: dev/bench_attention.c $(BUILD)/llmc/cpu/kernels_f32.o $(BUILD)/llmc/cpu/kernels_f32_base.o \

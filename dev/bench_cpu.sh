@@ -88,7 +88,7 @@ for n in $THREADS; do
     echo "== threads $n: SGEMM roofline"
     # shellcheck disable=SC2086
     OMP_NUM_THREADS=$n pin "$n" "$BUILD/sgemm_roofline" $ROOF_ARGS --threads "$n" > "$DIR/roofline_$n$sfx.txt"
-    head -2 "$DIR/roofline_$n$sfx.txt"
+    head -3 "$DIR/roofline_$n$sfx.txt"
     tail -1 "$DIR/roofline_$n$sfx.txt" > "$DIR/roofline_$n$sfx.json"
   done
 done
