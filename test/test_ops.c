@@ -1045,13 +1045,13 @@ static void test_f32_attention(int window) {
 // bits of one call over all queries, forward (out, lse) and backward (dq, and dk/dv summed over
 // the tiles through accumulate); packed documents, a window and an uneven last tile included.
 static void test_f32_attention_tiles(int tile, int window) {
-    const int B = 2, T = 330, Hq = 4, Hkv = 2, D = 8;
+    const int B = 2, T = 600, Hq = 4, Hkv = 2, D = 8;
     const size_t nq = (size_t)B * T * Hq * D, nk = (size_t)B * T * Hkv * D, nl = (size_t)B * Hq * T;
     double *qd = randn(nq, 1), *kd = randn(nk, 1), *vd = randn(nk, 1), *gd = randn(nq, 1);
     float *q = to_f32(qd, nq), *k = to_f32(kd, nk), *v = to_f32(vd, nk), *g = to_f32(gd, nq);
     int32_t *ds = xmalloc(sizeof(int32_t) * B * T);
     for (int b = 0; b < B; b++)
-        for (int t = 0; t < T; t++) ds[b * T + t] = b == 0 ? 0 : t < 77 ? 0 : t < 150 ? 77 : 150;
+        for (int t = 0; t < T; t++) ds[b * T + t] = b == 0 ? 0 : t < 77 ? 0 : t < 150 ? 77 : t < 300 ? 150 : 300;
     float *o = xmalloc(nq * 4), *lse = xmalloc(nl * 4), *dq = xmalloc(nq * 4), *dk = xmalloc(nk * 4), *dv = xmalloc(nk * 4);
     attention_fwd_f32(o, lse, q, k, v, B, T, 0, T, Hq, Hkv, D, window, ds);
     attention_bwd_f32(dq, dk, dv, g, q, k, v, o, lse, B, T, 0, T, Hq, Hkv, D, window, ds, 0);
@@ -1081,7 +1081,7 @@ static void test_f32_attention_tiles(int tile, int window) {
     for (size_t i = 0; i < nk; i++) mx = fmax(mx, fabs((double)dk[i] - tdk[i]));
     char why[64];
     snprintf(why, sizeof why, "differ (max |ddk| %.3g)", mx);
-    check(same, why, "attention f32 in query tiles of %d (T=%d, 3 documents, window %d) = one call, bit for bit "
+    check(same, why, "attention f32 in query tiles of %d (T=%d, 4 documents, window %d) = one call, bit for bit "
           "(out, lse, dq, dk, dv)", tile, T, window);
     free(qd), free(kd), free(vd), free(gd), free(q), free(k), free(v), free(g), free(ds), free(o), free(lse),
         free(dq), free(dk), free(dv), free(to), free(tl), free(tdq), free(tdk), free(tdv);
@@ -1389,9 +1389,11 @@ int main(void) {
     test_pos();
     test_dropout();
     // Query tiles (last: their random inputs shift no other test's).
-    test_f32_attention_tiles(64, 0);
-    test_f32_attention_tiles(128, 37);
-    test_f32_attention_tiles(192, 270);  // rows longer than a key tile, window past one
+    // Tiles of the kernel's query block (256 rows) and twice it; T 600 leaves a short last tile.
+    const int qb = attention_block_f32();
+    test_f32_attention_tiles(qb, 0);
+    test_f32_attention_tiles(qb, 37);
+    test_f32_attention_tiles(2 * qb, 270);  // rows longer than a key tile, window past one
 
     printf("%d passed, %d failed\n", n_pass, n_fail);
     return n_fail ? 1 : 0;

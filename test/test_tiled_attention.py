@@ -5,8 +5,8 @@ and backward remakes each tile's ln1, q and attention output. Every mode walks t
 so a tiled run must be bit-identical to the untiled one: per-step losses and the final weight
 files are compared byte for byte.
 
-Tiny Hugging Face models, sequence_len 200 in tiles of 64 (the CPU kernel's query block):
-64 + 64 + 64 + 8 rows, two sequences per micro-batch, 3 steps with accumulation 2.
+Tiny Hugging Face models, sequence_len 520 in tiles of 256 (the CPU kernel's query block):
+256 + 256 + 8 rows, two sequences per micro-batch, 3 steps with accumulation 2.
 
   llama             GQA 4/2; alone, with tiled MLP + hidden_states (recompute + host tier),
                     selective recompute + disk offload, checkpoints every 2nd layer + host offload
@@ -16,7 +16,7 @@ Tiny Hugging Face models, sequence_len 200 in tiles of 64 (the CPU kernel's quer
   window            Mistral, sliding_window 50 < sequence_len (windows span tiles)
   qwen3             q/k norms, head_dim 16 independent of hidden 32, tied embeddings
   qwen2             q/k/v biases
-  packed            prepared rows with three documents per row (document starts inside tiles)
+  packed            prepared rows with four documents per row (document starts inside tiles)
   gpt2              train_gpt (LayerNorm with bias, learned positions), alone and with tiled MLP +
                     hidden_states
   zero3             zero_stage 3 under mpirun -np 2 (skipped without mpirun)
@@ -42,7 +42,7 @@ from checks import check, finish, prepared_rows_env  # noqa: E402
 
 ENV = dict(os.environ, OMP_NUM_THREADS="1", OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
            LLMC_DEVICE="cpu")
-T = 200
+T = 520
 UNITS = {"B": 1, "KiB": 2 ** 10, "MiB": 2 ** 20, "GiB": 2 ** 30}
 
 
@@ -175,7 +175,7 @@ def main():
             if a.k in name:
                 compare(e, name, model, extra, tiled)
         if a.k in "packed":
-            sd = prepared_rows_env(root, T, [0, 37, 130, T])
+            sd = prepared_rows_env(root, T, [0, 37, 130, 300, T])
             ENV["LLMC_SCRIPTS_DIR"] = sd
             ENV["LLMC_PYTHON"] = sys.executable
             open(os.path.join(llama, "tokenizer.json"), "w").write("{}")
@@ -185,7 +185,7 @@ def main():
         if a.k in "gpt2":
             gpt = os.path.abspath(os.path.join(a.build, "train_gpt"))
             g = {"model": {"vocab_size": 64, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
-                           "max_position_embeddings": 256}, "base_model": None}
+                           "max_position_embeddings": 1024}, "base_model": None}
             for tiled in ({}, {"tiled_mlp": True, "gradient_checkpointing": True,
                                "activation_offloading": "hidden_states"}):
                 e.bin, keep = gpt, e.bin
