@@ -2,7 +2,8 @@
 # CPU training throughput, three figures from one run on the same model, data and cores:
 # ./train_llama, PyTorch float32 eager (its BLAS is the same OpenBLAS; the core type it runs
 # is printed), and the SGEMM-only roofline of the same step (dev/sgemm_roofline.c: every
-# matrix product of the step timed alone at its shape). Prints the CPU, OpenBLAS's config and
+# matrix product of the step timed at its shape, the better of threaded alone and side by side,
+# one a thread). Prints the CPU, OpenBLAS's config and
 # core type, the three figures and the two ratios (ours/torch, roofline/ours).
 #   SHAPE=small (default): 4 layers, hidden 256, intermediate 688, 4/2 heads, vocab 256, B 8, T 256
 #   SHAPE=large:          12 layers, hidden 768, intermediate 2048, 12/12 heads, vocab 256, B 1, T 1024
