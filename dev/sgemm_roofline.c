@@ -65,7 +65,9 @@ static void time_both(Timed *e) {
         e->t[SIDE] = e->t[THREADED];
         return;
     }
-    float **as = calloc(3 * (size_t)n, sizeof(float *)), **bs = as + n, **cs = as + 2 * n;
+    float **as = calloc(3 * (size_t)n, sizeof(float *));
+    if (!as) { fprintf(stderr, "error: out of memory (%d threads' operands)\n", n); exit(1); }
+    float **bs = as + n, **cs = as + 2 * n;
     for (int t = 0; t < n; t++) as[t] = buf((size_t)e->M * e->K), bs[t] = buf((size_t)e->K * e->N), cs[t] = buf((size_t)e->M * e->N);
     for (int r = 0; r < reps; r++) {
         double t0 = 0;
