@@ -4,7 +4,8 @@
 // indirect function: the dynamic loader calls its resolver once and binds the widest variant
 // the CPU supports. The default binary still runs on any x86-64, and the variants give the same
 // bits: contraction is off (-std=c11), reductions are scalar and ordered, and vexpf is the same
-// double-precision arithmetic at every width (test_ops compares each variant with the base).
+// float arithmetic at every width, fmaf rounding once with or without FMA (test_cpu_variants
+// compares each variant with the base).
 #include "kernels.h"
 
 #if defined(__x86_64__) && defined(__ELF__)
