@@ -11,6 +11,8 @@
 //              dQ = dS K, dK = dS^T Q backward, at T x T, counted at half time (causal);
 //   classifier: logits = X E^T, dX, dE.
 //   build/sgemm_roofline --layers 4 --hidden 256 --inter 688 --heads 4 --kv 2 --vocab 256 --B 8 --T 256
+// --shapes 1 also lists every shape's time (before the JSON line), in dev/gemm_calls.c's terms, to
+// set against what the same products take inside a training step.
 #include <cblas.h>
 #include <omp.h>
 #include <stdio.h>
@@ -144,6 +146,7 @@ static Step step_s(const Shape *s) {
 
 int main(int argc, char **argv) {
     Shape s = {4, 256, 688, 4, 2, 256, 8, 256};
+    int shapes = 0;
     for (int i = 1; i + 1 < argc; i += 2) {
         int v = atoi(argv[i + 1]);
         if (!strcmp(argv[i], "--layers")) s.L = v;
@@ -155,6 +158,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--B")) s.B = v;
         else if (!strcmp(argv[i], "--T")) s.T = v;
         else if (!strcmp(argv[i], "--reps")) reps = v;
+        else if (!strcmp(argv[i], "--shapes")) shapes = v;
         else if (!strcmp(argv[i], "--threads")) threads = v;
         else { fprintf(stderr, "error: unknown option %s\n", argv[i]); return 2; }
     }
@@ -172,6 +176,12 @@ int main(int argc, char **argv) {
     printf("  each product threaded by OpenBLAS: %.1f ms (linear %.1f, attention %.1f); side by side, one a thread: "
            "%.1f ms (linear %.1f, attention %.1f)\n",
            thr.total * 1e3, thr.lin * 1e3, thr.att * 1e3, side.total * 1e3, side.lin * 1e3, side.att * 1e3);
+    for (int i = 0; shapes && i < ntimed; i++) {
+        const Timed *e = &timed[i];
+        const double gf = 2.0 * e->M * e->N * e->K * 1e-9;
+        printf("  ta %d tb %d M %5d N %5d K %5d  threaded %.3f ms (%.1f GFLOP/s)  side by side %.3f ms a product\n", e->ta,
+               e->tb, e->M, e->N, e->K, e->t[THREADED] * 1e3, gf / e->t[THREADED], e->t[SIDE] * 1e3);
+    }
     printf("{\"ms\": %.3f, \"tokens_per_sec\": %.1f, \"gflops\": %.2f, \"core\": \"%s\", \"threaded_ms\": %.3f, "
            "\"side_by_side_ms\": %.3f}\n",
            r.total * 1e3, N / r.total, r.flops / r.total * 1e-9, openblas_get_corename(), thr.total * 1e3,
