@@ -193,8 +193,9 @@ static void test_variants(void) {
 
 // 4. matmul_many (the CPU backend's independent products, whole products side by side on the
 //    threads) against its products alone, bit for bit, for 1-4 threads: single-threaded when
-//    there are at least as many products as threads, else through matmul (OpenBLAS threading
-//    each) at the same thread count. Batches of the benchmark
+//    there are at least as many products as threads, else through matmul (row pieces on the
+//    threads, or OpenBLAS's threading for small products) at the same thread count. Batches
+//    of the benchmark
 //    model's shapes (q/k/v, gate/up, a linear's dx + dW pair), small odd ones, every
 //    transpose, alpha/beta. Run for each OpenBLAS core type the CPU can use (their kernel
 //    tiles differ), each in a child process (the core type is read at load time).
@@ -242,7 +243,7 @@ static int test_matmul_many(void) {
             }
             matmul_many_f32(j, cnt);
             // At least as many products as threads: each whole on one thread, so the bits of the
-            // single-threaded product; fewer: one after another, each threaded by OpenBLAS.
+            // single-threaded product; fewer: one after another, each through matmul.
             for (int i = first; i < first + cnt; i++)
                 for (size_t k = 0; k < (size_t)job[i].M * job[i].N; k++) {
                     diff += fbits(out[i][k]) != fbits((cnt >= t ? ref : one)[i][k]);
@@ -260,9 +261,9 @@ static int test_matmul_many(void) {
              core ? core : "detected");
     snprintf(d, sizeof d, "%zu of %zu outputs differ", diff, n);
     check(diff == 0, name, d);
-    // Why every mode must batch the same products the same way: OpenBLAS's threaded product
-    // differs from its single-threaded one once K spans several of its K blocks.
-    printf("     (OpenBLAS threaded vs single-threaded products: %zu of %zu outputs differ)\n", diff1, n);
+    // Why every mode must batch the same products the same way: a product made on several
+    // threads (in row pieces, or threaded by OpenBLAS) differs from the single-threaded one.
+    printf("     (products on 1-4 threads vs single-threaded: %zu of %zu outputs differ)\n", diff1, n);
     for (int i = 0; i < NJ; i++) free((void *)job[i].A), free((void *)job[i].B), free(ref[i]), free(one[i]), free(out[i]);
     return diff == 0;
 }
