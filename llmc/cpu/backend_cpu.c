@@ -3,9 +3,11 @@
 // Queues and events exist so the engine's ordering code runs unchanged; work here is
 // synchronous, so they only check that they are used consistently.
 #include <omp.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/mman.h>
 #include <unistd.h>
 #include "../backend.h"
 #include "../util.h"
@@ -18,8 +20,25 @@ struct Event { int recorded; };
 // Every allocation carries its size in a 64-byte header (keeps the payload aligned for SIMD).
 #define HDR 64
 
+// Buffers of 4 MiB and more start on a 2 MiB boundary and ask for transparent huge pages
+// (hosts that give them on madvise only, as this project's do, else give 4 KiB pages): fewer
+// TLB misses while OpenBLAS packs operands out of the activations. Measured at the large bench
+// shape, 2 threads, alternated 3 times: the step's GEMM time 1.1% less, the gate/up forward
+// products (whose outputs are the largest buffers) 15.6-15.9 ms a call against 16.4-17.9; at
+// the small shape within the host's noise.
+#define HUGE_PAGE ((size_t)2 << 20)
+
 static void *counted_alloc(size_t bytes, size_t *in_use, size_t *peak) {
-    char *p = aligned_alloc(HDR, HDR + ((bytes + HDR - 1) / HDR) * HDR);
+    if (bytes > SIZE_MAX - 2 * HUGE_PAGE) return NULL;  // the roundings below must not wrap
+    const size_t total = HDR + ((bytes + HDR - 1) / HDR) * HDR;
+    char *p;
+    if (bytes >= 2 * HUGE_PAGE) {
+        const size_t whole = (total + HUGE_PAGE - 1) / HUGE_PAGE * HUGE_PAGE;
+        p = aligned_alloc(HUGE_PAGE, whole);
+        if (p) madvise(p, whole, MADV_HUGEPAGE);  // best effort: refused, the pages stay 4 KiB
+    } else {
+        p = aligned_alloc(HDR, total);
+    }
     if (!p) return NULL;
     *(size_t *)p = bytes;
     *in_use += bytes;
