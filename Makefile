@@ -177,7 +177,8 @@ $(BUILD)/sgemm_roofline: dev/sgemm_roofline.c
 
 # The CPU attention kernels alone: float vs double check, then forward/backward times.
 $(BUILD)/bench_attention: dev/bench_attention.c $(BUILD)/llmc/cpu/kernels_f32.o $(BUILD)/llmc/cpu/kernels_f32_base.o \
-    $(BUILD)/llmc/cpu/kernels_f32_avx2.o $(BUILD)/llmc/cpu/kernels_f32_avx512.o $(BUILD)/llmc/cpu/kernels_f64.o
+    $(BUILD)/llmc/cpu/kernels_f32_avx2.o $(BUILD)/llmc/cpu/kernels_f32_avx512.o $(BUILD)/llmc/cpu/kernels_f64.o \
+    $(BUILD)/llmc/util.o
 	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
 
 clean:

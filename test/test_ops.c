@@ -856,8 +856,8 @@ static void test_ce(int N, int V, int C, const int32_t *tgt, int big) {
     CeCtx c = {N, V, C, 0.37, randn((size_t)N * C, 1), randn((size_t)V * C, 1), tgt};
     size_t nx = (size_t)N * C, nw = (size_t)V * C;
     char tag[96];
-    int rows = (1 << 21) / V;  // the kernel's CE_CHUNK / V, for the name only
-    if (rows < 1) rows = 1;
+    int rows = (1 << 21) / V;  // the kernel's CE_CHUNK / V, at least CE_MIN_ROWS: for the name only
+    if (rows < 256) rows = 256;
     if (rows > N) rows = N;
     snprintf(tag, sizeof tag, "N=%d V=%d C=%d, %d chunk%s of %d rows", N, V, C,
              (N + rows - 1) / rows, (N + rows - 1) / rows > 1 ? "s" : "", rows);
@@ -897,7 +897,7 @@ static void test_ce(int N, int V, int C, const int32_t *tgt, int big) {
         // exps is computed once per row, so each difference costs O(N).
         long double *mx = xmalloc(sizeof(long double) * N), *S = xmalloc(sizeof(long double) * N);
         for (int n = 0; n < N; n++) ce_row_stats(&c, n, mx + n, S + n);
-        int us[64], nu = 0;
+        int *us = xmalloc(sizeof(int) * (N + 12)), nu = 0;
         for (int n = 0; n < N; n++)
             if (tgt[n] >= 0) us[nu++] = tgt[n];
         us[nu++] = 0, us[nu++] = V - 1;
@@ -926,7 +926,7 @@ static void test_ce(int N, int V, int C, const int32_t *tgt, int big) {
                 cmp_rel(&e, "dW", (size_t)u * C + d, dW[(size_t)u * C + d], fd);
             }
         }
-        free(mx), free(S);
+        free(mx), free(S), free(us);
     }
     report(&e, FD_TOL, "classifier_ce dW vs finite differences (%s)", tag);
 
@@ -1135,14 +1135,16 @@ static void test_f32_rmsnorm(void) {
 
 // Kernels that split work by thread (column ranges, per-thread partials, attention tasks) give
 // the same results on 1, 3 and 7 threads as on the default count; 7 > C = 5 leaves some
-// embedding threads without columns.
+// embedding threads without columns. The second classifier has a chunk of more rows than words,
+// so on 2 threads its dx and dW products run side by side.
 typedef struct {
     double emb[40], bg[9], rx[120], rw[24], ry[120], ss, ao[1120], adq[1120], adk[560], adv[560],
-        cdx[35], cdw[55];
+        cdx[35], cdw[55], cdx2[35], cdw2[25];
 } ThreadOut;
 
 static void thread_run(ThreadOut *o, const double *in) {
-    static const int32_t tok[] = {3, 1, 3, 0, 3, 7, 1, 5, 3}, tgt[] = {3, 10, -1, 0, 3, 7, -1};
+    static const int32_t tok[] = {3, 1, 3, 0, 3, 7, 1, 5, 3}, tgt[] = {3, 10, -1, 0, 3, 7, -1},
+                         tgt2[] = {4, 0, 2, -1, 1, 3, 4};
     const double *wt = in;  // 1200 values, overlapping slices serve as every input
     float lse[140], loss[7];
     double rstd[5];
@@ -1156,6 +1158,7 @@ static void thread_run(ThreadOut *o, const double *in) {
     attention_bwd_f64(o->adq, o->adk, o->adv, wt + 7, wt, wt + 100, wt + 200, o->ao, lse, 1, 70,
                       0, 70, 2, 1, 8, 0, NULL, 0);
     classifier_ce_f64(loss, o->cdx, o->cdw, wt, wt + 500, tgt, 7, 11, 5, 0.5);
+    classifier_ce_f64(loss, o->cdx2, o->cdw2, wt + 50, wt + 600, tgt2, 7, 5, 5, 0.5);
 }
 
 static void test_threads(void) {
@@ -1180,6 +1183,8 @@ static void test_threads(void) {
         cmp_arrays(&e, "attention dv", got.adv, ref.adv, 70 * 8);
         cmp_arrays(&e, "ce dx", got.cdx, ref.cdx, 35);
         cmp_arrays(&e, "ce dW", got.cdw, ref.cdw, 55);
+        cmp_arrays(&e, "ce dx (V < N)", got.cdx2, ref.cdx2, 35);
+        cmp_arrays(&e, "ce dW (V < N)", got.cdw2, ref.cdw2, 25);
         report(&e, 1e-12, "embedding/bias_grad/rmsnorm/sumsq/attention/classifier_ce on %d "
                "thread%s match %d", nts[k], nts[k] > 1 ? "s" : "", nt0);
     }
@@ -1369,10 +1374,15 @@ int main(void) {
 
     static const int32_t t_small[] = {3, 10, -1, 0, 3, 7, -1};
     test_ce(7, 11, 5, t_small, 0);
+    // Chunks of CE_MIN_ROWS (256) rows once V > CE_CHUNK / 256: 256 + 44 rows here.
+    int32_t t_chunks[300];
+    for (int n = 0; n < 300; n++) t_chunks[n] = n % 37 == 5 ? -1 : (int32_t)((n * 7919L + 3) % 16384);
+    t_chunks[7] = 16383, t_chunks[8] = 0;
+    test_ce(300, 16384, 2, t_chunks, 1);
     static const int32_t t_big[] = {5, (1 << 20) - 1, -1, 0, 123457};
-    test_ce(5, 1 << 20, 2, t_big, 1);  // 2-row chunks: 2 + 2 + 1
+    test_ce(5, 1 << 20, 2, t_big, 1);  // one chunk of the batch's 5 rows
     static const int32_t t_huge[] = {(1 << 21) + 2, 77};
-    test_ce(2, (1 << 21) + 3, 1, t_huge, 1);  // V > CE_CHUNK: one row per chunk
+    test_ce(2, (1 << 21) + 3, 1, t_huge, 1);  // V > CE_CHUNK
 
     test_sumsq();
     test_adamw(1e-2f, 0.1f, 0.5f, 3);
