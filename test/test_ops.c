@@ -1374,11 +1374,11 @@ int main(void) {
 
     static const int32_t t_small[] = {3, 10, -1, 0, 3, 7, -1};
     test_ce(7, 11, 5, t_small, 0);
-    // Chunks of CE_MIN_ROWS (256) rows once V > CE_CHUNK / 256: 256 + 44 rows here.
-    int32_t t_chunks[300];
-    for (int n = 0; n < 300; n++) t_chunks[n] = n % 37 == 5 ? -1 : (int32_t)((n * 7919L + 3) % 16384);
-    t_chunks[7] = 16383, t_chunks[8] = 0;
-    test_ce(300, 16384, 2, t_chunks, 1);
+    // Chunks of CE_MIN_ROWS (256) rows once V > CE_CHUNK / 256 = 8192: 256 + 3 rows here.
+    int32_t t_chunks[259];
+    for (int n = 0; n < 259; n++) t_chunks[n] = n % 37 == 5 ? -1 : (int32_t)((n * 7919L + 3) % 8193);
+    t_chunks[7] = 8192, t_chunks[8] = 0, t_chunks[257] = 8192;
+    test_ce(259, 8193, 2, t_chunks, 1);
     static const int32_t t_big[] = {5, (1 << 20) - 1, -1, 0, 123457};
     test_ce(5, 1 << 20, 2, t_big, 1);  // one chunk of the batch's 5 rows
     static const int32_t t_huge[] = {(1 << 21) + 2, 77};
