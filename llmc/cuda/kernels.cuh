@@ -133,6 +133,9 @@ const char *k_attention_path(const CudaCtx *c, int D);
 void k_classifier_ce(CudaCtx *c, float *losses, void *dx, float *dW, const void *x, const void *W,
                      const int32_t *targets, int N, int V, int C, float scale);
 // Rows per chunk for a vocabulary of V (the chunk's logits are at most CE_CHUNK_ELEMS).
+// Not yet measured on a GPU: at V 128256 a chunk has 130 rows, and dW's product (V x C, K = the
+// chunk's rows) reads and writes the fp32 V x C gradient once a chunk, which on the CPU backend
+// made it memory-bound (there chunks now hold at least 256 rows: llmc/cpu/kernels.inc).
 #define CE_CHUNK_ELEMS ((size_t)1 << 24)
 
 // ---- adamw.cu --------------------------------------------------------------------------------
