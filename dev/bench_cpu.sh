@@ -7,6 +7,7 @@
 # core type, the three figures and the two ratios (ours/torch, roofline/ours).
 #   SHAPE=small (default): 4 layers, hidden 256, intermediate 688, 4/2 heads, vocab 256, B 8, T 256
 #   SHAPE=large:          12 layers, hidden 768, intermediate 2048, 12/12 heads, vocab 256, B 1, T 1024
+#   SHAPE=vocab:          4 layers, hidden 512, intermediate 1376, 8/4 heads, vocab 128256, B 4, T 256
 # Each side runs WARMUP + STEPS optimizer steps; the table averages the last STEPS.
 #
 #   dev/bench_cpu.sh                  # threads: 1 and all cores

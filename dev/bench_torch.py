@@ -3,8 +3,8 @@
 
 Driven by dev/bench_cpu.sh; three subcommands:
 
-  prepare --dir D     write D/model (HF dir of the --shape), D/train.bin (random uint16
-                      tokens) and D/cfg.yaml
+  prepare --dir D     write D/model (HF dir of the --shape), D/train.bin (random tokens,
+                      uint16 or uint32) and D/cfg.yaml
   torch --dir D --threads N [--steps 10 --warmup 2]
                       time PyTorch float32 eager training steps (same model, data, optimizer,
                       clipping) with torch.set_num_threads(N); writes D/torch_N.json, with the
@@ -12,8 +12,9 @@ Driven by dev/bench_cpu.sh; three subcommands:
   table --dir D --threads "1 2" [--warmup 2]
                       read D/ours_N/metrics.jsonl, D/torch_N.json and D/roofline_N.json (the
                       SGEMM-only time of the same step, dev/sgemm_roofline.c), print a table
-  --shape small (default: 4 layers, C 256, I 688, 4/2 heads, V 256, B 8, T 256) or
-          large (12 layers, C 768, I 2048, 12/12 heads, V 256, B 1, T 1024)
+  --shape small (default: 4 layers, C 256, I 688, 4/2 heads, V 256, B 8, T 256),
+          large (12 layers, C 768, I 2048, 12/12 heads, V 256, B 1, T 1024) or
+          vocab (4 layers, C 512, I 1376, 8/4 heads, V 128256, B 4, T 256)
 """
 import argparse
 import glob
@@ -30,6 +31,8 @@ import llama_ref as R  # noqa: E402
 SHAPES = {
     "small": dict(L=4, C=256, I=688, Hq=4, Hkv=2, V=256, B=8, T=256),
     "large": dict(L=12, C=768, I=2048, Hq=12, Hkv=12, V=256, B=1, T=1024),
+    # Llama 3's vocabulary on a small body: the classifier is most of the step.
+    "vocab": dict(L=4, C=512, I=1376, Hq=8, Hkv=4, V=128256, B=4, T=256),
 }
 S = SHAPES["small"]
 B, T, ACCUM = S["B"], S["T"], 1
@@ -89,7 +92,8 @@ def cmd_prepare(a):
     R.save_hf_dir(os.path.join(a.dir, "model"), cfg, R.init_weights(cfg, seed=1, std=0.02,
                                                                      embed_std=0.02))
     n = B * T * ACCUM * (a.steps + a.warmup + 2) + 1
-    R.write_shard(os.path.join(a.dir, "train.bin"), R.random_tokens(n, cfg["vocab_size"]), 1)
+    R.write_shard(os.path.join(a.dir, "train.bin"), R.random_tokens(n, cfg["vocab_size"]),
+                  1 if cfg["vocab_size"] <= 65536 else 2)  # version 2: uint32 tokens
     R.write_yaml(os.path.join(a.dir, "cfg.yaml"), bench_tc(a.dir, a.steps + a.warmup))
 
 
