@@ -2,7 +2,7 @@
 // backward, at one shape: a check of the float kernel against the double one on the same inputs,
 // then the best of --reps timed runs of each. For tile sizes and the like: build with another
 // -DATT_BK or -DATT_BQ (make BUILD=/tmp/bk CFLAGS="-O3 -DATT_BK=128" /tmp/bk/bench_attention) and
-// compare; ATT_BQ must be a multiple of the 64-row strip.
+// compare; ATT_BK must be a multiple of 16.
 //   build/bench_attention --B 8 --T 256 --heads 4 --kv 2           # the bench model's layer
 //   build/bench_attention --B 1 --T 1024 --heads 12 --kv 12        # the large shape's
 // Threads: OMP_NUM_THREADS (pin with taskset for steady figures). Flops counted are the

@@ -1010,8 +1010,8 @@ static void test_adamw(float lr, float wd, float gscale, int t) {
 
 // ---- float kernels against double --------------------------------------------------------
 
-static void test_f32_attention(int window) {
-    const int B = 2, T = 70, Hq = 6, Hkv = 2, D = 16;
+static void test_f32_attention(int window, int T, int D) {
+    const int B = 2, Hq = 6, Hkv = 2;
     size_t nq = (size_t)B * T * Hq * D, nk = (size_t)B * T * Hkv * D, nl = (size_t)B * Hq * T;
     double *q = randn(nq, 1), *k = randn(nk, 1), *v = randn(nk, 1), *g = randn(nq, 1);
     double *o = zeros(nq), *dq = zeros(nq), *dk = zeros(nk), *dv = zeros(nk);
@@ -1349,6 +1349,7 @@ int main(void) {
     test_attention(2, 64, 4, 4, 8, 40);
     test_attention(2, 130, 4, 1, 8, 30);
     test_attention(1, 129, 3, 1, 16, 30);
+    test_attention(1, 37, 2, 1, 12, 30);  // D not a multiple of 8: transposes' edges
     // Longer than a key tile (256): queries past it meet two key tiles, the online softmax
     // rescales; 520 ends in a partial third.
     test_attention(1, 300, 2, 1, 8, 20);
@@ -1388,8 +1389,11 @@ int main(void) {
     test_adamw(1e-2f, 0.1f, 0.5f, 3);
     test_adamw(3e-3f, 0.0f, 1.0f, 1);
 
-    test_f32_attention(0);
-    test_f32_attention(23);
+    test_f32_attention(0, 70, 16);
+    test_f32_attention(23, 70, 16);
+    // A head dim that is not a multiple of the vector lanes (column tails, transposes' edges);
+    // rows over two key tiles.
+    test_f32_attention(0, 300, 20);
     test_f32_ce();
     test_f32_rmsnorm();
     test_threads();

@@ -6,4 +6,5 @@
 #define FN(name) name##_f32_avx512
 #define GEMM cblas_sgemm
 #define EXP vexpf
+#define MADD fmaf
 #include "kernels.inc"
