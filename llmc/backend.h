@@ -52,7 +52,7 @@ struct Backend {
     const char *name;
     int act_bytes;
     int threads;
-    char detail[64];  // shown after the device in the config box (CPU: BLAS core, kernel set)
+    char detail[96];  // shown after the device in the config box (CPU: BLAS core, kernel set)
     int dry_run;  // allocations are only counted (the planner); no op may run
     int att_block;  // attention query tiles must start at multiples of it (0: no query tiles)
     const char *oom_hint;  // appended to the out-of-memory message (e.g. modes that would fit)
