@@ -63,8 +63,11 @@ $(BUILD)/train_gpt: $(BUILD)/train_gpt.o $(LIB_OBJ)
 	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
 
 # The float kernels once per instruction set; kernels_f32.c binds the widest the CPU has.
-$(BUILD)/llmc/cpu/kernels_f32_avx2.o: override CFLAGS += -mavx2 -mfma
-$(BUILD)/llmc/cpu/kernels_f32_avx512.o: override CFLAGS += -mavx2 -mfma -mavx512f -mavx512bw -mavx512dq \
+# Kernels are optimized in every build: at the sanitizer build's -O1 nothing vectorizes, and
+# attention's hand-written products (att_mm) ran its long-context tests many times slower.
+$(BUILD)/llmc/cpu/kernels_f32_base.o $(BUILD)/llmc/cpu/kernels_f64.o: override CFLAGS += -O3
+$(BUILD)/llmc/cpu/kernels_f32_avx2.o: override CFLAGS += -O3 -mavx2 -mfma
+$(BUILD)/llmc/cpu/kernels_f32_avx512.o: override CFLAGS += -O3 -mavx2 -mfma -mavx512f -mavx512bw -mavx512dq \
     -mavx512vl -mprefer-vector-width=512
 
 $(BUILD)/%.o: %.c $(HDRS)
