@@ -1342,7 +1342,8 @@ int main(void) {
     test_embedding();
     test_rope();
 
-    // Attention: head ratios 1-4, lengths around the 64-wide tiles, B 1 and 2, D 8 and 16.
+    // Attention: head ratios 1-4, lengths that leave partial 6-row groups and 16-column score
+    // pieces, B 1 and 2, D 8, 12 and 16.
     test_attention(1, 1, 2, 2, 8, 400);
     test_attention(2, 7, 4, 2, 8, 400);
     test_attention(1, 65, 6, 2, 16, 60);
@@ -1355,7 +1356,7 @@ int main(void) {
     test_attention(1, 300, 2, 1, 8, 20);
     test_attention(1, 520, 2, 2, 8, 12);
     // Sliding windows (keys t - window + 1 .. t): shorter than a row, across and at tile
-    // boundaries (query blocks are 64 rows), of one key, and past T (the plain causal mask); with GQA.
+    // boundaries (key tiles are 256 keys), of one key, and past T (the plain causal mask); with GQA.
     test_attention_mask(1, 20, 4, 2, 8, 400, 5, NULL);
     test_attention_mask(2, 130, 4, 1, 8, 30, 37, NULL);
     test_attention_mask(1, 200, 6, 2, 16, 30, 64, NULL);
