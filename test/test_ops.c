@@ -1053,12 +1053,15 @@ static void test_f32_attention_tiles(int tile, int window) {
     for (int b = 0; b < B; b++)
         for (int t = 0; t < T; t++) ds[b * T + t] = b == 0 ? 0 : t < 77 ? 0 : t < 150 ? 77 : t < 300 ? 150 : 300;
     float *o = xmalloc(nq * 4), *lse = xmalloc(nl * 4), *dq = xmalloc(nq * 4), *dk = xmalloc(nk * 4), *dv = xmalloc(nk * 4);
+    for (size_t i = 0; i < nq; i++) dq[i] = NAN;  // the backward writes its outputs, never reads them
+    for (size_t i = 0; i < nk; i++) dk[i] = dv[i] = NAN;
     attention_fwd_f32(o, lse, q, k, v, B, T, 0, T, Hq, Hkv, D, window, ds);
     attention_bwd_f32(dq, dk, dv, g, q, k, v, o, lse, B, T, 0, T, Hq, Hkv, D, window, ds, 0);
     // Tiles per sequence, as the model runs them (B = 1 per call, rows of a tile contiguous).
     float *to = xmalloc(nq * 4), *tl = xmalloc(nl * 4), *tdq = xmalloc(nq * 4), *tdk = xmalloc(nk * 4),
           *tdv = xmalloc(nk * 4);
     for (size_t i = 0; i < nk; i++) tdk[i] = tdv[i] = NAN;  // the first tile must write them
+    for (size_t i = 0; i < nq; i++) tdq[i] = NAN;              // as each tile must write its dq rows
     const size_t lq = (size_t)Hq * D, lk = (size_t)Hkv * D;
     for (int b = 0; b < B; b++)
         for (int t0 = 0; t0 < T; t0 += tile) {
