@@ -1,6 +1,6 @@
 // backend.h: the one interface between the training logic and the hardware.
 //
-// Everything above this file (model.c, the training loop, optimizer, checkpoints) is written
+// Everything above this file (the model, the training loop, optimizer, checkpoints) is written
 // once against this table and never asks whether it runs on a CPU or a GPU. A backend fills
 // the table: the CPU backend (llmc/cpu/) holds the reference semantics, the CUDA backend is
 // checked against it kernel by kernel.

@@ -1,7 +1,7 @@
 // family.h: the Llama-shaped model families as data. Every difference between Llama, Mistral,
 // Qwen2, Qwen3 and Phi-3 that the trainer implements is a field of one row of this table, read when
 // config.json is loaded and when the parameter table is built; the block forward/backward in
-// model.c is written once and asks the row, never the family's name.
+// forward_backward.c is written once and asks the row, never the family's name.
 #pragma once
 #include "model.h"
 
