@@ -173,6 +173,17 @@ def cmd_table(a):
         ratio = f"{o['tokens_per_sec'] / t['tokens_per_sec']:.2f}x" if (o and t) else "n/a"
         roof = f"{100 * r['ms'] / o['ms']:.0f}%" if (o and r) else "n/a"
         print(f"| {n} | {os_} | {ts_} | {rs_} | {ratio} | {roof} |")
+    if a.rounds > 1:  # each round ran the three sides back to back: its own ratios show the noise
+        print("\nround by round (ours / torch / roofline ms/step: ours/torch, ours/roofline):")
+        for n in a.threads.split():
+            for k in range(1, a.rounds + 1):
+                o = ours_run(os.path.join(a.dir, f"ours_{n}_r{k}"), a.warmup)
+                tp, rp = (os.path.join(a.dir, f"{side}_{n}_r{k}.json") for side in ("torch", "roofline"))
+                t = json.load(open(tp)) if os.path.exists(tp) else None
+                r = json.load(open(rp)) if os.path.exists(rp) else None
+                if o and t and r:
+                    print(f"  threads {n} round {k}: {o['ms']:.1f} / {t['ms']:.1f} / {r['ms']:.1f}: "
+                          f"{t['ms'] / o['ms']:.2f}x, {100 * r['ms'] / o['ms']:.1f}%")
     t = None
     for n in a.threads.split():
         t = best_json(a.dir, f"torch_{n}.json") or t
