@@ -62,6 +62,43 @@ static void test_vexpf(void) {
           "a special value is wrong");
 }
 
+// 1b. Each variant's exponential loops (exp_inplace: the AVX-512 one runs vexpf16, 16 lanes an
+//     instruction sequence) against vexpf element by element, bit for bit: every 61st float in
+//     [-110, 95] and the special values, in runs whose lengths leave a tail of every size.
+static void test_exp_loops(void) {
+    static void (*const fns[3])(float *, size_t) = {exp_inplace_f32_base, exp_inplace_f32_avx2,
+                                                    exp_inplace_f32_avx512};
+    static const char *names[3] = {"base", "avx2", "avx512"};
+    const float special[] = {NAN, -NAN, INFINITY, -INFINITY, 0.0f, -0.0f, 1e-45f, -1e-45f, 88.72f, 88.73f,
+                             89.0f, 89.5f, -87.3f, -87.4f, -103.9f, -104.0f, -104.5f, 1e30f, -1e30f};
+    const size_t ns = sizeof special / sizeof special[0], cap = 1 << 20;
+    float *x = malloc(cap * sizeof(float)), *y = malloc(cap * sizeof(float));
+    for (int l = 0; l <= kernels_f32_level() && l < 3; l++) {
+        long n = 0, diff = 0;
+        size_t len = 0, run = 0;
+        memcpy(x, special, sizeof special), len = ns;
+        for (int side = 0; side < 2; side++)
+            for (int32_t b = side ? (int32_t)0x80000001u : 0;; b += 61) {
+                float v;
+                memcpy(&v, &b, sizeof v);
+                const int last = side ? v < -110.0f : v > 95.0f;
+                if (!last) x[len++] = v;
+                if (len == cap - run % 17 || (last && len)) {  // run lengths vary: every tail size
+                    memcpy(y, x, len * sizeof(float));
+                    fns[l](y, len);
+                    for (size_t i = 0; i < len; i++) diff += fbits(y[i]) != fbits(vexpf(x[i]));
+                    n += (long)len, len = 0, run++;
+                }
+                if (last) break;
+            }
+        char name[96], d[96];
+        snprintf(name, sizeof name, "kernels_f32_%s exponential loops == vexpf, bit for bit", names[l]);
+        snprintf(d, sizeof d, "%ld of %ld differ", diff, n);
+        check(diff == 0 && n > 3000000, name, d);
+    }
+    free(x), free(y);
+}
+
 // ---- variants ---------------------------------------------------------------------------------
 
 typedef struct {
@@ -289,6 +326,7 @@ static void test_matmul_many_cores(const char *self) {
 int main(int argc, char **argv) {
     if (argc > 1 && !strcmp(argv[1], "--matmul-only")) return test_matmul_many() ? 0 : 1;
     test_vexpf();
+    test_exp_loops();
     test_variants();
     test_matmul_many();
     test_matmul_many_cores(argv[0]);

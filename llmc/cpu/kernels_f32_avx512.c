@@ -6,5 +6,6 @@
 #define FN(name) name##_f32_avx512
 #define GEMM cblas_sgemm
 #define EXP vexpf
+#define EXP16 vexpf16  // exponential loops 16 lanes at a time (kernels.inc)
 #define MADD fmaf
 #include "kernels.inc"

@@ -45,3 +45,33 @@ static inline float vexpf(float x) {
     memcpy(&s2, &e2, sizeof s2);
     return p * s1 * s2;
 }
+
+#ifdef __AVX512F__
+#include <immintrin.h>
+// vexpf on 16 lanes, for the AVX-512 kernels' exponential loops (kernels.inc, EXP16): the same
+// float operations in the same order, so the same bits (test_cpu_variants compares the variants
+// bit for bit), in about half the instructions of the compiler's vectorized vexpf: the clamps
+// are vmaxps/vminps (which return their second operand, x, when either is NaN: NaN stays NaN),
+// and p * 2^n is one vscalefps (rounded once, as p * 2^h * 2^(n-h) is) instead of the integer
+// exponent arithmetic and two multiplies. SwiGLU's forward on 2048 x 688 floats, 1 thread, this
+// project's AMD EPYC (Zen 4): 0.649 ms with vexpf, 0.445 with this (2026-11-26).
+static inline __m512 vexpf16(__m512 x) {
+    x = _mm512_max_ps(_mm512_set1_ps(-104.0f), x);
+    x = _mm512_min_ps(_mm512_set1_ps(89.0f), x);
+    const __m512 magic = _mm512_set1_ps(12582912.0f);
+    const __m512 t = _mm512_fmadd_ps(x, _mm512_set1_ps(1.44269504f), magic);
+    const __m512 n = _mm512_sub_ps(t, magic);
+    __m512 r = _mm512_fmadd_ps(n, _mm512_set1_ps(-0.693145752f), x);
+    r = _mm512_fmadd_ps(n, _mm512_set1_ps(-1.42860677e-6f), r);
+    __m512 q = _mm512_fmadd_ps(r, _mm512_set1_ps(1.0f / 5040), _mm512_set1_ps(1.0f / 720));
+    q = _mm512_fmadd_ps(q, r, _mm512_set1_ps(1.0f / 120));
+    q = _mm512_fmadd_ps(q, r, _mm512_set1_ps(1.0f / 24));
+    q = _mm512_fmadd_ps(q, r, _mm512_set1_ps(1.0f / 6));
+    q = _mm512_fmadd_ps(q, r, _mm512_set1_ps(0.5f));
+    const __m512 p = _mm512_add_ps(_mm512_set1_ps(1.0f), _mm512_fmadd_ps(_mm512_mul_ps(r, r), q, r));
+    return _mm512_scalef_ps(p, n);
+}
+
+// Lanes [0, n) of a 16-lane block (n < 16: a row's tail).
+static inline __mmask16 vmask16(int n) { return n >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << n) - 1); }
+#endif
