@@ -46,32 +46,95 @@ static inline float vexpf(float x) {
     return p * s1 * s2;
 }
 
-#ifdef __AVX512F__
+// ---- vexpf on vector registers, for the exponential loops of kernels.inc ----------------
+// A variant that defines EXPV (16: the AVX-512 file, 8: the AVX2 file) before including this
+// header gets vexpv, vexpf on EXPV lanes: the same float operations in the same order, so the
+// same bits (test_cpu_variants checks every variant's loops against vexpf element by element),
+// in fewer instructions than the compiler's vectorization of vexpf. The clamps are max/min
+// instructions, which return their second operand, x, when either is NaN (GCC will not use
+// them for vexpf's selects without -ffinite-math-only); p * 2^n is one vscalefps on AVX-512
+// (rounded once, as p * 2^h * 2^(n-h) is), on AVX2 those two multiplies with h = n >> 1.
+// SwiGLU's forward over 2048 x 688 floats, 1 thread, this project's AMD EPYC (Zen 4),
+// 2026-11-26: AVX-512 0.649 ms with vexpf, 0.445 with vexpv (about half the instructions);
+// the AVX2 variant 0.97 against 0.83 (its backward 1.29 against 1.18).
+// Beside it, the few vector operations the loops need, at the same width: loads and stores of
+// m <= EXPV lanes (masked when m < EXPV: a row's tail) and the row sums' 8 double lanes.
+#ifdef EXPV
 #include <immintrin.h>
-// vexpf on 16 lanes, for the AVX-512 kernels' exponential loops (kernels.inc, EXP16): the same
-// float operations in the same order, so the same bits (test_cpu_variants compares the variants
-// bit for bit), in about half the instructions of the compiler's vectorized vexpf: the clamps
-// are vmaxps/vminps (which return their second operand, x, when either is NaN: NaN stays NaN),
-// and p * 2^n is one vscalefps (rounded once, as p * 2^h * 2^(n-h) is) instead of the integer
-// exponent arithmetic and two multiplies. SwiGLU's forward on 2048 x 688 floats, 1 thread, this
-// project's AMD EPYC (Zen 4): 0.649 ms with vexpf, 0.445 with this (2026-11-26).
-static inline __m512 vexpf16(__m512 x) {
-    x = _mm512_max_ps(_mm512_set1_ps(-104.0f), x);
-    x = _mm512_min_ps(_mm512_set1_ps(89.0f), x);
-    const __m512 magic = _mm512_set1_ps(12582912.0f);
-    const __m512 t = _mm512_fmadd_ps(x, _mm512_set1_ps(1.44269504f), magic);
-    const __m512 n = _mm512_sub_ps(t, magic);
-    __m512 r = _mm512_fmadd_ps(n, _mm512_set1_ps(-0.693145752f), x);
-    r = _mm512_fmadd_ps(n, _mm512_set1_ps(-1.42860677e-6f), r);
-    __m512 q = _mm512_fmadd_ps(r, _mm512_set1_ps(1.0f / 5040), _mm512_set1_ps(1.0f / 720));
-    q = _mm512_fmadd_ps(q, r, _mm512_set1_ps(1.0f / 120));
-    q = _mm512_fmadd_ps(q, r, _mm512_set1_ps(1.0f / 24));
-    q = _mm512_fmadd_ps(q, r, _mm512_set1_ps(1.0f / 6));
-    q = _mm512_fmadd_ps(q, r, _mm512_set1_ps(0.5f));
-    const __m512 p = _mm512_add_ps(_mm512_set1_ps(1.0f), _mm512_fmadd_ps(_mm512_mul_ps(r, r), q, r));
-    return _mm512_scalef_ps(p, n);
+#if EXPV == 16
+typedef __m512 vf;       // EXPV floats
+typedef __m512d vlanes;  // the 8 double lanes of kernels.inc's row sums
+static inline __mmask16 vmask_n(int m) { return (__mmask16)((1u << m) - 1); }
+static inline vf vload_m(const float *p, int m) { return m == 16 ? _mm512_loadu_ps(p) : _mm512_maskz_loadu_ps(vmask_n(m), p); }
+static inline void vstore_m(float *p, int m, vf v) {
+    if (m == 16) _mm512_storeu_ps(p, v);
+    else _mm512_mask_storeu_ps(p, vmask_n(m), v);
 }
+static inline vf vset(float a) { return _mm512_set1_ps(a); }
+static inline vf vadd(vf a, vf b) { return _mm512_add_ps(a, b); }
+static inline vf vsub(vf a, vf b) { return _mm512_sub_ps(a, b); }
+static inline vf vmul(vf a, vf b) { return _mm512_mul_ps(a, b); }
+static inline vf vdiv(vf a, vf b) { return _mm512_div_ps(a, b); }
+static inline vf vneg(vf a) { return _mm512_xor_ps(a, _mm512_set1_ps(-0.0f)); }
+static inline vf vmaxf(vf a, vf b) { return _mm512_max_ps(a, b); }
+static inline vf vminf(vf a, vf b) { return _mm512_min_ps(a, b); }
+static inline vf vfma(vf a, vf b, vf c) { return _mm512_fmadd_ps(a, b, c); }
+static inline vf vpow2_mul(vf p, vf n) { return _mm512_scalef_ps(p, n); }  // p * 2^n, n integral
+static inline vlanes vlanes_zero(void) { return _mm512_setzero_pd(); }
+static inline vlanes vlanes_add(vlanes l, vf e) {  // e's 16 floats, two rounds of the 8 lanes
+    l = _mm512_add_pd(l, _mm512_cvtps_pd(_mm512_castps512_ps256(e)));
+    return _mm512_add_pd(l, _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(e), 1))));
+}
+static inline void vlanes_store(double *lane, vlanes l) { _mm512_storeu_pd(lane, l); }
+#elif EXPV == 8
+typedef __m256 vf;
+typedef struct { __m256d lo, hi; } vlanes;
+static inline __m256i vmask_n(int m) { return _mm256_cmpgt_epi32(_mm256_set1_epi32(m), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)); }
+static inline vf vload_m(const float *p, int m) { return m == 8 ? _mm256_loadu_ps(p) : _mm256_maskload_ps(p, vmask_n(m)); }
+static inline void vstore_m(float *p, int m, vf v) {
+    if (m == 8) _mm256_storeu_ps(p, v);
+    else _mm256_maskstore_ps(p, vmask_n(m), v);
+}
+static inline vf vset(float a) { return _mm256_set1_ps(a); }
+static inline vf vadd(vf a, vf b) { return _mm256_add_ps(a, b); }
+static inline vf vsub(vf a, vf b) { return _mm256_sub_ps(a, b); }
+static inline vf vmul(vf a, vf b) { return _mm256_mul_ps(a, b); }
+static inline vf vdiv(vf a, vf b) { return _mm256_div_ps(a, b); }
+static inline vf vneg(vf a) { return _mm256_xor_ps(a, _mm256_set1_ps(-0.0f)); }
+static inline vf vmaxf(vf a, vf b) { return _mm256_max_ps(a, b); }
+static inline vf vminf(vf a, vf b) { return _mm256_min_ps(a, b); }
+static inline vf vfma(vf a, vf b, vf c) { return _mm256_fmadd_ps(a, b, c); }
+static inline vf vpow2_mul(vf p, vf n) {  // p * 2^n, n integral in [-150, 128]: as vexpf does
+    const __m256i ni = _mm256_cvttps_epi32(n), h = _mm256_srai_epi32(ni, 1), bias = _mm256_set1_epi32(127);
+    const __m256 s1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(h, bias), 23));
+    const __m256 s2 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_sub_epi32(ni, h), bias), 23));
+    return _mm256_mul_ps(_mm256_mul_ps(p, s1), s2);
+}
+static inline vlanes vlanes_zero(void) { return (vlanes){_mm256_setzero_pd(), _mm256_setzero_pd()}; }
+static inline vlanes vlanes_add(vlanes l, vf e) {  // e's 8 floats, one round of the 8 lanes
+    l.lo = _mm256_add_pd(l.lo, _mm256_cvtps_pd(_mm256_castps256_ps128(e)));
+    l.hi = _mm256_add_pd(l.hi, _mm256_cvtps_pd(_mm256_extractf128_ps(e, 1)));
+    return l;
+}
+static inline void vlanes_store(double *lane, vlanes l) { _mm256_storeu_pd(lane, l.lo), _mm256_storeu_pd(lane + 4, l.hi); }
+#else
+#error "EXPV: 16 (AVX-512) or 8 (AVX2)"
+#endif
 
-// Lanes [0, n) of a 16-lane block (n < 16: a row's tail).
-static inline __mmask16 vmask16(int n) { return n >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << n) - 1); }
+static inline vf vexpv(vf x) {
+    x = vmaxf(vset(-104.0f), x);
+    x = vminf(vset(89.0f), x);
+    const vf magic = vset(12582912.0f);
+    const vf t = vfma(x, vset(1.44269504f), magic);
+    const vf n = vsub(t, magic);
+    vf r = vfma(n, vset(-0.693145752f), x);
+    r = vfma(n, vset(-1.42860677e-6f), r);
+    vf q = vfma(r, vset(1.0f / 5040), vset(1.0f / 720));
+    q = vfma(q, r, vset(1.0f / 120));
+    q = vfma(q, r, vset(1.0f / 24));
+    q = vfma(q, r, vset(1.0f / 6));
+    q = vfma(q, r, vset(0.5f));
+    const vf p = vadd(vset(1.0f), vfma(vmul(r, r), q, r));
+    return vpow2_mul(p, n);
+}
 #endif
