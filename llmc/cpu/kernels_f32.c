@@ -3,9 +3,9 @@
 // two with their instruction sets enabled in the Makefile), and each name_f32 here is a GNU
 // indirect function: the dynamic loader calls its resolver once and binds the widest variant
 // the CPU supports. The default binary still runs on any x86-64, and the variants give the same
-// bits: contraction is off (-std=c11), reductions are scalar and ordered, and vexpf is the same
-// float arithmetic at every width, fmaf rounding once with or without FMA (test_cpu_variants
-// compares each variant with the base).
+// bits: contraction is off (-std=c11), reductions are scalar and ordered, and vexpf (vexpv in
+// the AVX2 and AVX-512 exponential loops) is the same float arithmetic at every width, fmaf
+// rounding once with or without FMA (test_cpu_variants compares each variant with the base).
 #include "kernels.h"
 
 #if defined(__x86_64__) && defined(__ELF__)
