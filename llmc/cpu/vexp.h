@@ -62,6 +62,7 @@ static inline float vexpf(float x) {
 #ifdef EXPV
 #include <immintrin.h>
 #if EXPV == 16
+#define VP(name) _mm512_##name  // the width's intrinsics, for the operations common to both
 typedef __m512 vf;       // EXPV floats
 typedef __m512d vlanes;  // the 8 double lanes of kernels.inc's row sums
 static inline __mmask16 vmask_n(int m) { return (__mmask16)((1u << m) - 1); }
@@ -70,15 +71,6 @@ static inline void vstore_m(float *p, int m, vf v) {
     if (m == 16) _mm512_storeu_ps(p, v);
     else _mm512_mask_storeu_ps(p, vmask_n(m), v);
 }
-static inline vf vset(float a) { return _mm512_set1_ps(a); }
-static inline vf vadd(vf a, vf b) { return _mm512_add_ps(a, b); }
-static inline vf vsub(vf a, vf b) { return _mm512_sub_ps(a, b); }
-static inline vf vmul(vf a, vf b) { return _mm512_mul_ps(a, b); }
-static inline vf vdiv(vf a, vf b) { return _mm512_div_ps(a, b); }
-static inline vf vneg(vf a) { return _mm512_xor_ps(a, _mm512_set1_ps(-0.0f)); }
-static inline vf vmaxf(vf a, vf b) { return _mm512_max_ps(a, b); }
-static inline vf vminf(vf a, vf b) { return _mm512_min_ps(a, b); }
-static inline vf vfma(vf a, vf b, vf c) { return _mm512_fmadd_ps(a, b, c); }
 static inline vf vpow2_mul(vf p, vf n) { return _mm512_scalef_ps(p, n); }  // p * 2^n, n integral
 static inline vlanes vlanes_zero(void) { return _mm512_setzero_pd(); }
 static inline vlanes vlanes_add(vlanes l, vf e) {  // e's 16 floats, two rounds of the 8 lanes
@@ -87,6 +79,7 @@ static inline vlanes vlanes_add(vlanes l, vf e) {  // e's 16 floats, two rounds 
 }
 static inline void vlanes_store(double *lane, vlanes l) { _mm512_storeu_pd(lane, l); }
 #elif EXPV == 8
+#define VP(name) _mm256_##name
 typedef __m256 vf;
 typedef struct { __m256d lo, hi; } vlanes;
 static inline __m256i vmask_n(int m) { return _mm256_cmpgt_epi32(_mm256_set1_epi32(m), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)); }
@@ -95,15 +88,6 @@ static inline void vstore_m(float *p, int m, vf v) {
     if (m == 8) _mm256_storeu_ps(p, v);
     else _mm256_maskstore_ps(p, vmask_n(m), v);
 }
-static inline vf vset(float a) { return _mm256_set1_ps(a); }
-static inline vf vadd(vf a, vf b) { return _mm256_add_ps(a, b); }
-static inline vf vsub(vf a, vf b) { return _mm256_sub_ps(a, b); }
-static inline vf vmul(vf a, vf b) { return _mm256_mul_ps(a, b); }
-static inline vf vdiv(vf a, vf b) { return _mm256_div_ps(a, b); }
-static inline vf vneg(vf a) { return _mm256_xor_ps(a, _mm256_set1_ps(-0.0f)); }
-static inline vf vmaxf(vf a, vf b) { return _mm256_max_ps(a, b); }
-static inline vf vminf(vf a, vf b) { return _mm256_min_ps(a, b); }
-static inline vf vfma(vf a, vf b, vf c) { return _mm256_fmadd_ps(a, b, c); }
 static inline vf vpow2_mul(vf p, vf n) {  // p * 2^n, n integral in [-150, 128]: as vexpf does
     const __m256i ni = _mm256_cvttps_epi32(n), h = _mm256_srai_epi32(ni, 1), bias = _mm256_set1_epi32(127);
     const __m256 s1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(h, bias), 23));
@@ -120,6 +104,16 @@ static inline void vlanes_store(double *lane, vlanes l) { _mm256_storeu_pd(lane,
 #else
 #error "EXPV: 16 (AVX-512) or 8 (AVX2)"
 #endif
+// The arithmetic, the same at both widths.
+static inline vf vset(float a) { return VP(set1_ps)(a); }
+static inline vf vadd(vf a, vf b) { return VP(add_ps)(a, b); }
+static inline vf vsub(vf a, vf b) { return VP(sub_ps)(a, b); }
+static inline vf vmul(vf a, vf b) { return VP(mul_ps)(a, b); }
+static inline vf vdiv(vf a, vf b) { return VP(div_ps)(a, b); }
+static inline vf vneg(vf a) { return VP(xor_ps)(a, VP(set1_ps)(-0.0f)); }
+static inline vf vmaxf(vf a, vf b) { return VP(max_ps)(a, b); }
+static inline vf vminf(vf a, vf b) { return VP(min_ps)(a, b); }
+static inline vf vfma(vf a, vf b, vf c) { return VP(fmadd_ps)(a, b, c); }
 
 static inline vf vexpv(vf x) {
     x = vmaxf(vset(-104.0f), x);
