@@ -1142,7 +1142,7 @@ static void test_f32_rmsnorm(void) {
 // so on 2 threads its dx and dW products run side by side.
 typedef struct {
     double emb[40], bg[9], rx[120], rw[24], ry[120], ss, ao[1120], adq[1120], adk[560], adv[560],
-        cdx[35], cdw[55], cdx2[35], cdw2[25];
+        cdx[35], cdw[55], cdx2[35], cdw2[25], go[1152], gdq[1152], gdk[288], gdv[288];
 } ThreadOut;
 
 static void thread_run(ThreadOut *o, const double *in) {
@@ -1160,6 +1160,12 @@ static void thread_run(ThreadOut *o, const double *in) {
     attention_fwd_f64(o->ao, lse, wt, wt + 100, wt + 200, 1, 70, 0, 70, 2, 1, 8, 0, NULL);
     attention_bwd_f64(o->adq, o->adk, o->adv, wt + 7, wt, wt + 100, wt + 200, o->ao, lse, 1, 70,
                       0, 70, 2, 1, 8, 0, NULL, 0);
+    // Four query heads a kv head, four rows: the forward's tasks take all four heads on 1
+    // thread, two on 2 and one on 3 or 7 (enough tasks a thread): the same numbers.
+    float lse4[144];
+    attention_fwd_f64(o->go, lse4, wt, wt + 40, wt + 300, 4, 9, 0, 9, 4, 1, 8, 0, NULL);
+    attention_bwd_f64(o->gdq, o->gdk, o->gdv, wt + 11, wt, wt + 40, wt + 300, o->go, lse4, 4, 9, 0, 9, 4, 1, 8, 0,
+                      NULL, 0);
     classifier_ce_f64(loss, o->cdx, o->cdw, wt, wt + 500, tgt, 7, 11, 5, 0.5);
     classifier_ce_f64(loss, o->cdx2, o->cdw2, wt + 50, wt + 600, tgt2, 7, 5, 5, 0.5);
 }
@@ -1184,6 +1190,10 @@ static void test_threads(void) {
         cmp_arrays(&e, "attention dq", got.adq, ref.adq, 140 * 8);
         cmp_arrays(&e, "attention dk", got.adk, ref.adk, 70 * 8);
         cmp_arrays(&e, "attention dv", got.adv, ref.adv, 70 * 8);
+        cmp_arrays(&e, "attention out (4 heads a kv head)", got.go, ref.go, 1152);
+        cmp_arrays(&e, "attention dq (4 heads a kv head)", got.gdq, ref.gdq, 1152);
+        cmp_arrays(&e, "attention dk (4 heads a kv head)", got.gdk, ref.gdk, 288);
+        cmp_arrays(&e, "attention dv (4 heads a kv head)", got.gdv, ref.gdv, 288);
         cmp_arrays(&e, "ce dx", got.cdx, ref.cdx, 35);
         cmp_arrays(&e, "ce dW", got.cdw, ref.cdw, 55);
         cmp_arrays(&e, "ce dx (V < N)", got.cdx2, ref.cdx2, 35);
