@@ -176,14 +176,19 @@ def cmd_table(a):
     if a.rounds > 1:  # each round ran the three sides back to back: its own ratios show the noise
         print("\nround by round (ours / torch / roofline ms/step: ours/torch, ours/roofline):")
         for n in a.threads.split():
+            own = []  # (ours/torch, ours/roofline) of each complete round
             for k in range(1, a.rounds + 1):
                 o = ours_run(os.path.join(a.dir, f"ours_{n}_r{k}"), a.warmup)
                 tp, rp = (os.path.join(a.dir, f"{side}_{n}_r{k}.json") for side in ("torch", "roofline"))
                 t = json.load(open(tp)) if os.path.exists(tp) else None
                 r = json.load(open(rp)) if os.path.exists(rp) else None
                 if o and t and r:
+                    own.append((t['ms'] / o['ms'], r['ms'] / o['ms']))
                     print(f"  threads {n} round {k}: {o['ms']:.1f} / {t['ms']:.1f} / {r['ms']:.1f}: "
                           f"{t['ms'] / o['ms']:.2f}x, {100 * r['ms'] / o['ms']:.1f}%")
+            if own:  # under a neighbour's changing load the fastest-of-each table mixes rounds
+                print(f"  threads {n} median of the rounds' own ratios: {np.median([x for x, _ in own]):.2f}x, "
+                      f"{100 * np.median([y for _, y in own]):.1f}%")
     t = None
     for n in a.threads.split():
         t = best_json(a.dir, f"torch_{n}.json") or t
