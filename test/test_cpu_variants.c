@@ -62,8 +62,8 @@ static void test_vexpf(void) {
           "a special value is wrong");
 }
 
-// 1b. Each variant's exponential loops (exp_inplace: the AVX-512 one runs vexpf16, 16 lanes an
-//     instruction sequence) against vexpf element by element, bit for bit: every 127th float in
+// 1b. Each variant's exponential loops (exp_inplace: the AVX-512 and AVX2 ones run vexpv, 16 and
+//     8 lanes an instruction sequence) against vexpf element by element, bit for bit: every 127th float in
 //     [-110, 95] and the special values, in runs whose lengths leave a tail of every size.
 static void test_exp_loops(void) {
     static void (*const fns[3])(float *, size_t) = {exp_inplace_f32_base, exp_inplace_f32_avx2,
