@@ -17,42 +17,54 @@
 struct Queue { int id; };
 struct Event { int recorded; };
 
-// Every allocation carries its size in a 64-byte header (keeps the payload aligned for SIMD).
+// Every allocation carries its size and the address to free in a 64-byte header just before
+// the payload (which keeps the payload aligned for SIMD).
 #define HDR 64
+typedef struct { size_t bytes; char *base; } Header;
+_Static_assert(sizeof(Header) <= HDR, "the header fits its slot");
 
-// Buffers of 4 MiB and more start on a 2 MiB boundary and ask for transparent huge pages
-// (hosts that give them on madvise only, as this project's do, else give 4 KiB pages): fewer
-// TLB misses while OpenBLAS packs operands out of the activations. Measured at the large bench
-// shape, 2 threads, alternated 3 times: the step's GEMM time 1.1% less, the gate/up forward
-// products (whose outputs are the largest buffers) 15.6-15.9 ms a call against 16.4-17.9; at
-// the small shape within the host's noise.
+// Buffers of 2 MiB and more start on a 2 MiB boundary, their header at the end of the 4 KiB page
+// before it, and ask for transparent huge pages (hosts that give them on madvise only, as this
+// project's do, else give 4 KiB pages; the tail rule is below): fewer TLB misses while OpenBLAS packs
+// operands out of the activations. Measured at the large bench shape, 2 threads, alternated 3
+// times, with the threshold at 4 MiB: the step's GEMM time 1.1% less, the gate/up forward
+// products (whose outputs are the largest buffers) 15.6-15.9 ms a call against 16.4-17.9. The
+// header used to sit at the payload's start, 64 bytes that pushed a 2 MiB buffer into a second
+// huge page (so only 4 MiB and up were aligned); since it moved, the 2 MiB activations of the small bench shape (the
+// layer input, norms, q and attention output: half of its kept bytes) get huge pages too.
 #define HUGE_PAGE ((size_t)2 << 20)
 
 static void *counted_alloc(size_t bytes, size_t *in_use, size_t *peak) {
-    if (bytes > SIZE_MAX - 2 * HUGE_PAGE) return NULL;  // the roundings below must not wrap
-    const size_t total = HDR + ((bytes + HDR - 1) / HDR) * HDR;
-    char *p;
-    if (bytes >= 2 * HUGE_PAGE) {
-        const size_t whole = (total + HUGE_PAGE - 1) / HUGE_PAGE * HUGE_PAGE;
-        p = aligned_alloc(HUGE_PAGE, whole);
-        if (p) madvise(p, whole, MADV_HUGEPAGE);  // best effort: refused, the pages stay 4 KiB
+    if (bytes > SIZE_MAX - 3 * HUGE_PAGE) return NULL;  // the roundings below must not wrap
+    const size_t payload = (bytes + HDR - 1) / HDR * HDR;
+    char *base, *q;
+    if (bytes >= HUGE_PAGE) {
+        // aligned_alloc wants a multiple of the alignment; the rounding is address space only
+        // (pages never touched cost nothing).
+        base = aligned_alloc(HUGE_PAGE, HUGE_PAGE + (payload + HUGE_PAGE - 1) / HUGE_PAGE * HUGE_PAGE);
+        if (!base) return NULL;
+        q = base + HUGE_PAGE;
+        // A tail short of 2 MiB gets a huge page too when that holds at most 1/8 more than asked
+        // (a 5.5 MiB buffer: 6 MiB), else stays on 4 KiB pages (a 2.1 MiB one: 2 MiB + 4 KiB pages).
+        const size_t up = (bytes + HUGE_PAGE - 1) / HUGE_PAGE * HUGE_PAGE;
+        madvise(q, up - bytes <= bytes / 8 ? up : bytes / HUGE_PAGE * HUGE_PAGE, MADV_HUGEPAGE);  // best effort
     } else {
-        p = aligned_alloc(HDR, total);
+        base = aligned_alloc(HDR, HDR + payload);
+        if (!base) return NULL;
+        q = base + HDR;
     }
-    if (!p) return NULL;
-    *(size_t *)p = bytes;
+    *(Header *)(q - HDR) = (Header){bytes, base};
     *in_use += bytes;
     if (*in_use > *peak) *peak = *in_use;
-    return p + HDR;
+    return q;
 }
 
 static size_t counted_free(void *q, size_t *in_use) {
     if (!q) return 0;
-    char *p = (char *)q - HDR;
-    size_t bytes = *(size_t *)p;
-    *in_use -= bytes;
-    free(p);
-    return bytes;
+    const Header h = *(const Header *)((char *)q - HDR);
+    *in_use -= h.bytes;
+    free(h.base);
+    return h.bytes;
 }
 
 static void *cpu_dev_alloc(Backend *bk, size_t bytes, const char *what) {
