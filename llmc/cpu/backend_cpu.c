@@ -23,15 +23,16 @@ struct Event { int recorded; };
 typedef struct { size_t bytes; char *base; } Header;
 _Static_assert(sizeof(Header) <= HDR, "the header fits its slot");
 
-// Buffers of 2 MiB and more start on a 2 MiB boundary, their header at the end of the 4 KiB page
-// before it, and ask for transparent huge pages (hosts that give them on madvise only, as this
-// project's do, else give 4 KiB pages; the tail rule is below): fewer TLB misses while OpenBLAS packs
-// operands out of the activations. Measured at the large bench shape, 2 threads, alternated 3
-// times, with the threshold at 4 MiB: the step's GEMM time 1.1% less, the gate/up forward
-// products (whose outputs are the largest buffers) 15.6-15.9 ms a call against 16.4-17.9. The
-// header used to sit at the payload's start, 64 bytes that pushed a 2 MiB buffer into a second
-// huge page (so only 4 MiB and up were aligned); since it moved, the 2 MiB activations of the small bench shape (the
-// layer input, norms, q and attention output: half of its kept bytes) get huge pages too.
+// Buffers of 2 MiB and more start on a 2 MiB boundary, their header at the end of the 4 KiB
+// page before it, and ask for transparent huge pages (hosts that give them on madvise only, as
+// this project's do, else give 4 KiB pages; the tail rule is below): fewer TLB misses while
+// OpenBLAS packs operands out of the activations. Measured at the large bench shape, 2 threads,
+// alternated 3 times, with the threshold at 4 MiB: the step's GEMM time 1.1% less, the gate/up
+// forward products (whose outputs are the largest buffers) 15.6-15.9 ms a call against
+// 16.4-17.9. The header used to sit at the payload's start, 64 bytes that pushed a buffer of
+// whole huge pages into one more (so only 4 MiB and up were aligned, and an 8 MiB one held 10);
+// since it moved, the small bench shape's 2 MiB activations (layer input, norms, q, attention
+// output) get huge pages too.
 #define HUGE_PAGE ((size_t)2 << 20)
 
 static void *counted_alloc(size_t bytes, size_t *in_use, size_t *peak) {
