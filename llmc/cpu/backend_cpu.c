@@ -40,14 +40,15 @@ static void *counted_alloc(size_t bytes, size_t *in_use, size_t *peak) {
     const size_t payload = (bytes + HDR - 1) / HDR * HDR;
     char *base, *q;
     if (bytes >= HUGE_PAGE) {
-        // aligned_alloc wants a multiple of the alignment; the rounding is address space only
-        // (pages never touched cost nothing).
-        base = aligned_alloc(HUGE_PAGE, HUGE_PAGE + (payload + HUGE_PAGE - 1) / HUGE_PAGE * HUGE_PAGE);
+        // The payload in whole huge pages (its 64-byte rounding never crosses one). aligned_alloc
+        // wants a multiple of the alignment; the rounding is address space only (pages never
+        // touched cost nothing).
+        const size_t up = (bytes + HUGE_PAGE - 1) / HUGE_PAGE * HUGE_PAGE;
+        base = aligned_alloc(HUGE_PAGE, HUGE_PAGE + up);
         if (!base) return NULL;
         q = base + HUGE_PAGE;
         // A tail short of 2 MiB gets a huge page too when that holds at most 1/8 more than asked
         // (a 5.5 MiB buffer: 6 MiB), else stays on 4 KiB pages (a 2.1 MiB one: 2 MiB + 4 KiB pages).
-        const size_t up = (bytes + HUGE_PAGE - 1) / HUGE_PAGE * HUGE_PAGE;
         madvise(q, up - bytes <= bytes / 8 ? up : bytes / HUGE_PAGE * HUGE_PAGE, MADV_HUGEPAGE);  // best effort
     } else {
         base = aligned_alloc(HDR, HDR + payload);
