@@ -20,6 +20,7 @@ side and an 8B NF4 base on ours) and train_gpt vs llm.c's published GPT-2 124M f
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -167,6 +168,9 @@ def run_ours(binary, shape, T, steps, lora, tmp, device="cuda"):
         mp = os.path.join(out, "metrics.jsonl")
         ms = [json.loads(l) for l in open(mp)] if os.path.exists(mp) else []
         steps_ = [m for m in ms if "loss" in m and "ms" in m]
+        # The run's final model and checkpoint (a 1B full run writes ~20 GB of weights, master
+        # and moments) go at once: the GPU machine's disk is 64 GiB.
+        shutil.rmtree(out, ignore_errors=True)
         if p.returncode == 0 and steps_:
             return {"times": [m["ms"] / 1e3 for m in steps_], "peak": max(m.get("device_peak_bytes", 0) for m in steps_),
                     "smi_peak_mib": box[0], "ckpt": ckpt == "true"}
@@ -203,6 +207,13 @@ def main():
     shape, T = SHAPES[a.shape], a.seq
     rows = []
     tmp = tempfile.mkdtemp(prefix="llmc_bench_")
+    try:
+        return bench(a, shape, T, rows, tmp)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def bench(a, shape, T, rows, tmp):
     t0 = time.time()
     try:
         import torch  # noqa: F401
