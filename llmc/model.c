@@ -854,16 +854,19 @@ void model_get_param_merged(const Model *m, int i, float *dst) {
 }
 
 // Matrices are drawn in chunks of INIT_CHUNK elements, each chunk from its own stream (seeded by
-// the run's seed, the tensor's index and the chunk's), so the values do not depend on how many
-// threads draw them, and the chunks are drawn in parallel: one stream for the whole model spent
-// ~30 s of a 1.1B model's start in Box-Muller's log and cos (and would spend minutes of an 8B's).
+// the run's seed, the tensor's name and the chunk's index), so the values depend neither on how
+// many threads draw them nor on what else the table holds (a LoRA run's base is the full run's),
+// and the chunks are drawn in parallel: one stream for the whole model spent ~30 s of a 1.1B
+// model's start in Box-Muller's log and cos (and would spend minutes of an 8B's).
 #define INIT_CHUNK ((size_t)1 << 16)
 
-static void init_normal(float *w, size_t n, size_t live, float std, uint64_t seed, int tensor) {
+static void init_normal(float *w, size_t n, size_t live, float std, uint64_t seed, const char *name) {
+    uint64_t h = 14695981039346656037ULL;  // FNV-1a of the name
+    for (const char *s = name; *s; s++) h = (h ^ (unsigned char)*s) * 1099511628211ULL;
 #pragma omp parallel for schedule(static)
     for (size_t c = 0; c < (n + INIT_CHUNK - 1) / INIT_CHUNK; c++) {
         Rng rng;
-        rng_seed(&rng, seed ^ (((uint64_t)tensor << 40) + c) * 0x9E3779B97F4A7C15ULL);
+        rng_seed(&rng, seed ^ h ^ (c + 1) * 0x9E3779B97F4A7C15ULL);
         for (size_t j = c * INIT_CHUNK; j < n && j < (c + 1) * INIT_CHUNK; j++)
             w[j] = j < live ? std * rng_normal(&rng) : 0.0f;
     }
@@ -885,7 +888,7 @@ void model_init_random(Model *m, uint64_t seed) {
         if (is_norm || is_bias)
             for (size_t j = 0; j < p->numel; j++) w[j] = is_norm ? 1.0f : 0.0f;
         else
-            init_normal(w, p->numel, live, std, seed, i);
+            init_normal(w, p->numel, live, std, seed, p->name);
         model_set_param(m, i, w);
         free(w);
     }

@@ -2,7 +2,8 @@
 """End to end on the default corpus: data script -> train -> loss falls, eval and sample run,
 metrics.jsonl has every field, the final model and checkpoint exist. Random initialisation:
 the same weights on 1, 2 and 3 threads (matrices are drawn in 65536-element chunks, each from
-its own stream), N(0, 0.02) with every chunk its own draw, norms at 1.
+its own stream), a LoRA run's base the same as the full run's, N(0, 0.02) with every chunk its
+own draw, norms at 1.
   /usr/bin/python3 test/test_train_smoke.py --bin build/train_llama
 """
 import argparse
@@ -63,6 +64,18 @@ def check_random_init(binary, tmp):
         with open(os.path.join(out, "model.safetensors"), "rb") as f:
             weights.append(f.read())
     check("random init: the same weights on 1, 2 and 3 threads", weights[0] == weights[1] == weights[2])
+    # A LoRA run's base is the full run's (its B starts at zero, so the first loss is the same)
+    out = os.path.join(tmp, "init_lora")
+    p = subprocess.run([os.path.abspath(binary), "-c", cfg, "--set", "num_threads=1", "--set", "adapter=lora",
+                        "--set", "lora_r=4", "--set", "lora_target_linear=true", "--set", "output_dir=" + out],
+                       capture_output=True, text=True, timeout=300)
+    first = []
+    for d in ("init_1", "init_lora"):
+        mp = os.path.join(tmp, d, "metrics.jsonl")
+        recs = [json.loads(l) for l in open(mp)] if os.path.exists(mp) else []
+        first.append([r["loss"] for r in recs if "loss" in r][:1])
+    check("random init: a LoRA run's base is the full run's (first loss %s, %s)" % tuple(first),
+          p.returncode == 0 and first[0] and first[0] == first[1], p.stderr[-300:])
     w = read_f32(os.path.join(tmp, "init_1", "model.safetensors"))
     g = w.get("model.layers.0.mlp.gate_proj.weight")
     if g is None or len(g) != 688 * 256:
