@@ -2,7 +2,7 @@
 """Non-finite steps never reach the weights (issue 11, item 7).
 
 A real model makes some steps non-finite: token 200's embedding row is FLT_MAX and the
-attention output projection is scaled by 1e33, so wherever token 200 appears the residual
+attention output projection is scaled by 1e35, so wherever token 200 appears the residual
 stream overflows to infinity and the loss is NaN; every other batch trains normally. Checks:
   * a run with one bad batch skips that step (warning on stderr, weights unchanged, metrics
     line with "loss": null and "skipped": true), finishes with exit 0 and finite weights;
@@ -93,7 +93,7 @@ def make_bad_model(binary, root):
         a[BAD] = np.finfo(np.float32).max
         return a
     edit("model.embed_tokens.weight", poison_row)
-    edit("model.layers.0.self_attn.o_proj.weight", lambda a: a * 1e33)
+    edit("model.layers.0.self_attn.o_proj.weight", lambda a: a * 1e35)
     st_write(os.path.join(mdir, "model.safetensors"), h, data)
     return mdir
 
