@@ -587,12 +587,6 @@ static void id_num(RunIdentity *id, const char *key, double x) {
     id_add(id, key, "%s", buf);
 }
 
-static uint64_t fnv(uint64_t h, const void *p, size_t n) {
-    const unsigned char *b = p;
-    for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 0x100000001b3ULL;
-    return h;
-}
-
 // Hashes the file's name, size, its first `head` bytes (all of it if head is 0) and 16 blocks
 // of 4 KiB spread over the rest: two models of one shape differ there, and it reads 64 KiB.
 static uint64_t hash_file(uint64_t h, const char *path, const char *name, size_t head) {
@@ -600,22 +594,22 @@ static uint64_t hash_file(uint64_t h, const char *path, const char *name, size_t
     FILE *f = fopen(path, "rb");
     if (!f || fstat(fileno(f), &st) != 0) {
         if (f) fclose(f);
-        return fnv(h, "?", 1);
+        return fnv1a(h, "?", 1);
     }
     uint64_t size = (uint64_t)st.st_size;
-    h = fnv(h, name, strlen(name) + 1);
-    h = fnv(h, &size, sizeof size);
+    h = fnv1a(h, name, strlen(name) + 1);
+    h = fnv1a(h, &size, sizeof size);
     size_t n = head && head < size ? head : (size_t)size;
     if (n > (64u << 20)) n = 64u << 20;
     enum { BLOCKS = 16, BLOCK = 4096 };
     char *buf = xmalloc(n > BLOCK ? n : BLOCK);
     n = fread(buf, 1, n, f);
-    h = fnv(h, buf, n);
+    h = fnv1a(h, buf, n);
     const uint64_t rest = size > n ? size - n : 0;
     for (int b = 0; rest && b < BLOCKS; b++) {
         uint64_t at = n + rest / BLOCKS * (uint64_t)b;
         size_t got = fseeko(f, (off_t)at, SEEK_SET) == 0 ? fread(buf, 1, BLOCK, f) : 0;
-        h = fnv(h, buf, got);
+        h = fnv1a(h, buf, got);
     }
     free(buf);
     fclose(f);
@@ -682,7 +676,7 @@ void run_identity(RunIdentity *id, const Config *cfg, const Model *m) {
             uint64_t h = 1469598103934665603ULL;  // FNV-1a of the masks, when they do not fit
             for (int l = 0; l < c->num_hidden_layers; l++) {
                 if (2 * l + 3 <= (int)sizeof lt) snprintf(lt + 2 * l, 3, "%02x", lc->layer_targets[l]);
-                h = (h ^ lc->layer_targets[l]) * 1099511628211ULL;
+                h = fnv1a(h, &lc->layer_targets[l], 1);
             }
             if (2 * c->num_hidden_layers + 1 > (int)sizeof lt) snprintf(lt, sizeof lt, "fnv1a:%016" PRIx64, h);
             id_add(id, "lora_layer_targets", "%s", lt);

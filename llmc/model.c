@@ -861,8 +861,7 @@ void model_get_param_merged(const Model *m, int i, float *dst) {
 #define INIT_CHUNK ((size_t)1 << 16)
 
 static void init_normal(float *w, size_t n, size_t live, float std, uint64_t seed, const char *name) {
-    uint64_t h = 14695981039346656037ULL;  // FNV-1a of the name
-    for (const char *s = name; *s; s++) h = (h ^ (unsigned char)*s) * 1099511628211ULL;
+    const uint64_t h = fnv1a(14695981039346656037ULL, name, strlen(name));
 #pragma omp parallel for schedule(static)
     for (size_t c = 0; c < (n + INIT_CHUNK - 1) / INIT_CHUNK; c++) {
         Rng rng;

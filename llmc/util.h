@@ -30,6 +30,9 @@ long long first_nonfinite(const float *x, size_t n);
 long long parse_size(const char *s);
 void format_bytes(char *out, size_t cap, double bytes);
 
+// FNV-1a over n bytes, continuing from h (14695981039346656037 starts a hash).
+uint64_t fnv1a(uint64_t h, const void *p, size_t n);
+
 // xoshiro256** seeded by splitmix64: small, fast, and its whole state fits in a checkpoint.
 typedef struct { uint64_t s[4]; } Rng;
 void rng_seed(Rng *r, uint64_t seed);
