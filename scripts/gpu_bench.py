@@ -205,15 +205,15 @@ def main():
     ap.add_argument("--device", default="cuda", help="both sides' device (cpu: to test this script without a GPU)")
     a = ap.parse_args()
     shape, T = SHAPES[a.shape], a.seq
-    rows = []
     tmp = tempfile.mkdtemp(prefix="llmc_bench_")
     try:
-        return bench(a, shape, T, rows, tmp)
+        return bench(a, shape, T, tmp)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def bench(a, shape, T, rows, tmp):
+def bench(a, shape, T, tmp):
+    rows = []
     t0 = time.time()
     try:
         import torch  # noqa: F401
