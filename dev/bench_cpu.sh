@@ -34,7 +34,12 @@ BUILD=${BUILD:-build}
 [ "${NO_MAKE:-0}" = 1 ] || make -s >/dev/null
 make -s BUILD="$BUILD" "$BUILD/sgemm_roofline" >/dev/null
 [ -x "$BIN" ] || { echo "error: $BIN not built" >&2; exit 1; }
-echo "cpu: $(lscpu | sed -n 's/^Model name: *//p' | head -1), $(nproc) cores; $(date -u +%Y-%m-%d)"
+# A VM's model name can be a bare "AMD EPYC": the family and model tell Zen 3 (25/1) from Zen 4
+# (25/17), and the widest vector set decides which of our kernels and OpenBLAS's run.
+isa=$(grep -qw avx512bw /proc/cpuinfo && echo "AVX-512" || { grep -qw avx2 /proc/cpuinfo && echo "AVX2, no AVX-512" || echo "no AVX2"; })
+fam=$(sed -n 's/^cpu family[[:space:]]*: *//p' /proc/cpuinfo | head -1)
+mod=$(sed -n 's/^model[[:space:]]*: *//p' /proc/cpuinfo | head -1)
+echo "cpu: $(lscpu | sed -n 's/^Model name: *//p' | head -1) (family $fam model $mod; $isa), $(nproc) cores; $(date -u +%Y-%m-%d)"
 
 
 DIR=$(mktemp -d -t bench_cpu.XXXXXX)
