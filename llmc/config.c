@@ -211,7 +211,7 @@ static const Rule RULES[] = {
     {"hub_revision", R_NOTE, NULL, NOTE_HUB}, {"push_*", R_NOTE, NULL, NOTE_HUB},
     {"hf_use_auth_token", R_NOTE, NULL, "nothing is downloaded (hub ids resolve in the local cache)"},
     {"include_tokens_per_second", R_NOTE, NULL, "tokens/s is always in the step line and metrics.jsonl"},
-    {"profiler_steps", R_NOTE, NULL, "the PyTorch profiler does not exist here; metrics.jsonl has per-step time and memory peaks"},
+    {"profiler_steps", R_NOTE, NULL, "the PyTorch profiler does not exist here; train_llama --profile prints each op's time in a step, metrics.jsonl has per-step time and memory peaks"},
     {"eval_table_size", R_NOTE, NULL, NOTE_WANDB_EVAL}, {"eval_max_new_tokens", R_NOTE, NULL, NOTE_WANDB_EVAL},
     {"do_causal_lm_eval", R_NOTE, NULL, NOTE_WANDB_EVAL}, {"eval_causal_lm_metrics", R_NOTE, NULL, NOTE_WANDB_EVAL},
     {"debug", R_NOTE, NULL, "there is no debug mode"}, {"strict", R_NOTE, NULL, "unknown keys are always errors here"},
@@ -1008,8 +1008,9 @@ void config_finish(Config *cfg) {
 
 void config_print_help(FILE *f) {
     fprintf(f,
-            "usage: train_llama -c CONFIG.yaml [--set key=value]... [--plan | --preprocess]\n"
+            "usage: train_llama -c CONFIG.yaml [--set key=value]... [--plan | --preprocess] [--profile]\n"
             "  --plan  print the memory plan of every mode and exit without training\n"
+            "  --profile  time every op of each step; print where a step's time goes at the end\n"
             "  --preprocess  prepare the config's datasets: (scripts/prepare_data.py, cached) and exit\n"
             "       train_llama --quantize IN_DIR OUT_DIR\n"
             "  write IN_DIR's model with NF4 decoder weights in bitsandbytes' layout\n"
@@ -1037,6 +1038,8 @@ void config_from_args(Config *cfg, int argc, char **argv, int arch) {
             path = argv[i];
         } else if (!strcmp(argv[i], "--plan")) {
             cfg->plan_only = 1;
+        } else if (!strcmp(argv[i], "--profile")) {
+            cfg->profile = 1;
         } else if (!strcmp(argv[i], "--preprocess")) {
             cfg->preprocess_only = 1;
         } else if (!strcmp(argv[i], "--set")) {
@@ -1045,6 +1048,8 @@ void config_from_args(Config *cfg, int argc, char **argv, int arch) {
             fail("unknown argument '%s' (see --help)", argv[i]);
         }
     }
+    if (cfg->profile && (cfg->plan_only || cfg->preprocess_only))
+        fail("--profile times training steps; --plan and --preprocess run none");
     // train_gpt builds its llm.c flags into --set settings and may have no file.
     if (!path && arch != ARCH_GPT2) fail("no config: use -c CONFIG.yaml (see --help)");
     if (path) config_load_yaml(cfg, path);

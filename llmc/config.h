@@ -47,6 +47,7 @@ typedef struct {
     long long min_offload_size, device_memory_limit;
     long long host_memory_limit;  // planning's host budget; 0: this machine's RAM
     int plan_only;  // --plan
+    int profile;    // --profile: per-op times of the steps (opprof.h)
     // adapters
     char adapter[16], lora_target_modules[4096], lora_model_dir[1024];
     char peft_layers_to_transform[1024], peft_layers_pattern[256];  // comma-joined lists

@@ -31,6 +31,7 @@
 #include "gpt2_cli.h"
 #include "hf.h"
 #include "metrics.h"
+#include "opprof.h"
 #include "train.h"
 #include "seqpar.h"
 #include "util.h"
@@ -370,6 +371,7 @@ int train_main(int argc, char **argv, int arch) {
     }
     if (cfg.hellaswag_data[0] && arch != ARCH_GPT2) fail("hellaswag_data: train_gpt only (GPT-2's vocabulary)");
     Backend *bk = make_backend(&cfg, &comm);
+    if (bk && cfg.profile) opprof_install(bk);
     const int B = cfg.micro_batch_size, T = cfg.sequence_len, accum = cfg.gradient_accumulation_steps;
 
     // ---- model
@@ -579,6 +581,7 @@ int train_main(int argc, char **argv, int arch) {
     const double loop_t0 = now_ms();
     for (int step = ls.step; step < cfg.max_steps && !stopped && !early_stop; step++) {
         double t0 = now_ms();
+        if (cfg.profile) opprof_step_begin();
         bk->mem.peak = bk->mem.in_use;  // peaks are per step
         bk->mem.host_peak = bk->mem.host_in_use;
         bk->mem.disk_peak = bk->mem.disk_in_use;
@@ -633,6 +636,7 @@ int train_main(int argc, char **argv, int arch) {
         }
         bk->sync(bk);
         double ms = now_ms() - t0;
+        if (cfg.profile) opprof_step_end(ms);
         double tps = (double)GBT * ran / (ms / 1000.0);  // tokens computed (skipped empty micro-batches not counted)
         ls.step = step + 1;
         ls.data_epoch = prepared ? rtrain.epoch : train.epoch;
@@ -731,6 +735,7 @@ int train_main(int argc, char **argv, int arch) {
         model_gather_done(&model);
         printf("final %s: %s\n", lora.r ? "adapter" : "model", cfg.output_dir);
     }
+    if (cfg.profile && rank == 0) opprof_report(stdout);
     fflush(stdout);
     metrics_close(&metrics);
     hellaswag_close(&hsw);

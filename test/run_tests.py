@@ -41,6 +41,7 @@ def tests(build):
         ("qlora", [PY, "test/test_qlora.py", "--bin", bin_]),
         ("nonfinite", [PY, "test/test_nonfinite.py", "--bin", bin_]),
         ("metrics", [PY, "test/test_metrics.py", "--bin", bin_]),
+        ("profile", [PY, "test/test_profile.py", "--bin", bin_]),
         ("export", [PY, "test/test_export.py", "--bin", bin_]),
         ("peft_config", [PY, "test/test_peft_config.py", "--bin", bin_]),
         ("peft_layers", [PY, "test/test_peft_layers.py", "--bin", bin_]),
