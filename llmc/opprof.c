@@ -218,6 +218,8 @@ void opprof_report(FILE *f) {
         if (gf[op] > 0) snprintf(g, sizeof g, "%.1f", gf[op]);
         fprintf(f, "| %s | %g | %.2f | %.1f%% | %s |\n", op_name[op], ncalls[op], ms[op], step > 0 ? 100 * ms[op] / step : 0, g);
     }
-    fprintf(f, "| (the rest: host work between ops; step median less the ops' medians) | | %.2f | %.1f%% | |\n", step - sum,
+    // Medians do not add: near zero (either side) means the ops are the whole step.
+    fprintf(f, "| (the rest: the step's median less the ops' medians: host work between the ops) | | %.2f | %.1f%% | |\n",
+            step - sum,
             step > 0 ? 100 * (step - sum) / step : 0);
 }

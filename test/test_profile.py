@@ -88,7 +88,8 @@ def main():
             check("%s is timed" % op, op in rows and rows[op][0] > 0, "rows %s" % sorted(rows))
         step = float(re.search(r"step median ([0-9.]+) ms", head).group(1)) if head else 0
         total = sum(ms for _, ms in rows.values())
-        check("the ops' medians add up to no more than the step's (+2%)", 0 < total <= step * 1.02 + 0.05,
+        check("the ops' medians add up to no more than the step's (+5%: medians need not add)",
+              0 < total <= step * 1.05 + 0.05,
               "ops %.3f ms, step %.3f ms" % (total, step))
         rest = re.search(r"\| \(the rest[^|]*\| \| (-?[0-9.]+) \|", runs["prof"][1])
         check("the rest of the step is shown", rest is not None)
