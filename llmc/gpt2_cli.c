@@ -233,7 +233,7 @@ void gpt2_cli_translate(int argc, char **argv, int *out_argc, char ***out_argv) 
             gpt2_cli_help(stdout);
             exit(0);
         }
-        if (!strcmp(a, "--plan") || !strcmp(a, "--preprocess")) continue;
+        if (!strcmp(a, "--plan") || !strcmp(a, "--preprocess") || !strcmp(a, "--profile")) continue;
         if (a[0] != '-' || (strlen(a) != 2 && strlen(a) != 3 && strncmp(a, "--", 2)))
             fail("unexpected argument '%s': flags are -x VALUE (llm.c's) or -c FILE.yaml, --set key=value, --plan "
                  "(see --help)", a);
@@ -264,7 +264,7 @@ void gpt2_cli_translate(int argc, char **argv, int *out_argc, char ***out_argv) 
     const char *model = yaml ? NULL : "gpt2_124M_bf16.bin";  // llm.c's default -e
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
-        if (!strcmp(a, "--plan") || !strcmp(a, "--preprocess")) {
+        if (!strcmp(a, "--plan") || !strcmp(a, "--preprocess") || !strcmp(a, "--profile")) {
             push(a);
             continue;
         }
@@ -314,7 +314,7 @@ void gpt2_cli_help(FILE *f) {
         {"-pn/-pr/-pg/-pm", "-", "multi-process: 1 / 0 / any / mpi only; use mpirun"},
     };
     fprintf(f,
-            "usage: train_gpt [llm.c flags] [-c FILE.yaml] [--set key=value]... [--plan]\n"
+            "usage: train_gpt [llm.c flags] [-c FILE.yaml] [--set key=value]... [--plan] [--profile]\n"
             "Trains GPT-2 with llm.c's train_gpt2cu flags and defaults. Without a YAML file every key starts\n"
             "at llm.c's default (AdamW betas 0.9/0.95, clipping at norm 1, llm.c warmup); with -c FILE.yaml\n"
             "the file and this program's key defaults apply, and each flag or --set overrides its key in\n"
@@ -323,6 +323,7 @@ void gpt2_cli_help(FILE *f) {
     for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) fprintf(f, "  %-18s %-24s %s\n", rows[i][0], rows[i][1], rows[i][2]);
     fprintf(f, "  %-18s %-24s %s\n", "--set key=value", "any key", "any YAML key (train_llama --help lists them)");
     fprintf(f, "  %-18s %-24s %s\n", "--plan", "-", "print the memory plan and exit");
+    fprintf(f, "  %-18s %-24s %s\n", "--profile", "-", "time every op of each step; print where a step's time goes");
 }
 
 // ---- config box, MFU

@@ -28,6 +28,7 @@ import argparse
 import json
 import math
 import os
+import re
 import shutil
 import struct
 import subprocess
@@ -185,6 +186,11 @@ def check_flags(work):
         errs.append("no val loss at step 0: %s" % p.stdout[-400:])
     if "| grad accum steps      | 2 " not in p.stdout:
         errs.append("-d 64 with B 2 x T 16 did not give 2 accumulation steps")
+    # --profile passes through to the trainer: GPT-2's ops in the table
+    p = run("-e model.bin -i train.bin -j val.bin -o out_prof -b 2 -t 16 -x 4 -v 0 -s 0 --profile".split(), work)
+    for op in ("layernorm_fwd", "gelu_bwd", "attention_fwd", "pos_fwd", "adamw"):
+        if not re.search(r"^\| %s \| [0-9]" % op, p.stdout, re.M):
+            errs.append("--profile: no %s row in %r" % (op, p.stdout[-600:]))
     report("flags", errs)
 
 
