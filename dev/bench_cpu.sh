@@ -15,6 +15,7 @@
 #   BIN=build/train_llama NO_MAKE=1 dev/bench_cpu.sh
 #   ROUNDS=3 dev/bench_cpu.sh          # each side 3 times, interleaved; the table takes the fastest
 #   PROBES=1 dev/bench_cpu.sh          # one timing pass per OpenBLAS core type (default 3)
+#   PROFILE=0 dev/bench_cpu.sh         # no profiled run of ours (train_llama --profile) at the end
 #
 # Each thread count runs pinned (taskset) to cores 0..N-1: ours, torch, then the roofline.
 set -euo pipefail
@@ -115,5 +116,17 @@ for n in $THREADS; do
     tail -1 "$DIR/roofline_$n$sfx.txt" > "$DIR/roofline_$n$sfx.json"
   done
 done
+
+# PROFILE=1 (default): one more run of ours per thread count with --profile, after the rounds:
+# the table then splits our step against the roofline's parts (products, attention, classifier)
+# and names what the roofline does not count. PROFILE=0 skips it.
+if [ "${PROFILE:-1}" != 0 ]; then
+  for n in $THREADS; do
+    echo "== threads $n: train_llama --profile"
+    pin "$n" "$BIN" -c "$DIR/cfg.yaml" --set "num_threads=$n" --set "output_dir=$DIR/prof_$n" --profile \
+        > "$DIR/profile_$n.log" 2>&1 || { tail -20 "$DIR/profile_$n.log"; exit 1; }
+    sed -n '/^op profile/,$p' "$DIR/profile_$n.log"
+  done
+fi
 
 "$PY" dev/bench_torch.py table --shape "$SHAPE" --dir "$DIR" --threads "$THREADS" --warmup "$WARMUP" --rounds "$ROUNDS"

@@ -20,6 +20,7 @@ import argparse
 import glob
 import json
 import os
+import re
 import sys
 import time
 
@@ -158,6 +159,60 @@ def ours_run(out_dir, warmup):
             "losses": [float(r["loss"]) for r in allrows]}
 
 
+def profile_ops(path):
+    """train_llama --profile's table: ({op: ms per step}, step median ms), or None."""
+    if not os.path.exists(path):
+        return None
+    ops, step = {}, None
+    for line in open(path):
+        m = re.search(r"step median ([0-9.]+) ms", line)
+        if m:
+            step = float(m.group(1))
+        m = re.match(r"\| (\w+) \| [0-9.e+]+ \| ([0-9.]+) \|", line)
+        if m:
+            ops[m.group(1)] = float(m.group(2))
+    return (ops, step) if ops and step else None
+
+
+def split_step(d, n):
+    """Our step (the profiled run's medians) part by part against the roofline's parts (its
+    fastest round): what the roofline counts, and what it does not."""
+    prof = profile_ops(os.path.join(d, f"profile_{n}.log"))
+    r = best_json(d, f"roofline_{n}.json")
+    if not prof or not r or "linear_ms" not in r:
+        return
+    ops, step = prof
+    parts = [("products (matmul, matmul_many)", ("matmul", "matmul_many", "matmul_dw"), r["linear_ms"]),
+             ("attention, forward and backward", ("attention_fwd", "attention_bwd"), r["attention_ms"]),
+             ("classifier and cross-entropy", ("classifier_ce",), r["classifier_ms"])]
+    named = {o for _, group, _ in parts for o in group}
+    rest = sorted((o for o in ops if o not in named), key=lambda o: -ops[o])
+    print(f"\nthreads {n}: where our step goes against the roofline's parts (ours: the medians of a "
+          f"--profile run after the rounds, steps {a_steps(d, n)}; the roofline: its fastest round):\n")
+    print("| part | ours ms/step | roofline ms/step | ours - roofline |")
+    print("|---|---:|---:|---:|")
+    total = 0
+    for name, group, roof in parts:
+        ms = sum(ops.get(o, 0) for o in group)
+        total += ms
+        print(f"| {name} | {ms:.1f} | {roof:.1f} | {ms - roof:+.1f} |")
+    other = sum(ops[o] for o in rest)
+    total += other
+    top = ", ".join(f"{o} {ops[o]:.1f}" for o in rest[:6])
+    print(f"| every other op ({top}) | {other:.1f} | 0 | {other:+.1f} |")
+    print(f"| between the ops (step median less the ops' medians) | {step - total:.1f} | 0 | {step - total:+.1f} |")
+    print(f"| step | {step:.1f} | {r['ms']:.1f} | {step - r['ms']:+.1f} (roofline / ours {100 * r['ms'] / step:.0f}%) |")
+
+
+def a_steps(d, n):
+    """'3-12' from the profile's header line, or '?'."""
+    for line in open(os.path.join(d, f"profile_{n}.log")):
+        m = re.search(r"median over steps ([0-9]+-[0-9]+)", line)
+        if m:
+            return m.group(1)
+    return "?"
+
+
 def cmd_table(a):
     print(f"\nmodel: {S['L']} layers, C {S['C']}, I {S['I']}, {S['Hq']} heads / {S['Hkv']} kv heads, "
           f"V {S['V']}; B {B}, T {T}; float32; mean of the steps after {a.warmup} warmup steps"
@@ -193,6 +248,8 @@ def cmd_table(a):
         ratio = f"{t_ / o_:.2f}x" if (o_ and t_) else "n/a"
         roof = f"{100 * r_ / o_:.0f}%" if (o_ and r_) else "n/a"
         print(f"| {n} | {fmt(o_)} | {fmt(t_)} | {fmt(r_)} | {ratio} | {roof} |")
+    for n in a.threads.split():
+        split_step(a.dir, n)
     if a.rounds > 1:  # each round ran the three sides back to back: its own ratios show the noise
         print("\nround by round (ours / torch / roofline ms/step: ours/torch, ours/roofline):")
         for n in a.threads.split():

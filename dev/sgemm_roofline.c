@@ -183,8 +183,8 @@ int main(int argc, char **argv) {
                e->tb, e->M, e->N, e->K, e->t[THREADED] * 1e3, gf / e->t[THREADED], e->t[SIDE] * 1e3);
     }
     printf("{\"ms\": %.3f, \"tokens_per_sec\": %.1f, \"gflops\": %.2f, \"core\": \"%s\", \"threaded_ms\": %.3f, "
-           "\"side_by_side_ms\": %.3f}\n",
+           "\"side_by_side_ms\": %.3f, \"linear_ms\": %.3f, \"attention_ms\": %.3f, \"classifier_ms\": %.3f}\n",
            r.total * 1e3, N / r.total, r.flops / r.total * 1e-9, openblas_get_corename(), thr.total * 1e3,
-           side.total * 1e3);
+           side.total * 1e3, r.lin * 1e3, r.att * 1e3, r.cls * 1e3);
     return 0;
 }
