@@ -15,7 +15,7 @@
 #   BIN=build/train_llama NO_MAKE=1 dev/bench_cpu.sh
 #   ROUNDS=3 dev/bench_cpu.sh          # each side 3 times, interleaved; the table takes the fastest
 #   PROBES=1 dev/bench_cpu.sh          # one timing pass per OpenBLAS core type (default 3)
-#   PROFILE=0 dev/bench_cpu.sh         # no profiled run of ours (train_llama --profile) at the end
+#   PROFILE=0 dev/bench_cpu.sh         # ours without --profile (no split of its step by parts)
 #
 # Each thread count runs pinned (taskset) to cores 0..N-1: ours, torch, then the roofline.
 set -euo pipefail
@@ -95,6 +95,8 @@ pin() {  # pin to cores 0..n-1 when taskset exists
     if command -v taskset >/dev/null 2>&1; then taskset -c "0-$((n - 1))" "$@"; else "$@"; fi
 }
 
+prof=$([ "${PROFILE:-1}" = 0 ] || echo --profile)
+
 # ROUNDS=n repeats the three sides n times, interleaved, and the table takes each side's fastest
 # round: on a shared (virtual) machine a neighbour's load comes and goes within a minute.
 for n in $THREADS; do
@@ -103,7 +105,8 @@ for n in $THREADS; do
     [ "$ROUNDS" -gt 1 ] && echo "== round $r of $ROUNDS"
     echo "== threads $n: train_llama"
     t0=$(date +%s.%N)
-    pin "$n" "$BIN" -c "$DIR/cfg.yaml" --set "num_threads=$n" --set "output_dir=$DIR/ours_$n$sfx" \
+    # --profile (PROFILE=0: without) times each op of the same steps; the numbers do not change
+    pin "$n" "$BIN" -c "$DIR/cfg.yaml" --set "num_threads=$n" --set "output_dir=$DIR/ours_$n$sfx" $prof \
         > "$DIR/ours_$n$sfx.log" 2>&1 || { tail -20 "$DIR/ours_$n$sfx.log"; exit 1; }
     echo "   $(echo "$(date +%s.%N) - $t0" | bc) s wall"
     echo "== threads $n: torch"
@@ -116,17 +119,5 @@ for n in $THREADS; do
     tail -1 "$DIR/roofline_$n$sfx.txt" > "$DIR/roofline_$n$sfx.json"
   done
 done
-
-# PROFILE=1 (default): one more run of ours per thread count with --profile, after the rounds:
-# the table then splits our step against the roofline's parts (products, attention, classifier)
-# and names what the roofline does not count. PROFILE=0 skips it.
-if [ "${PROFILE:-1}" != 0 ]; then
-  for n in $THREADS; do
-    echo "== threads $n: train_llama --profile"
-    pin "$n" "$BIN" -c "$DIR/cfg.yaml" --set "num_threads=$n" --set "output_dir=$DIR/prof_$n" --profile \
-        > "$DIR/profile_$n.log" 2>&1 || { tail -20 "$DIR/profile_$n.log"; exit 1; }
-    sed -n '/^op profile/,$p' "$DIR/profile_$n.log"
-  done
-fi
 
 "$PY" dev/bench_torch.py table --shape "$SHAPE" --dir "$DIR" --threads "$THREADS" --warmup "$WARMUP" --rounds "$ROUNDS"

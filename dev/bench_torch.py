@@ -174,21 +174,27 @@ def profile_ops(path):
     return (ops, step) if ops and step else None
 
 
-def split_step(d, n):
-    """Our step (the profiled run's medians) part by part against the roofline's parts (its
-    fastest round): what the roofline counts, and what it does not."""
-    prof = profile_ops(os.path.join(d, f"profile_{n}.log"))
-    r = best_json(d, f"roofline_{n}.json")
-    if not prof or not r or "linear_ms" not in r:
+def split_step(d, n, warmup):
+    """Our step part by part against the roofline's parts, in the round where ours was fastest:
+    its --profile medians (the same steps the tables time) and the roofline run right after it
+    (the same minute's load). What the roofline counts, and what it does not."""
+    best = None
+    for p in rounds(d, f"ours_{n}"):
+        o, prof = ours_run(p, warmup), profile_ops(p + ".log")
+        rp = os.path.join(d, os.path.basename(p).replace("ours_", "roofline_", 1) + ".json")
+        if o and prof and os.path.exists(rp) and (best is None or o["ms"] < best[0]["ms"]):
+            best = (o, prof, json.load(open(rp)), p)
+    if not best or "linear_ms" not in best[2]:
         return
-    ops, step = prof
+    _, (ops, step), r, p = best
     parts = [("products (matmul, matmul_many)", ("matmul", "matmul_many", "matmul_dw"), r["linear_ms"]),
              ("attention, forward and backward", ("attention_fwd", "attention_bwd"), r["attention_ms"]),
              ("classifier and cross-entropy", ("classifier_ce",), r["classifier_ms"])]
     named = {o for _, group, _ in parts for o in group}
     rest = sorted((o for o in ops if o not in named), key=lambda o: -ops[o])
-    print(f"\nthreads {n}: where our step goes against the roofline's parts (ours: the medians of a "
-          f"--profile run after the rounds, steps {a_steps(d, n)}; the roofline: its fastest round):\n")
+    print(f"\nthreads {n}: where our step goes against the roofline's parts, in the round where ours was "
+          f"fastest ({os.path.basename(p)}: its --profile medians over steps {a_steps(p + '.log')}, and the "
+          f"roofline run after it):\n")
     print("| part | ours ms/step | roofline ms/step | ours - roofline |")
     print("|---|---:|---:|---:|")
     total = 0
@@ -204,9 +210,9 @@ def split_step(d, n):
     print(f"| step | {step:.1f} | {r['ms']:.1f} | {step - r['ms']:+.1f} (roofline / ours {100 * r['ms'] / step:.0f}%) |")
 
 
-def a_steps(d, n):
-    """'3-12' from the profile's header line, or '?'."""
-    for line in open(os.path.join(d, f"profile_{n}.log")):
+def a_steps(path):
+    """'3-12' from a --profile table's header line, or '?'."""
+    for line in open(path):
         m = re.search(r"median over steps ([0-9]+-[0-9]+)", line)
         if m:
             return m.group(1)
@@ -249,7 +255,7 @@ def cmd_table(a):
         roof = f"{100 * r_ / o_:.0f}%" if (o_ and r_) else "n/a"
         print(f"| {n} | {fmt(o_)} | {fmt(t_)} | {fmt(r_)} | {ratio} | {roof} |")
     for n in a.threads.split():
-        split_step(a.dir, n)
+        split_step(a.dir, n, a.warmup)
     if a.rounds > 1:  # each round ran the three sides back to back: its own ratios show the noise
         print("\nround by round (ours / torch / roofline ms/step: ours/torch, ours/roofline):")
         for n in a.threads.split():
