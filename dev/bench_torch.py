@@ -160,18 +160,19 @@ def ours_run(out_dir, warmup):
 
 
 def profile_ops(path):
-    """train_llama --profile's table: ({op: ms per step}, step median ms), or None."""
+    """train_llama --profile's table: ({op: ms per step}, step median ms, its steps as '3-12'),
+    or None."""
     if not os.path.exists(path):
         return None
-    ops, step = {}, None
+    ops, step, steps = {}, None, "?"
     for line in open(path):
-        m = re.search(r"step median ([0-9.]+) ms", line)
+        m = re.search(r"median over steps ([0-9]+-[0-9]+).*step median ([0-9.]+) ms", line)
         if m:
-            step = float(m.group(1))
+            steps, step = m.group(1), float(m.group(2))
         m = re.match(r"\| (\w+) \| [0-9.e+]+ \| ([0-9.]+) \|", line)
         if m:
             ops[m.group(1)] = float(m.group(2))
-    return (ops, step) if ops and step else None
+    return (ops, step, steps) if ops and step else None
 
 
 def split_step(d, n, warmup):
@@ -186,14 +187,14 @@ def split_step(d, n, warmup):
             best = (o, prof, json.load(open(rp)), p)
     if not best or "linear_ms" not in best[2]:
         return
-    _, (ops, step), r, p = best
+    _, (ops, step, steps), r, p = best
     parts = [("products (matmul, matmul_many)", ("matmul", "matmul_many", "matmul_dw"), r["linear_ms"]),
              ("attention, forward and backward", ("attention_fwd", "attention_bwd"), r["attention_ms"]),
              ("classifier and cross-entropy", ("classifier_ce",), r["classifier_ms"])]
     named = {o for _, group, _ in parts for o in group}
     rest = sorted((o for o in ops if o not in named), key=lambda o: -ops[o])
     print(f"\nthreads {n}: where our step goes against the roofline's parts, in the round where ours was "
-          f"fastest ({os.path.basename(p)}: its --profile medians over steps {a_steps(p + '.log')}, and the "
+          f"fastest ({os.path.basename(p)}: its --profile medians over steps {steps}, and the "
           f"roofline run after it):\n")
     print("| part | ours ms/step | roofline ms/step | ours - roofline |")
     print("|---|---:|---:|---:|")
@@ -208,15 +209,6 @@ def split_step(d, n, warmup):
     print(f"| every other op ({top}) | {other:.1f} | 0 | {other:+.1f} |")
     print(f"| between the ops (step median less the ops' medians) | {step - total:.1f} | 0 | {step - total:+.1f} |")
     print(f"| step | {step:.1f} | {r['ms']:.1f} | {step - r['ms']:+.1f} (roofline / ours {100 * r['ms'] / step:.0f}%) |")
-
-
-def a_steps(path):
-    """'3-12' from a --profile table's header line, or '?'."""
-    for line in open(path):
-        m = re.search(r"median over steps ([0-9]+-[0-9]+)", line)
-        if m:
-            return m.group(1)
-    return "?"
 
 
 def cmd_table(a):
