@@ -216,6 +216,11 @@ static int is_number(const char *s) {
     return parse_float(s, &x);
 }
 
+// The trainer's own valueless flags, passed through as they are.
+static int trainer_flag(const char *a) {
+    return !strcmp(a, "--plan") || !strcmp(a, "--preprocess") || !strcmp(a, "--profile");
+}
+
 void gpt2_cli_translate(int argc, char **argv, int *out_argc, char ***out_argv) {
     out = NULL;
     push(argv[0]);
@@ -233,7 +238,7 @@ void gpt2_cli_translate(int argc, char **argv, int *out_argc, char ***out_argv) 
             gpt2_cli_help(stdout);
             exit(0);
         }
-        if (!strcmp(a, "--plan") || !strcmp(a, "--preprocess") || !strcmp(a, "--profile")) continue;
+        if (trainer_flag(a)) continue;
         if (a[0] != '-' || (strlen(a) != 2 && strlen(a) != 3 && strncmp(a, "--", 2)))
             fail("unexpected argument '%s': flags are -x VALUE (llm.c's) or -c FILE.yaml, --set key=value, --plan "
                  "(see --help)", a);
@@ -264,7 +269,7 @@ void gpt2_cli_translate(int argc, char **argv, int *out_argc, char ***out_argv) 
     const char *model = yaml ? NULL : "gpt2_124M_bf16.bin";  // llm.c's default -e
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
-        if (!strcmp(a, "--plan") || !strcmp(a, "--preprocess") || !strcmp(a, "--profile")) {
+        if (trainer_flag(a)) {
             push(a);
             continue;
         }
