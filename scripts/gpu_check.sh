@@ -21,7 +21,10 @@
 # ./gpu_report), and the full log DIR/gpu_check.log. Exit status 0 when nothing failed.
 #
 # Environment: LLMC_GPUDEPS (the gathered folder), LLMC_GPUDEPS_RUNTIME (where the runtime
-# libraries are unpacked; default /tmp/llmc-gpudeps), BUILD (default build-gpu), JOBS.
+# libraries are unpacked; default /tmp/llmc-gpudeps), BUILD (default build-gpu), JOBS,
+# LLMC_PART_TIMEOUT (seconds a part may run; default none), LLMC_CHECK_BUDGET (seconds the whole
+# script may run: parts are cut to fit and skipped when it is spent), LLMC_CHECK_RUN_TIMEOUT (seconds one
+# training run of train/modes/sanitizer/nccl may take; default 600).
 set -uo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
@@ -101,6 +104,12 @@ unpack_deps() {
   if ! { gcc -print-file-name=libgomp.so.1 2>/dev/null | grep -q /; } && ! ldconfig -p 2>/dev/null | grep -q 'libgomp.so.1 '; then
     ln -sf "$L/libgomp.so.1" "$LIB/libgomp.so.1"
   fi
+  deps_env
+}
+
+# The environment every part needs once the prefix is unpacked (a part run in a later
+# invocation of this script, after `build` in an earlier one, needs it too)
+deps_env() {
   # NCCL: the pip wheel (nvidia-nccl-cu*) when the toolkit has no nccl.h
   NCCL_INC="" NCCL_LIB=""
   local cuda_home; cuda_home=$(dirname "$(dirname "$(realpath "${NVCC:-/usr/local/cuda/bin/nvcc}")")")
@@ -114,13 +123,14 @@ unpack_deps() {
   fi
   export LD_LIBRARY_PATH="$LIB${NCCL_LIB:+:$NCCL_LIB}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 }
+[ -e "$LIB/libopenblas.so.0" ] && deps_env
 
 # make with every path from the prefix
 NOMPI="-DLLMC_NO_MPI"
 mk() {
   local extra_nv="${NCCL_INC:+-I$NCCL_INC}"
   local use_cuda=1; [ -n "$NVCC" ] || use_cuda=0
-  make -j"$JOBS" BUILD="$BUILD" USE_CUDA=$use_cuda ${NVCC:+NVCC=$NVCC} \
+  ${MK_PREFIX:-} make -j"$JOBS" BUILD="$BUILD" USE_CUDA=$use_cuda ${NVCC:+NVCC=$NVCC} \
     BLAS_INC="$INC/openblas" BLAS_LIB="$LIB" \
     MPI_CFLAGS= MPI_LIBS= \
     CFLAGS="-O3 -g -I$INC -I$INC/stb $NOMPI" \
@@ -128,6 +138,26 @@ mk() {
 }
 
 # ---- parts --------------------------------------------------------------------------------
+# LLMC_PART_TIMEOUT=S: each part's commands (not the build) are stopped after S seconds, with
+# everything they started (timeout kills its process group), and the part reports a failure
+# naming the limit: a hang costs one part, not a lease
+# LLMC_CHECK_BUDGET=S: the whole script's seconds (for a lease): a part's limit is cut to what is
+# left (less 20 s for the report), and parts that would start with under 30 s left are skipped
+PART_TIMEOUT=${LLMC_PART_TIMEOUT:-0}
+BUDGET=${LLMC_CHECK_BUDGET:-0}
+part_limit() {  # seconds the next command may run, 0 = no limit
+  local lim=$PART_TIMEOUT
+  if [ "$BUDGET" -gt 0 ] 2>/dev/null; then
+    local left=$((BUDGET - SECONDS - 20))
+    [ "$left" -lt 1 ] && left=1
+    { [ "$lim" -le 0 ] || [ "$left" -lt "$lim" ]; } && lim=$left
+  fi
+  echo "$lim"
+}
+limited() { local lim; lim=$(part_limit); PART_LIMIT_USED=$lim; if [ "$lim" -gt 0 ]; then timeout -k 10 "$lim" "$@"; else "$@"; fi; }
+# the same for mk, a shell function (timeout runs programs only)
+limited_mk() { local lim; lim=$(part_limit); PART_LIMIT_USED=$lim; if [ "$lim" -gt 0 ]; then MK_PREFIX="timeout -k 10 $lim" mk "$@"; else mk "$@"; fi; }
+timed_out() { [ "$1" = 124 ] || [ "$1" = 137 ]; }
 need_gpu() { if [ $GPU = 0 ]; then result "$1" skipped 0 "skipped: no GPU ($GPU_WHY)"; return 1; fi; }
 need_build() { [ -x "$BUILD/train_llama" ] || { result "$1" fail 0 "no $BUILD/train_llama: run the build part first"; return 1; }; }
 
@@ -198,7 +228,8 @@ part_emu() {
   local t0=$SECONDS
   [ -d "$LIB" ] || unpack_deps >> "$LOG" 2>&1
   if [ -z "$NVCC" ]; then result emu skipped 0 "skipped: no CUDA headers (nvcc not found)"; return; fi
-  mk EMU="$BUILD-emu" test-cuda-emu > "$RES/emu.log" 2>&1; local rc=$?
+  limited_mk EMU="$BUILD-emu" test-cuda-emu > "$RES/emu.log" 2>&1; local rc=$?
+  timed_out $rc && { cat "$RES/emu.log" >> "$LOG"; result emu fail $((SECONDS - t0)) "timed out after ${PART_LIMIT_USED:-?} s"; return; }
   cat "$RES/emu.log" >> "$LOG"
   local p f; p=$(grep -c '^PASS ' "$RES/emu.log"); f=$(grep -c '^FAIL ' "$RES/emu.log")
   [ $rc = 0 ] && [ "$f" = 0 ] && result emu pass $((SECONDS - t0)) "$p checks passed on the emulator" \
@@ -208,8 +239,9 @@ part_emu() {
 part_kernels() {
   need_gpu kernels || return; need_build kernels || return
   local t0=$SECONDS
-  mk test-cuda > "$RES/kernels.log" 2>&1; local rc=$?
+  limited_mk test-cuda > "$RES/kernels.log" 2>&1; local rc=$?
   cat "$RES/kernels.log" >> "$LOG"
+  timed_out $rc && echo "FAIL kernels: timed out after ${PART_LIMIT_USED:-?} s (LLMC_PART_TIMEOUT / LLMC_CHECK_BUDGET)" >> "$RES/kernels.log"
   grep -E '^(TIME|FAIL) ' "$RES/kernels.log" > "$RES/kernels.table" || true
   local p f; p=$(grep -c '^PASS ' "$RES/kernels.log"); f=$(grep -c '^FAIL ' "$RES/kernels.log")
   [ $rc = 0 ] && [ "$f" = 0 ] && [ "$p" -gt 0 ] && result kernels pass $((SECONDS - t0)) "$p checks passed" \
@@ -220,8 +252,11 @@ part_py() {  # part_py PART: scripts/gpu_train_check.py PART
   local part=$1
   need_gpu "$part" || return; need_build "$part" || return
   local t0=$SECONDS
-  PYTHONUNBUFFERED=1 "$PY" scripts/gpu_train_check.py "$part" --bin "$BUILD/train_llama" --json "$RES/$part.json" 2>&1 | tee -a "$LOG" | grep -E '^(PASS|FAIL|SKIP)' || true
-  if [ -f "$RES/$part.json" ]; then
+  PART_LIMIT_USED=$(part_limit)
+  PYTHONUNBUFFERED=1 limited "$PY" scripts/gpu_train_check.py "$part" --bin "$BUILD/train_llama" --json "$RES/$part.json" 2>&1 | tee -a "$LOG" | grep -E '^(PASS|FAIL|SKIP)' || true
+  if timed_out "${PIPESTATUS[0]}"; then
+    result "$part" fail $((SECONDS - t0)) "timed out after ${PART_LIMIT_USED:-?} s (LLMC_PART_TIMEOUT / LLMC_CHECK_BUDGET): see gpu_check.log"
+  elif [ -f "$RES/$part.json" ]; then
     local s; s=$("$PY" -c 'import json,sys; r=json.load(open(sys.argv[1])); print(r["status"], sum(c["ok"] for c in r["checks"]), sum(not c["ok"] for c in r["checks"]))' "$RES/$part.json")
     set -- $s
     result "$part" "$1" $((SECONDS - t0)) "$2 passed, $3 failed"
@@ -233,13 +268,18 @@ part_py() {  # part_py PART: scripts/gpu_train_check.py PART
 part_bench() {
   need_gpu bench || return; need_build bench || return
   local t0=$SECONDS
-  PYTHONUNBUFFERED=1 "$PY" scripts/gpu_bench.py --bin "$BUILD/train_llama" --json "$RES/bench.json" 2>&1 | tee -a "$LOG" | tail -8
+  PART_LIMIT_USED=$(part_limit)
+  PYTHONUNBUFFERED=1 limited "$PY" scripts/gpu_bench.py --bin "$BUILD/train_llama" --json "$RES/bench.json" 2>&1 | tee -a "$LOG" | tail -8
+  timed_out "${PIPESTATUS[0]}" && { result bench fail $((SECONDS - t0)) "timed out after ${PART_LIMIT_USED:-?} s (LLMC_PART_TIMEOUT / LLMC_CHECK_BUDGET)"; return; }
   [ -f "$RES/bench.json" ] && result bench "$("$PY" -c 'import json,sys; print(json.load(open(sys.argv[1]))["status"])' "$RES/bench.json")" $((SECONDS - t0)) "see the table" \
     || result bench fail $((SECONDS - t0)) "no result: see gpu_check.log"
 }
 
 for p in "${PARTS[@]}"; do
   log "== part $p ($(date -u +%H:%M:%S))"
+  if [ "$BUDGET" -gt 0 ] 2>/dev/null && [ $((BUDGET - SECONDS)) -lt 50 ]; then
+    result "$p" skipped 0 "skipped: $((BUDGET - SECONDS)) s left of LLMC_CHECK_BUDGET=$BUDGET"; continue
+  fi
   case $p in
     build) part_build ;;
     emu) part_emu ;;

@@ -111,7 +111,11 @@ def gpu_used_mib(pid):
     return -1
 
 
-def run(name, cfg, env=None, prefix=None, plan=False, timeout=600, sample=False, args=()):
+RUN_TIMEOUT = int(os.environ.get("LLMC_CHECK_RUN_TIMEOUT", "600"))
+
+
+def run(name, cfg, env=None, prefix=None, plan=False, timeout=None, sample=False, args=()):
+    timeout = timeout or RUN_TIMEOUT
     out = cfg["output_dir"]
     path = os.path.join(TMP, name + ".yaml")
     write_config(cfg, path)
