@@ -751,9 +751,12 @@ int train_main(int argc, char **argv, int arch) {
         loader_close(&train);
         if (have_val) loader_close(&val);
     }
-    model_free(&model);
-    bk->destroy(bk);  // model_free removed the disk tier's files
+    model_free(&model);  // removes the disk tier's files
     comm->barrier(comm);
+    // The comm before the backend: an NCCL comm queues its collectives on the backend's stream,
+    // which bk->destroy destroys (in the other order the barrier above ran on a destroyed
+    // stream: a segfault at exit on the first GPU run, LLMC_FORCE_NCCL=1, 2026-11-27)
     comm->destroy(comm);
+    bk->destroy(bk);
     return stopped ? 128 + stopped : 0;  // 130 for SIGINT, 143 for SIGTERM
 }

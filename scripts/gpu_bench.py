@@ -130,7 +130,7 @@ def run_torch(shape, T, steps, lora, dev="cuda"):
 
 # ---- ours ---------------------------------------------------------------------------------------
 
-def run_ours(binary, shape, T, steps, lora, tmp, device="cuda"):
+def run_ours(binary, shape, T, steps, lora, tmp, device="cuda", profile=False):
     data = os.path.join(tmp, "bench.bin")
     if not os.path.exists(data):
         import random
@@ -153,7 +153,7 @@ def run_ours(binary, shape, T, steps, lora, tmp, device="cuda"):
         path = out + ".yaml"
         with open(path, "w") as f:
             f.write("\n".join(cfg) + "\n")
-        p = subprocess.Popen([binary, "-c", path], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        p = subprocess.Popen([binary, "-c", path] + (["--profile"] if profile else []), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                              errors="replace")
         box, stop = [-1], []
         th = threading.Thread(target=smi_peak, args=(p.pid, box, stop), daemon=True)
@@ -171,6 +171,8 @@ def run_ours(binary, shape, T, steps, lora, tmp, device="cuda"):
         # The run's final model and checkpoint (a 1B full run writes ~20 GB of weights, master
         # and moments) go at once: the GPU machine's disk is 64 GiB.
         shutil.rmtree(out, ignore_errors=True)
+        if profile and p.returncode == 0:  # the per-op table (the trainer prints it last)
+            print("our --profile (%s, grad ckpt %s):\n%s" % ("LoRA" if lora else "full", ckpt, so[so.rfind("\n", 0, so.rfind("profile")) + 1:][-6000:]), flush=True)
         if p.returncode == 0 and steps_:
             return {"times": [m["ms"] / 1e3 for m in steps_], "peak": max(m.get("device_peak_bytes", 0) for m in steps_),
                     "smi_peak_mib": box[0], "ckpt": ckpt == "true"}
@@ -202,6 +204,7 @@ def main():
     ap.add_argument("--shape", default="1b", choices=sorted(SHAPES))
     ap.add_argument("--peak-tflops", type=float, default=989.0)
     ap.add_argument("--only", choices=["ours", "torch"], default=None)
+    ap.add_argument("--profile", action="store_true", help="run ours with --profile and print its per-op table")
     ap.add_argument("--device", default="cuda", help="both sides' device (cpu: to test this script without a GPU)")
     a = ap.parse_args()
     shape, T = SHAPES[a.shape], a.seq
@@ -222,7 +225,7 @@ def bench(a, shape, T, tmp):
         have_torch = False
     for lora in (False, True):
         if a.only != "torch":
-            rows.append(summarize("ours", run_ours(os.path.abspath(a.bin), shape, T, a.steps, lora, tmp, a.device), shape, T, lora, a.peak_tflops))
+            rows.append(summarize("ours", run_ours(os.path.abspath(a.bin), shape, T, a.steps, lora, tmp, a.device, a.profile), shape, T, lora, a.peak_tflops))
             print(json.dumps(rows[-1]), flush=True)
         if a.only != "ours":
             if have_torch:

@@ -56,19 +56,19 @@ log() { echo "$@" | tee -a "$LOG"; }
 result() { printf '%s\t%s\t%s\t%s\n' "$1" "$2" "$3" "$4" >> "$RES/results.tsv"; log "== $1: $2${4:+ ($4)}"; }
 
 # ---- the machine ---------------------------------------------------------------------------
-GPU=0 GPU_NAME="" CC="" GPU_WHY=""
+GPU=0 GPU_NAME="" CCAP="" GPU_WHY=""
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q '^GPU '; then
   GPU=1
   GPU_NAME=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
-  CC=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1 | tr -d ' ')
+  CCAP=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1 | tr -d ' ')
   NGPU=$(nvidia-smi -L | grep -c '^GPU ')
 else
   GPU_WHY=$(command -v nvidia-smi >/dev/null 2>&1 && echo "nvidia-smi lists no GPU" || echo "nvidia-smi absent")
   NGPU=0
 fi
 NVCC=$(command -v nvcc || { [ -x /usr/local/cuda/bin/nvcc ] && echo /usr/local/cuda/bin/nvcc; } || echo "")
-if [ -n "$CC" ]; then
-  ARCH=${CC/./}
+if [ -n "$CCAP" ]; then
+  ARCH=${CCAP/./}
   # sm_90a (Hopper's own instructions) as the -gencode form (HOPPER.md), PTX for the family
   case "$ARCH" in
     90) GENCODE="-gencode arch=compute_90a,code=sm_90a -gencode arch=compute_90,code=compute_90" ;;
@@ -164,7 +164,7 @@ need_build() { [ -x "$BUILD/train_llama" ] || { result "$1" fail 0 "no $BUILD/tr
 part_build() {
   local t0=$SECONDS
   unpack_deps >> "$LOG" 2>&1 || { result build fail $((SECONDS - t0)) "cannot unpack $DEPS"; return; }
-  log "build: nvcc ${NVCC:-none} ($([ -n "$NVCC" ] && "$NVCC" --version | tail -1)), gcc $(gcc -dumpfullversion 2>/dev/null), GPU ${GPU_NAME:-none} cc ${CC:-?}, gencode: $GENCODE"
+  log "build: nvcc ${NVCC:-none} ($([ -n "$NVCC" ] && "$NVCC" --version | tail -1)), gcc $(gcc -dumpfullversion 2>/dev/null), GPU ${GPU_NAME:-none} cc ${CCAP:-?}, gencode: $GENCODE"
   local targets="$BUILD/train_llama $BUILD/train_gpt"
   [ -n "$NVCC" ] && targets="$targets cuda-dev"
   if ! mk $targets >> "$LOG" 2>&1; then
@@ -253,7 +253,10 @@ part_py() {  # part_py PART: scripts/gpu_train_check.py PART
   need_gpu "$part" || return; need_build "$part" || return
   local t0=$SECONDS
   PART_LIMIT_USED=$(part_limit)
-  PYTHONUNBUFFERED=1 limited "$PY" scripts/gpu_train_check.py "$part" --bin "$BUILD/train_llama" --json "$RES/$part.json" 2>&1 | tee -a "$LOG" | grep -E '^(PASS|FAIL|SKIP)' || true
+  # under a limit, the script stops starting runs in time to write its report
+  local budget=()
+  [ "$PART_LIMIT_USED" -gt 60 ] && budget=(--budget $((PART_LIMIT_USED - 45)))
+  PYTHONUNBUFFERED=1 limited "$PY" scripts/gpu_train_check.py "$part" --bin "$BUILD/train_llama" --json "$RES/$part.json" "${budget[@]}" 2>&1 | tee -a "$LOG" | grep -E '^(PASS|FAIL|SKIP)' || true
   if timed_out "${PIPESTATUS[0]}"; then
     result "$part" fail $((SECONDS - t0)) "timed out after ${PART_LIMIT_USED:-?} s (LLMC_PART_TIMEOUT / LLMC_CHECK_BUDGET): see gpu_check.log"
   elif [ -f "$RES/$part.json" ]; then
@@ -290,7 +293,7 @@ for p in "${PARTS[@]}"; do
 done
 
 # ---- report ---------------------------------------------------------------------------------
-"$PY" - "$RES" "$OUTDIR" "$GPU_NAME" "$CC" "$GENCODE" "${NVCC:-}" "$DEPS" "$RT" "$NGPU" <<'EOF'
+"$PY" - "$RES" "$OUTDIR" "$GPU_NAME" "$CCAP" "$GENCODE" "${NVCC:-}" "$DEPS" "$RT" "$NGPU" <<'EOF'
 import json, os, subprocess, sys, time
 res, out, gpu, cc, gencode, nvcc, deps, rt, ngpu = sys.argv[1:10]
 parts = []

@@ -28,6 +28,8 @@ lr * g / (|g| + 1): the step's change measures its gradient g, element by elemen
       norm to all 9 printed digits (with bf16 sums ZeRO-3's differed in the 5th), and save the
       plain run's fp32 master weights bit for bit (ZeRO-3 used to save its bf16 gathered copy:
       3.0e-3 off).
+  (e) LLMC_FORCE_NCCL=1 (the NCCL path, a world of one, through the emulator's NCCL): exits 0
+      with the plain run's loss and weights (its exit once used a destroyed stream).
 About 30 s on 2 cores.
 Prints PASS/FAIL lines and the measured figures.
 """
@@ -75,7 +77,7 @@ def read_safetensors(path):
     return out
 
 
-def run(binary, tmp, name, device, extra):
+def run(binary, tmp, name, device, extra, env=None):
     cfg = {"model": None, "train_data": os.path.join(tmp, "period.bin"), "shuffle": "false",
            "sequence_len": T, "micro_batch_size": 1, "max_steps": 1, "seed": 1234, "device": device,
            "output_dir": os.path.join(tmp, name), "adam_epsilon": 1, "weight_decay": 0,
@@ -90,7 +92,8 @@ def run(binary, tmp, name, device, extra):
     with open(path, "w") as f:
         f.write("\n".join(lines) + "\n")
     t0 = time.time()
-    p = subprocess.run([binary, "-c", path], capture_output=True, text=True, errors="replace")
+    p = subprocess.run([binary, "-c", path], capture_output=True, text=True, errors="replace",
+                       env=dict(os.environ, **(env or {})))
     if p.returncode != 0:
         return None, "exit %d: %s" % (p.returncode, (p.stdout + p.stderr)[-1500:]), 0
     with open(os.path.join(tmp, name, "metrics.jsonl")) as f:
@@ -196,6 +199,14 @@ def main():
                 diff = max(max(abs(a - b) for a, b in zip(r[1][k], g1[1][k])) for k in g1[1])
                 check("(d) %s %s: the saved weights are the plain run's fp32 master weights (max diff %.3g)"
                       % (key, val, diff), diff == 0, "they differ")
+        # (e) the NCCL path at a world of one (LLMC_FORCE_NCCL=1: the emulator's NCCL) runs to
+        # the end and gives the plain run's numbers. Its teardown once destroyed the backend's
+        # stream before the comm's last barrier used it: a segfault at exit on the first GPU
+        # run (2026-11-27); the emulator now stops at any use of a destroyed stream.
+        r, w, _ = run(binary, tmp, "cuda_nccl1", "cuda", {"dtype": "bfloat16"}, env={"LLMC_FORCE_NCCL": "1"})
+        check("(e) LLMC_FORCE_NCCL=1: exits 0 with the plain run's loss and weights", r is not None and
+              r[0]["loss"] == g1[0]["loss"] and all(r[1][k] == g1[1][k] for k in g1[1]),
+              w or "loss %r vs %r, or the weights differ" % (r[0]["loss"], g1[0]["loss"]))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return 1 if FAILS else 0

@@ -246,10 +246,13 @@ static void join(VClock &a, const VClock &b) {
 struct EmuStream {
     uint64_t id;
     bool blocking;
+    bool destroyed;  // kept, not freed: a later use is reported instead of read from freed memory
 };
 uint64_t stream_id(cudaStream_t s) {
     if (s == nullptr || s == cudaStreamLegacy || s == cudaStreamPerThread) return 0;
-    return ((EmuStream *)s)->id;
+    EmuStream *es = (EmuStream *)s;
+    if (es->destroyed) fatal("emu: stream %llu used after cudaStreamDestroy", (unsigned long long)es->id);
+    return es->id;
 }
 static StreamState &stream_touch(uint64_t id) {
     StreamState &S = g_streams[id];
@@ -528,6 +531,7 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned f) {
     emu::EmuStream *es = (emu::EmuStream *)malloc(sizeof(emu::EmuStream));
     es->id = emu::g_next_stream++;
     es->blocking = !(f & cudaStreamNonBlocking);
+    es->destroyed = false;
     emu::g_streams[es->id].blocking = es->blocking;
     emu::stream_touch(es->id);
     *s = (cudaStream_t)es;
@@ -535,7 +539,11 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned f) {
 }
 cudaError_t cudaStreamCreate(cudaStream_t *s) { return cudaStreamCreateWithFlags(s, 0); }
 cudaError_t cudaStreamDestroy(cudaStream_t s) {
-    free((void *)s);  // its state stays: accesses stamped with its id may still be checked
+    // Not freed (a few bytes a stream): its state stays, since accesses stamped with its id may
+    // still be checked, and a later launch, copy or sync on it stops the program (a real GPU
+    // may crash there: the NCCL barrier after the backend's destroy did, 2026-11-27)
+    emu::stream_id(s);
+    ((emu::EmuStream *)s)->destroyed = true;
     return cudaSuccess;
 }
 static long g_nccl_delay_until_ms;  // EMU_NCCL_DELAY_MS: a collective "runs" this long
