@@ -408,26 +408,49 @@ def part_sanitizer(a):
         return
     size = "tiny"
     rows = []
-    # memcheck on every mode; racecheck (shared-memory hazards inside kernels: the same kernels
-    # in every mode) on three; synccheck on one. Jobs past the time budget are reported, not run.
-    jobs = [(m, "memcheck") for m in BASE_MODES] + [("LoRA + layer_offloading", "memcheck")]
-    jobs += [("plain", "racecheck"), ("offload true", "racecheck"), ("hidden_states", "racecheck"), ("plain", "synccheck")]
+    # racecheck (shared-memory hazards inside kernels: the same kernels in every mode) on three
+    # modes of the tiny model (head dim 8: attention's generic path) and on the dev/cuda programs
+    # whose kernels share memory (--quick: attention's WMMA paths at head dims 16, 64 and 128
+    # too); memcheck on every mode and on those programs; synccheck on one mode. Racechecks
+    # first: the first GPU run found a hazard there. Jobs past the time budget are reported as
+    # not run.
+    progs = ("attention", "classifier")
+    jobs = [("train", m, "racecheck") for m in ("plain", "offload true", "hidden_states")]
+    jobs += [("prog", p, "racecheck") for p in progs]
+    jobs += [("train", m, "memcheck") for m in BASE_MODES] + [("train", "LoRA + layer_offloading", "memcheck")]
+    jobs += [("prog", p, "memcheck") for p in progs] + [("train", "plain", "synccheck")]
     t0 = time.time()
-    for m, tool in jobs:
+    for kind, m, tool in jobs:
+        name = "compute-sanitizer %s: %s" % (tool, m if kind == "train" else "dev/cuda/%s --quick" % m)
         if time.time() - t0 > a.budget:
-            check("compute-sanitizer %s: %s" % (tool, m), False, "not run: past the part's %d s budget" % a.budget)
+            check(name, False, "not run: past the part's %d s budget" % a.budget)
             continue
-        over = dict(BASE_MODES.get(m, {}))
-        if m.startswith("LoRA"):
-            over.update(LORA, layer_offloading="true")
-        slug = "d_%s_%s" % (tool, m.replace(" ", "_").replace("+", "p"))
-        cfg = base_cfg(size, os.path.join(TMP, slug), device=a.device, max_steps=1, **over)
-        r = run(slug, cfg, prefix=[cs, "--tool", tool, "--error-exitcode", "99", "--print-limit", "20"],
-                timeout=max(30, int(a.budget - (time.time() - t0)) + 30))
+        prefix = [cs, "--tool", tool, "--error-exitcode", "99", "--print-limit", "20"]
+        left = max(30, int(a.budget - (time.time() - t0)) + 30)
+        if kind == "train":
+            over = dict(BASE_MODES.get(m, {}))
+            if m.startswith("LoRA"):
+                over.update(LORA, layer_offloading="true")
+            slug = "d_%s_%s" % (tool, m.replace(" ", "_").replace("+", "p"))
+            cfg = base_cfg(size, os.path.join(TMP, slug), device=a.device, max_steps=1, **over)
+            r = run(slug, cfg, prefix=prefix, timeout=left)
+        else:
+            r = Run()
+            prog = os.path.join(os.path.dirname(BIN), "dev", "cuda", m)
+            t1 = time.time()
+            try:
+                p = subprocess.run(prefix + [prog, "--quick"], capture_output=True, text=True, errors="replace", timeout=left)
+                r.rc, r.stdout, r.stderr = p.returncode, p.stdout, p.stderr
+            except subprocess.TimeoutExpired as e:
+                r.rc, r.stdout, r.stderr = -999, str(e.stdout or ""), "timed out after %d s" % left
+            except OSError as e:
+                r.rc, r.stdout, r.stderr = -1, "", str(e)
+            r.secs = time.time() - t1
         summary = [l for l in (r.stdout + r.stderr).splitlines() if "ERROR SUMMARY" in l or "RACECHECK SUMMARY" in l]
-        ok = r.rc == 0 and all(" 0 error" in l or " 0 hazard" in l for l in summary)
-        check("compute-sanitizer %s: %s" % (tool, m), ok, "%s\n%s" % (why(r), "\n".join((r.stdout + r.stderr).splitlines()[-30:])))
-        rows.append({"mode": m, "tool": tool, "ok": ok, "summary": "; ".join(summary), "secs": round(r.secs, 1)})
+        ok = r.rc == 0 and bool(summary) and all(" 0 error" in l or " 0 hazard" in l for l in summary)
+        check(name, ok, "%s\n%s" % (why(r), "\n".join((r.stdout + r.stderr).splitlines()[-30:])))
+        rows.append({"mode": m if kind == "train" else "dev/cuda/" + m, "tool": tool, "ok": ok,
+                     "summary": "; ".join(summary), "secs": round(r.secs, 1)})
     TABLES["compute-sanitizer"] = rows
 
 

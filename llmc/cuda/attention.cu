@@ -109,6 +109,10 @@ __global__ void __launch_bounds__(GT) att_fwd_generic(T *out, float *lse, const 
             const float p = s == -INFINITY ? 0.0f : expf(s - mnew);
             const float sum = warp_sum(p);
             sS[r * (GB + 1) + lane] = p;
+            // every lane has read sM[r] before lane 0 rewrites it: the shuffles above exchange
+            // values but do not order shared memory (compute-sanitizer racecheck on an H200
+            // reported the read/write pair, 2026-11-27)
+            __syncwarp();
             if (lane == 0) {
                 const float corr = mnew == -INFINITY ? 1.0f : expf(mold - mnew);  // nothing visible yet
                 sC[r] = corr;
