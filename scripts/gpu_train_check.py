@@ -377,12 +377,22 @@ def part_modes(a):
     check("every memory mode on the GPU: losses and final weights bit-identical to the plain GPU run", not bad,
           "\n  ".join(bad))
     # the plan's device peak includes the backend's fixed memory (context, cuBLASLt workspace):
-    # compared with what nvidia-smi saw, within 10% (+ 256 MiB for the allocator's rounding)
-    far = [r for r in rows if r["plan_peak_MiB"] > 0 and r["nvidia_smi_peak_MiB"] > 0 and
-           abs(r["plan_peak_MiB"] - r["nvidia_smi_peak_MiB"]) > 0.1 * r["nvidia_smi_peak_MiB"] + 256]
+    # compared with what nvidia-smi saw, within 10% (+ 256 MiB for the allocator's rounding).
+    # Only where the plan places kept tensors as the run did: --plan on CUDA needs a device
+    # limit and then keeps on the device the layers that fit, while these runs have no limit
+    # and offload every kept layer (on the first GPU run, 2026-11-27, offload true planned
+    # 1382 MiB on the device and 0 B on the host, the run used 1162 MiB and 245 MiB).
+    for r in rows:
+        r["same_placement"] = (r["plan_host_MiB"] >= 0 and
+                               abs(r["plan_host_MiB"] - r["host_peak_MiB"]) <= 0.1 * r["host_peak_MiB"] + 16)
+    cmp_rows = [r for r in rows if r["same_placement"] and r["plan_peak_MiB"] > 0 and r["nvidia_smi_peak_MiB"] > 0]
+    far = [r for r in cmp_rows if abs(r["plan_peak_MiB"] - r["nvidia_smi_peak_MiB"]) > 0.1 * r["nvidia_smi_peak_MiB"] + 256]
+    other = [r["mode"] for r in rows if not r["same_placement"]]
     if not a.tiny:
-        check("--plan's device peak within 10%% (+256 MiB) of the nvidia-smi peak, every mode", not far,
-              "; ".join("%s: plan %.0f MiB, nvidia-smi %d MiB" % (r["mode"], r["plan_peak_MiB"], r["nvidia_smi_peak_MiB"]) for r in far))
+        check("--plan's device peak within 10%% (+256 MiB) of the nvidia-smi peak, the %d modes the plan places "
+              "as the run did (not compared: %s)" % (len(cmp_rows), ", ".join(other) or "none"), cmp_rows and not far,
+              "; ".join("%s: plan %.0f MiB, nvidia-smi %d MiB" % (r["mode"], r["plan_peak_MiB"], r["nvidia_smi_peak_MiB"]) for r in far)
+              or "no mode to compare")
     # frozen-layer streaming (LoRA): bit-identical to resident LoRA
     lo = run("c_lora", base_cfg(size, os.path.join(TMP, "c_lora"), device=a.device, **LORA))
     ls = run("c_lora_stream", base_cfg(size, os.path.join(TMP, "c_lora_stream"), device=a.device,

@@ -49,11 +49,11 @@ int main(int argc, char **argv) {
             const size_t N = (size_t)1 << 27, es = bf ? 2 : 4;
             void *P = dmalloc(N * es), *G = dmalloc(N * 4), *M = dmalloc(N * 4), *Vv = dmalloc(N * 4),
                  *Ms = bf ? dmalloc(N * 4) : NULL;
-            CUDA_CHECK(dev_memset(P, 0, N * es));
-            CUDA_CHECK(dev_memset(G, 0, N * 4));
-            CUDA_CHECK(dev_memset(M, 0, N * 4));
-            CUDA_CHECK(dev_memset(Vv, 0, N * 4));
-            if (Ms) CUDA_CHECK(dev_memset(Ms, 0, N * 4));
+            dev_noise(P, N * es, es);
+            dev_noise(G, N * 4, 4);
+            dev_noise(M, N * 4, 4);
+            dev_noise(Vv, N * 4, 4, 0.0f, 1.0f);  // second moments: not negative
+            if (Ms) dev_noise(Ms, N * 4, 4);
             snprintf(name, sizeof name, "adamw %s n=2^27", prec(bf));
             report_bw(name, bench_ms(c, 10, [&] { k_adamw(c, P, (float *)Ms, (const float *)G, (float *)M, (float *)Vv, N, lr, b1, b2, eps, wd, gs, 5); }),
                       (double)N * (2 * es + 20 + (bf ? 8 : 0)));

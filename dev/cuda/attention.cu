@@ -166,10 +166,10 @@ static void bench(CudaCtx *c, int B, int T, int Hq, int Hkv, int D) {
     void *q = dmalloc(nq * es), *k = dmalloc(nk * es), *v = dmalloc(nk * es), *o = dmalloc(nq * es), *g = dmalloc(nq * es);
     void *dq = dmalloc(nq * es), *dk = dmalloc(nk * es), *dv = dmalloc(nk * es);
     float *lse = (float *)dmalloc((size_t)B * Hq * T * 4);
-    CUDA_CHECK(dev_memset(q, 0, nq * es));
-    CUDA_CHECK(dev_memset(k, 0, nk * es));
-    CUDA_CHECK(dev_memset(v, 0, nk * es));
-    CUDA_CHECK(dev_memset(g, 0, nq * es));
+    dev_noise(q, nq * es, es);
+    dev_noise(k, nk * es, es);
+    dev_noise(v, nk * es, es);
+    dev_noise(g, nq * es, es);
     const double flops = 2.0 * 2.0 * B * Hq * ((double)T * T / 2) * D;
     char name[128];
     snprintf(name, sizeof name, "attention_fwd %s [%s] B=%d T=%d Hq=%d Hkv=%d D=%d", prec(bf), k_attention_path(c, D), B, T, Hq, Hkv, D);

@@ -64,9 +64,13 @@ int main(int argc, char **argv) {
                  *t = dmalloc(N * 4);
             float *dW = (float *)dmalloc((size_t)V * C * 4);
             float *l = (float *)dmalloc(N * 4);
-            CUDA_CHECK(dev_memset(x, 0, (size_t)N * C * es));
-            CUDA_CHECK(dev_memset(W, 0, (size_t)V * C * es));
-            CUDA_CHECK(dev_memset(t, 0, N * 4));
+            dev_noise(x, (size_t)N * C * es, es);
+            dev_noise(W, (size_t)V * C * es, es, -0.05f, 0.05f);
+            {
+                std::vector<int32_t> tok(N);
+                for (auto &v : tok) v = (int32_t)(urand() * V);
+                CUDA_CHECK(dev_copy(t, tok.data(), N * 4, cudaMemcpyHostToDevice));
+            }
             char name[96];
             snprintf(name, sizeof name, "classifier_ce %s N=%d V=%d C=%d (3 GEMMs)", prec(bf), N, V, C);
             report_flops(name, bench_ms(c, 3, [&] { k_classifier_ce(c, l, dx, dW, x, W, (const int32_t *)t, N, V, C, 1.0f); }),

@@ -109,8 +109,8 @@ int main(int argc, char **argv) {
         if (!g_quick) {
             const size_t n = (size_t)1 << 26, es = bf ? 2 : 4;
             void *x = dmalloc(n * es), *y = dmalloc(n * es), *z = dmalloc(n * es);
-            CUDA_CHECK(dev_memset(x, 0, n * es));
-            CUDA_CHECK(dev_memset(y, 0, n * es));
+            dev_noise(x, n * es, es);
+            dev_noise(y, n * es, es);
             char name[64];
             snprintf(name, sizeof name, "add %s n=2^26", prec(bf));
             report_bw(name, bench_ms(c, 20, [&] { k_add(c, z, x, y, n); }), 3.0 * n * es);

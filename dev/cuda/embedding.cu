@@ -49,7 +49,7 @@ int main(int argc, char **argv) {
             for (auto &t : tok) t = (int)(urand() * V);
             void *dtok = up_bytes(tok.data(), N * 4), *tab = dmalloc((size_t)V * C * es), *o = dmalloc((size_t)N * C * es);
             float *dtab = (float *)dmalloc((size_t)V * C * 4);
-            CUDA_CHECK(dev_memset(tab, 0, (size_t)V * C * es));
+            dev_noise(tab, (size_t)V * C * es, es);
             CUDA_CHECK(dev_memset(dtab, 0, (size_t)V * C * 4));
             CUDA_CHECK(dev_memset(o, 0, (size_t)N * C * es));
             char name[64];

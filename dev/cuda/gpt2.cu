@@ -105,9 +105,9 @@ int main(int argc, char **argv) {
             const size_t es = bf ? 2 : 4;
             void *x = dmalloc((size_t)N * C * es), *w = dmalloc(C * es), *b = dmalloc(C * es), *o = dmalloc((size_t)N * C * es);
             float *mu = (float *)dmalloc(N * 4), *rs = (float *)dmalloc(N * 4);
-            CUDA_CHECK(dev_memset(x, 0, (size_t)N * C * es));
-            CUDA_CHECK(dev_memset(w, 0, C * es));
-            CUDA_CHECK(dev_memset(b, 0, C * es));
+            dev_noise(x, (size_t)N * C * es, es);
+            dev_noise(w, C * es, es);
+            dev_noise(b, C * es, es);
             char name[64];
             snprintf(name, sizeof name, "layernorm_fwd %s %dx%d", prec(bf), N, C);
             report_bw(name, bench_ms(c, 20, [&] { k_layernorm_fwd(c, o, mu, rs, x, w, b, N, C, 1e-5f); }), 2.0 * N * C * es);

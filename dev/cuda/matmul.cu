@@ -51,6 +51,7 @@ int main(int argc, char **argv) {
         if (!g_quick) {
             const int n = 4096;
             void *A = dmalloc((size_t)n * n * 4), *B = dmalloc((size_t)n * n * 4), *C = dmalloc((size_t)n * n * 4);
+            dev_noise(A, (size_t)n * n * (bf ? 2 : 4), bf ? 2 : 4), dev_noise(B, (size_t)n * n * (bf ? 2 : 4), bf ? 2 : 4);
             for (int tb = 0; tb < 2; tb++) {
                 double ms = bench_ms(c, 10, [&] { k_matmul(c, C, A, B, n, n, n, 0, tb, 1.0f, 0.0f); });
                 char name[64];

@@ -33,7 +33,7 @@ int main(int argc, char **argv) {
         if (!g_quick) {
             const size_t n = (size_t)1 << 28, es = 4;
             float *x = (float *)dmalloc(n * es);
-            CUDA_CHECK(dev_memset(x, 0, n * es));
+            dev_noise(x, n * es, es);
             char name[64];
             snprintf(name, sizeof name, "sumsq %s n=2^28 (incl. host sync)", prec(bf));
             report_bw(name, bench_ms(c, 10, [&] { k_sumsq(c, x, n); }), (double)n * es);

@@ -59,9 +59,9 @@ int main(int argc, char **argv) {
                  *g = dmalloc((size_t)N * C * es);
             float *dw = (float *)dmalloc(C * 4);
             float *r = (float *)dmalloc(N * 4);
-            CUDA_CHECK(dev_memset(x, 0, (size_t)N * C * es));
-            CUDA_CHECK(dev_memset(w, 0, C * es));
-            CUDA_CHECK(dev_memset(g, 0, (size_t)N * C * es));
+            dev_noise(x, (size_t)N * C * es, es);
+            dev_noise(w, C * es, es);
+            dev_noise(g, (size_t)N * C * es, es);
             char name[64];
             snprintf(name, sizeof name, "rmsnorm_fwd %s %dx%d", prec(bf), N, C);
             report_bw(name, bench_ms(c, 20, [&] { k_rmsnorm_fwd(c, o, r, x, w, N, C, 1e-5f); }), 2.0 * N * C * es);

@@ -44,9 +44,9 @@ int main(int argc, char **argv) {
             const int B = 4, T = 4096, H = 32, D = 128;
             const size_t es = bf ? 2 : 4, n = (size_t)B * T * H * D;
             void *x = dmalloc(n * es), *cs = dmalloc((size_t)T * D / 2 * 4), *sn = dmalloc((size_t)T * D / 2 * 4);
-            CUDA_CHECK(dev_memset(x, 0, n * es));
-            CUDA_CHECK(dev_memset(cs, 0, (size_t)T * D / 2 * 4));
-            CUDA_CHECK(dev_memset(sn, 0, (size_t)T * D / 2 * 4));
+            dev_noise(x, n * es, es);
+            dev_noise(cs, (size_t)T * D / 2 * 4, 4);
+            dev_noise(sn, (size_t)T * D / 2 * 4, 4);
             char name[64];
             snprintf(name, sizeof name, "rope_fwd %s B=%d T=%d H=%d D=%d", prec(bf), B, T, H, D);
             report_bw(name, bench_ms(c, 20, [&] { k_rope(c, x, (float *)cs, (float *)sn, NULL, B, T, H, D, 1); }), 2.0 * n * es);
