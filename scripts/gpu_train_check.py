@@ -7,7 +7,8 @@
                                                       part_train) within 1e-4 per tensor,
                                                       median 2e-6
   gpu_train_check.py modes     --bin B --json J   (c) every memory mode (16, and layer streaming
-                                                      with LoRA) bit-identical to the plain GPU run;
+                                                      with LoRA; QLoRA's 8 base modes and
+                                                      streaming) bit-identical to the plain run;
                                                       device peak: counted, nvidia-smi, --plan
   gpu_train_check.py sanitizer --bin B --json J   (d) compute-sanitizer memcheck + racecheck on a
                                                       short run of each base mode (+ synccheck plain)
@@ -230,6 +231,7 @@ def losses_rel(a, b):
 
 
 LORA = {"adapter": "lora", "lora_r": 4, "lora_alpha": 8, "lora_dropout": 0.0, "lora_target_linear": "true"}
+QLORA = dict(LORA, adapter="qlora", load_in_4bit="true")
 
 
 # ---- (b) fp32 CUDA vs CPU ----------------------------------------------------------------------
@@ -406,6 +408,27 @@ def part_modes(a):
                  "nvidia_smi_peak_MiB": ls.gpu_peak_mib, "plan_peak_MiB": -1,
                  "host_peak_MiB": round(peak(ls, "host_peak_bytes") / 2 ** 20, 2), "plan_host_MiB": -1,
                  "secs": round(ls.secs, 2)})
+    # QLoRA (NF4 base, dequantized per layer on the GPU): every base mode and layer streaming
+    # give the resident QLoRA run's losses and adapter bit for bit
+    qruns = {}
+    for m, over in list(BASE_MODES.items()) + [("layer_offloading", {"layer_offloading": "true"})]:
+        slug = "c_qlora_" + m.replace(" ", "_").replace("+", "p")
+        qruns[m] = run(slug, base_cfg(size, os.path.join(TMP, slug), device=a.device, **dict(QLORA, **over)),
+                       sample=not a.tiny)
+    qref = qruns["plain"]
+    qad = file_bytes(qref, "adapter_model.safetensors")
+    qbad = ["%s: %s; losses %s vs %s" % (m, why(r) if r.rc else "differs", losses(r), losses(qref))
+            for m, r in qruns.items() if m != "plain" and not (
+                r.rc == 0 and losses(r) == losses(qref) and qad and file_bytes(r, "adapter_model.safetensors") == qad)]
+    check("QLoRA: every base memory mode and layer streaming bit-identical to resident QLoRA (losses, adapter)",
+          qref.rc == 0 and losses(qref) and not qbad, why(qref) if qref.rc else "\n  ".join(qbad))
+    check("QLoRA and LoRA differ (the NF4 base is in use)", losses(qref) != losses(lo), "same losses %s" % losses(qref))
+    for m, r in qruns.items():
+        rows.append({"mode": "QLoRA + " + m, "bit_identical": r.rc == 0 and losses(r) == losses(qref),
+                     "counted_peak_MiB": round(peak(r, "device_peak_bytes") / 2 ** 20, 2),
+                     "nvidia_smi_peak_MiB": r.gpu_peak_mib, "plan_peak_MiB": -1,
+                     "host_peak_MiB": round(peak(r, "host_peak_bytes") / 2 ** 20, 2), "plan_host_MiB": -1,
+                     "secs": round(r.secs, 2)})
     TABLES["memory modes on the GPU"] = rows
 
 
