@@ -82,10 +82,12 @@ static std::vector<int32_t> make_docs(int B, int T, int maxlen) {
 }
 
 // window 0: none; docs 0: one document per row, else documents of at most docs tokens.
-static void one(CudaCtx *c, int B, int T, int Hq, int Hkv, int D, int force_generic, int window = 0, int docs = 0,
+// path: 0 the default (WMMA where it fits), 1 generic forced, 2 the opt-in mma forward
+static void one(CudaCtx *c, int B, int T, int Hq, int Hkv, int D, int path, int window = 0, int docs = 0,
                 int tile = 0) {
     const int bf = c->bf16;
-    c->force_generic_attention = force_generic;
+    c->force_generic_attention = path == 1;
+    c->mma_attention = path == 2;
     char tag[160], name[224];
     snprintf(tag, sizeof tag, "%s [%s] B=%d T=%d Hq=%d Hkv=%d D=%d%s", prec(bf), k_attention_path(c, D), B, T, Hq,
              Hkv, D, window && docs ? " window+docs" : window ? " window" : docs ? " docs" : "");
@@ -157,7 +159,7 @@ static void one(CudaCtx *c, int B, int T, int Hq, int Hkv, int D, int force_gene
     cudaFree(dq_in), cudaFree(dk_in), cudaFree(dv_in), cudaFree(ddo), cudaFree(out), cudaFree(dq), cudaFree(dk),
         cudaFree(dv), cudaFree(lse);
     if (d_ds) cudaFree(d_ds);
-    c->force_generic_attention = 0;
+    c->force_generic_attention = 0, c->mma_attention = 0;
 }
 
 static void bench(CudaCtx *c, int B, int T, int Hq, int Hkv, int D) {
@@ -195,10 +197,26 @@ int main(int argc, char **argv) {
         // query tiles of 64 (tiled_attention): uneven last tile, GQA, window + documents, both paths
         one(c, 2, 200, 4, 2, 16, 0, 45, 70, 64);
         one(c, 1, 150, 2, 1, 24, 0, 0, 0, 64);  // generic (D 24)
+        if (bf) {  // the opt-in mma.sync forward (LLMC_ATT_MMA=1), every head-dim instance and mask
+            one(c, 2, 70, 4, 2, 16, 2);
+            one(c, 1, 130, 2, 1, 64, 2);
+            one(c, 1, 100, 2, 2, 32, 2);
+            one(c, 1, 70, 2, 1, 96, 2);
+            one(c, 1, 70, 2, 1, 128, 2);
+            one(c, 1, 130, 2, 1, 16, 2, 20, 0);
+            one(c, 1, 150, 4, 2, 16, 2, 45, 30);
+            one(c, 2, 200, 4, 2, 16, 2, 45, 70, 64);
+        }
         if (!g_quick) {
             one(c, 1, 200, 4, 1, 128, 0);
             bench(c, 4, 4096, 32, 8, 128);
             bench(c, 8, 2048, 32, 32, 64);
+            if (bf) {  // the same with the mma forward
+                c->mma_attention = 1;
+                bench(c, 4, 4096, 32, 8, 128);
+                bench(c, 8, 2048, 32, 32, 64);
+                c->mma_attention = 0;
+            }
         }
         cuda_ctx_destroy(c);
     }

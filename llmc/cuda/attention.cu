@@ -21,7 +21,8 @@
 // accumulates dQ. Scores are recomputed in both (7 tile GEMMs instead of 5), the price of a
 // fixed summation order without a float atomicAdd on dQ.
 //
-// Two paths:
+// Paths:
+//  - mma (forward only, opt-in with LLMC_ATT_MMA=1; not yet run on a GPU): see its section.
 //  - wmma (bf16, head_dim a multiple of 16 up to 128, 16-byte aligned tensors): 64 x 64 tiles,
 //    4 warps, each warp owns 16 rows; the tile products run on tensor cores through WMMA
 //    (bf16 inputs, fp32 accumulation); the running output and gradient accumulators live in
@@ -598,19 +599,6 @@ static size_t wmma_dq_smem(int D) {
     return (size_t)WB * (4 * L.ldh * 2 + L.ldo * 4 + 2 * L.lds * 4 + L.ldp * 2 + 3 * 4);
 }
 
-// ==== dispatch ===============================================================================
-static int use_wmma(const CudaCtx *c, int D, const void *const *ptrs, int np) {
-    if (!c->bf16 || c->force_generic_attention || D % 16 != 0 || D > 128) return 0;
-    for (int i = 0; i < np; i++)
-        if (ptr_align(ptrs[i]) < 16) return 0;
-    return wmma_dkdv_smem(D) <= c->smem_optin;  // the largest of the three
-}
-
-const char *k_attention_path(const CudaCtx *c, int D) {
-    const void *dummy[1] = {(const void *)(uintptr_t)256};
-    return use_wmma(c, D, dummy, 1) ? "wmma-bf16" : "generic";
-}
-
 // Raises a kernel's dynamic shared-memory limit when it needs more than the default 48 KiB.
 template <class K> static void smem_optin(CudaCtx *c, K kernel, size_t bytes, int D) {
     if (bytes > c->smem_optin)
@@ -620,13 +608,190 @@ template <class K> static void smem_optin(CudaCtx *c, K kernel, size_t bytes, in
         CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
 }
 
+// ==== mma path (forward only, opt-in: LLMC_ATT_MMA=1) =========================================
+// FlashAttention-2's forward with PTX mma.sync m16n8k16 (bf16 in, fp32 accumulate): a warp owns
+// 16 query rows and keeps its Q fragments, scores, probabilities and output accumulators in
+// registers, so the softmax rescaling is done where the products land (the score tile's
+// accumulator layout is the probability tile's A-operand layout: no shared-memory round trip).
+// Shared memory holds one K tile and one V tile (V transposed, so that each B fragment is one
+// 32-bit load). Written after the first GPU run (2026-11-27: the WMMA forward ran at 24-34
+// TFLOP/s) and checked on the emulator only; not yet run on a GPU, hence opt-in.
+#define MB 64   // query rows per block (4 warps x 16) and keys per tile
+#define MT 128
+
+// d += a b for one warp (fragment layout: the PTX ISA's m16n8k16; dev/cuda/emu implements the
+// same layout, see mma_bf16_16816 in cuda_emu.cpp)
+__device__ __forceinline__ void mma_16816(float d[4], const uint32_t a[4], const uint32_t b[2]) {
+#ifdef LLMC_EMU
+    emu::mma_bf16_16816(d, a, b);
+#else
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#endif
+}
+// Two bf16 at p (4-byte aligned) as one register, the first in the low half.
+__device__ __forceinline__ uint32_t ld_pair(const bf16 *p) { return *reinterpret_cast<const uint32_t *>(p); }
+__device__ __forceinline__ uint32_t pack_pair(float lo, float hi) {
+    const bf16 a = __float2bfloat16_rn(lo), b = __float2bfloat16_rn(hi);
+    return (uint32_t)*reinterpret_cast<const uint16_t *>(&a) | ((uint32_t)*reinterpret_cast<const uint16_t *>(&b) << 16);
+}
+
+template <int D>
+__global__ void __launch_bounds__(MT) att_fwd_mma(bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v,
+                                                 int T_, AttSpan sp, int Hq, int Hkv, float scale, int window,
+                                                 const int32_t *doc_start) {
+    DYNAMIC_SMEM(smem);
+    constexpr int LDH = D + 8, LDV = MB + 8;  // padded rows (elements): 16-byte aligned, staggered banks
+    const int qb = gridDim.x - 1 - blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+    const int hk = h / (Hq / Hkv), i0 = sp.q0 + qb * MB, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int g = lane >> 2, t = lane & 3, r0 = 16 * warp;
+    const size_t ldq = (size_t)Hq * D, ldk = (size_t)Hkv * D;
+    const int32_t *drow = doc_start ? doc_start + (size_t)b * T_ : nullptr;
+    bf16 *sQ = (bf16 *)smem, *sK = sQ + MB * LDH, *sVt = sK + MB * LDH;
+    int *sLo = (int *)(sVt + D * LDV);
+    load_tile(sQ, LDH, q, qrow(sp, b, i0), i0, sp.qend, ldq, (size_t)h * D, D);
+    for (int e = threadIdx.x; e < MB; e += MT) sLo[e] = i0 + e < sp.qend ? att_lo(i0 + e, window, drow) : 0;
+    __syncthreads();
+    uint32_t qa[D / 16][4];  // this warp's 16 rows of Q as A fragments
+#pragma unroll
+    for (int kk = 0; kk < D / 16; kk++) {
+        const bf16 *p = sQ + (r0 + g) * LDH + kk * 16 + 2 * t;
+        qa[kk][0] = ld_pair(p), qa[kk][1] = ld_pair(p + 8 * LDH), qa[kk][2] = ld_pair(p + 8), qa[kk][3] = ld_pair(p + 8 * LDH + 8);
+    }
+    float o[D / 8][4];
+#pragma unroll
+    for (int nd = 0; nd < D / 8; nd++) o[nd][0] = o[nd][1] = o[nd][2] = o[nd][3] = 0.0f;
+    // rows g and g + 8 of the warp: running max (same in the 4 lanes of a quad) and this lane's
+    // part of the running sum (its columns; the quad's parts are added at the end)
+    float m_run[2] = {-INFINITY, -INFINITY}, l_part[2] = {0.0f, 0.0f};
+    const int ia = i0 + r0 + g, ib = ia + 8, loa = sLo[r0 + g], lob = sLo[r0 + g + 8];
+    const int jend = i0 + MB < sp.qend ? i0 + MB : sp.qend;
+    for (int j0 = att_first_tile(i0, T_, MB, window, drow); j0 < jend; j0 += MB) {
+        __syncthreads();  // the previous tile's readers are done
+        load_tile(sK, LDH, k, (size_t)b * T_ + j0, j0, T_, ldk, (size_t)hk * D, D);
+        for (int e = threadIdx.x; e < MB * D; e += MT) {  // V transposed: sVt[d][key]
+            const int r = e / D, d = e % D, j = j0 + r;
+            sVt[d * LDV + r] = j < T_ ? v[((size_t)b * T_ + j) * ldk + (size_t)hk * D + d] : __float2bfloat16_rn(0.0f);
+        }
+        __syncthreads();
+        float s[MB / 8][4];  // scores: key tile nt, (row g | g+8, key 2t | 2t+1)
+#pragma unroll
+        for (int nt = 0; nt < MB / 8; nt++) {
+            s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
+#pragma unroll
+            for (int kk = 0; kk < D / 16; kk++) {
+                const bf16 *p = sK + (nt * 8 + g) * LDH + kk * 16 + 2 * t;
+                const uint32_t kb[2] = {ld_pair(p), ld_pair(p + 8)};
+                mma_16816(s[nt], qa[kk], kb);
+            }
+        }
+        float mt[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+        for (int nt = 0; nt < MB / 8; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int j = j0 + nt * 8 + 2 * t + (e & 1), i = e < 2 ? ia : ib, lo = e < 2 ? loa : lob;
+                s[nt][e] = j <= i && j < T_ && j >= lo ? s[nt][e] * scale : -INFINITY;
+                mt[e >> 1] = fmaxf(mt[e >> 1], s[nt][e]);
+            }
+        float corr[2], mnew[2];
+#pragma unroll
+        for (int x = 0; x < 2; x++) {
+            mt[x] = fmaxf(mt[x], __shfl_xor_sync(0xffffffffu, mt[x], 1));
+            mt[x] = fmaxf(mt[x], __shfl_xor_sync(0xffffffffu, mt[x], 2));
+            mnew[x] = fmaxf(m_run[x], mt[x]);
+            corr[x] = mnew[x] == -INFINITY ? 1.0f : expf(m_run[x] - mnew[x]);  // nothing visible yet: 1
+            m_run[x] = mnew[x];
+            l_part[x] *= corr[x];
+        }
+#pragma unroll
+        for (int nt = 0; nt < MB / 8; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const float p = s[nt][e] == -INFINITY ? 0.0f : expf(s[nt][e] - mnew[e >> 1]);
+                s[nt][e] = p;
+                l_part[e >> 1] += p;
+            }
+#pragma unroll
+        for (int nd = 0; nd < D / 8; nd++) o[nd][0] *= corr[0], o[nd][1] *= corr[0], o[nd][2] *= corr[1], o[nd][3] *= corr[1];
+#pragma unroll
+        for (int ks = 0; ks < MB / 16; ks++) {  // O += P V, 16 keys at a time; P rounded to bf16
+            const uint32_t pa[4] = {pack_pair(s[2 * ks][0], s[2 * ks][1]), pack_pair(s[2 * ks][2], s[2 * ks][3]),
+                                    pack_pair(s[2 * ks + 1][0], s[2 * ks + 1][1]), pack_pair(s[2 * ks + 1][2], s[2 * ks + 1][3])};
+#pragma unroll
+            for (int nd = 0; nd < D / 8; nd++) {
+                const bf16 *p = sVt + (nd * 8 + g) * LDV + ks * 16 + 2 * t;
+                const uint32_t vb[2] = {ld_pair(p), ld_pair(p + 8)};
+                mma_16816(o[nd], pa, vb);
+            }
+        }
+    }
+    float l[2];
+#pragma unroll
+    for (int x = 0; x < 2; x++) {
+        l[x] = l_part[x] + __shfl_xor_sync(0xffffffffu, l_part[x], 1);
+        l[x] += __shfl_xor_sync(0xffffffffu, l[x], 2);
+    }
+#pragma unroll
+    for (int x = 0; x < 2; x++) {
+        const int i = x ? ib : ia;
+        if (i >= sp.qend) continue;
+        const float inv = 1.0f / l[x];
+        bf16 *orow = out + qrow(sp, b, i) * ldq + (size_t)h * D;
+#pragma unroll
+        for (int nd = 0; nd < D / 8; nd++) {
+            orow[nd * 8 + 2 * t] = __float2bfloat16_rn(o[nd][2 * x] * inv);
+            orow[nd * 8 + 2 * t + 1] = __float2bfloat16_rn(o[nd][2 * x + 1] * inv);
+        }
+        if (t == 0) lse[((size_t)b * Hq + h) * T_ + i] = m_run[x] + logf(l[x]);
+    }
+}
+
+template <int D> static size_t mma_fwd_smem() { return sizeof(bf16) * ((size_t)2 * MB * (D + 8) + (size_t)D * (MB + 8)) + MB * sizeof(int); }
+
+template <int D>
+static void launch_fwd_mma(CudaCtx *c, void *out, float *lse, const void *q, const void *k, const void *v, int B,
+                           int T, AttSpan sp, int Hq, int Hkv, float scale, int window, const int32_t *doc_start) {
+    const size_t sm = mma_fwd_smem<D>();
+    smem_optin(c, att_fwd_mma<D>, sm, D);
+    dim3 g((sp.nq + MB - 1) / MB, Hq, B);
+    LAUNCH(g, MT, sm, c->stream, att_fwd_mma<D>)((bf16 *)out, lse, (const bf16 *)q, (const bf16 *)k, (const bf16 *)v, T, sp, Hq, Hkv, scale, window, doc_start);
+}
+
+// ==== dispatch ===============================================================================
+static int use_wmma(const CudaCtx *c, int D, const void *const *ptrs, int np) {
+    if (!c->bf16 || c->force_generic_attention || D % 16 != 0 || D > 128) return 0;
+    for (int i = 0; i < np; i++)
+        if (ptr_align(ptrs[i]) < 16) return 0;
+    return wmma_dkdv_smem(D) <= c->smem_optin;  // the largest of the three
+}
+// The mma forward (opt-in) where the WMMA path would run and the head dim has an instance.
+static int use_mma_fwd(const CudaCtx *c, int D, const void *const *ptrs, int np) {
+    return c->mma_attention && (D == 16 || D == 32 || D == 64 || D == 96 || D == 128) && use_wmma(c, D, ptrs, np);
+}
+
+const char *k_attention_path(const CudaCtx *c, int D) {
+    const void *dummy[1] = {(const void *)(uintptr_t)256};
+    return use_mma_fwd(c, D, dummy, 1) ? "mma-fwd+wmma-bwd" : use_wmma(c, D, dummy, 1) ? "wmma-bf16" : "generic";
+}
+
 void k_attention_fwd(CudaCtx *c, void *out, float *lse, const void *q, const void *k, const void *v,
                      int B, int T, int q0, int nq, int Hq, int Hkv, int D, int window, const int32_t *doc_start) {
     if (B <= 0 || T <= 0 || nq <= 0) return;
     const float scale = att_scale(D);
     const AttSpan sp = {q0, q0 + nq, nq};
     const void *ptrs[] = {out, q, k, v};
-    if (use_wmma(c, D, ptrs, 4)) {
+    if (use_mma_fwd(c, D, ptrs, 4)) {
+        switch (D) {
+        case 16: launch_fwd_mma<16>(c, out, lse, q, k, v, B, T, sp, Hq, Hkv, scale, window, doc_start); break;
+        case 32: launch_fwd_mma<32>(c, out, lse, q, k, v, B, T, sp, Hq, Hkv, scale, window, doc_start); break;
+        case 64: launch_fwd_mma<64>(c, out, lse, q, k, v, B, T, sp, Hq, Hkv, scale, window, doc_start); break;
+        case 96: launch_fwd_mma<96>(c, out, lse, q, k, v, B, T, sp, Hq, Hkv, scale, window, doc_start); break;
+        default: launch_fwd_mma<128>(c, out, lse, q, k, v, B, T, sp, Hq, Hkv, scale, window, doc_start); break;
+        }
+    } else if (use_wmma(c, D, ptrs, 4)) {
         const size_t sm = wmma_fwd_smem(D);
         smem_optin(c, att_fwd_wmma, sm, D);
         dim3 g((nq + WB - 1) / WB, Hq, B);

@@ -88,6 +88,7 @@ struct Job {
     Barrier block_bar;
     std::vector<Barrier> warp_bar;
     std::vector<uint64_t> slots;  // one per thread, for shuffles
+    std::vector<uint32_t> mma_regs;  // six per thread: an mma's a[4], b[2]
     unsigned char *dyn;  // 128-byte aligned, as CUDA's dynamic shared memory is here
 };
 static Job *g_job;
@@ -103,6 +104,39 @@ uint64_t shfl_bits(uint64_t bits, int src) {
     uint64_t r = j->slots[w * 32 + src];
     j->warp_bar[w].wait("shuffle");
     return r;
+}
+
+static float bf_lo(uint32_t r) { uint32_t u = r << 16; float f; memcpy(&f, &u, 4); return f; }
+static float bf_hi(uint32_t r) { uint32_t u = r & 0xffff0000u; float f; memcpy(&f, &u, 4); return f; }
+// The fragments (PTX ISA, m16n8k16 with 16-bit A/B; g = lane / 4, t = lane % 4, each register two
+// bf16, the lower-indexed element in the low half): a[0] A(g, 2t..2t+1), a[1] A(g+8, 2t..),
+// a[2] A(g, 2t+8..), a[3] A(g+8, 2t+8..); b[0] B(2t..2t+1, g), b[1] B(2t+8.., g);
+// d[0..1] D(g, 2t..2t+1), d[2..3] D(g+8, 2t..).
+void mma_bf16_16816(float d[4], const uint32_t a[4], const uint32_t b[2]) {
+    Job *j = g_job;
+    const int w = tl_tid >> 5, lane = tl_tid & 31, g = lane >> 2, t = lane & 3;
+    uint32_t *mine = &j->mma_regs[(size_t)tl_tid * 6];
+    for (int i = 0; i < 4; i++) mine[i] = a[i];
+    mine[4] = b[0], mine[5] = b[1];
+    j->warp_bar[w].wait("mma");
+    const uint32_t *warp = &j->mma_regs[(size_t)w * 32 * 6];
+    auto A = [&](int r, int k) {
+        const uint32_t reg = warp[((r & 7) * 4 + (k & 7) / 2) * 6 + (r >= 8) + 2 * (k >= 8)];
+        return k & 1 ? bf_hi(reg) : bf_lo(reg);
+    };
+    auto B = [&](int k, int n) {
+        const uint32_t reg = warp[(n * 4 + (k & 7) / 2) * 6 + 4 + (k >= 8)];
+        return k & 1 ? bf_hi(reg) : bf_lo(reg);
+    };
+    float out[4];
+    for (int e = 0; e < 4; e++) {
+        const int r = g + (e >= 2 ? 8 : 0), n = 2 * t + (e & 1);
+        float s = d[e];
+        for (int k = 0; k < 16; k++) s += A(r, k) * B(k, n);
+        out[e] = s;
+    }
+    j->warp_bar[w].wait("mma");
+    for (int e = 0; e < 4; e++) d[e] = out[e];
 }
 
 // Thread tid of every block of the job, blocks one after another.
@@ -196,6 +230,7 @@ void launch(const void *fn, dim3 grid, dim3 block, size_t smem, const std::funct
     j.warp_bar = std::vector<Barrier>(nt / 32);
     for (auto &b : j.warp_bar) b.n = 32;
     j.slots.assign(nt, 0);
+    j.mma_regs.assign((size_t)nt * 6, 0);
     const size_t dbytes = ((smem ? smem : 16) + 127) & ~(size_t)127;
     j.dyn = (unsigned char *)aligned_alloc(128, dbytes);
     memset(j.dyn, 0xff, dbytes);

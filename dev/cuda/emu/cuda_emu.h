@@ -61,6 +61,9 @@ void syncthreads();
 void syncwarp();
 uint64_t shfl_bits(uint64_t bits, int src_lane);
 int lane_id();
+// PTX mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32, d += a b, a warp-collective: each lane
+// passes its fragment registers (the PTX ISA's layout; llmc/cuda/attention.cu's mma_16816 says it)
+void mma_bf16_16816(float d[4], const uint32_t a[4], const uint32_t b[2]);
 void check_align(const void *p, unsigned bytes, const char *what);
 void fatal(const char *fmt, ...) __attribute__((noreturn, format(printf, 1, 2)));
 
