@@ -4,7 +4,7 @@
 // With a master copy (bf16 params), w is read from and written to the fp32 master and the
 // param gets w rounded to bf16; without one the param itself (float) is updated. Gradients are
 // float in both precisions (backend.h).
-// NOT YET RUN ON A GPU (see common.cuh).
+// Run on one GPU once (H200, 2026-11-27: dev/results/gpu_h200_2026-11-27/).
 #include "kernels.cuh"
 
 template <class T> __global__ void adamw_kernel(T *p, float *master, const float *g, float *m, float *v, size_t n,

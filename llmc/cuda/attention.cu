@@ -1,6 +1,7 @@
 // attention.cu: causal grouped-query flash attention, forward and backward, with the sliding
-// window and packed-document masks. NOT YET RUN ON A GPU (see common.cuh); the masks are checked
-// on the CPU emulator only (make test-cuda-emu: dev/cuda/attention.cu).
+// window and packed-document masks. The WMMA and generic paths have run on one GPU once (H200,
+// 2026-11-27: dev/cuda/attention's checks, masks included, and compute-sanitizer racecheck);
+// the opt-in mma forward has run on the CPU emulator only (make test-cuda-emu).
 //
 // Mask (backend.h): query i of row b sees keys j with lo(i) <= j <= i, where
 //   lo(i) = max(doc_start[b*T + i], i - window + 1)   (window 0: no window; doc_start NULL: 0).

@@ -1,11 +1,11 @@
 // backend_cuda.cu: the CUDA backend -- backend.h's table over CUDA streams, events, cuBLASLt and
 // the hand-written kernels of llmc/cuda/*.cu.
 //
-// STATUS: compiles and links (nvcc 13, sm_90 + compute_90 PTX); NOT YET RUN ON A GPU. The
-// kernels and this file's logic have run on the CPU under the SIMT emulator (dev/cuda/emu),
-// compared with the CPU backend, with stream order checked; fp32 training through this backend
-// on the emulator matched the CPU backend (scripts/gpu_train_check.py --tiny). The first GPU
-// session should run scripts/gpu_check.sh (README, "Running on a GPU").
+// STATUS: has run on one GPU once (an H200, 2026-11-27: scripts/gpu_check.sh, every part green
+// after four fixes; dev/results/gpu_h200_2026-11-27/): kernels against CPU references, fp32
+// training against the CPU backend, every memory mode bit-identical, NCCL at a world of one,
+// compute-sanitizer clean. The kernels and this file's logic also run on the CPU under the SIMT
+// emulator (dev/cuda/emu), with stream order checked.
 //
 // Devices: backend_cuda_available creates no CUDA context (it compares compute capabilities
 // with __CUDA_ARCH_LIST__); backend_cuda_create calls cudaSetDevice(device_index) before any
@@ -461,7 +461,7 @@ static void cu_rope_bwd(Backend *bk, void *x, const float *c, const float *s, co
     k_rope(ctx_of(bk), x, c, s, pos, B, T, H, D, -1);
 }
 // The sliding window and the document mask (backend.h) are implemented in attention.cu (checked
-// on the CPU emulator against a reference; not yet run on a GPU).
+// against a reference on the emulator and on the H200, 2026-11-27; not in training runs there).
 static void cu_attention_fwd(Backend *bk, void *out, float *lse, const void *q, const void *k, const void *v,
                              int B, int T, int q0, int nq, int Hq, int Hkv, int D, int window,
                              const int32_t *doc_start) {

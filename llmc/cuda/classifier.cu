@@ -1,5 +1,5 @@
 // classifier.cu: fused, chunked classifier + cross-entropy (backend.h classifier_ce).
-// NOT YET RUN ON A GPU (see common.cuh).
+// Run on one GPU once (H200, 2026-11-27: dev/results/gpu_h200_2026-11-27/).
 //
 // Same math as classifier_ce in llmc/cpu/kernels.inc. Rows are taken in chunks whose logits fit
 // CE_CHUNK_ELEMS elements, so the N x V logits never exist whole:

@@ -1,5 +1,5 @@
 // elementwise.cu: add, accumulate, scale, bias, SwiGLU, dropout, conversions.
-// NOT YET RUN ON A GPU (see common.cuh).
+// Run on one GPU once (H200, 2026-11-27: dev/results/gpu_h200_2026-11-27/).
 //
 // Each op is a functor applied to V consecutive elements per thread in a grid-stride loop:
 // V = 16 bytes of elements (one vector load per operand) when every pointer is 16-byte aligned

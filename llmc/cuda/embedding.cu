@@ -1,5 +1,5 @@
 // embedding.cu: token embedding forward, and a deterministic backward.
-// NOT YET RUN ON A GPU (see common.cuh).
+// Run on one GPU once (H200, 2026-11-27: dev/results/gpu_h200_2026-11-27/).
 //
 // Backward: dtable[tok[n]] += dout[n] for every n. Repeated tokens must add in a fixed order
 // (no float atomics), so the rows are first grouped by token with a stable counting sort:

@@ -1,6 +1,6 @@
 // gpt2.cu: the GPT-2 ops -- LayerNorm forward/backward, GELU (tanh) forward/backward, learned
 // position embeddings forward/backward -- with the semantics of llmc/cpu/kernels.inc.
-// NOT YET RUN ON A GPU (see common.cuh).
+// Run on one GPU once (H200, 2026-11-27: dev/results/gpu_h200_2026-11-27/).
 //
 // LayerNorm: a warp per row, two passes (mean, then the centred sum of squares, as the CPU
 // does); the weight and bias gradients are column sums in two fixed-order passes (row-range

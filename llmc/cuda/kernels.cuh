@@ -13,7 +13,7 @@
 // Each launcher enqueues on ctx->stream and reads the act precision from ctx->bf16; parameter
 // gradients are float in both precisions (backend.h); the semantics are those of the same-named
 // op in backend.h (the CPU kernels in
-// llmc/cpu/kernels.inc are the reference). NOT YET RUN ON A GPU: see common.cuh.
+// llmc/cpu/kernels.inc are the reference). Run on one GPU once (H200, 2026-11-27: dev/results/gpu_h200_2026-11-27/).
 #pragma once
 #include "common.cuh"
 #ifndef LLMC_EMU

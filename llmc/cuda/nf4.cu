@@ -1,5 +1,5 @@
 // nf4.cu: dequantize an NF4 region (llmc/nf4.h's device layout) into an act tensor.
-// NOT YET RUN ON A GPU (see common.cuh).
+// Run on one GPU once (H200, 2026-11-27: dev/results/gpu_h200_2026-11-27/).
 //
 // Same arithmetic as nf4_region_dequantize (llmc/nf4.c): absmax' = map[q] * nested_absmax +
 // offset (nested) or the stored fp32 absmax, then code * absmax', each step rounded to fp32 in

@@ -1,5 +1,5 @@
-// reduce.cu: sumsq (of a float gradient) and sum_f32 in double, deterministic. NOT YET RUN ON A
-// GPU (see common.cuh).
+// reduce.cu: sumsq (of a float gradient) and sum_f32 in double, deterministic. Run on one
+// GPU once (H200, 2026-11-27).
 //
 // A fixed grid (RED_BLOCKS x RED_THREADS, independent of the GPU) walks the array with a grid
 // stride; each thread sums its elements in order in double, each block reduces in a fixed tree

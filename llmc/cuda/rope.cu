@@ -1,7 +1,7 @@
 // rope.cu: rotary position embedding in place on x [B,T,H,D], HF rotate_half pairing (i, i+D/2),
 // tables float [T, D/2], position pos[b*T + t] or t when pos is NULL (backend.h). sign -1
 // applies the inverse rotation (backward).
-// NOT YET RUN ON A GPU (see common.cuh).
+// Run on one GPU once (H200, 2026-11-27: dev/results/gpu_h200_2026-11-27/).
 #include "kernels.cuh"
 
 template <class T> __global__ void rope_kernel(T *x, const float *cosv, const float *sinv,
