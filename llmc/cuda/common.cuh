@@ -1,11 +1,12 @@
 // common.cuh: what every CUDA file of the backend shares: types, conversions, vector loads,
 // warp/block reductions, launch and error macros.
 //
-// STATUS: this code compiles and links with nvcc 13 for sm_90, but it has NOT run on a GPU
-// yet. Its logic has been run on the CPU through the SIMT emulator in dev/cuda/emu (the same
-// source compiled by g++ with one thread per CUDA thread, checked against the CPU backend),
-// which checks indexing, barriers and arithmetic, not timing, real tensor-core fragment layouts
-// or real cuBLASLt behaviour. See dev/cuda/README.md.
+// STATUS: this code has run on one GPU once (an H200, 2026-11-27; dev/results/
+// gpu_h200_2026-11-27/): correct there, slow in attention. Its logic also runs on the CPU
+// through the SIMT emulator in dev/cuda/emu (the same source compiled by g++, one fiber per CUDA
+// thread, checked against the CPU backend), which checks indexing, barriers and arithmetic,
+// mma.sync's documented fragment layout, not timing, WMMA's real fragment layouts, memory
+// ordering within a warp or real cuBLASLt behaviour. See dev/cuda/README.md.
 //
 // Precision: "act" tensors are bf16 (act_bytes 2) or float (act_bytes 4, for checking against
 // the CPU backend). Every kernel loads act values into float, computes in float (reductions of
