@@ -197,7 +197,7 @@ int main(int argc, char **argv) {
         // query tiles of 64 (tiled_attention): uneven last tile, GQA, window + documents, both paths
         one(c, 2, 200, 4, 2, 16, 0, 45, 70, 64);
         one(c, 1, 150, 2, 1, 24, 0, 0, 0, 64);  // generic (D 24)
-        if (bf) {  // the opt-in mma.sync forward (LLMC_ATT_MMA=1), every head-dim instance and mask
+        if (bf) {  // the opt-in mma.sync kernels (LLMC_ATT_MMA=1), every head-dim instance and mask
             one(c, 2, 70, 4, 2, 16, 2);
             one(c, 1, 130, 2, 1, 64, 2);
             one(c, 1, 100, 2, 2, 32, 2);
@@ -211,7 +211,7 @@ int main(int argc, char **argv) {
             one(c, 1, 200, 4, 1, 128, 0);
             bench(c, 4, 4096, 32, 8, 128);
             bench(c, 8, 2048, 32, 32, 64);
-            if (bf) {  // the same with the mma forward
+            if (bf) {  // the same with the mma kernels
                 c->mma_attention = 1;
                 bench(c, 4, 4096, 32, 8, 128);
                 bench(c, 8, 2048, 32, 32, 64);

@@ -1,7 +1,7 @@
 // attention.cu: causal grouped-query flash attention, forward and backward, with the sliding
 // window and packed-document masks. The WMMA and generic paths have run on one GPU once (H200,
 // 2026-11-27: dev/cuda/attention's checks, masks included, and compute-sanitizer racecheck);
-// the opt-in mma forward has run on the CPU emulator only (make test-cuda-emu).
+// the opt-in mma kernels have run on the CPU emulator only (make test-cuda-emu).
 //
 // Mask (backend.h): query i of row b sees keys j with lo(i) <= j <= i, where
 //   lo(i) = max(doc_start[b*T + i], i - window + 1)   (window 0: no window; doc_start NULL: 0).
@@ -23,7 +23,7 @@
 // fixed summation order without a float atomicAdd on dQ.
 //
 // Paths:
-//  - mma (forward only, opt-in with LLMC_ATT_MMA=1; not yet run on a GPU): see its section.
+//  - mma (opt-in with LLMC_ATT_MMA=1; not yet run on a GPU): see its section.
 //  - wmma (bf16, head_dim a multiple of 16 up to 128, 16-byte aligned tensors): 64 x 64 tiles,
 //    4 warps, each warp owns 16 rows; the tile products run on tensor cores through WMMA
 //    (bf16 inputs, fp32 accumulation); the running output and gradient accumulators live in
@@ -609,7 +609,7 @@ template <class K> static void smem_optin(CudaCtx *c, K kernel, size_t bytes, in
         CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
 }
 
-// ==== mma path (forward only, opt-in: LLMC_ATT_MMA=1) =========================================
+// ==== mma path (opt-in: LLMC_ATT_MMA=1) ======================================================
 // FlashAttention-2's forward with PTX mma.sync m16n8k16 (bf16 in, fp32 accumulate): a warp owns
 // 16 query rows and keeps its Q fragments, scores, probabilities and output accumulators in
 // registers, so the softmax rescaling is done where the products land (the score tile's
@@ -761,6 +761,243 @@ static void launch_fwd_mma(CudaCtx *c, void *out, float *lse, const void *q, con
     LAUNCH(g, MT, sm, c->stream, att_fwd_mma<D>)((bf16 *)out, lse, (const bf16 *)q, (const bf16 *)k, (const bf16 *)v, T, sp, Hq, Hkv, scale, window, doc_start);
 }
 
+// The backward in the same style (opt-in with the forward): the two kernels of the WMMA path,
+// each tile product an mma.sync over register fragments. dK/dV: a warp owns 16 keys and computes
+// S^T = K Q^T and dP^T = V dO^T for 64 queries at a time, so P^T and dS^T land in registers in
+// the A-operand layout of dV += P^T dO and dK += dS^T Q (dO and Q transposed in shared memory).
+// dQ: a warp owns 16 queries, S = Q K^T and dP = dO V^T in registers, dQ += dS K (K transposed).
+// P and dS are rounded to bf16 for the products, as on the WMMA path. Emulator only so far.
+
+// The A fragment of rows [r, r + 16) and columns [c, c + 16) of a bf16 tile (row stride ld).
+__device__ __forceinline__ void ld_afrag(uint32_t a[4], const bf16 *tile, int ld, int r, int c) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const bf16 *p = tile + (r + g) * ld + c + 2 * t;
+    a[0] = ld_pair(p), a[1] = ld_pair(p + 8 * ld), a[2] = ld_pair(p + 8), a[3] = ld_pair(p + 8 * ld + 8);
+}
+// The B fragment for B(k, n) = tile[n][k]: n in [n0, n0 + 8), k in [k0, k0 + 16).
+__device__ __forceinline__ void ld_bfrag(uint32_t bq[2], const bf16 *tile, int ld, int n0, int k0) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const bf16 *p = tile + (n0 + g) * ld + k0 + 2 * t;
+    bq[0] = ld_pair(p), bq[1] = ld_pair(p + 8);
+}
+// Copies a [MB][D] bf16 tile (row stride ldh) transposed into dst[D][MB] (row stride ldt).
+__device__ __forceinline__ void transpose_tile(bf16 *dst, int ldt, const bf16 *src, int ldh, int D) {
+    for (int e = threadIdx.x; e < MB * D; e += MT) {
+        const int r = e / D, d = e % D;
+        dst[d * ldt + r] = src[r * ldh + d];
+    }
+}
+
+template <int D>
+__global__ void __launch_bounds__(MT) att_bwd_dkdv_mma(bf16 *dk, bf16 *dv, const bf16 *dout, const bf16 *q,
+                                                      const bf16 *k, const bf16 *v, const float *lse, const float *Di,
+                                                      int T_, AttSpan sp, int Hq, int Hkv, float scale, int window,
+                                                      const int32_t *doc_start, int accumulate, float *acck,
+                                                      float *accv) {
+    DYNAMIC_SMEM(smem);
+    constexpr int LDH = D + 8, LDT = MB + 8;
+    const int kb = blockIdx.x, hk = blockIdx.y, b = blockIdx.z, group = Hq / Hkv;
+    const int j0 = kb * MB, warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int r0 = 16 * warp;
+    if (accumulate && j0 >= sp.qend) return;  // no query of the span sees these keys
+    const int jlast = (j0 + MB < T_ ? j0 + MB : T_) - 1;
+    const int32_t *drow = doc_start ? doc_start + (size_t)b * T_ : nullptr;
+    const size_t ldq = (size_t)Hq * D, ldk = (size_t)Hkv * D;
+    bf16 *sK = (bf16 *)smem, *sV = sK + MB * LDH, *sQ = sV + MB * LDH, *sdO = sQ + MB * LDH;
+    bf16 *sQt = sdO + MB * LDH, *sdOt = sQt + D * LDT;
+    float *sL = (float *)(sdOt + D * LDT), *sDi = sL + MB;
+    int *sLo = (int *)(sDi + MB);
+    load_tile(sK, LDH, k, (size_t)b * T_ + j0, j0, T_, ldk, (size_t)hk * D, D);
+    load_tile(sV, LDH, v, (size_t)b * T_ + j0, j0, T_, ldk, (size_t)hk * D, D);
+    float dka[D / 8][4], dva[D / 8][4];
+#pragma unroll
+    for (int nd = 0; nd < D / 8; nd++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) dka[nd][e] = dva[nd][e] = 0.0f;
+    const int ja = j0 + r0 + g, jb = ja + 8;
+    for (int h = hk * group; h < (hk + 1) * group; h++)
+        for (int i0 = j0 > sp.q0 ? j0 : sp.q0; i0 < sp.qend; i0 += MB) {
+            if (att_lo(i0, window, drow) > jlast) break;  // neither this query tile nor a later one sees the keys
+            __syncthreads();  // the previous tile's readers are done
+            load_tile(sQ, LDH, q, qrow(sp, b, i0), i0, sp.qend, ldq, (size_t)h * D, D);
+            load_tile(sdO, LDH, dout, qrow(sp, b, i0), i0, sp.qend, ldq, (size_t)h * D, D);
+            for (int e = threadIdx.x; e < MB; e += MT) {
+                const int i = i0 + e;
+                sL[e] = i < sp.qend ? lse[((size_t)b * Hq + h) * T_ + i] : 0.0f;
+                sDi[e] = i < sp.qend ? Di[((size_t)b * Hq + h) * T_ + i] : 0.0f;
+                sLo[e] = i < sp.qend ? att_lo(i, window, drow) : 0;
+            }
+            __syncthreads();
+            transpose_tile(sQt, LDT, sQ, LDH, D);
+            transpose_tile(sdOt, LDT, sdO, LDH, D);
+            float st[MB / 8][4], dpt[MB / 8][4];  // this warp's 16 keys x 64 queries
+#pragma unroll
+            for (int nt = 0; nt < MB / 8; nt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) st[nt][e] = dpt[nt][e] = 0.0f;
+#pragma unroll
+            for (int kk = 0; kk < D / 16; kk++) {
+                uint32_t ak[4], av[4];
+                ld_afrag(ak, sK, LDH, r0, kk * 16);
+                ld_afrag(av, sV, LDH, r0, kk * 16);
+#pragma unroll
+                for (int nt = 0; nt < MB / 8; nt++) {
+                    uint32_t bq[2], bo[2];
+                    ld_bfrag(bq, sQ, LDH, nt * 8, kk * 16);
+                    ld_bfrag(bo, sdO, LDH, nt * 8, kk * 16);
+                    mma_16816(st[nt], ak, bq);
+                    mma_16816(dpt[nt], av, bo);
+                }
+            }
+#pragma unroll
+            for (int nt = 0; nt < MB / 8; nt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int col = nt * 8 + 2 * t + (e & 1), i = i0 + col, j = e < 2 ? ja : jb;
+                    const bool vis = i < sp.qend && j <= i && j < T_ && j >= sLo[col];
+                    const float p = vis ? expf(st[nt][e] * scale - sL[col]) : 0.0f;
+                    dpt[nt][e] = vis ? p * (dpt[nt][e] - sDi[col]) * scale : 0.0f;
+                    st[nt][e] = p;
+                }
+            __syncthreads();  // the transposed tiles are complete
+#pragma unroll
+            for (int ks = 0; ks < MB / 16; ks++) {
+                const uint32_t pa[4] = {pack_pair(st[2 * ks][0], st[2 * ks][1]), pack_pair(st[2 * ks][2], st[2 * ks][3]),
+                                        pack_pair(st[2 * ks + 1][0], st[2 * ks + 1][1]), pack_pair(st[2 * ks + 1][2], st[2 * ks + 1][3])};
+                const uint32_t sa[4] = {pack_pair(dpt[2 * ks][0], dpt[2 * ks][1]), pack_pair(dpt[2 * ks][2], dpt[2 * ks][3]),
+                                        pack_pair(dpt[2 * ks + 1][0], dpt[2 * ks + 1][1]), pack_pair(dpt[2 * ks + 1][2], dpt[2 * ks + 1][3])};
+#pragma unroll
+                for (int nd = 0; nd < D / 8; nd++) {
+                    uint32_t bo[2], bq[2];
+                    ld_bfrag(bo, sdOt, LDT, nd * 8, ks * 16);
+                    ld_bfrag(bq, sQt, LDT, nd * 8, ks * 16);
+                    mma_16816(dva[nd], pa, bo);
+                    mma_16816(dka[nd], sa, bq);
+                }
+            }
+        }
+#pragma unroll
+    for (int x = 0; x < 2; x++) {
+        const int j = x ? jb : ja;
+        if (j >= T_) continue;
+#pragma unroll
+        for (int nd = 0; nd < D / 8; nd++)
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                const size_t o = ((size_t)b * T_ + j) * ldk + (size_t)hk * D + nd * 8 + 2 * t + e;
+                att_store_dkdv(dk, dv, acck, accv, o, dka[nd][2 * x + e], dva[nd][2 * x + e], accumulate);
+            }
+    }
+}
+
+template <int D>
+__global__ void __launch_bounds__(MT) att_bwd_dq_mma(bf16 *dq, const bf16 *dout, const bf16 *q, const bf16 *k,
+                                                    const bf16 *v, const float *lse, const float *Di, int T_,
+                                                    AttSpan sp, int Hq, int Hkv, float scale, int window,
+                                                    const int32_t *doc_start) {
+    DYNAMIC_SMEM(smem);
+    constexpr int LDH = D + 8, LDT = MB + 8;
+    const int qb = gridDim.x - 1 - blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+    const int hk = h / (Hq / Hkv), i0 = sp.q0 + qb * MB, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int g = lane >> 2, t = lane & 3, r0 = 16 * warp;
+    const size_t ldq = (size_t)Hq * D, ldk = (size_t)Hkv * D;
+    const int32_t *drow = doc_start ? doc_start + (size_t)b * T_ : nullptr;
+    bf16 *sQ = (bf16 *)smem, *sdO = sQ + MB * LDH, *sK = sdO + MB * LDH, *sV = sK + MB * LDH, *sKt = sV + MB * LDH;
+    float *sL = (float *)(sKt + D * LDT), *sDi = sL + MB;
+    int *sLo = (int *)(sDi + MB);
+    load_tile(sQ, LDH, q, qrow(sp, b, i0), i0, sp.qend, ldq, (size_t)h * D, D);
+    load_tile(sdO, LDH, dout, qrow(sp, b, i0), i0, sp.qend, ldq, (size_t)h * D, D);
+    for (int e = threadIdx.x; e < MB; e += MT) {
+        const int i = i0 + e;
+        sL[e] = i < sp.qend ? lse[((size_t)b * Hq + h) * T_ + i] : 0.0f;
+        sDi[e] = i < sp.qend ? Di[((size_t)b * Hq + h) * T_ + i] : 0.0f;
+        sLo[e] = i < sp.qend ? att_lo(i, window, drow) : 0;
+    }
+    __syncthreads();
+    uint32_t qa[D / 16][4], oa[D / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < D / 16; kk++) ld_afrag(qa[kk], sQ, LDH, r0, kk * 16), ld_afrag(oa[kk], sdO, LDH, r0, kk * 16);
+    float dqa[D / 8][4];
+#pragma unroll
+    for (int nd = 0; nd < D / 8; nd++) dqa[nd][0] = dqa[nd][1] = dqa[nd][2] = dqa[nd][3] = 0.0f;
+    const int ia = i0 + r0 + g, ib = ia + 8;
+    const float La = sL[r0 + g], Lb = sL[r0 + g + 8], Da = sDi[r0 + g], Db = sDi[r0 + g + 8];
+    const int loa = sLo[r0 + g], lob = sLo[r0 + g + 8];
+    const int jend = i0 + MB < sp.qend ? i0 + MB : sp.qend;
+    for (int j0 = att_first_tile(i0, T_, MB, window, drow); j0 < jend; j0 += MB) {
+        __syncthreads();
+        load_tile(sK, LDH, k, (size_t)b * T_ + j0, j0, T_, ldk, (size_t)hk * D, D);
+        load_tile(sV, LDH, v, (size_t)b * T_ + j0, j0, T_, ldk, (size_t)hk * D, D);
+        __syncthreads();
+        transpose_tile(sKt, LDT, sK, LDH, D);
+        float s[MB / 8][4], dp[MB / 8][4];
+#pragma unroll
+        for (int nt = 0; nt < MB / 8; nt++) {
+#pragma unroll
+            for (int e = 0; e < 4; e++) s[nt][e] = dp[nt][e] = 0.0f;
+#pragma unroll
+            for (int kk = 0; kk < D / 16; kk++) {
+                uint32_t bk[2], bv[2];
+                ld_bfrag(bk, sK, LDH, nt * 8, kk * 16);
+                ld_bfrag(bv, sV, LDH, nt * 8, kk * 16);
+                mma_16816(s[nt], qa[kk], bk);
+                mma_16816(dp[nt], oa[kk], bv);
+            }
+        }
+#pragma unroll
+        for (int nt = 0; nt < MB / 8; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int j = j0 + nt * 8 + 2 * t + (e & 1), i = e < 2 ? ia : ib, lo = e < 2 ? loa : lob;
+                const bool vis = i < sp.qend && j <= i && j < T_ && j >= lo;
+                const float p = vis ? expf(s[nt][e] * scale - (e < 2 ? La : Lb)) : 0.0f;
+                s[nt][e] = vis ? p * (dp[nt][e] - (e < 2 ? Da : Db)) * scale : 0.0f;  // now dS
+            }
+        __syncthreads();  // the transposed K tile is complete
+#pragma unroll
+        for (int ks = 0; ks < MB / 16; ks++) {
+            const uint32_t sa[4] = {pack_pair(s[2 * ks][0], s[2 * ks][1]), pack_pair(s[2 * ks][2], s[2 * ks][3]),
+                                    pack_pair(s[2 * ks + 1][0], s[2 * ks + 1][1]), pack_pair(s[2 * ks + 1][2], s[2 * ks + 1][3])};
+#pragma unroll
+            for (int nd = 0; nd < D / 8; nd++) {
+                uint32_t bk[2];
+                ld_bfrag(bk, sKt, LDT, nd * 8, ks * 16);
+                mma_16816(dqa[nd], sa, bk);
+            }
+        }
+    }
+#pragma unroll
+    for (int x = 0; x < 2; x++) {
+        const int i = x ? ib : ia;
+        if (i >= sp.qend) continue;
+        bf16 *row = dq + qrow(sp, b, i) * ldq + (size_t)h * D;
+#pragma unroll
+        for (int nd = 0; nd < D / 8; nd++) {
+            row[nd * 8 + 2 * t] = __float2bfloat16_rn(dqa[nd][2 * x]);
+            row[nd * 8 + 2 * t + 1] = __float2bfloat16_rn(dqa[nd][2 * x + 1]);
+        }
+    }
+}
+
+template <int D> static size_t mma_dkdv_smem() {
+    return sizeof(bf16) * ((size_t)4 * MB * (D + 8) + (size_t)2 * D * (MB + 8)) + MB * (2 * sizeof(float) + sizeof(int));
+}
+template <int D> static size_t mma_dq_smem() {
+    return sizeof(bf16) * ((size_t)4 * MB * (D + 8) + (size_t)D * (MB + 8)) + MB * (2 * sizeof(float) + sizeof(int));
+}
+
+template <int D>
+static void launch_bwd_mma(CudaCtx *c, void *dq, void *dk, void *dv, const void *dout, const void *q, const void *k,
+                           const void *v, const float *lse, const float *Di, int B, int T, AttSpan sp, int Hq, int Hkv,
+                           float scale, int window, const int32_t *doc_start, int accumulate, float *acck, float *accv) {
+    const size_t s1 = mma_dkdv_smem<D>(), s2 = mma_dq_smem<D>();
+    smem_optin(c, att_bwd_dkdv_mma<D>, s1, D);
+    smem_optin(c, att_bwd_dq_mma<D>, s2, D);
+    dim3 g1((T + MB - 1) / MB, Hkv, B), g2((sp.nq + MB - 1) / MB, Hq, B);
+    LAUNCH(g1, MT, s1, c->stream, att_bwd_dkdv_mma<D>)((bf16 *)dk, (bf16 *)dv, (const bf16 *)dout, (const bf16 *)q, (const bf16 *)k, (const bf16 *)v, lse, Di, T, sp, Hq, Hkv, scale, window, doc_start, accumulate, acck, accv);
+    LAUNCH(g2, MT, s2, c->stream, att_bwd_dq_mma<D>)((bf16 *)dq, (const bf16 *)dout, (const bf16 *)q, (const bf16 *)k, (const bf16 *)v, lse, Di, T, sp, Hq, Hkv, scale, window, doc_start);
+}
+
 // ==== dispatch ===============================================================================
 static int use_wmma(const CudaCtx *c, int D, const void *const *ptrs, int np) {
     if (!c->bf16 || c->force_generic_attention || D % 16 != 0 || D > 128) return 0;
@@ -768,14 +1005,14 @@ static int use_wmma(const CudaCtx *c, int D, const void *const *ptrs, int np) {
         if (ptr_align(ptrs[i]) < 16) return 0;
     return wmma_dkdv_smem(D) <= c->smem_optin;  // the largest of the three
 }
-// The mma forward (opt-in) where the WMMA path would run and the head dim has an instance.
-static int use_mma_fwd(const CudaCtx *c, int D, const void *const *ptrs, int np) {
+// The mma kernels (opt-in) where the WMMA path would run and the head dim has an instance.
+static int use_mma(const CudaCtx *c, int D, const void *const *ptrs, int np) {
     return c->mma_attention && (D == 16 || D == 32 || D == 64 || D == 96 || D == 128) && use_wmma(c, D, ptrs, np);
 }
 
 const char *k_attention_path(const CudaCtx *c, int D) {
     const void *dummy[1] = {(const void *)(uintptr_t)256};
-    return use_mma_fwd(c, D, dummy, 1) ? "mma-fwd+wmma-bwd" : use_wmma(c, D, dummy, 1) ? "wmma-bf16" : "generic";
+    return use_mma(c, D, dummy, 1) ? "mma-bf16" : use_wmma(c, D, dummy, 1) ? "wmma-bf16" : "generic";
 }
 
 void k_attention_fwd(CudaCtx *c, void *out, float *lse, const void *q, const void *k, const void *v,
@@ -784,7 +1021,7 @@ void k_attention_fwd(CudaCtx *c, void *out, float *lse, const void *q, const voi
     const float scale = att_scale(D);
     const AttSpan sp = {q0, q0 + nq, nq};
     const void *ptrs[] = {out, q, k, v};
-    if (use_mma_fwd(c, D, ptrs, 4)) {
+    if (use_mma(c, D, ptrs, 4)) {
         switch (D) {
         case 16: launch_fwd_mma<16>(c, out, lse, q, k, v, B, T, sp, Hq, Hkv, scale, window, doc_start); break;
         case 32: launch_fwd_mma<32>(c, out, lse, q, k, v, B, T, sp, Hq, Hkv, scale, window, doc_start); break;
@@ -825,7 +1062,15 @@ void k_attention_bwd(CudaCtx *c, void *dq, void *dk, void *dv, const void *dout,
     else LAUNCH(dot_blocks, 256, 0, c->stream, att_bwd_dot<float>)(Di, (const float *)dout, (const float *)out, B, T, sp, Hq, D);
     LAUNCH_CHECK("attention_bwd dot");
     const void *ptrs[] = {dq, dk, dv, dout, q, k, v};
-    if (use_wmma(c, D, ptrs, 7)) {
+    if (use_mma(c, D, ptrs, 7)) {
+        switch (D) {
+        case 16: launch_bwd_mma<16>(c, dq, dk, dv, dout, q, k, v, lse, Di, B, T, sp, Hq, Hkv, scale, window, doc_start, accumulate, acck, accv); break;
+        case 32: launch_bwd_mma<32>(c, dq, dk, dv, dout, q, k, v, lse, Di, B, T, sp, Hq, Hkv, scale, window, doc_start, accumulate, acck, accv); break;
+        case 64: launch_bwd_mma<64>(c, dq, dk, dv, dout, q, k, v, lse, Di, B, T, sp, Hq, Hkv, scale, window, doc_start, accumulate, acck, accv); break;
+        case 96: launch_bwd_mma<96>(c, dq, dk, dv, dout, q, k, v, lse, Di, B, T, sp, Hq, Hkv, scale, window, doc_start, accumulate, acck, accv); break;
+        default: launch_bwd_mma<128>(c, dq, dk, dv, dout, q, k, v, lse, Di, B, T, sp, Hq, Hkv, scale, window, doc_start, accumulate, acck, accv); break;
+        }
+    } else if (use_wmma(c, D, ptrs, 7)) {
         const size_t s1 = wmma_dkdv_smem(D), s2 = wmma_dq_smem(D);
         smem_optin(c, att_bwd_dkdv_wmma, s1, D);
         smem_optin(c, att_bwd_dq_wmma, s2, D);

@@ -63,7 +63,7 @@ CudaCtx *cuda_ctx_create(int bf16, int device) {
     CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
     c->num_sms = prop.multiProcessorCount;
     c->smem_optin = prop.sharedMemPerBlockOptin;
-    const char *mma = getenv("LLMC_ATT_MMA");  // the opt-in mma.sync attention forward
+    const char *mma = getenv("LLMC_ATT_MMA");  // the opt-in mma.sync attention kernels
     c->mma_attention = mma && !strcmp(mma, "1");
     CUDA_CHECK(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
     if (cublasLtCreate(&c->lt) != CUBLAS_STATUS_SUCCESS) fail("cuBLASLt: cublasLtCreate failed");
