@@ -15,6 +15,9 @@
 #   sanitizer  (d) compute-sanitizer memcheck + racecheck on a short run of each mode
 #   nccl       (e) NCCL world 1 (LLMC_FORCE_NCCL=1), and every GPU when there are several
 #   bench      (f) ~1B Llama at 4K tokens, full and LoRA: tok/s, MFU, peak memory vs PyTorch
+#   memory     (g) the same shape in 5 memory modes and LoRA resident/streamed, under one
+#              device_memory_limit: nvidia-smi peaks within 10% of --plan's, hidden_states
+#              <= 1.02x checkpointing's step, streaming <= 1.10x resident (not in "all": ~3-5 min)
 # Without a GPU, every part that needs one reports "skipped: no GPU"; build and emu still run.
 #
 # Report: DIR/gpu_report.md and DIR/gpu_report.json (DIR: --out, else $OUT, else
@@ -35,8 +38,8 @@ while [ $# -gt 0 ]; do
     --out) OUTDIR=$2; shift 2 ;;
     -h|--help) sed -n '2,30p' "$0"; exit 0 ;;
     all) PARTS+=(build emu kernels train modes sanitizer nccl bench); shift ;;
-    build|emu|kernels|train|modes|sanitizer|nccl|bench) PARTS+=("$1"); shift ;;
-    *) echo "gpu_check: unknown part '$1' (build emu kernels train modes sanitizer nccl bench all)" >&2; exit 2 ;;
+    build|emu|kernels|train|modes|sanitizer|nccl|bench|memory) PARTS+=("$1"); shift ;;
+    *) echo "gpu_check: unknown part '$1' (build emu kernels train modes sanitizer nccl bench memory all)" >&2; exit 2 ;;
   esac
 done
 [ ${#PARTS[@]} -gt 0 ] || PARTS=(build emu kernels train modes sanitizer nccl bench)
@@ -287,7 +290,7 @@ for p in "${PARTS[@]}"; do
     build) part_build ;;
     emu) part_emu ;;
     kernels) part_kernels ;;
-    train|modes|sanitizer|nccl) part_py "$p" ;;
+    train|modes|sanitizer|nccl|memory) part_py "$p" ;;
     bench) part_bench ;;
   esac
 done
