@@ -145,7 +145,7 @@ mk() {
 # everything they started (timeout kills its process group), and the part reports a failure
 # naming the limit: a hang costs one part, not a lease
 # LLMC_CHECK_BUDGET=S: the whole script's seconds (for a lease): a part's limit is cut to what is
-# left (less 20 s for the report), and parts that would start with under 30 s left are skipped
+# left (less 20 s for the report), and parts that would start with under 50 s left are skipped
 PART_TIMEOUT=${LLMC_PART_TIMEOUT:-0}
 BUDGET=${LLMC_CHECK_BUDGET:-0}
 part_limit() {  # seconds the next command may run, 0 = no limit

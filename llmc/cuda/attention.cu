@@ -638,6 +638,33 @@ __device__ __forceinline__ uint32_t pack_pair(float lo, float hi) {
     const bf16 a = __float2bfloat16_rn(lo), b = __float2bfloat16_rn(hi);
     return (uint32_t)*reinterpret_cast<const uint16_t *>(&a) | ((uint32_t)*reinterpret_cast<const uint16_t *>(&b) << 16);
 }
+// The A fragment of rows [r, r + 16) and columns [c, c + 16) of a bf16 tile (row stride ld).
+__device__ __forceinline__ void ld_afrag(uint32_t a[4], const bf16 *tile, int ld, int r, int c) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const bf16 *p = tile + (r + g) * ld + c + 2 * t;
+    a[0] = ld_pair(p), a[1] = ld_pair(p + 8 * ld), a[2] = ld_pair(p + 8), a[3] = ld_pair(p + 8 * ld + 8);
+}
+// The B fragment for B(k, n) = tile[n][k]: n in [n0, n0 + 8), k in [k0, k0 + 16).
+__device__ __forceinline__ void ld_bfrag(uint32_t bq[2], const bf16 *tile, int ld, int n0, int k0) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const bf16 *p = tile + (n0 + g) * ld + k0 + 2 * t;
+    bq[0] = ld_pair(p), bq[1] = ld_pair(p + 8);
+}
+// Copies a [MB][D] bf16 tile (row stride ldh) transposed into dst[D][MB] (row stride ldt).
+__device__ __forceinline__ void transpose_tile(bf16 *dst, int ldt, const bf16 *src, int ldh, int D) {
+    for (int e = threadIdx.x; e < MB * D; e += MT) {
+        const int r = e / D, d = e % D;
+        dst[d * ldt + r] = src[r * ldh + d];
+    }
+}
+
+// The A fragment (bf16) of columns [16 ks, 16 ks + 16) of a 16-row accumulator tile held as
+// n-tiles of 8 columns (acc[nt][4], mma's D layout): a product's result is the next product's
+// A operand without a trip through shared memory (D's layout of two adjacent n-tiles is A's).
+__device__ __forceinline__ void acc_afrag(uint32_t a[4], const float (*acc)[4], int ks) {
+    a[0] = pack_pair(acc[2 * ks][0], acc[2 * ks][1]), a[1] = pack_pair(acc[2 * ks][2], acc[2 * ks][3]);
+    a[2] = pack_pair(acc[2 * ks + 1][0], acc[2 * ks + 1][1]), a[3] = pack_pair(acc[2 * ks + 1][2], acc[2 * ks + 1][3]);
+}
 
 template <int D>
 __global__ void __launch_bounds__(MT) att_fwd_mma(bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v,
@@ -657,10 +684,7 @@ __global__ void __launch_bounds__(MT) att_fwd_mma(bf16 *out, float *lse, const b
     __syncthreads();
     uint32_t qa[D / 16][4];  // this warp's 16 rows of Q as A fragments
 #pragma unroll
-    for (int kk = 0; kk < D / 16; kk++) {
-        const bf16 *p = sQ + (r0 + g) * LDH + kk * 16 + 2 * t;
-        qa[kk][0] = ld_pair(p), qa[kk][1] = ld_pair(p + 8 * LDH), qa[kk][2] = ld_pair(p + 8), qa[kk][3] = ld_pair(p + 8 * LDH + 8);
-    }
+    for (int kk = 0; kk < D / 16; kk++) ld_afrag(qa[kk], sQ, LDH, r0, kk * 16);
     float o[D / 8][4];
 #pragma unroll
     for (int nd = 0; nd < D / 8; nd++) o[nd][0] = o[nd][1] = o[nd][2] = o[nd][3] = 0.0f;
@@ -683,8 +707,8 @@ __global__ void __launch_bounds__(MT) att_fwd_mma(bf16 *out, float *lse, const b
             s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
 #pragma unroll
             for (int kk = 0; kk < D / 16; kk++) {
-                const bf16 *p = sK + (nt * 8 + g) * LDH + kk * 16 + 2 * t;
-                const uint32_t kb[2] = {ld_pair(p), ld_pair(p + 8)};
+                uint32_t kb[2];
+                ld_bfrag(kb, sK, LDH, nt * 8, kk * 16);
                 mma_16816(s[nt], qa[kk], kb);
             }
         }
@@ -719,12 +743,12 @@ __global__ void __launch_bounds__(MT) att_fwd_mma(bf16 *out, float *lse, const b
         for (int nd = 0; nd < D / 8; nd++) o[nd][0] *= corr[0], o[nd][1] *= corr[0], o[nd][2] *= corr[1], o[nd][3] *= corr[1];
 #pragma unroll
         for (int ks = 0; ks < MB / 16; ks++) {  // O += P V, 16 keys at a time; P rounded to bf16
-            const uint32_t pa[4] = {pack_pair(s[2 * ks][0], s[2 * ks][1]), pack_pair(s[2 * ks][2], s[2 * ks][3]),
-                                    pack_pair(s[2 * ks + 1][0], s[2 * ks + 1][1]), pack_pair(s[2 * ks + 1][2], s[2 * ks + 1][3])};
+            uint32_t pa[4];
+            acc_afrag(pa, s, ks);
 #pragma unroll
             for (int nd = 0; nd < D / 8; nd++) {
-                const bf16 *p = sVt + (nd * 8 + g) * LDV + ks * 16 + 2 * t;
-                const uint32_t vb[2] = {ld_pair(p), ld_pair(p + 8)};
+                uint32_t vb[2];
+                ld_bfrag(vb, sVt, LDV, nd * 8, ks * 16);
                 mma_16816(o[nd], pa, vb);
             }
         }
@@ -767,26 +791,6 @@ static void launch_fwd_mma(CudaCtx *c, void *out, float *lse, const void *q, con
 // the A-operand layout of dV += P^T dO and dK += dS^T Q (dO and Q transposed in shared memory).
 // dQ: a warp owns 16 queries, S = Q K^T and dP = dO V^T in registers, dQ += dS K (K transposed).
 // P and dS are rounded to bf16 for the products, as on the WMMA path. Emulator only so far.
-
-// The A fragment of rows [r, r + 16) and columns [c, c + 16) of a bf16 tile (row stride ld).
-__device__ __forceinline__ void ld_afrag(uint32_t a[4], const bf16 *tile, int ld, int r, int c) {
-    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    const bf16 *p = tile + (r + g) * ld + c + 2 * t;
-    a[0] = ld_pair(p), a[1] = ld_pair(p + 8 * ld), a[2] = ld_pair(p + 8), a[3] = ld_pair(p + 8 * ld + 8);
-}
-// The B fragment for B(k, n) = tile[n][k]: n in [n0, n0 + 8), k in [k0, k0 + 16).
-__device__ __forceinline__ void ld_bfrag(uint32_t bq[2], const bf16 *tile, int ld, int n0, int k0) {
-    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    const bf16 *p = tile + (n0 + g) * ld + k0 + 2 * t;
-    bq[0] = ld_pair(p), bq[1] = ld_pair(p + 8);
-}
-// Copies a [MB][D] bf16 tile (row stride ldh) transposed into dst[D][MB] (row stride ldt).
-__device__ __forceinline__ void transpose_tile(bf16 *dst, int ldt, const bf16 *src, int ldh, int D) {
-    for (int e = threadIdx.x; e < MB * D; e += MT) {
-        const int r = e / D, d = e % D;
-        dst[d * ldt + r] = src[r * ldh + d];
-    }
-}
 
 template <int D>
 __global__ void __launch_bounds__(MT) att_bwd_dkdv_mma(bf16 *dk, bf16 *dv, const bf16 *dout, const bf16 *q,
@@ -862,10 +866,8 @@ __global__ void __launch_bounds__(MT) att_bwd_dkdv_mma(bf16 *dk, bf16 *dv, const
             __syncthreads();  // the transposed tiles are complete
 #pragma unroll
             for (int ks = 0; ks < MB / 16; ks++) {
-                const uint32_t pa[4] = {pack_pair(st[2 * ks][0], st[2 * ks][1]), pack_pair(st[2 * ks][2], st[2 * ks][3]),
-                                        pack_pair(st[2 * ks + 1][0], st[2 * ks + 1][1]), pack_pair(st[2 * ks + 1][2], st[2 * ks + 1][3])};
-                const uint32_t sa[4] = {pack_pair(dpt[2 * ks][0], dpt[2 * ks][1]), pack_pair(dpt[2 * ks][2], dpt[2 * ks][3]),
-                                        pack_pair(dpt[2 * ks + 1][0], dpt[2 * ks + 1][1]), pack_pair(dpt[2 * ks + 1][2], dpt[2 * ks + 1][3])};
+                uint32_t pa[4], sa[4];
+                acc_afrag(pa, st, ks), acc_afrag(sa, dpt, ks);
 #pragma unroll
                 for (int nd = 0; nd < D / 8; nd++) {
                     uint32_t bo[2], bq[2];
@@ -956,8 +958,8 @@ __global__ void __launch_bounds__(MT) att_bwd_dq_mma(bf16 *dq, const bf16 *dout,
         __syncthreads();  // the transposed K tile is complete
 #pragma unroll
         for (int ks = 0; ks < MB / 16; ks++) {
-            const uint32_t sa[4] = {pack_pair(s[2 * ks][0], s[2 * ks][1]), pack_pair(s[2 * ks][2], s[2 * ks][3]),
-                                    pack_pair(s[2 * ks + 1][0], s[2 * ks + 1][1]), pack_pair(s[2 * ks + 1][2], s[2 * ks + 1][3])};
+            uint32_t sa[4];
+            acc_afrag(sa, s, ks);
 #pragma unroll
             for (int nd = 0; nd < D / 8; nd++) {
                 uint32_t bk[2];
