@@ -7,6 +7,7 @@
 #include "comm.h"
 #include "cpu/kernels.h"
 #include "stb_ds.h"
+#include "util.h"
 
 int schedule_from_name(const char *name) {
     if (!strcmp(name, "linear")) return SCHED_LINEAR;
@@ -59,13 +60,25 @@ double grad_norm(Model *m) {
         if (m->opt.zero_stage >= 1) c->reduce_scatter_sum(c, m->grads, m->grads, m->tab.shard);
         else c->all_reduce_sum(c, m->grads, full);
     }
-    // Per tensor, in table order; a tied head is one entry, so each gradient counts once.
-    double ss = 0;
-    for (int i = 0; i < (int)arrlen(m->tab.specs); i++) {
+    // Per tensor, in table order; a tied head is one entry, so each gradient counts once. The
+    // backend sums the list with one wait (sumsq_many); the host adds the sums in order.
+    const int nspec = (int)arrlen(m->tab.specs);
+    const float **x = xmalloc(sizeof *x * (size_t)(nspec + 1));
+    size_t *len = xmalloc(sizeof *len * (size_t)(nspec + 1));
+    double *each = xmalloc(sizeof *each * (size_t)(nspec + 1));
+    int k = 0;
+    for (int i = 0; i < nspec; i++) {
         size_t a, b, loc;
-        if (model_owned_part(m, &m->tab.specs[i], &a, &b, &loc))
-            ss += m->bk->sumsq(m->bk, m->grads + loc, b - a);
+        if (model_owned_part(m, &m->tab.specs[i], &a, &b, &loc)) x[k] = m->grads + loc, len[k++] = b - a;
     }
+    if (m->bk->sumsq_many) m->bk->sumsq_many(m->bk, x, len, k, each);
+    else
+        for (int i = 0; i < k; i++) each[i] = m->bk->sumsq(m->bk, x[i], len[i]);
+    double ss = 0;
+    for (int i = 0; i < k; i++) ss += each[i];
+    free(x);
+    free(len);
+    free(each);
     if (sharded(m) && m->opt.zero_stage >= 1) c->all_reduce_sum_f64(c, &ss, 1);
     return sqrt(ss);
 }

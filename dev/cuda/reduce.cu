@@ -30,6 +30,23 @@ int main(int argc, char **argv) {
             }
             cudaFree(dx);
         }
+        {  // the list form: every sum k_sumsq's bits, one wait (lengths 0 and 1 included)
+            const size_t lens[] = {1000, 0, 1, 100003, 7, (size_t)1 << 20, 33};
+            const int k = (int)(sizeof lens / sizeof *lens);
+            std::vector<float *> xs(k);
+            for (int i = 0; i < k; i++) xs[i] = (float *)up_act(randn(lens[i] ? lens[i] : 1, 1.0 + i), 0);
+            std::vector<double> each(k, -1.0);
+            k_sumsq_many(c, xs.data(), lens, k, each.data());
+            int same = 1;
+            for (int i = 0; i < k; i++) {
+                const double one = k_sumsq(c, xs[i], lens[i]);
+                same &= !memcmp(&one, &each[i], 8);
+            }
+            char name[96];
+            snprintf(name, sizeof name, "sumsq_many %s: %d tensors, each bit-identical to sumsq", prec(bf), k);
+            check_true(name, same, "a sum differs from sumsq's");
+            for (float *p : xs) cudaFree(p);
+        }
         if (!g_quick) {
             const size_t n = (size_t)1 << 28, es = 4;
             float *x = (float *)dmalloc(n * es);

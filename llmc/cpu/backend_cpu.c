@@ -257,6 +257,10 @@ static void cpu_classifier_ce(Backend *bk, float *losses, void *dx, float *dW, c
     classifier_ce_f32(losses, dx, dW, x, W, tgt, N, V, C, scale);
 }
 static double cpu_sumsq(Backend *bk, const float *x, size_t n) { (void)bk; return sumsq_f32(x, n); }
+static void cpu_sumsq_many(Backend *bk, const float *const *x, const size_t *n, int count, double *each) {
+    (void)bk;
+    for (int i = 0; i < count; i++) each[i] = sumsq_f32(x[i], n[i]);
+}
 static double cpu_sum_f32(Backend *bk, const float *x, size_t n) {
     (void)bk;
     double s = 0;  // sequential: the loss must not depend on the thread count
@@ -361,6 +365,7 @@ Backend *backend_cpu_create(int threads) {
     bk->swiglu_bwd = cpu_swiglu_bwd;
     bk->classifier_ce = cpu_classifier_ce;
     bk->sumsq = cpu_sumsq;
+    bk->sumsq_many = cpu_sumsq_many;
     bk->sum_f32 = cpu_sum_f32;
     bk->scale = cpu_scale;
     bk->adamw = cpu_adamw;

@@ -108,7 +108,7 @@ void *ctx_scratch(CudaCtx *c, int slot, size_t bytes) {
         format_bytes(need, sizeof need, (double)want);
         static const char *names[SCR_COUNT] = {"reduction partials", "classifier chunk logits",
                                                "classifier chunk gradient", "attention backward row sums",
-                                               "embedding backward order"};
+                                               "embedding backward order", "sumsq list"};
         fail("out of device memory allocating %s of kernel scratch (%s): %s", need, names[slot],
              cudaGetErrorString(e));
     }
@@ -492,6 +492,9 @@ static void cu_classifier_ce(Backend *bk, float *losses, void *dx, float *dW, co
 }
 static double cu_sumsq(Backend *bk, const float *x, size_t n) { return k_sumsq(ctx_of(bk), x, n); }
 static double cu_sum_f32(Backend *bk, const float *x, size_t n) { return k_sum_f32(ctx_of(bk), x, n); }
+static void cu_sumsq_many(Backend *bk, const float *const *x, const size_t *n, int count, double *each) {
+    k_sumsq_many(ctx_of(bk), x, n, count, each);
+}
 static void cu_adamw(Backend *bk, void *p, float *master, const float *g, float *m, float *v, size_t n, float lr,
                      float b1, float b2, float eps, float wd, float gscale, int t) {
     k_adamw(ctx_of(bk), p, master, g, m, v, n, lr, b1, b2, eps, wd, gscale, t);
@@ -622,6 +625,7 @@ extern "C" Backend *backend_cuda_create(int dtype_bf16, int device_index) {
     bk->swiglu_bwd = cu_swiglu_bwd;
     bk->classifier_ce = cu_classifier_ce;
     bk->sumsq = cu_sumsq;
+    bk->sumsq_many = cu_sumsq_many;
     bk->sum_f32 = cu_sum_f32;
     bk->scale = cu_scale;
     bk->adamw = cu_adamw;

@@ -29,6 +29,7 @@ enum {
     SCR_CE_GRAD,    // classifier chunk gradient (act precision, bf16 mode only)
     SCR_ATT_D,      // attention backward: rowsum(dO * O) per (b, h, t)
     SCR_EMB,        // embedding backward: counts/cursors [V] and the sorted order [N]
+    SCR_LIST,       // sumsq_many: the list's pointers and lengths, and its sums
     SCR_COUNT
 };
 
@@ -89,6 +90,8 @@ void k_act_to_f32(CudaCtx *c, float *dst, const void *src, size_t n);
 // Sums in double with a fixed grid, so the result does not depend on the GPU; synchronises.
 // sumsq reads float (gradients).
 double k_sumsq(CudaCtx *c, const float *x, size_t n);
+// each[i] = k_sumsq(c, x[i], n[i]) for i < count, bit for bit, with one wait for all.
+void k_sumsq_many(CudaCtx *c, const float *const *x, const size_t *n, int count, double *each);
 double k_sum_f32(CudaCtx *c, const float *x, size_t n);
 
 // ---- embedding.cu ----------------------------------------------------------------------------
