@@ -53,6 +53,8 @@ struct Backend {
     int act_bytes;
     int threads;
     char detail[96];  // shown after the device in the config box (CPU: BLAS core, kernel set)
+    // Which attention kernels run at head dim D (the config box; NULL where there is one kind).
+    const char *(*attention_path)(const Backend *, int head_dim);
     int dry_run;  // allocations are only counted (the planner); no op may run
     int att_block;  // attention query tiles must start at multiples of it (0: no query tiles)
     const char *oom_hint;  // appended to the out-of-memory message (e.g. modes that would fit)

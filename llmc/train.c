@@ -115,6 +115,10 @@ static void print_box(const Config *cfg, const Model *m, const Backend *bk, size
     printf("| optimizer    %-50s |\n", opt);
     char dev[128];
     snprintf(dev, sizeof dev, "%s, %d threads%s%s", bk->name, bk->threads, bk->detail[0] ? ", " : "", bk->detail);
+    if (bk->attention_path) {
+        const size_t n = strlen(dev);
+        snprintf(dev + n, sizeof dev - n, ", attention %s", bk->attention_path(bk, m->cfg.head_dim));
+    }
     printf("| device       %-50s |\n", dev);
     size_t pbytes = m->tab.num_params * bk->act_bytes, gbytes = m->tab.num_trainable * sizeof(float);  // float grads
     format_bytes(a, sizeof a, (double)(pbytes + gbytes));

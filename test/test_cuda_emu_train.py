@@ -30,6 +30,8 @@ lr * g / (|g| + 1): the step's change measures its gradient g, element by elemen
       3.0e-3 off).
   (e) LLMC_FORCE_NCCL=1 (the NCCL path, a world of one, through the emulator's NCCL): exits 0
       with the plain run's loss and weights (its exit once used a destroyed stream).
+  (f) LLMC_ATT_MMA=1 (the mma.sync attention kernels, head dim 16): the config box names them,
+      and (b)'s check holds for its gradient against the CPU's.
 About 30 s on 2 cores.
 Prints PASS/FAIL lines and the measured figures.
 """
@@ -48,6 +50,7 @@ from array import array
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 T, VOCAB = 128, 64
 FAILS = 0
+LAST_STDOUT = ""  # the last successful run's output
 
 
 def check(name, ok, detail=""):
@@ -96,6 +99,8 @@ def run(binary, tmp, name, device, extra, env=None):
                        env=dict(os.environ, **(env or {})))
     if p.returncode != 0:
         return None, "exit %d: %s" % (p.returncode, (p.stdout + p.stderr)[-1500:]), 0
+    global LAST_STDOUT
+    LAST_STDOUT = p.stdout
     with open(os.path.join(tmp, name, "metrics.jsonl")) as f:
         m = [json.loads(line) for line in f if '"loss"' in line]
     weights = "adapter_model.safetensors" if "adapter" in extra else "model.safetensors"
@@ -207,6 +212,17 @@ def main():
         check("(e) LLMC_FORCE_NCCL=1: exits 0 with the plain run's loss and weights", r is not None and
               r[0]["loss"] == g1[0]["loss"] and all(r[1][k] == g1[1][k] for k in g1[1]),
               w or "loss %r vs %r, or the weights differ" % (r[0]["loss"], g1[0]["loss"]))
+        # (f) the opt-in mma.sync attention kernels in a whole training step.
+        r, w, _ = run(binary, tmp, "cuda_mma_a4", "cuda", {"dtype": "bfloat16", "gradient_accumulation_steps": 4},
+                      env={"LLMC_ATT_MMA": "1"})
+        check("(f) LLMC_ATT_MMA=1: runs, and the config box says attention mma-bf16",
+              r is not None and "attention mma-bf16" in LAST_STDOUT, w or "no 'attention mma-bf16' in its output")
+        if r is not None:
+            ef = grad_errors(w0, r[1], c4[1])
+            vf = sorted(ef.values())
+            check("(f) LLMC_ATT_MMA=1 vs CPU fp32, 4 micro-batches: gradients within (b)'s 1.05e-2 normwise, "
+                  "median 7.5e-3: %s" % summary(ef), vf[-1] <= 1.05e-2 and vf[len(vf) // 2] <= 7.5e-3,
+                  "beyond the tolerance")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return 1 if FAILS else 0

@@ -614,8 +614,8 @@ template <class K> static void smem_optin(CudaCtx *c, K kernel, size_t bytes, in
 // 16 query rows and keeps its Q fragments, scores, probabilities and output accumulators in
 // registers, so the softmax rescaling is done where the products land (the score tile's
 // accumulator layout is the probability tile's A-operand layout: no shared-memory round trip).
-// Shared memory holds one K tile and one V tile (V transposed, so that each B fragment is one
-// 32-bit load). Written after the first GPU run (2026-11-27: the WMMA forward ran at 24-34
+// Shared memory holds Q, one K tile and one V tile, all row-major; fragments come through ldmatrix
+// (V's through .trans). Written after the first GPU run (2026-11-27: the WMMA forward ran at 24-34
 // TFLOP/s) and checked on the emulator only; not yet run on a GPU, hence opt-in.
 #define MB 64   // query rows per block (4 warps x 16) and keys per tile
 #define MT 128
@@ -632,30 +632,50 @@ __device__ __forceinline__ void mma_16816(float d[4], const uint32_t a[4], const
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 #endif
 }
-// Two bf16 at p (4-byte aligned) as one register, the first in the low half.
-__device__ __forceinline__ uint32_t ld_pair(const bf16 *p) { return *reinterpret_cast<const uint32_t *>(p); }
+// ldmatrix .x4: four 8 x 8 bf16 matrices from shared memory in one warp instruction; lane 8 i + r
+// passes the address of row r of matrix i (16-byte aligned) and receives in d[i] the pair (l / 4,
+// 2 (l % 4) .. +1) of each, (2 (l % 4) .. +1, l / 4) with .trans: the mma fragment layouts, so
+// tiles stay row-major in shared memory and nothing is transposed by hand. The "memory" clobber
+// keeps the loads after the __syncthreads that publish the tile. (The emulator's
+// emu::ldmatrix_x4 implements the same layout.)
+__device__ __forceinline__ void ldsm_x4(uint32_t d[4], const bf16 *row, int trans) {
+#ifdef LLMC_EMU
+    emu::ldmatrix_x4(d, row, trans);
+#else
+    const uint32_t a = (uint32_t)__cvta_generic_to_shared(row);
+    if (trans)
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                     : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3]) : "r"(a) : "memory");
+    else
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                     : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3]) : "r"(a) : "memory");
+#endif
+}
 __device__ __forceinline__ uint32_t pack_pair(float lo, float hi) {
     const bf16 a = __float2bfloat16_rn(lo), b = __float2bfloat16_rn(hi);
     return (uint32_t)*reinterpret_cast<const uint16_t *>(&a) | ((uint32_t)*reinterpret_cast<const uint16_t *>(&b) << 16);
 }
-// The A fragment of rows [r, r + 16) and columns [c, c + 16) of a bf16 tile (row stride ld).
+// The A fragment of rows [r, r + 16) and columns [c, c + 16) of a bf16 tile (row stride ld): the
+// matrices (r, c), (r + 8, c), (r, c + 8), (r + 8, c + 8).
 __device__ __forceinline__ void ld_afrag(uint32_t a[4], const bf16 *tile, int ld, int r, int c) {
-    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    const bf16 *p = tile + (r + g) * ld + c + 2 * t;
-    a[0] = ld_pair(p), a[1] = ld_pair(p + 8 * ld), a[2] = ld_pair(p + 8), a[3] = ld_pair(p + 8 * ld + 8);
+    const int lane = threadIdx.x & 31;
+    ldsm_x4(a, tile + (r + (lane & 15)) * ld + c + (lane >> 4) * 8, 0);
 }
-// The B fragment for B(k, n) = tile[n][k]: n in [n0, n0 + 8), k in [k0, k0 + 16).
-__device__ __forceinline__ void ld_bfrag(uint32_t bq[2], const bf16 *tile, int ld, int n0, int k0) {
-    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    const bf16 *p = tile + (n0 + g) * ld + k0 + 2 * t;
-    bq[0] = ld_pair(p), bq[1] = ld_pair(p + 8);
+// B fragments of two n-tiles, n in [n0, n0 + 8) into b0 and [n0 + 8, n0 + 16) into b1, k in
+// [k0, k0 + 16), for B(k, n) = tile[n][k] (the reduced dim along rows: K for S = Q K^T).
+__device__ __forceinline__ void ld_bfrag2(uint32_t b0[2], uint32_t b1[2], const bf16 *tile, int ld, int n0, int k0) {
+    const int lane = threadIdx.x & 31;
+    uint32_t d[4];
+    ldsm_x4(d, tile + (n0 + (lane & 7) + (lane >> 4) * 8) * ld + k0 + ((lane >> 3) & 1) * 8, 0);
+    b0[0] = d[0], b0[1] = d[1], b1[0] = d[2], b1[1] = d[3];
 }
-// Copies a [MB][D] bf16 tile (row stride ldh) transposed into dst[D][MB] (row stride ldt).
-__device__ __forceinline__ void transpose_tile(bf16 *dst, int ldt, const bf16 *src, int ldh, int D) {
-    for (int e = threadIdx.x; e < MB * D; e += MT) {
-        const int r = e / D, d = e % D;
-        dst[d * ldt + r] = src[r * ldh + d];
-    }
+// The same for B(k, n) = tile[k][n] (a row-major tile read down its columns: V for O = P V),
+// through .trans.
+__device__ __forceinline__ void ld_bfrag2_t(uint32_t b0[2], uint32_t b1[2], const bf16 *tile, int ld, int n0, int k0) {
+    const int lane = threadIdx.x & 31;
+    uint32_t d[4];
+    ldsm_x4(d, tile + (k0 + (lane & 15)) * ld + n0 + (lane >> 4) * 8, 1);
+    b0[0] = d[0], b0[1] = d[1], b1[0] = d[2], b1[1] = d[3];
 }
 
 // The A fragment (bf16) of columns [16 ks, 16 ks + 16) of a 16-row accumulator tile held as
@@ -671,14 +691,14 @@ __global__ void __launch_bounds__(MT) att_fwd_mma(bf16 *out, float *lse, const b
                                                  int T_, AttSpan sp, int Hq, int Hkv, float scale, int window,
                                                  const int32_t *doc_start) {
     DYNAMIC_SMEM(smem);
-    constexpr int LDH = D + 8, LDV = MB + 8;  // padded rows (elements): 16-byte aligned, staggered banks
+    constexpr int LDH = D + 8;  // padded rows (elements): 16-byte aligned; ldmatrix's 8 rows hit 8 bank groups
     const int qb = gridDim.x - 1 - blockIdx.x, h = blockIdx.y, b = blockIdx.z;
     const int hk = h / (Hq / Hkv), i0 = sp.q0 + qb * MB, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int g = lane >> 2, t = lane & 3, r0 = 16 * warp;
     const size_t ldq = (size_t)Hq * D, ldk = (size_t)Hkv * D;
     const int32_t *drow = doc_start ? doc_start + (size_t)b * T_ : nullptr;
-    bf16 *sQ = (bf16 *)smem, *sK = sQ + MB * LDH, *sVt = sK + MB * LDH;
-    int *sLo = (int *)(sVt + D * LDV);
+    bf16 *sQ = (bf16 *)smem, *sK = sQ + MB * LDH, *sV = sK + MB * LDH;
+    int *sLo = (int *)(sV + MB * LDH);
     load_tile(sQ, LDH, q, qrow(sp, b, i0), i0, sp.qend, ldq, (size_t)h * D, D);
     for (int e = threadIdx.x; e < MB; e += MT) sLo[e] = i0 + e < sp.qend ? att_lo(i0 + e, window, drow) : 0;
     __syncthreads();
@@ -696,20 +716,19 @@ __global__ void __launch_bounds__(MT) att_fwd_mma(bf16 *out, float *lse, const b
     for (int j0 = att_first_tile(i0, T_, MB, window, drow); j0 < jend; j0 += MB) {
         __syncthreads();  // the previous tile's readers are done
         load_tile(sK, LDH, k, (size_t)b * T_ + j0, j0, T_, ldk, (size_t)hk * D, D);
-        for (int e = threadIdx.x; e < MB * D; e += MT) {  // V transposed: sVt[d][key]
-            const int r = e / D, d = e % D, j = j0 + r;
-            sVt[d * LDV + r] = j < T_ ? v[((size_t)b * T_ + j) * ldk + (size_t)hk * D + d] : __float2bfloat16_rn(0.0f);
-        }
+        load_tile(sV, LDH, v, (size_t)b * T_ + j0, j0, T_, ldk, (size_t)hk * D, D);
         __syncthreads();
         float s[MB / 8][4];  // scores: key tile nt, (row g | g+8, key 2t | 2t+1)
 #pragma unroll
-        for (int nt = 0; nt < MB / 8; nt++) {
+        for (int nt = 0; nt < MB / 8; nt += 2) {
             s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
+            s[nt + 1][0] = s[nt + 1][1] = s[nt + 1][2] = s[nt + 1][3] = 0.0f;
 #pragma unroll
             for (int kk = 0; kk < D / 16; kk++) {
-                uint32_t kb[2];
-                ld_bfrag(kb, sK, LDH, nt * 8, kk * 16);
-                mma_16816(s[nt], qa[kk], kb);
+                uint32_t kb0[2], kb1[2];
+                ld_bfrag2(kb0, kb1, sK, LDH, nt * 8, kk * 16);
+                mma_16816(s[nt], qa[kk], kb0);
+                mma_16816(s[nt + 1], qa[kk], kb1);
             }
         }
         float mt[2] = {-INFINITY, -INFINITY};
@@ -746,10 +765,11 @@ __global__ void __launch_bounds__(MT) att_fwd_mma(bf16 *out, float *lse, const b
             uint32_t pa[4];
             acc_afrag(pa, s, ks);
 #pragma unroll
-            for (int nd = 0; nd < D / 8; nd++) {
-                uint32_t vb[2];
-                ld_bfrag(vb, sVt, LDV, nd * 8, ks * 16);
-                mma_16816(o[nd], pa, vb);
+            for (int nd = 0; nd < D / 8; nd += 2) {
+                uint32_t vb0[2], vb1[2];
+                ld_bfrag2_t(vb0, vb1, sV, LDH, nd * 8, ks * 16);
+                mma_16816(o[nd], pa, vb0);
+                mma_16816(o[nd + 1], pa, vb1);
             }
         }
     }
@@ -774,7 +794,7 @@ __global__ void __launch_bounds__(MT) att_fwd_mma(bf16 *out, float *lse, const b
     }
 }
 
-template <int D> static size_t mma_fwd_smem() { return sizeof(bf16) * ((size_t)2 * MB * (D + 8) + (size_t)D * (MB + 8)) + MB * sizeof(int); }
+template <int D> static size_t mma_fwd_smem() { return sizeof(bf16) * (size_t)3 * MB * (D + 8) + MB * sizeof(int); }
 
 template <int D>
 static void launch_fwd_mma(CudaCtx *c, void *out, float *lse, const void *q, const void *k, const void *v, int B,
@@ -788,8 +808,9 @@ static void launch_fwd_mma(CudaCtx *c, void *out, float *lse, const void *q, con
 // The backward in the same style (opt-in with the forward): the two kernels of the WMMA path,
 // each tile product an mma.sync over register fragments. dK/dV: a warp owns 16 keys and computes
 // S^T = K Q^T and dP^T = V dO^T for 64 queries at a time, so P^T and dS^T land in registers in
-// the A-operand layout of dV += P^T dO and dK += dS^T Q (dO and Q transposed in shared memory).
-// dQ: a warp owns 16 queries, S = Q K^T and dP = dO V^T in registers, dQ += dS K (K transposed).
+// the A-operand layout of dV += P^T dO and dK += dS^T Q (dO's and Q's B fragments through
+// ldmatrix .trans). dQ: a warp owns 16 queries, S = Q K^T and dP = dO V^T in registers, dQ += dS K
+// (K's B fragments through .trans).
 // P and dS are rounded to bf16 for the products, as on the WMMA path. Emulator only so far.
 
 template <int D>
@@ -799,7 +820,7 @@ __global__ void __launch_bounds__(MT) att_bwd_dkdv_mma(bf16 *dk, bf16 *dv, const
                                                       const int32_t *doc_start, int accumulate, float *acck,
                                                       float *accv) {
     DYNAMIC_SMEM(smem);
-    constexpr int LDH = D + 8, LDT = MB + 8;
+    constexpr int LDH = D + 8;
     const int kb = blockIdx.x, hk = blockIdx.y, b = blockIdx.z, group = Hq / Hkv;
     const int j0 = kb * MB, warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const int r0 = 16 * warp;
@@ -808,8 +829,7 @@ __global__ void __launch_bounds__(MT) att_bwd_dkdv_mma(bf16 *dk, bf16 *dv, const
     const int32_t *drow = doc_start ? doc_start + (size_t)b * T_ : nullptr;
     const size_t ldq = (size_t)Hq * D, ldk = (size_t)Hkv * D;
     bf16 *sK = (bf16 *)smem, *sV = sK + MB * LDH, *sQ = sV + MB * LDH, *sdO = sQ + MB * LDH;
-    bf16 *sQt = sdO + MB * LDH, *sdOt = sQt + D * LDT;
-    float *sL = (float *)(sdOt + D * LDT), *sDi = sL + MB;
+    float *sL = (float *)(sdO + MB * LDH), *sDi = sL + MB;
     int *sLo = (int *)(sDi + MB);
     load_tile(sK, LDH, k, (size_t)b * T_ + j0, j0, T_, ldk, (size_t)hk * D, D);
     load_tile(sV, LDH, v, (size_t)b * T_ + j0, j0, T_, ldk, (size_t)hk * D, D);
@@ -832,8 +852,6 @@ __global__ void __launch_bounds__(MT) att_bwd_dkdv_mma(bf16 *dk, bf16 *dv, const
                 sLo[e] = i < sp.qend ? att_lo(i, window, drow) : 0;
             }
             __syncthreads();
-            transpose_tile(sQt, LDT, sQ, LDH, D);
-            transpose_tile(sdOt, LDT, sdO, LDH, D);
             float st[MB / 8][4], dpt[MB / 8][4];  // this warp's 16 keys x 64 queries
 #pragma unroll
             for (int nt = 0; nt < MB / 8; nt++)
@@ -845,12 +863,14 @@ __global__ void __launch_bounds__(MT) att_bwd_dkdv_mma(bf16 *dk, bf16 *dv, const
                 ld_afrag(ak, sK, LDH, r0, kk * 16);
                 ld_afrag(av, sV, LDH, r0, kk * 16);
 #pragma unroll
-                for (int nt = 0; nt < MB / 8; nt++) {
-                    uint32_t bq[2], bo[2];
-                    ld_bfrag(bq, sQ, LDH, nt * 8, kk * 16);
-                    ld_bfrag(bo, sdO, LDH, nt * 8, kk * 16);
-                    mma_16816(st[nt], ak, bq);
-                    mma_16816(dpt[nt], av, bo);
+                for (int nt = 0; nt < MB / 8; nt += 2) {
+                    uint32_t bq0[2], bq1[2], bo0[2], bo1[2];
+                    ld_bfrag2(bq0, bq1, sQ, LDH, nt * 8, kk * 16);
+                    ld_bfrag2(bo0, bo1, sdO, LDH, nt * 8, kk * 16);
+                    mma_16816(st[nt], ak, bq0);
+                    mma_16816(st[nt + 1], ak, bq1);
+                    mma_16816(dpt[nt], av, bo0);
+                    mma_16816(dpt[nt + 1], av, bo1);
                 }
             }
 #pragma unroll
@@ -863,18 +883,19 @@ __global__ void __launch_bounds__(MT) att_bwd_dkdv_mma(bf16 *dk, bf16 *dv, const
                     dpt[nt][e] = vis ? p * (dpt[nt][e] - sDi[col]) * scale : 0.0f;
                     st[nt][e] = p;
                 }
-            __syncthreads();  // the transposed tiles are complete
 #pragma unroll
             for (int ks = 0; ks < MB / 16; ks++) {
                 uint32_t pa[4], sa[4];
                 acc_afrag(pa, st, ks), acc_afrag(sa, dpt, ks);
 #pragma unroll
-                for (int nd = 0; nd < D / 8; nd++) {
-                    uint32_t bo[2], bq[2];
-                    ld_bfrag(bo, sdOt, LDT, nd * 8, ks * 16);
-                    ld_bfrag(bq, sQt, LDT, nd * 8, ks * 16);
-                    mma_16816(dva[nd], pa, bo);
-                    mma_16816(dka[nd], sa, bq);
+                for (int nd = 0; nd < D / 8; nd += 2) {
+                    uint32_t bo0[2], bo1[2], bq0[2], bq1[2];
+                    ld_bfrag2_t(bo0, bo1, sdO, LDH, nd * 8, ks * 16);
+                    ld_bfrag2_t(bq0, bq1, sQ, LDH, nd * 8, ks * 16);
+                    mma_16816(dva[nd], pa, bo0);
+                    mma_16816(dva[nd + 1], pa, bo1);
+                    mma_16816(dka[nd], sa, bq0);
+                    mma_16816(dka[nd + 1], sa, bq1);
                 }
             }
         }
@@ -898,14 +919,14 @@ __global__ void __launch_bounds__(MT) att_bwd_dq_mma(bf16 *dq, const bf16 *dout,
                                                     AttSpan sp, int Hq, int Hkv, float scale, int window,
                                                     const int32_t *doc_start) {
     DYNAMIC_SMEM(smem);
-    constexpr int LDH = D + 8, LDT = MB + 8;
+    constexpr int LDH = D + 8;
     const int qb = gridDim.x - 1 - blockIdx.x, h = blockIdx.y, b = blockIdx.z;
     const int hk = h / (Hq / Hkv), i0 = sp.q0 + qb * MB, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int g = lane >> 2, t = lane & 3, r0 = 16 * warp;
     const size_t ldq = (size_t)Hq * D, ldk = (size_t)Hkv * D;
     const int32_t *drow = doc_start ? doc_start + (size_t)b * T_ : nullptr;
-    bf16 *sQ = (bf16 *)smem, *sdO = sQ + MB * LDH, *sK = sdO + MB * LDH, *sV = sK + MB * LDH, *sKt = sV + MB * LDH;
-    float *sL = (float *)(sKt + D * LDT), *sDi = sL + MB;
+    bf16 *sQ = (bf16 *)smem, *sdO = sQ + MB * LDH, *sK = sdO + MB * LDH, *sV = sK + MB * LDH;
+    float *sL = (float *)(sV + MB * LDH), *sDi = sL + MB;
     int *sLo = (int *)(sDi + MB);
     load_tile(sQ, LDH, q, qrow(sp, b, i0), i0, sp.qend, ldq, (size_t)h * D, D);
     load_tile(sdO, LDH, dout, qrow(sp, b, i0), i0, sp.qend, ldq, (size_t)h * D, D);
@@ -931,19 +952,20 @@ __global__ void __launch_bounds__(MT) att_bwd_dq_mma(bf16 *dq, const bf16 *dout,
         load_tile(sK, LDH, k, (size_t)b * T_ + j0, j0, T_, ldk, (size_t)hk * D, D);
         load_tile(sV, LDH, v, (size_t)b * T_ + j0, j0, T_, ldk, (size_t)hk * D, D);
         __syncthreads();
-        transpose_tile(sKt, LDT, sK, LDH, D);
         float s[MB / 8][4], dp[MB / 8][4];
 #pragma unroll
-        for (int nt = 0; nt < MB / 8; nt++) {
+        for (int nt = 0; nt < MB / 8; nt += 2) {
 #pragma unroll
-            for (int e = 0; e < 4; e++) s[nt][e] = dp[nt][e] = 0.0f;
+            for (int e = 0; e < 4; e++) s[nt][e] = dp[nt][e] = s[nt + 1][e] = dp[nt + 1][e] = 0.0f;
 #pragma unroll
             for (int kk = 0; kk < D / 16; kk++) {
-                uint32_t bk[2], bv[2];
-                ld_bfrag(bk, sK, LDH, nt * 8, kk * 16);
-                ld_bfrag(bv, sV, LDH, nt * 8, kk * 16);
-                mma_16816(s[nt], qa[kk], bk);
-                mma_16816(dp[nt], oa[kk], bv);
+                uint32_t bk0[2], bk1[2], bv0[2], bv1[2];
+                ld_bfrag2(bk0, bk1, sK, LDH, nt * 8, kk * 16);
+                ld_bfrag2(bv0, bv1, sV, LDH, nt * 8, kk * 16);
+                mma_16816(s[nt], qa[kk], bk0);
+                mma_16816(s[nt + 1], qa[kk], bk1);
+                mma_16816(dp[nt], oa[kk], bv0);
+                mma_16816(dp[nt + 1], oa[kk], bv1);
             }
         }
 #pragma unroll
@@ -955,16 +977,16 @@ __global__ void __launch_bounds__(MT) att_bwd_dq_mma(bf16 *dq, const bf16 *dout,
                 const float p = vis ? expf(s[nt][e] * scale - (e < 2 ? La : Lb)) : 0.0f;
                 s[nt][e] = vis ? p * (dp[nt][e] - (e < 2 ? Da : Db)) * scale : 0.0f;  // now dS
             }
-        __syncthreads();  // the transposed K tile is complete
 #pragma unroll
         for (int ks = 0; ks < MB / 16; ks++) {
             uint32_t sa[4];
             acc_afrag(sa, s, ks);
 #pragma unroll
-            for (int nd = 0; nd < D / 8; nd++) {
-                uint32_t bk[2];
-                ld_bfrag(bk, sKt, LDT, nd * 8, ks * 16);
-                mma_16816(dqa[nd], sa, bk);
+            for (int nd = 0; nd < D / 8; nd += 2) {
+                uint32_t bk0[2], bk1[2];
+                ld_bfrag2_t(bk0, bk1, sK, LDH, nd * 8, ks * 16);
+                mma_16816(dqa[nd], sa, bk0);
+                mma_16816(dqa[nd + 1], sa, bk1);
             }
         }
     }
@@ -981,18 +1003,16 @@ __global__ void __launch_bounds__(MT) att_bwd_dq_mma(bf16 *dq, const bf16 *dout,
     }
 }
 
-template <int D> static size_t mma_dkdv_smem() {
-    return sizeof(bf16) * ((size_t)4 * MB * (D + 8) + (size_t)2 * D * (MB + 8)) + MB * (2 * sizeof(float) + sizeof(int));
-}
-template <int D> static size_t mma_dq_smem() {
-    return sizeof(bf16) * ((size_t)4 * MB * (D + 8) + (size_t)D * (MB + 8)) + MB * (2 * sizeof(float) + sizeof(int));
+// dK/dV and dQ hold the same four tiles (K, V, Q, dO) and the rows' lse, D and first key.
+template <int D> static size_t mma_bwd_smem() {
+    return sizeof(bf16) * (size_t)4 * MB * (D + 8) + MB * (2 * sizeof(float) + sizeof(int));
 }
 
 template <int D>
 static void launch_bwd_mma(CudaCtx *c, void *dq, void *dk, void *dv, const void *dout, const void *q, const void *k,
                            const void *v, const float *lse, const float *Di, int B, int T, AttSpan sp, int Hq, int Hkv,
                            float scale, int window, const int32_t *doc_start, int accumulate, float *acck, float *accv) {
-    const size_t s1 = mma_dkdv_smem<D>(), s2 = mma_dq_smem<D>();
+    const size_t s1 = mma_bwd_smem<D>(), s2 = s1;
     smem_optin(c, att_bwd_dkdv_mma<D>, s1, D);
     smem_optin(c, att_bwd_dq_mma<D>, s2, D);
     dim3 g1((T + MB - 1) / MB, Hkv, B), g2((sp.nq + MB - 1) / MB, Hq, B);

@@ -492,6 +492,7 @@ static void cu_classifier_ce(Backend *bk, float *losses, void *dx, float *dW, co
 }
 static double cu_sumsq(Backend *bk, const float *x, size_t n) { return k_sumsq(ctx_of(bk), x, n); }
 static double cu_sum_f32(Backend *bk, const float *x, size_t n) { return k_sum_f32(ctx_of(bk), x, n); }
+static const char *cu_attention_path(const Backend *bk, int D) { return k_attention_path(ctx_of((Backend *)bk), D); }
 static void cu_sumsq_many(Backend *bk, const float *const *x, const size_t *n, int count, double *each) {
     k_sumsq_many(ctx_of(bk), x, n, count, each);
 }
@@ -626,6 +627,7 @@ extern "C" Backend *backend_cuda_create(int dtype_bf16, int device_index) {
     bk->classifier_ce = cu_classifier_ce;
     bk->sumsq = cu_sumsq;
     bk->sumsq_many = cu_sumsq_many;
+    bk->attention_path = cu_attention_path;
     bk->sum_f32 = cu_sum_f32;
     bk->scale = cu_scale;
     bk->adamw = cu_adamw;

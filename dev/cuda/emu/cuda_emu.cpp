@@ -139,6 +139,27 @@ void mma_bf16_16816(float d[4], const uint32_t a[4], const uint32_t b[2]) {
     for (int e = 0; e < 4; e++) d[e] = out[e];
 }
 
+void ldmatrix_x4(uint32_t d[4], const void *row, int trans) {
+    Job *j = g_job;
+    const int w = tl_tid >> 5, lane = tl_tid & 31;
+    const unsigned char *p = (const unsigned char *)row;
+    if (p < j->dyn || p + 16 > j->dyn + j->smem || ((uintptr_t)p & 15))
+        fatal("emu: ldmatrix row address %p of lane %d is not a 16-byte aligned row of dynamic shared memory", row, lane);
+    j->slots[tl_tid] = (uint64_t)(uintptr_t)row;
+    j->warp_bar[w].wait("ldmatrix");
+    const int r = lane >> 2, c = 2 * (lane & 3);
+    auto at = [&](int m, int row_, int col) {  // element (row_, col) of matrix m
+        uint16_t v;
+        memcpy(&v, (const unsigned char *)(uintptr_t)j->slots[w * 32 + 8 * m + row_] + 2 * col, 2);
+        return (uint32_t)v;
+    };
+    uint32_t out[4];
+    for (int m = 0; m < 4; m++)
+        out[m] = trans ? at(m, c, r) | at(m, c + 1, r) << 16 : at(m, r, c) | at(m, r, c + 1) << 16;
+    j->warp_bar[w].wait("ldmatrix");
+    for (int m = 0; m < 4; m++) d[m] = out[m];
+}
+
 // Thread tid of every block of the job, blocks one after another.
 static void run_thread(Job *j, int tid) {
     tl_thread = dim3(tid % j->block.x, (tid / j->block.x) % j->block.y, tid / (j->block.x * j->block.y));

@@ -64,6 +64,11 @@ int lane_id();
 // PTX mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32, d += a b, a warp-collective: each lane
 // passes its fragment registers (the PTX ISA's layout; llmc/cuda/attention.cu's mma_16816 says it)
 void mma_bf16_16816(float d[4], const uint32_t a[4], const uint32_t b[2]);
+// PTX ldmatrix.sync.aligned.m8n8.x4{.trans}.shared.b16, a warp-collective: lane 8 i + r passes
+// the address of row r of 8 x 8 matrix i (8 16-bit elements, 16-byte aligned, in dynamic shared
+// memory); lane l receives in d[i] the elements (l / 4, 2 (l % 4)) and (l / 4, 2 (l % 4) + 1) of
+// matrix i, or with trans (2 (l % 4), l / 4) and (2 (l % 4) + 1, l / 4); the first in the low half.
+void ldmatrix_x4(uint32_t d[4], const void *row, int trans);
 void check_align(const void *p, unsigned bytes, const char *what);
 void fatal(const char *fmt, ...) __attribute__((noreturn, format(printf, 1, 2)));
 
