@@ -18,6 +18,9 @@
 #   memory     (g) the same shape in 5 memory modes and LoRA resident/streamed, under one
 #              device_memory_limit: nvidia-smi peaks within 10% of --plan's, hidden_states
 #              <= 1.02x checkpointing's step, streaming <= 1.10x resident (not in "all": ~3-5 min)
+#   memory8b   (g) the same at Llama-3.1-8B's shape, QLoRA r16 in 5 base modes and streamed (not
+#              in "all"; not yet run on a GPU: an 8B NF4 model is made for each run, so expect
+#              most of a 10-minute call)
 # Without a GPU, every part that needs one reports "skipped: no GPU"; build and emu still run.
 #
 # Report: DIR/gpu_report.md and DIR/gpu_report.json (DIR: --out, else $OUT, else
@@ -38,8 +41,8 @@ while [ $# -gt 0 ]; do
     --out) OUTDIR=$2; shift 2 ;;
     -h|--help) sed -n '2,30p' "$0"; exit 0 ;;
     all) PARTS+=(build emu kernels train modes sanitizer nccl bench); shift ;;
-    build|emu|kernels|train|modes|sanitizer|nccl|bench|memory) PARTS+=("$1"); shift ;;
-    *) echo "gpu_check: unknown part '$1' (build emu kernels train modes sanitizer nccl bench memory all)" >&2; exit 2 ;;
+    build|emu|kernels|train|modes|sanitizer|nccl|bench|memory|memory8b) PARTS+=("$1"); shift ;;
+    *) echo "gpu_check: unknown part '$1' (build emu kernels train modes sanitizer nccl bench memory memory8b all)" >&2; exit 2 ;;
   esac
 done
 [ ${#PARTS[@]} -gt 0 ] || PARTS=(build emu kernels train modes sanitizer nccl bench)
@@ -251,15 +254,16 @@ part_kernels() {
     || result kernels fail $((SECONDS - t0)) "$f failed, $p passed, make exit $rc"
 }
 
-part_py() {  # part_py PART: scripts/gpu_train_check.py PART
-  local part=$1
+part_py() {  # part_py PART [PYPART ARGS...]: scripts/gpu_train_check.py PYPART (default PART) ARGS
+  local part=$1 py=${2:-$1}
+  local extra=("${@:3}")
   need_gpu "$part" || return; need_build "$part" || return
   local t0=$SECONDS
   PART_LIMIT_USED=$(part_limit)
   # under a limit, the script stops starting runs in time to write its report
   local budget=()
   [ "$PART_LIMIT_USED" -gt 60 ] && budget=(--budget $((PART_LIMIT_USED - 45)))
-  PYTHONUNBUFFERED=1 limited "$PY" scripts/gpu_train_check.py "$part" --bin "$BUILD/train_llama" --json "$RES/$part.json" "${budget[@]}" 2>&1 | tee -a "$LOG" | grep -E '^(PASS|FAIL|SKIP)' || true
+  PYTHONUNBUFFERED=1 limited "$PY" scripts/gpu_train_check.py "$py" "${extra[@]}" --bin "$BUILD/train_llama" --json "$RES/$part.json" "${budget[@]}" 2>&1 | tee -a "$LOG" | grep -E '^(PASS|FAIL|SKIP)' || true
   if timed_out "${PIPESTATUS[0]}"; then
     result "$part" fail $((SECONDS - t0)) "timed out after ${PART_LIMIT_USED:-?} s (LLMC_PART_TIMEOUT / LLMC_CHECK_BUDGET): see gpu_check.log"
   elif [ -f "$RES/$part.json" ]; then
@@ -291,6 +295,7 @@ for p in "${PARTS[@]}"; do
     emu) part_emu ;;
     kernels) part_kernels ;;
     train|modes|sanitizer|nccl|memory) part_py "$p" ;;
+    memory8b) part_py memory8b memory --shape 8b ;;
     bench) part_bench ;;
   esac
 done

@@ -542,6 +542,30 @@ MEM_MODES = {"plain": {}, "checkpointing": {"gradient_checkpointing": "true"},
              "selective": {"gradient_checkpointing": "selective"}, "offload true": {"activation_offloading": "true"},
              "hidden_states": {"activation_offloading": "hidden_states"},
              "LoRA": dict(LORA, lora_r=16, lora_alpha=32), "LoRA + layer_offloading": dict(LORA, lora_r=16, lora_alpha=32, layer_offloading="true")}
+# Llama-3.1-8B's shape (GQA 32/8, head dim 128): QLoRA r16 in each base mode and with its frozen
+# layers streamed (a full fine-tune of 8B does not fit one GPU: ~130 GB of weights, gradients
+# and moments).
+MEM_8B = dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+              num_attention_heads=32, num_key_value_heads=8)
+Q16 = dict(QLORA, lora_r=16, lora_alpha=32)
+MEM8_MODES = {"QLoRA": Q16, "QLoRA + checkpointing": dict(Q16, gradient_checkpointing="true"),
+              "QLoRA + selective": dict(Q16, gradient_checkpointing="selective"),
+              "QLoRA + offload true": dict(Q16, activation_offloading="true"),
+              "QLoRA + hidden_states": dict(Q16, activation_offloading="hidden_states"),
+              "QLoRA + layer_offloading": dict(Q16, layer_offloading="true")}
+# Per shape: the model, its modes, the --plan runs (kind: config) and which plan row each mode is
+# compared with, and the step-time pairs (slow, fast, bound) timed without a device limit.
+MEM_SHAPES = {
+    "1b": dict(model=MEM_1B, modes=MEM_MODES, title="the 1.1B shape",
+               plans={"full": {}, "LoRA": MEM_MODES["LoRA"], "LoRA streamed": MEM_MODES["LoRA + layer_offloading"]},
+               row=lambda m: {"LoRA": ("LoRA", "plain"), "LoRA + layer_offloading": ("LoRA streamed", "plain")}.get(m, ("full", m)),
+               times=(("hidden_states", "checkpointing", 1.02), ("LoRA + layer_offloading", "LoRA", 1.10))),
+    "8b": dict(model=MEM_8B, modes=MEM8_MODES, title="the 8B shape (QLoRA r16)",
+               plans={"QLoRA": Q16, "QLoRA streamed": MEM8_MODES["QLoRA + layer_offloading"]},
+               row=lambda m: ("QLoRA streamed", "plain") if m == "QLoRA + layer_offloading" else
+               ("QLoRA", m[len("QLoRA + "):] if m.startswith("QLoRA + ") else "plain"),
+               times=(("QLoRA + hidden_states", "QLoRA + checkpointing", 1.02), ("QLoRA + layer_offloading", "QLoRA", 1.10))),
+}
 
 
 def step_ms(r):
@@ -551,11 +575,12 @@ def step_ms(r):
 
 
 def part_memory(a):
+    sh = MEM_SHAPES[a.shape]
     if a.tiny:
         model = model_cfg("tiny")["model"]
         T, steps = 32, 3
     else:
-        model = dict(MEM_1B, max_position_embeddings=4096)
+        model = dict(sh["model"], max_position_embeddings=4096)
         T, steps = 4096, 5
     lim = "%dGiB" % gpu_total_gib()
 
@@ -570,15 +595,15 @@ def part_memory(a):
         return c
     rows, runs = [], {}
     t0 = time.time()
-    for m, over in MEM_MODES.items():
+    for m, over in sh["modes"].items():
         if time.time() - t0 > a.budget:
             check("memory: %s" % m, False, "not run: past the part's %d s budget" % a.budget)
             continue
         slug = "g_" + m.replace(" ", "_").replace("+", "p")
         r = runs[m] = run(slug, cfg(slug, **over), sample=not a.tiny)
         shutil.rmtree(r.out, ignore_errors=True)  # a 1.1B full run saves ~13 GB (weights, master, moments)
-    plans = {}  # (full | LoRA | LoRA streamed, plan row) -> peaks
-    for kind, over in (("full", {}), ("LoRA", MEM_MODES["LoRA"]), ("LoRA streamed", MEM_MODES["LoRA + layer_offloading"])):
+    plans = {}  # (plan kind, plan row) -> peaks
+    for kind, over in sh["plans"].items():
         slug = "g_plan_" + kind.replace(" ", "_")
         pl = run(slug, cfg(slug, **over), plan=True)
         for k2, v2 in parse_plan(pl.stdout).items():
@@ -586,15 +611,16 @@ def part_memory(a):
         if pl.rc:
             check("memory: --plan runs (%s)" % kind, False, why(pl))
     for m, r in runs.items():
-        key = {"LoRA": ("LoRA", "plain"), "LoRA + layer_offloading": ("LoRA streamed", "plain")}.get(m, ("full", m))
-        p = plans.get(key, {})
+        p = plans.get(sh["row"](m), {})
         rows.append({"mode": m, "rc": r.rc, "step_ms": round(step_ms(r), 1), "nvidia_smi_peak_MiB": r.gpu_peak_mib,
                      "counted_peak_MiB": round(peak(r, "device_peak_bytes") / 2 ** 20, 1),
                      "plan_peak_MiB": round(p.get("dev", -1) / 2 ** 20, 1) if p else None,
                      "host_peak_MiB": round(peak(r, "host_peak_bytes") / 2 ** 20, 1)})
-    TABLES["memory and time at the 1.1B shape, T %d" % T if not a.tiny else "memory and time (tiny)"] = rows
+    TABLES["memory and time at %s, T %d" % (sh["title"], T) if not a.tiny else "memory and time (tiny, %s modes)" % a.shape] = rows
     bad = [m for m, r in runs.items() if r.rc != 0 or not losses(r)]
     check("memory: every mode runs %d steps" % steps, not bad, "; ".join("%s: %s" % (m, why(runs[m])) for m in bad))
+    check("memory: every mode has a --plan row to compare with", all(r["plan_peak_MiB"] for r in rows),
+          "no plan row for " + ", ".join(r["mode"] for r in rows if not r["plan_peak_MiB"]))
     far = [r for r in rows if r["plan_peak_MiB"] and r["plan_peak_MiB"] > 0 and r["nvidia_smi_peak_MiB"] > 0 and
            abs(r["plan_peak_MiB"] - r["nvidia_smi_peak_MiB"]) > 0.1 * r["nvidia_smi_peak_MiB"]]
     if not a.tiny:  # the emulator's peaks and times mean nothing: there only the runs are checked
@@ -603,14 +629,14 @@ def part_memory(a):
     # The step-time ratios from runs without a limit: there every kept hidden state goes to the
     # host (under a limit the GPU can hold them all, and nothing would be offloaded to time)
     trows = []
-    for slow, fast, bound in (("hidden_states", "checkpointing", 1.02), ("LoRA + layer_offloading", "LoRA", 1.10)):
+    for slow, fast, bound in sh["times"]:
         if time.time() - t0 > a.budget:
             check("memory: %s vs %s step time" % (slow, fast), False, "not run: past the part's %d s budget" % a.budget)
             continue
         tr = {}
         for m in (fast, slow):
             slug = "g_time_" + m.replace(" ", "_").replace("+", "p")
-            c = cfg(slug, **MEM_MODES[m])
+            c = cfg(slug, **sh["modes"][m])
             del c["device_memory_limit"]
             tr[m] = run(slug, c, sample=not a.tiny)
             shutil.rmtree(tr[m].out, ignore_errors=True)
@@ -621,13 +647,14 @@ def part_memory(a):
         check("memory: %s step at most %.2fx %s's, without a device limit (%.1f / %.1f ms)" % (slow, bound, fast, ts, tf),
               tr[slow].rc == 0 and tr[fast].rc == 0 and (a.tiny or ts <= bound * tf),
               "ratio %.3f; %s | %s" % (ts / tf if tf else math.inf, why(tr[slow]), why(tr[fast])))
-    TABLES["step times without a device limit"] = trows
+    TABLES["step times without a device limit (%s)" % a.shape] = trows
 
 
 def main():
     global TMP, BIN
     ap = argparse.ArgumentParser()
     ap.add_argument("part", choices=["train", "modes", "sanitizer", "nccl", "memory"])
+    ap.add_argument("--shape", choices=sorted(MEM_SHAPES), default="1b", help="memory: the 1.1B shape or the 8B (QLoRA)")
     ap.add_argument("--bin", required=True)
     ap.add_argument("--json", required=True)
     ap.add_argument("--device", default="cuda")
