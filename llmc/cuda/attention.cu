@@ -619,6 +619,11 @@ template <class K> static void smem_optin(CudaCtx *c, K kernel, size_t bytes, in
 // TFLOP/s) and checked on the emulator only; not yet run on a GPU, hence opt-in.
 #define MB 64   // query rows per block (4 warps x 16) and keys per tile
 #define MT 128
+// Scores go through exp2f in log2 units (scale * log2 e folded into the score, the saved lse
+// turned into log2 units when loaded): one ex2 and no range reduction, where expf is several
+// instructions for each of the T^2 / 2 scores. The lse written stays a natural log, as on every path.
+#define ATT_LOG2E 1.4426950408889634f
+#define ATT_LN2 0.6931471805599453f
 
 // d += a b for one warp (fragment layout: the PTX ISA's m16n8k16; dev/cuda/emu implements the
 // same layout, see mma_bf16_16816 in cuda_emu.cpp)
@@ -692,6 +697,7 @@ __global__ void __launch_bounds__(MT) att_fwd_mma(bf16 *out, float *lse, const b
                                                  const int32_t *doc_start) {
     DYNAMIC_SMEM(smem);
     constexpr int LDH = D + 8;  // padded rows (elements): 16-byte aligned; ldmatrix's 8 rows hit 8 bank groups
+    const float sl2 = scale * ATT_LOG2E;
     const int qb = gridDim.x - 1 - blockIdx.x, h = blockIdx.y, b = blockIdx.z;
     const int hk = h / (Hq / Hkv), i0 = sp.q0 + qb * MB, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int g = lane >> 2, t = lane & 3, r0 = 16 * warp;
@@ -737,7 +743,7 @@ __global__ void __launch_bounds__(MT) att_fwd_mma(bf16 *out, float *lse, const b
 #pragma unroll
             for (int e = 0; e < 4; e++) {
                 const int j = j0 + nt * 8 + 2 * t + (e & 1), i = e < 2 ? ia : ib, lo = e < 2 ? loa : lob;
-                s[nt][e] = j <= i && j < T_ && j >= lo ? s[nt][e] * scale : -INFINITY;
+                s[nt][e] = j <= i && j < T_ && j >= lo ? s[nt][e] * sl2 : -INFINITY;
                 mt[e >> 1] = fmaxf(mt[e >> 1], s[nt][e]);
             }
         float corr[2], mnew[2];
@@ -746,7 +752,7 @@ __global__ void __launch_bounds__(MT) att_fwd_mma(bf16 *out, float *lse, const b
             mt[x] = fmaxf(mt[x], __shfl_xor_sync(0xffffffffu, mt[x], 1));
             mt[x] = fmaxf(mt[x], __shfl_xor_sync(0xffffffffu, mt[x], 2));
             mnew[x] = fmaxf(m_run[x], mt[x]);
-            corr[x] = mnew[x] == -INFINITY ? 1.0f : expf(m_run[x] - mnew[x]);  // nothing visible yet: 1
+            corr[x] = mnew[x] == -INFINITY ? 1.0f : exp2f(m_run[x] - mnew[x]);  // nothing visible yet: 1
             m_run[x] = mnew[x];
             l_part[x] *= corr[x];
         }
@@ -754,7 +760,7 @@ __global__ void __launch_bounds__(MT) att_fwd_mma(bf16 *out, float *lse, const b
         for (int nt = 0; nt < MB / 8; nt++)
 #pragma unroll
             for (int e = 0; e < 4; e++) {
-                const float p = s[nt][e] == -INFINITY ? 0.0f : expf(s[nt][e] - mnew[e >> 1]);
+                const float p = s[nt][e] == -INFINITY ? 0.0f : exp2f(s[nt][e] - mnew[e >> 1]);
                 s[nt][e] = p;
                 l_part[e >> 1] += p;
             }
@@ -790,7 +796,7 @@ __global__ void __launch_bounds__(MT) att_fwd_mma(bf16 *out, float *lse, const b
             orow[nd * 8 + 2 * t] = __float2bfloat16_rn(o[nd][2 * x] * inv);
             orow[nd * 8 + 2 * t + 1] = __float2bfloat16_rn(o[nd][2 * x + 1] * inv);
         }
-        if (t == 0) lse[((size_t)b * Hq + h) * T_ + i] = m_run[x] + logf(l[x]);
+        if (t == 0) lse[((size_t)b * Hq + h) * T_ + i] = m_run[x] * ATT_LN2 + logf(l[x]);  // natural log, as every path
     }
 }
 
@@ -821,6 +827,7 @@ __global__ void __launch_bounds__(MT) att_bwd_dkdv_mma(bf16 *dk, bf16 *dv, const
                                                       float *accv) {
     DYNAMIC_SMEM(smem);
     constexpr int LDH = D + 8;
+    const float sl2 = scale * ATT_LOG2E;
     const int kb = blockIdx.x, hk = blockIdx.y, b = blockIdx.z, group = Hq / Hkv;
     const int j0 = kb * MB, warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const int r0 = 16 * warp;
@@ -847,7 +854,7 @@ __global__ void __launch_bounds__(MT) att_bwd_dkdv_mma(bf16 *dk, bf16 *dv, const
             load_tile(sdO, LDH, dout, qrow(sp, b, i0), i0, sp.qend, ldq, (size_t)h * D, D);
             for (int e = threadIdx.x; e < MB; e += MT) {
                 const int i = i0 + e;
-                sL[e] = i < sp.qend ? lse[((size_t)b * Hq + h) * T_ + i] : 0.0f;
+                sL[e] = i < sp.qend ? lse[((size_t)b * Hq + h) * T_ + i] * ATT_LOG2E : 0.0f;  // log2 units
                 sDi[e] = i < sp.qend ? Di[((size_t)b * Hq + h) * T_ + i] : 0.0f;
                 sLo[e] = i < sp.qend ? att_lo(i, window, drow) : 0;
             }
@@ -879,7 +886,7 @@ __global__ void __launch_bounds__(MT) att_bwd_dkdv_mma(bf16 *dk, bf16 *dv, const
                 for (int e = 0; e < 4; e++) {
                     const int col = nt * 8 + 2 * t + (e & 1), i = i0 + col, j = e < 2 ? ja : jb;
                     const bool vis = i < sp.qend && j <= i && j < T_ && j >= sLo[col];
-                    const float p = vis ? expf(st[nt][e] * scale - sL[col]) : 0.0f;
+                    const float p = vis ? exp2f(st[nt][e] * sl2 - sL[col]) : 0.0f;
                     dpt[nt][e] = vis ? p * (dpt[nt][e] - sDi[col]) * scale : 0.0f;
                     st[nt][e] = p;
                 }
@@ -920,6 +927,7 @@ __global__ void __launch_bounds__(MT) att_bwd_dq_mma(bf16 *dq, const bf16 *dout,
                                                     const int32_t *doc_start) {
     DYNAMIC_SMEM(smem);
     constexpr int LDH = D + 8;
+    const float sl2 = scale * ATT_LOG2E;
     const int qb = gridDim.x - 1 - blockIdx.x, h = blockIdx.y, b = blockIdx.z;
     const int hk = h / (Hq / Hkv), i0 = sp.q0 + qb * MB, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int g = lane >> 2, t = lane & 3, r0 = 16 * warp;
@@ -932,7 +940,7 @@ __global__ void __launch_bounds__(MT) att_bwd_dq_mma(bf16 *dq, const bf16 *dout,
     load_tile(sdO, LDH, dout, qrow(sp, b, i0), i0, sp.qend, ldq, (size_t)h * D, D);
     for (int e = threadIdx.x; e < MB; e += MT) {
         const int i = i0 + e;
-        sL[e] = i < sp.qend ? lse[((size_t)b * Hq + h) * T_ + i] : 0.0f;
+        sL[e] = i < sp.qend ? lse[((size_t)b * Hq + h) * T_ + i] * ATT_LOG2E : 0.0f;  // log2 units
         sDi[e] = i < sp.qend ? Di[((size_t)b * Hq + h) * T_ + i] : 0.0f;
         sLo[e] = i < sp.qend ? att_lo(i, window, drow) : 0;
     }
@@ -974,7 +982,7 @@ __global__ void __launch_bounds__(MT) att_bwd_dq_mma(bf16 *dq, const bf16 *dout,
             for (int e = 0; e < 4; e++) {
                 const int j = j0 + nt * 8 + 2 * t + (e & 1), i = e < 2 ? ia : ib, lo = e < 2 ? loa : lob;
                 const bool vis = i < sp.qend && j <= i && j < T_ && j >= lo;
-                const float p = vis ? expf(s[nt][e] * scale - (e < 2 ? La : Lb)) : 0.0f;
+                const float p = vis ? exp2f(s[nt][e] * sl2 - (e < 2 ? La : Lb)) : 0.0f;
                 s[nt][e] = vis ? p * (dp[nt][e] - (e < 2 ? Da : Db)) * scale : 0.0f;  // now dS
             }
 #pragma unroll
