@@ -666,21 +666,19 @@ __device__ __forceinline__ void ld_afrag(uint32_t a[4], const bf16 *tile, int ld
     const int lane = threadIdx.x & 31;
     ldsm_x4(a, tile + (r + (lane & 15)) * ld + c + (lane >> 4) * 8, 0);
 }
-// B fragments of two n-tiles, n in [n0, n0 + 8) into b0 and [n0 + 8, n0 + 16) into b1, k in
-// [k0, k0 + 16), for B(k, n) = tile[n][k] (the reduced dim along rows: K for S = Q K^T).
-__device__ __forceinline__ void ld_bfrag2(uint32_t b0[2], uint32_t b1[2], const bf16 *tile, int ld, int n0, int k0) {
+// acc[0] and acc[1] (n-tiles [n0, n0 + 8) and [n0 + 8, n0 + 16)) += A B over k in [k0, k0 + 16),
+// both B fragments from one ldmatrix.x4: B(k, n) = tile[n][k] (the reduced dim along the tile's
+// rows: K for S = Q K^T), or with trans B(k, n) = tile[k][n] (a row-major tile read down its
+// columns: V for O = P V, through .trans).
+__device__ __forceinline__ void mma_x2(float (*acc)[4], const uint32_t a[4], const bf16 *tile, int ld, int n0, int k0,
+                                       int trans) {
     const int lane = threadIdx.x & 31;
     uint32_t d[4];
-    ldsm_x4(d, tile + (n0 + (lane & 7) + (lane >> 4) * 8) * ld + k0 + ((lane >> 3) & 1) * 8, 0);
-    b0[0] = d[0], b0[1] = d[1], b1[0] = d[2], b1[1] = d[3];
-}
-// The same for B(k, n) = tile[k][n] (a row-major tile read down its columns: V for O = P V),
-// through .trans.
-__device__ __forceinline__ void ld_bfrag2_t(uint32_t b0[2], uint32_t b1[2], const bf16 *tile, int ld, int n0, int k0) {
-    const int lane = threadIdx.x & 31;
-    uint32_t d[4];
-    ldsm_x4(d, tile + (k0 + (lane & 15)) * ld + n0 + (lane >> 4) * 8, 1);
-    b0[0] = d[0], b0[1] = d[1], b1[0] = d[2], b1[1] = d[3];
+    if (trans) ldsm_x4(d, tile + (k0 + (lane & 15)) * ld + n0 + (lane >> 4) * 8, 1);
+    else ldsm_x4(d, tile + (n0 + (lane & 7) + (lane >> 4) * 8) * ld + k0 + ((lane >> 3) & 1) * 8, 0);
+    const uint32_t b0[2] = {d[0], d[1]}, b1[2] = {d[2], d[3]};
+    mma_16816(acc[0], a, b0);
+    mma_16816(acc[1], a, b1);
 }
 
 // The A fragment (bf16) of columns [16 ks, 16 ks + 16) of a 16-row accumulator tile held as
@@ -731,10 +729,7 @@ __global__ void __launch_bounds__(MT) att_fwd_mma(bf16 *out, float *lse, const b
             s[nt + 1][0] = s[nt + 1][1] = s[nt + 1][2] = s[nt + 1][3] = 0.0f;
 #pragma unroll
             for (int kk = 0; kk < D / 16; kk++) {
-                uint32_t kb0[2], kb1[2];
-                ld_bfrag2(kb0, kb1, sK, LDH, nt * 8, kk * 16);
-                mma_16816(s[nt], qa[kk], kb0);
-                mma_16816(s[nt + 1], qa[kk], kb1);
+                mma_x2(&s[nt], qa[kk], sK, LDH, nt * 8, kk * 16, 0);
             }
         }
         float mt[2] = {-INFINITY, -INFINITY};
@@ -772,10 +767,7 @@ __global__ void __launch_bounds__(MT) att_fwd_mma(bf16 *out, float *lse, const b
             acc_afrag(pa, s, ks);
 #pragma unroll
             for (int nd = 0; nd < D / 8; nd += 2) {
-                uint32_t vb0[2], vb1[2];
-                ld_bfrag2_t(vb0, vb1, sV, LDH, nd * 8, ks * 16);
-                mma_16816(o[nd], pa, vb0);
-                mma_16816(o[nd + 1], pa, vb1);
+                mma_x2(&o[nd], pa, sV, LDH, nd * 8, ks * 16, 1);
             }
         }
     }
@@ -871,13 +863,8 @@ __global__ void __launch_bounds__(MT) att_bwd_dkdv_mma(bf16 *dk, bf16 *dv, const
                 ld_afrag(av, sV, LDH, r0, kk * 16);
 #pragma unroll
                 for (int nt = 0; nt < MB / 8; nt += 2) {
-                    uint32_t bq0[2], bq1[2], bo0[2], bo1[2];
-                    ld_bfrag2(bq0, bq1, sQ, LDH, nt * 8, kk * 16);
-                    ld_bfrag2(bo0, bo1, sdO, LDH, nt * 8, kk * 16);
-                    mma_16816(st[nt], ak, bq0);
-                    mma_16816(st[nt + 1], ak, bq1);
-                    mma_16816(dpt[nt], av, bo0);
-                    mma_16816(dpt[nt + 1], av, bo1);
+                    mma_x2(&st[nt], ak, sQ, LDH, nt * 8, kk * 16, 0);
+                    mma_x2(&dpt[nt], av, sdO, LDH, nt * 8, kk * 16, 0);
                 }
             }
 #pragma unroll
@@ -896,13 +883,8 @@ __global__ void __launch_bounds__(MT) att_bwd_dkdv_mma(bf16 *dk, bf16 *dv, const
                 acc_afrag(pa, st, ks), acc_afrag(sa, dpt, ks);
 #pragma unroll
                 for (int nd = 0; nd < D / 8; nd += 2) {
-                    uint32_t bo0[2], bo1[2], bq0[2], bq1[2];
-                    ld_bfrag2_t(bo0, bo1, sdO, LDH, nd * 8, ks * 16);
-                    ld_bfrag2_t(bq0, bq1, sQ, LDH, nd * 8, ks * 16);
-                    mma_16816(dva[nd], pa, bo0);
-                    mma_16816(dva[nd + 1], pa, bo1);
-                    mma_16816(dka[nd], sa, bq0);
-                    mma_16816(dka[nd + 1], sa, bq1);
+                    mma_x2(&dva[nd], pa, sdO, LDH, nd * 8, ks * 16, 1);
+                    mma_x2(&dka[nd], sa, sQ, LDH, nd * 8, ks * 16, 1);
                 }
             }
         }
@@ -967,13 +949,8 @@ __global__ void __launch_bounds__(MT) att_bwd_dq_mma(bf16 *dq, const bf16 *dout,
             for (int e = 0; e < 4; e++) s[nt][e] = dp[nt][e] = s[nt + 1][e] = dp[nt + 1][e] = 0.0f;
 #pragma unroll
             for (int kk = 0; kk < D / 16; kk++) {
-                uint32_t bk0[2], bk1[2], bv0[2], bv1[2];
-                ld_bfrag2(bk0, bk1, sK, LDH, nt * 8, kk * 16);
-                ld_bfrag2(bv0, bv1, sV, LDH, nt * 8, kk * 16);
-                mma_16816(s[nt], qa[kk], bk0);
-                mma_16816(s[nt + 1], qa[kk], bk1);
-                mma_16816(dp[nt], oa[kk], bv0);
-                mma_16816(dp[nt + 1], oa[kk], bv1);
+                mma_x2(&s[nt], qa[kk], sK, LDH, nt * 8, kk * 16, 0);
+                mma_x2(&dp[nt], oa[kk], sV, LDH, nt * 8, kk * 16, 0);
             }
         }
 #pragma unroll
@@ -991,10 +968,7 @@ __global__ void __launch_bounds__(MT) att_bwd_dq_mma(bf16 *dq, const bf16 *dout,
             acc_afrag(sa, s, ks);
 #pragma unroll
             for (int nd = 0; nd < D / 8; nd += 2) {
-                uint32_t bk0[2], bk1[2];
-                ld_bfrag2_t(bk0, bk1, sK, LDH, nd * 8, ks * 16);
-                mma_16816(dqa[nd], sa, bk0);
-                mma_16816(dqa[nd + 1], sa, bk1);
+                mma_x2(&dqa[nd], sa, sK, LDH, nd * 8, ks * 16, 1);
             }
         }
     }
