@@ -190,11 +190,9 @@ struct Backend {
                           const void *W, const int32_t *targets, int N, int V, int C,
                           float scale);
 
-    // Sum of squares of a float tensor (a gradient), in double, returned to the host
-    // (synchronises).
-    double (*sumsq)(Backend *, const float *x, size_t n);
-    // each[i] = sumsq(x[i], n[i]) for i < count, the same bits, synchronising once (the
-    // gradient norm: a wait a tensor was 2% of a GPU step).
+    // each[i] = the sum of squares of float tensor x[i] (n[i] elements, a gradient), in double,
+    // returned to the host; one synchronisation for the whole list (the gradient norm: a wait a
+    // tensor was 2% of a GPU step).
     void (*sumsq_many)(Backend *, const float *const *x, const size_t *n, int count, double *each);
     double (*sum_f32)(Backend *, const float *x, size_t n);
     // y *= s

@@ -14,7 +14,7 @@
     X(rmsnorm_fwd) X(rmsnorm_bwd) X(layernorm_fwd) X(layernorm_bwd) X(swiglu_fwd) X(swiglu_bwd)        \
     X(gelu_fwd) X(gelu_bwd) X(rope_fwd) X(rope_bwd) X(embedding_fwd) X(embedding_bwd) X(pos_fwd)       \
     X(pos_bwd) X(add_bias) X(bias_grad) X(add) X(accumulate) X(accumulate_f32) X(dropout) X(scale)    \
-    X(sumsq) X(sumsq_many) X(sum_f32) X(adamw) X(nf4_dequantize) X(memzero) X(copy_h2d) X(copy_d2h) X(copy_d2d)      \
+    X(sumsq_many) X(sum_f32) X(adamw) X(nf4_dequantize) X(memzero) X(copy_h2d) X(copy_d2h) X(copy_d2d)      \
     X(copy_2d) X(upload_act) X(download_act)
 
 enum {
@@ -131,7 +131,6 @@ TIMED(accumulate_f32, 0, (Backend *bk, float *y, const float *x, size_t n), (bk,
 TIMED(dropout, 0, (Backend *bk, void *y, const void *x, size_t n, float p, uint64_t seed, size_t first),
       (bk, y, x, n, p, seed, first))
 TIMED(scale, 0, (Backend *bk, void *y, float s, size_t n), (bk, y, s, n))
-TIMED_SUM(sumsq, (Backend *bk, const float *x, size_t n), (bk, x, n))
 TIMED(sumsq_many, 0, (Backend *bk, const float *const *x, const size_t *n, int count, double *each),
       (bk, x, n, count, each))
 TIMED_SUM(sum_f32, (Backend *bk, const float *x, size_t n), (bk, x, n))

@@ -61,7 +61,7 @@ double grad_norm(Model *m) {
         else c->all_reduce_sum(c, m->grads, full);
     }
     // Per tensor, in table order; a tied head is one entry, so each gradient counts once. The
-    // backend sums the list with one wait (sumsq_many); the host adds the sums in order.
+    // backend sums the list with one wait; the host adds the sums in order.
     const int nspec = (int)arrlen(m->tab.specs);
     const float **x = xmalloc(sizeof *x * (size_t)(nspec + 1));
     size_t *len = xmalloc(sizeof *len * (size_t)(nspec + 1));
@@ -71,9 +71,7 @@ double grad_norm(Model *m) {
         size_t a, b, loc;
         if (model_owned_part(m, &m->tab.specs[i], &a, &b, &loc)) x[k] = m->grads + loc, len[k++] = b - a;
     }
-    if (m->bk->sumsq_many) m->bk->sumsq_many(m->bk, x, len, k, each);
-    else
-        for (int i = 0; i < k; i++) each[i] = m->bk->sumsq(m->bk, x[i], len[i]);
+    m->bk->sumsq_many(m->bk, x, len, k, each);
     double ss = 0;
     for (int i = 0; i < k; i++) ss += each[i];
     free(x);

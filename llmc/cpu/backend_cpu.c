@@ -256,7 +256,6 @@ static void cpu_classifier_ce(Backend *bk, float *losses, void *dx, float *dW, c
     (void)bk;
     classifier_ce_f32(losses, dx, dW, x, W, tgt, N, V, C, scale);
 }
-static double cpu_sumsq(Backend *bk, const float *x, size_t n) { (void)bk; return sumsq_f32(x, n); }
 static void cpu_sumsq_many(Backend *bk, const float *const *x, const size_t *n, int count, double *each) {
     (void)bk;
     for (int i = 0; i < count; i++) each[i] = sumsq_f32(x[i], n[i]);
@@ -364,7 +363,6 @@ Backend *backend_cpu_create(int threads) {
     bk->dropout = cpu_dropout;
     bk->swiglu_bwd = cpu_swiglu_bwd;
     bk->classifier_ce = cpu_classifier_ce;
-    bk->sumsq = cpu_sumsq;
     bk->sumsq_many = cpu_sumsq_many;
     bk->sum_f32 = cpu_sum_f32;
     bk->scale = cpu_scale;

@@ -490,7 +490,6 @@ static void cu_classifier_ce(Backend *bk, float *losses, void *dx, float *dW, co
                              const int32_t *tgt, int N, int V, int C, float scale) {
     k_classifier_ce(ctx_of(bk), losses, dx, dW, x, W, tgt, N, V, C, scale);
 }
-static double cu_sumsq(Backend *bk, const float *x, size_t n) { return k_sumsq(ctx_of(bk), x, n); }
 static double cu_sum_f32(Backend *bk, const float *x, size_t n) { return k_sum_f32(ctx_of(bk), x, n); }
 static const char *cu_attention_path(const Backend *bk, int D) { return k_attention_path(ctx_of((Backend *)bk), D); }
 static void cu_sumsq_many(Backend *bk, const float *const *x, const size_t *n, int count, double *each) {
@@ -625,7 +624,6 @@ extern "C" Backend *backend_cuda_create(int dtype_bf16, int device_index) {
     bk->swiglu_fwd = cu_swiglu_fwd;
     bk->swiglu_bwd = cu_swiglu_bwd;
     bk->classifier_ce = cu_classifier_ce;
-    bk->sumsq = cu_sumsq;
     bk->sumsq_many = cu_sumsq_many;
     bk->attention_path = cu_attention_path;
     bk->sum_f32 = cu_sum_f32;

@@ -5,7 +5,7 @@
 // stride; each thread sums its elements in order in double, each block reduces in a fixed tree
 // into one partial, and one block adds the partials in a fixed tree. The same input gives the
 // same bits on every run and every GPU. The result goes to pinned host memory and the host
-// waits for it (the op returns a double, as in backend.h).
+// waits for it (backend.h's sum_f32 returns a double; its sumsq_many is k_sumsq_many below).
 // k_sumsq_many does the same for a list of tensors (the gradient norm's per-tensor sums) in two
 // launches and one wait: each tensor's grid row walks it exactly as k_sumsq's grid does, so
 // every sum has k_sumsq's bits. One wait a tensor (201 at the 1.1B shape) cost 8 ms of a 400 ms
