@@ -124,8 +124,11 @@ $(EMU)/dev/%: $(EMU)/dev/%.o $(EMU_OBJ) $(C_LIB_OBJ)
 	$(CXX) -fopenmp -pthread $^ -o $@ $(BASE_LDLIBS)
 
 # The whole trainer over the emulated CUDA backend (device: cuda runs on the CPU, ~10^4 times
-# slower than a GPU): test_cuda_emu_train.py compares its bf16 training with the CPU backend.
+# slower than a GPU): test_cuda_emu_train.py compares its bf16 training with the CPU backend
+# (train_gpt's through scripts/gpu_train_check.py gpt --tiny).
 $(EMU)/train_llama: $(BUILD)/train_llama.o $(EMU_OBJ) $(C_LIB_OBJ)
+	$(CXX) -fopenmp -pthread $^ -o $@ $(BASE_LDLIBS)
+$(EMU)/train_gpt: $(BUILD)/train_gpt.o $(EMU_OBJ) $(C_LIB_OBJ)
 	$(CXX) -fopenmp -pthread $^ -o $@ $(BASE_LDLIBS)
 
 test-cuda-emu: $(DEV_CUDA:%=$(EMU)/dev/%)

@@ -16,8 +16,8 @@ peft only where they are imported; a missing one turns its rows into "skipped".
 
 --shape 8b --qlora: Llama-3.1-8B's shape, QLoRA r16 on every linear layer (ours: an NF4 base;
 PyTorch: peft over a bf16 base, since bitsandbytes is not on the GPU machine). Not covered yet
-(stated in the report): the longest context each side fits, and train_gpt vs llm.c's published
-GPT-2 124M figures.
+(stated in the report): the longest context each side fits, and llm.c's own train_gpt2cu on the
+same GPU (scripts/gpu_check.sh gpt times train_gpt at GPT-2 124M).
 """
 import argparse
 import json
@@ -247,7 +247,7 @@ def bench(a, shape, T, tmp):
     res = {"part": "bench", "shape": a.shape, "params": n_params(shape), "seq": T, "steps": a.steps,
            "peak_tflops": a.peak_tflops, "rows": rows, "secs": round(time.time() - t0, 1),
            "not_covered": ["the longest context each side fits (8B QLoRA)",
-                           "train_gpt vs llm.c's published GPT-2 124M figures"],
+                           "llm.c's own train_gpt2cu on the same GPU (gpu_check part gpt times train_gpt at GPT-2 124M)"],
            "status": "pass" if rows and all(r["status"] in ("ok", "skipped") for r in rows) else "fail"}
     with open(a.json, "w") as f:
         json.dump(res, f, indent=1)

@@ -15,6 +15,8 @@
 #   sanitizer  (d) compute-sanitizer memcheck + racecheck on a short run of each mode
 #   nccl       (e) NCCL world 1 (LLMC_FORCE_NCCL=1), and every GPU when there are several
 #   bench      (f) ~1B Llama at 4K tokens, full and LoRA: tok/s, MFU, peak memory vs PyTorch
+#   gpt        (h) train_gpt (GPT-2) on the GPU: fp32 vs CPU (losses, one step's gradient), bf16
+#              vs fp32 CPU, -r 1/-r 2 bit-identical to -r 0; GPT-2 124M (d12) tok/s and MFU
 #   memory     (g) the same shape in 5 memory modes and LoRA resident/streamed, under one
 #              device_memory_limit: nvidia-smi peaks within 10% of --plan's, hidden_states
 #              <= 1.02x checkpointing's step, streaming <= 1.10x resident (not in "all": ~3-5 min)
@@ -40,12 +42,12 @@ while [ $# -gt 0 ]; do
   case "$1" in
     --out) OUTDIR=$2; shift 2 ;;
     -h|--help) sed -n '2,30p' "$0"; exit 0 ;;
-    all) PARTS+=(build emu kernels train modes sanitizer nccl bench); shift ;;
-    build|emu|kernels|train|modes|sanitizer|nccl|bench|memory|memory8b) PARTS+=("$1"); shift ;;
-    *) echo "gpu_check: unknown part '$1' (build emu kernels train modes sanitizer nccl bench memory memory8b all)" >&2; exit 2 ;;
+    all) PARTS+=(build emu kernels train gpt modes sanitizer nccl bench); shift ;;
+    build|emu|kernels|train|gpt|modes|sanitizer|nccl|bench|memory|memory8b) PARTS+=("$1"); shift ;;
+    *) echo "gpu_check: unknown part '$1' (build emu kernels train gpt modes sanitizer nccl bench memory memory8b all)" >&2; exit 2 ;;
   esac
 done
-[ ${#PARTS[@]} -gt 0 ] || PARTS=(build emu kernels train modes sanitizer nccl bench)
+[ ${#PARTS[@]} -gt 0 ] || PARTS=(build emu kernels train gpt modes sanitizer nccl bench)
 mkdir -p "$OUTDIR"
 OUTDIR=$(cd "$OUTDIR" && pwd)
 LOG=$OUTDIR/gpu_check.log
@@ -255,6 +257,7 @@ part_kernels() {
 }
 
 part_py() {  # part_py PART [PYPART ARGS...]: scripts/gpu_train_check.py PYPART (default PART) ARGS
+  # (on PY_BIN, default train_llama)
   local part=$1 py=${2:-$1}
   local extra=("${@:3}")
   need_gpu "$part" || return; need_build "$part" || return
@@ -263,7 +266,7 @@ part_py() {  # part_py PART [PYPART ARGS...]: scripts/gpu_train_check.py PYPART 
   # under a limit, the script stops starting runs in time to write its report
   local budget=()
   [ "$PART_LIMIT_USED" -gt 60 ] && budget=(--budget $((PART_LIMIT_USED - 45)))
-  PYTHONUNBUFFERED=1 limited "$PY" scripts/gpu_train_check.py "$py" "${extra[@]}" --bin "$BUILD/train_llama" --json "$RES/$part.json" "${budget[@]}" 2>&1 | tee -a "$LOG" | grep -E '^(PASS|FAIL|SKIP)' || true
+  PYTHONUNBUFFERED=1 limited "$PY" scripts/gpu_train_check.py "$py" "${extra[@]}" --bin "${PY_BIN:-$BUILD/train_llama}" --json "$RES/$part.json" "${budget[@]}" 2>&1 | tee -a "$LOG" | grep -E '^(PASS|FAIL|SKIP)' || true
   if timed_out "${PIPESTATUS[0]}"; then
     result "$part" fail $((SECONDS - t0)) "timed out after ${PART_LIMIT_USED:-?} s (LLMC_PART_TIMEOUT / LLMC_CHECK_BUDGET): see gpu_check.log"
   elif [ -f "$RES/$part.json" ]; then
@@ -296,6 +299,7 @@ for p in "${PARTS[@]}"; do
     kernels) part_kernels ;;
     train|modes|sanitizer|nccl|memory) part_py "$p" ;;
     memory8b) part_py memory8b memory --shape 8b ;;
+    gpt) PY_BIN="$BUILD/train_gpt" part_py gpt ;;
     bench) part_bench ;;
   esac
 done

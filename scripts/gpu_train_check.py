@@ -15,6 +15,11 @@
   gpu_train_check.py nccl      --bin B --json J   (e) LLMC_FORCE_NCCL=1 (world 1) bit-identical to
                                                       the plain run; on 2+ GPUs a launcher-free run
                                                       of all of them
+  gpu_train_check.py gpt       --bin G --json J   (h) train_gpt (G) on the GPU: fp32 against the
+                                                      CPU (losses 1e-5, one step's gradient 1e-4 per
+                                                      tensor), bf16 against fp32 CPU (losses 2e-2),
+                                                      llm.c's -r 1 and -r 2 bit-identical to -r 0;
+                                                      on a GPU also GPT-2 124M (d12) at T 1024: tok/s, MFU
 
 Standard library only. Options: --tiny (a very small model: for the CPU emulator build, which
 runs about 10^4 times slower than a GPU), --device cuda|... Prints PASS/FAIL lines and writes
@@ -117,14 +122,14 @@ def gpu_used_mib(pid):
 RUN_TIMEOUT = int(os.environ.get("LLMC_CHECK_RUN_TIMEOUT", "600"))
 
 
-def run(name, cfg, env=None, prefix=None, plan=False, timeout=None, sample=False, args=()):
+def run(name, cfg, env=None, prefix=None, plan=False, timeout=None, sample=False, args=(), binary=None):
     timeout = timeout or RUN_TIMEOUT
     out = cfg["output_dir"]
     path = os.path.join(TMP, name + ".yaml")
     write_config(cfg, path)
     e = dict(ENV)
     e.update(env or {})
-    cmd = (prefix or []) + [BIN, "-c", path] + (["--plan"] if plan else []) + list(args)
+    cmd = (prefix or []) + [binary or BIN, "-c", path] + (["--plan"] if plan else []) + list(args)
     r = Run()
     r.name, r.out, r.cfg, r.gpu_peak_mib = name, out, cfg, -1
     t0 = time.time()
@@ -246,11 +251,13 @@ LINEAR_STEP = {"adam_epsilon": 1, "weight_decay": 0, "max_grad_norm": 0, "warmup
                "lr_scheduler": "constant", "learning_rate": 10, "max_steps": 1}
 
 
-def step_errors(w0_bytes, a_bytes, b_bytes, only=None):
-    """Per tensor: max |(a-w0) - (b-w0)| / max |b-w0| (the steps, normwise against b's).
-    Returns (worst, its name, median, detail) or (inf, ...) when a file is unreadable."""
+def step_errors(w0_bytes, a_bytes, b_bytes, only=None, read=None):
+    """Per tensor: max |(a-w0) - (b-w0)| / max |b-w0| (the steps, normwise against b's), the files
+    read by read (default safetensors_floats). Returns (worst, its name, median, detail) or
+    (inf, ...) when a file is unreadable."""
+    read = read or safetensors_floats
     try:
-        w0, a, b = safetensors_floats(w0_bytes), safetensors_floats(a_bytes), safetensors_floats(b_bytes)
+        w0, a, b = read(w0_bytes), read(a_bytes), read(b_bytes)
     except Exception as e:  # noqa: BLE001
         return math.inf, "", math.inf, "cannot read weights: %s" % e
     if not (w0.keys() == a.keys() == b.keys()):
@@ -650,12 +657,119 @@ def part_memory(a):
     TABLES["step times without a device limit (%s)" % a.shape] = trows
 
 
+# ---- (h) train_gpt: GPT-2 on the GPU ------------------------------------------------------------
+
+# GPT-2 (train_gpt) has LayerNorm with biases, learned positions, GELU and a tied head over a
+# vocabulary padded to 128: kernels train_llama never runs. Its model.bin is llm.c's layout.
+def gpt2_cfg(size, out, **over):
+    if size == "tiny":  # emulator-sized
+        c = dict(model=dict(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                            max_position_embeddings=64),
+                 sequence_len=32, micro_batch_size=1, gradient_accumulation_steps=2, max_steps=2)
+    else:
+        c = dict(model=dict(vocab_size=1024, hidden_size=256, num_hidden_layers=4, num_attention_heads=8,
+                            max_position_embeddings=256),
+                 sequence_len=256, micro_batch_size=2, gradient_accumulation_steps=2, max_steps=5)
+    c.update({"train_data": os.path.join(TMP, "data_%d.bin" % c["model"]["vocab_size"]), "shuffle": "false",
+              "learning_rate": "1e-3", "output_dir": out, "seed": 1234, "save_dtype": "float32",
+              "eval_steps": 0, "sample_steps": 0})
+    if not os.path.exists(c["train_data"]):
+        write_shard(c["train_data"], 200000, c["model"]["vocab_size"])
+    c.update(over)
+    return c
+
+
+def gpt2_bin_floats(data):
+    """llm.c's model.bin (version 3, fp32) as {name: floats}, in its parameter order."""
+    h = struct.unpack("<256i", data[:1024])
+    if h[0] != 20240326 or h[1] != 3:
+        raise ValueError("not an fp32 llm.c model.bin (magic %d, version %d)" % (h[0], h[1]))
+    maxT, L, C, Vp = h[2], h[4], h[6], h[7]
+    sizes = [("wte", Vp * C), ("wpe", maxT * C), ("ln1w", L * C), ("ln1b", L * C), ("qkvw", L * 3 * C * C),
+             ("qkvb", L * 3 * C), ("attprojw", L * C * C), ("attprojb", L * C), ("ln2w", L * C), ("ln2b", L * C),
+             ("fcw", L * 4 * C * C), ("fcb", L * 4 * C), ("fcprojw", L * 4 * C * C), ("fcprojb", L * C),
+             ("lnfw", C), ("lnfb", C)]
+    a = array("f")
+    a.frombytes(data[1024:])
+    if len(a) != sum(n for _, n in sizes):
+        raise ValueError("model.bin holds %d floats, the header implies %d" % (len(a), sum(n for _, n in sizes)))
+    out, o = {}, 0
+    for name, n in sizes:
+        out[name], o = a[o:o + n], o + n
+    return out
+
+
+def part_gpt(a):
+    size = "tiny" if a.tiny else "small"
+    G = os.path.abspath(a.bin)
+
+    def go(slug, dev, **over):
+        return run(slug, gpt2_cfg(size, os.path.join(TMP, slug), device=dev, **over), binary=G)
+    # (1) fp32 CUDA against the CPU: a few AdamW steps' losses
+    cpu = go("h_cpu", "cpu")
+    gpu = go("h_gpu32", a.device, dtype="float32")
+    ok = cpu.rc == 0 and gpu.rc == 0
+    lr = losses_rel(losses(gpu), losses(cpu)) if ok else math.inf
+    check("train_gpt fp32 CUDA vs CPU: every step's loss within 1e-5 relative", ok and lr <= 1e-5,
+          "%s | %s | worst %.3g\n  cuda %s\n  cpu  %s" % (why(gpu), why(cpu), lr, losses(gpu), losses(cpu)))
+    # (2) one linear step (AdamW epsilon 1, lr 10: the change is nearly lr * g) from the same
+    # initial weights: the gradient, tensor by tensor (LayerNorm's and the biases' included)
+    runs = {n: go("h_step_" + n, dev, **dict(LINEAR_STEP, **over)) for n, dev, over in
+            (("w0", "cpu", {"learning_rate": 0}), ("cpu", "cpu", {}), ("gpu", a.device, {"dtype": "float32"}))}
+    ok_step = all(r.rc == 0 for r in runs.values())
+    gerr, _, gmed, gdet = step_errors(*(file_bytes(runs[n], "model.bin") for n in ("w0", "gpu", "cpu")),
+                                      read=gpt2_bin_floats) \
+        if ok_step else (math.inf, "", math.inf, " | ".join(why(r) for r in runs.values()))
+    check("train_gpt fp32 CUDA vs CPU: one step's gradient within 1e-4 normwise per tensor, median within 2e-6",
+          ok_step and gerr <= 1e-4 and gmed <= 2e-6, gdet)
+    # (3) bf16 (the CUDA default) against the fp32 CPU run: bf16 activations, fp32 gradients
+    b16 = go("h_gpu16", a.device, dtype="bfloat16")
+    lr16 = losses_rel(losses(b16), losses(cpu)) if b16.rc == 0 and cpu.rc == 0 else math.inf
+    check("train_gpt bf16 CUDA vs fp32 CPU: every step's loss within 2e-2 relative", lr16 <= 2e-2,
+          "%s | worst %.3g\n  bf16 %s\n  cpu  %s" % (why(b16), lr16, losses(b16), losses(cpu)))
+    # (4) llm.c's recompute settings (-r 1: every layer remade; -r 2: GELU and the LayerNorms)
+    # train bit-identically to -r 0
+    w16 = file_bytes(b16, "model.bin")
+    bad = []
+    for label, ck in (("-r 1", "true"), ("-r 2", "selective")):
+        r = go("h_gpu16_r" + label[-1], a.device, dtype="bfloat16", gradient_checkpointing=ck)
+        if not (r.rc == 0 and b16.rc == 0 and losses(r) == losses(b16) and w16 and file_bytes(r, "model.bin") == w16):
+            bad.append("%s: %s; losses %s vs %s" % (label, why(r) if r.rc else "differs", losses(r), losses(b16)))
+    check("train_gpt bf16: -r 1 and -r 2 losses and model.bin bit-identical to -r 0", not bad, "\n  ".join(bad))
+    rows = [{"run": "fp32 vs CPU", "steps": len(losses(cpu)), "loss_rel_err": lr, "gradient_rel_err": gerr,
+             "gradient_rel_err_median": gmed},
+            {"run": "bf16 vs fp32 CPU", "steps": len(losses(cpu)), "loss_rel_err": lr16}]
+    TABLES["train_gpt (GPT-2) on the GPU against the CPU"] = rows
+    if a.tiny:
+        return
+    # (5) GPT-2 124M (llm.c's d12) at llm.c's T 1024, bf16, recompute off: its speed. llm.c's
+    # MFU counts 6 N + 6 L C T FLOPs a token; issue 15 puts llm.c's GPT-2 runs at about 46-56%
+    # MFU. Reported, not a check.
+    shard = os.path.join(TMP, "data_50257.bin")
+    write_shard(shard, 1024 * 16 * 12 + 1, 50257)
+    slug = "h_d12"
+    c = {"model": "d12", "train_data": shard, "shuffle": "false", "sequence_len": 1024, "micro_batch_size": 16,
+         "gradient_accumulation_steps": 1, "max_steps": 10, "learning_rate": "6e-4", "device": a.device,
+         "dtype": "bfloat16", "output_dir": os.path.join(TMP, slug), "eval_steps": 0, "sample_steps": 0,
+         "save_steps": 0, "gradient_checkpointing": "false"}
+    r = run(slug, c, binary=G, sample=True)
+    ms = step_ms(r)
+    n = 124475904  # GPT-2 124M with the vocabulary padded to 50304 (llm.c's count)
+    fl = 6 * n + 6 * 12 * 768 * 1024
+    tok = 16 * 1024 / (ms / 1e3) if ms < math.inf else 0
+    check("train_gpt GPT-2 124M (d12), B 16, T 1024, bf16: 10 steps", r.rc == 0 and tok > 0, why(r))
+    TABLES["train_gpt GPT-2 124M (d12), B 16, T 1024, bf16"] = [{
+        "step_ms": round(ms, 2) if ms < math.inf else None, "tok_per_s": round(tok), "MFU_pct_of_989": round(100 * fl * tok / 989e12, 1),
+        "counted_peak_MiB": round(peak(r, "device_peak_bytes") / 2 ** 20, 1), "nvidia_smi_peak_MiB": r.gpu_peak_mib}]
+    print("train_gpt d12: %.1f ms a step, %.0f tok/s, MFU %.1f%% of 989 TFLOP/s" % (ms, tok, 100 * fl * tok / 989e12))
+
+
 def main():
     global TMP, BIN
     ap = argparse.ArgumentParser()
-    ap.add_argument("part", choices=["train", "modes", "sanitizer", "nccl", "memory"])
+    ap.add_argument("part", choices=["train", "modes", "sanitizer", "nccl", "memory", "gpt"])
     ap.add_argument("--shape", choices=sorted(MEM_SHAPES), default="1b", help="memory: the 1.1B shape or the 8B (QLoRA)")
-    ap.add_argument("--bin", required=True)
+    ap.add_argument("--bin", required=True, help="train_llama (gpt: train_gpt)")
     ap.add_argument("--json", required=True)
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--tiny", action="store_true")
@@ -667,7 +781,7 @@ def main():
     t0 = time.time()
     try:
         {"train": part_train, "modes": part_modes, "sanitizer": part_sanitizer, "nccl": part_nccl,
-         "memory": part_memory}[a.part](a)
+         "memory": part_memory, "gpt": part_gpt}[a.part](a)
     except Exception as e:  # noqa: BLE001 - reported as a failed check, not a traceback only
         import traceback
         check("%s: script error" % a.part, False, traceback.format_exc())

@@ -32,7 +32,10 @@ lr * g / (|g| + 1): the step's change measures its gradient g, element by elemen
       with the plain run's loss and weights (its exit once used a destroyed stream).
   (f) LLMC_ATT_MMA=1 (the mma.sync attention kernels, head dim 16): the config box names them,
       and (b)'s check holds for its gradient against the CPU's.
-About 30 s on 2 cores.
+  (g) train_gpt (GPT-2: LayerNorm, GELU, learned positions, a tied padded head) through the
+      emulator: scripts/gpu_train_check.py gpt --tiny, the checks a GPU runs (fp32 losses and one
+      step's gradient against the CPU, bf16 losses, -r 1/-r 2 bit-identical to -r 0).
+About 60 s on 2 cores.
 Prints PASS/FAIL lines and the measured figures.
 """
 import argparse
@@ -138,12 +141,12 @@ def main():
             print("SKIP cuda_emu_train: no CUDA headers (nvcc not found)")
             return 0
         t0 = time.time()
-        p = subprocess.run(["make", "-s", "-j2", "BUILD=" + args.build, "build-emu/train_llama"], cwd=ROOT,
-                           capture_output=True, text=True, errors="replace")
+        p = subprocess.run(["make", "-s", "-j2", "BUILD=" + args.build, "build-emu/train_llama", "build-emu/train_gpt"],
+                           cwd=ROOT, capture_output=True, text=True, errors="replace")
         if p.returncode != 0:
-            check("build build-emu/train_llama", False, (p.stdout + p.stderr)[-2000:])
+            check("build build-emu/train_llama and train_gpt", False, (p.stdout + p.stderr)[-2000:])
             return 1
-        print("   built build-emu/train_llama in %.1f s" % (time.time() - t0))
+        print("   built build-emu/train_llama and train_gpt in %.1f s" % (time.time() - t0))
         binary = os.path.join(ROOT, "build-emu", "train_llama")
     tmp = tempfile.mkdtemp(prefix="llmc_emu_train_")
     try:
@@ -223,6 +226,19 @@ def main():
             check("(f) LLMC_ATT_MMA=1 vs CPU fp32, 4 micro-batches: gradients within (b)'s 1.05e-2 normwise, "
                   "median 7.5e-3: %s" % summary(ef), vf[-1] <= 1.05e-2 and vf[len(vf) // 2] <= 7.5e-3,
                   "beyond the tolerance")
+        # (g) train_gpt through the emulator, by the GPU check's own part (h)
+        gpt = os.path.join(os.path.dirname(os.path.abspath(binary)), "train_gpt")
+        if not os.path.exists(gpt):
+            print("SKIP (g) train_gpt: no %s beside the emulated trainer" % gpt)
+        else:
+            t0 = time.time()
+            p = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "gpu_train_check.py"), "gpt", "--tiny",
+                                "--device", "cuda", "--bin", gpt, "--json", os.path.join(tmp, "gpt.json")],
+                               cwd=tmp, capture_output=True, text=True, errors="replace")
+            passed = [l for l in p.stdout.splitlines() if l.startswith("PASS ")]
+            check("(g) train_gpt (emulated CUDA) by gpu_train_check.py gpt --tiny: %d checks pass (%.1f s)"
+                  % (len(passed), time.time() - t0), p.returncode == 0 and len(passed) == 4,
+                  (p.stdout + p.stderr)[-2000:])
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return 1 if FAILS else 0
