@@ -16,8 +16,20 @@ peft only where they are imported; a missing one turns its rows into "skipped".
 
 --shape 8b --qlora: Llama-3.1-8B's shape, QLoRA r16 on every linear layer (ours: an NF4 base;
 PyTorch: peft over a bf16 base, since bitsandbytes is not on the GPU machine). Not covered yet
-(stated in the report): the longest context each side fits, and llm.c's own train_gpt2cu on the
-same GPU (scripts/gpu_check.sh gpt times train_gpt at GPT-2 124M).
+(stated in the report): llm.c's own train_gpt2cu on the same GPU (scripts/gpu_check.sh gpt
+times train_gpt at GPT-2 124M).
+
+--max-context (with --shape 8b --qlora: issue 15's "a longer context on one GPU than PyTorch's
+best"): the longest sequence each side trains one step at (micro batch 1), on a ladder of
+doubling lengths from --ctx-start to --ctx-max, within --budget seconds for the whole ladder.
+PyTorch: the model built once, gradient checkpointing on (its best on one GPU without
+offloading code), one forward/backward/AdamW step per length until one runs out of memory.
+Ours: per length, --plan with activation_offloading: auto and device_memory_limit: the GPU's
+memory, and when a mode fits, a one-step run in the mode auto picks; the ladder stops at the
+first length whose plan fits nothing, whose run fails, or that the budget cannot hold (the last
+step's time times 4: attention grows as T^2). Each side's maximum is reported with why it
+stopped (out of memory, the plan, the budget); the plan's own longest fitting length up to
+--plan-max is reported beside it (planned, not run).
 """
 import argparse
 import json
@@ -138,45 +150,61 @@ def run_torch(shape, T, steps, lora, dev="cuda"):
 
 # ---- ours ---------------------------------------------------------------------------------------
 
+def write_tokens(data, n, vocab):
+    import random
+    import struct
+    from array import array
+    rng = random.Random(0)
+    toks = array("H", (rng.randrange(min(vocab, 65535)) for _ in range(n)))
+    with open(data, "wb") as f:
+        f.write(struct.pack("<256i", *([20240520, 1, n] + [0] * 253)) + toks.tobytes())
+
+
+def ours_cfg(shape, T, steps, lora, data, out, device, extra=()):
+    cfg = ["model:"] + ["  %s: %s" % kv for kv in shape.items()] + ["  max_position_embeddings: %d" % T]
+    cfg += ["train_data: %s" % data, "shuffle: false", "sequence_len: %d" % T, "micro_batch_size: 1",
+            "gradient_accumulation_steps: 1", "max_steps: %d" % steps, "learning_rate: 1e-5",
+            "device: %s" % device, "dtype: bfloat16", "output_dir: %s" % out, "save_steps: 0"] + list(extra)
+    if lora:
+        cfg += ["adapter: %s" % lora] + (["load_in_4bit: true"] if lora == "qlora" else [])
+        cfg += ["lora_r: 16", "lora_alpha: 32", "lora_dropout: 0.0", "lora_target_linear: true"]
+    path = out + ".yaml"
+    with open(path, "w") as f:
+        f.write("\n".join(cfg) + "\n")
+    return path
+
+
+def launch(cmd, timeout):
+    """Runs cmd, sampling its nvidia-smi memory: (Popen, stdout, stderr, peak MiB or -1)."""
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, errors="replace")
+    box, stop = [-1], []
+    th = threading.Thread(target=smi_peak, args=(p.pid, box, stop), daemon=True)
+    th.start()
+    try:
+        so, se = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        so, se = p.communicate()
+        se += "\ntimed out after %d s" % timeout
+    stop.append(1)
+    return p, so, se, box[0]
+
+
+def step_metrics(out):
+    mp = os.path.join(out, "metrics.jsonl")
+    ms = [json.loads(l) for l in open(mp)] if os.path.exists(mp) else []
+    return [m for m in ms if "loss" in m and "ms" in m]
+
+
 def run_ours(binary, shape, T, steps, lora, tmp, device="cuda", profile=False):
     data = os.path.join(tmp, "bench.bin")
     if not os.path.exists(data):
-        import random
-        import struct
-        from array import array
-        rng = random.Random(0)
-        n = T * (steps + 2) + 1
-        toks = array("H", (rng.randrange(min(shape["vocab_size"], 65535)) for _ in range(n)))
-        with open(data, "wb") as f:
-            f.write(struct.pack("<256i", *([20240520, 1, n] + [0] * 253)) + toks.tobytes())
+        write_tokens(data, T * (steps + 2) + 1, shape["vocab_size"])
     for ckpt in ("false", "true"):
         out = os.path.join(tmp, "ours_%s_%s" % (lora or "full", ckpt))
-        cfg = ["model:"] + ["  %s: %s" % kv for kv in shape.items()] + ["  max_position_embeddings: %d" % T]
-        cfg += ["train_data: %s" % data, "shuffle: false", "sequence_len: %d" % T, "micro_batch_size: 1",
-                "gradient_accumulation_steps: 1", "max_steps: %d" % steps, "learning_rate: 1e-5",
-                "device: %s" % device, "dtype: bfloat16", "output_dir: %s" % out, "gradient_checkpointing: %s" % ckpt,
-                "save_steps: 0"]
-        if lora:
-            cfg += ["adapter: %s" % lora] + (["load_in_4bit: true"] if lora == "qlora" else [])
-            cfg += ["lora_r: 16", "lora_alpha: 32", "lora_dropout: 0.0", "lora_target_linear: true"]
-        path = out + ".yaml"
-        with open(path, "w") as f:
-            f.write("\n".join(cfg) + "\n")
-        p = subprocess.Popen([binary, "-c", path] + (["--profile"] if profile else []), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                             errors="replace")
-        box, stop = [-1], []
-        th = threading.Thread(target=smi_peak, args=(p.pid, box, stop), daemon=True)
-        th.start()
-        try:
-            so, se = p.communicate(timeout=480)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            so, se = p.communicate()
-            se += "\ntimed out after 480 s"
-        stop.append(1)
-        mp = os.path.join(out, "metrics.jsonl")
-        ms = [json.loads(l) for l in open(mp)] if os.path.exists(mp) else []
-        steps_ = [m for m in ms if "loss" in m and "ms" in m]
+        path = ours_cfg(shape, T, steps, lora, data, out, device, ["gradient_checkpointing: %s" % ckpt])
+        p, so, se, smi = launch([binary, "-c", path] + (["--profile"] if profile else []), 480)
+        steps_ = step_metrics(out)
         # The run's final model and checkpoint (a 1B full run writes ~20 GB of weights, master
         # and moments) go at once: the GPU machine's disk is 64 GiB.
         shutil.rmtree(out, ignore_errors=True)
@@ -184,7 +212,7 @@ def run_ours(binary, shape, T, steps, lora, tmp, device="cuda", profile=False):
             print("our --profile (%s, grad ckpt %s):\n%s" % (lora or "full", ckpt, so[so.rfind("\n", 0, so.rfind("profile")) + 1:][-6000:]), flush=True)
         if p.returncode == 0 and steps_:
             return {"times": [m["ms"] / 1e3 for m in steps_], "peak": max(m.get("device_peak_bytes", 0) for m in steps_),
-                    "smi_peak_mib": box[0], "ckpt": ckpt == "true"}
+                    "smi_peak_mib": smi, "ckpt": ckpt == "true"}
         err = (se.strip().splitlines() or ["rc %d" % p.returncode])[-1]
         if "memory" not in err:
             return {"error": err[:400]}
@@ -205,6 +233,164 @@ def summarize(side, res, shape, T, lora, peak_tflops):
             "grad_ckpt": res["ckpt"]}
 
 
+# ---- --max-context -------------------------------------------------------------------------------
+
+def ladder(start, stop):
+    T, out = start, []
+    while T <= stop:
+        out.append(T)
+        T *= 2
+    return out
+
+
+def device_gib(dev):
+    if dev != "cuda":
+        return 64  # a stand-in budget for a CPU test of the script
+    try:
+        import torch
+        return torch.cuda.get_device_properties(0).total_memory / 2 ** 30
+    except Exception:  # noqa: BLE001
+        p = subprocess.run(["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
+                           capture_output=True, text=True)
+        return int(p.stdout.split()[0]) / 1024
+
+
+def torch_max_context(shape, lora, lengths, dev, deadline):
+    """One step at each length, ascending, one model: [(T, row)], and why the ladder stopped."""
+    import torch
+    cuda = dev == "cuda"
+    from transformers import LlamaConfig, LlamaForCausalLM
+    torch.manual_seed(0)
+    cfg = LlamaConfig(**shape, max_position_embeddings=max(lengths), torch_dtype="bfloat16",
+                      attn_implementation="sdpa", tie_word_embeddings=False, use_cache=False)
+    model = LlamaForCausalLM(cfg).to(device=dev, dtype=torch.bfloat16)
+    if lora:
+        from peft import LoraConfig, get_peft_model
+        model = get_peft_model(model, LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0, target_modules="all-linear"))
+    model.gradient_checkpointing_enable()
+    if lora:
+        model.enable_input_require_grads()
+    model.train()
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=1e-5)
+    rows, why, last = [], "the ladder's end", None
+    for T in lengths:
+        if last is not None and time.time() + 4 * last > deadline:
+            why = "the budget (the next length's step would not fit)"
+            break
+        if cuda:
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats()
+        x = torch.randint(0, shape["vocab_size"], (1, T), device=dev)
+        t0 = time.time()
+        try:
+            model(input_ids=x, labels=x).loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            if cuda:
+                torch.cuda.synchronize()
+        except Exception as e:  # noqa: BLE001 - out of memory ends the ladder
+            opt.zero_grad(set_to_none=True)
+            msg = "%s: %s" % (type(e).__name__, str(e)[:200])
+            why = "out of memory at %d" % T if "out of memory" in msg.lower() else "error at %d: %s" % (T, msg)
+            break
+        last = time.time() - t0
+        rows.append({"side": "pytorch", "T": T, "step_s": round(last, 2),
+                     "peak_GiB": round(torch.cuda.max_memory_allocated() / 2 ** 30, 2) if cuda else None,
+                     "mode": "gradient checkpointing"})
+        print(json.dumps(rows[-1]), flush=True)
+    del model, opt
+    if cuda:
+        torch.cuda.empty_cache()
+    return rows, why
+
+
+def plan_row(binary, path):
+    """The mode activation_offloading: auto picks under --plan, and its device peak: (mode, text) or None."""
+    p = subprocess.run([binary, "-c", path, "--plan"], capture_output=True, text=True, errors="replace", timeout=120)
+    fits = [l for l in p.stdout.splitlines() if l.startswith("|") and l.rstrip().endswith("yes |")]
+    if p.returncode != 0 or not fits:
+        return None
+    est = lambda l: float(l.split("|")[-3])  # noqa: E731 - est. ms, the plan's second-to-last column
+    best = min(fits, key=est)
+    return best.split("|")[1].strip(), est(best)
+
+
+def ours_max_context(binary, shape, lora, lengths, dev, deadline, tmp, plan_max):
+    lim = "%dGiB" % int(device_gib(dev))
+    extra = ["activation_offloading: auto", "device_memory_limit: %s" % lim]
+    data = os.path.join(tmp, "ctx.bin")
+    write_tokens(data, max(lengths) + 1, shape["vocab_size"])
+    rows, why, last = [], "the ladder's end", None
+    for T in lengths:
+        out = os.path.join(tmp, "ctx_%d" % T)
+        path = ours_cfg(shape, T, 1, lora, data, out, dev, extra)
+        pr = plan_row(binary, path)
+        if pr is None:
+            why = "the plan: nothing fits at %d under %s" % (T, lim)
+            break
+        if last is not None and time.time() + 4 * last > deadline:
+            why = "the budget (the next length's step would not fit)"
+            break
+        t0 = time.time()
+        p, so, se, smi = launch([binary, "-c", path], max(60, int(deadline - time.time())))
+        st = step_metrics(out)
+        shutil.rmtree(out, ignore_errors=True)
+        if p.returncode != 0 or not st:
+            why = "a failed run at %d: %s" % (T, (se.strip().splitlines() or ["rc %d" % p.returncode])[-1][:300])
+            break
+        last = time.time() - t0
+        rows.append({"side": "ours", "T": T, "step_s": round(st[0]["ms"] / 1e3, 2), "run_s": round(last, 1),
+                     "peak_GiB": round(st[0].get("device_peak_bytes", 0) / 2 ** 30, 2),
+                     "smi_peak_GiB": round(smi / 1024, 2) if smi > 0 else None,
+                     "mode": "plan's pick: %s (est. %.0f ms)" % pr})
+        print(json.dumps(rows[-1]), flush=True)
+    # the plan alone, on up to plan_max (nothing run)
+    planned = None
+    for T in ladder(lengths[0], plan_max):
+        path = ours_cfg(shape, T, 1, lora, data, os.path.join(tmp, "plan_%d" % T), dev, extra)
+        if plan_row(binary, path) is None:
+            break
+        planned = T
+    return rows, why, planned
+
+
+def max_context(a, shape, tmp):
+    lengths = ladder(a.ctx_start, a.ctx_max)
+    lora = "qlora" if a.qlora else False
+    t0 = time.time()
+    half = t0 + a.budget / 2
+    res = {"part": "max-context", "shape": a.shape, "adapter": lora or "full", "lengths": lengths, "budget_s": a.budget}
+    if a.only != "torch":
+        rows, why, planned = ours_max_context(os.path.abspath(a.bin), shape, lora, lengths, a.device,
+                                              half if a.only != "ours" else t0 + a.budget, tmp, a.plan_max)
+        res["ours"] = {"rows": rows, "max_T": max((r["T"] for r in rows), default=0), "stopped_by": why,
+                       "planned_max_T": planned}
+    if a.only != "ours":
+        try:
+            rows, why = torch_max_context(shape, lora, lengths, a.device, t0 + a.budget)
+        except Exception as e:  # noqa: BLE001 - no torch, or the model does not fit at all
+            rows, why = [], "%s: %s" % (type(e).__name__, str(e)[:300])
+        res["pytorch"] = {"rows": rows, "max_T": max((r["T"] for r in rows), default=0), "stopped_by": why,
+                          "base": "bf16 (no bitsandbytes)" if lora == "qlora" else "bf16"}
+    res["secs"] = round(time.time() - t0, 1)
+    sides = [k for k in ("ours", "pytorch") if k in res]
+    ok = all(res[k]["max_T"] > 0 for k in sides)
+    res["status"] = "pass" if ok else "fail"
+    res["tables"] = {  # what gpu_check.sh's report prints
+        "longest context on one GPU (%s, %s): each side's maximum" % (a.shape, lora or "full"):
+            [{"side": k, "longest_T_trained": res[k]["max_T"], "stopped_by": res[k]["stopped_by"],
+              "planned_longest_T": res[k].get("planned_max_T", "-")} for k in sides],
+        "one step at each length": [r for k in sides for r in res[k]["rows"]]}
+    with open(a.json, "w") as f:
+        json.dump(res, f, indent=1)
+    print("| side | longest T trained (one step) | stopped by | planned longest T |")
+    for k in ("ours", "pytorch"):
+        if k in res:
+            print("| %s | %d | %s | %s |" % (k, res[k]["max_T"], res[k]["stopped_by"], res[k].get("planned_max_T", "-")))
+    return 0 if ok else 1
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--bin", required=True)
@@ -217,10 +403,17 @@ def main():
     ap.add_argument("--qlora", action="store_true", help="QLoRA r16 only (ours: NF4 base; PyTorch: LoRA over bf16)")
     ap.add_argument("--profile", action="store_true", help="run ours with --profile and print its per-op table")
     ap.add_argument("--device", default="cuda", help="both sides' device (cpu: to test this script without a GPU)")
+    ap.add_argument("--max-context", action="store_true", help="the longest sequence each side trains one step at")
+    ap.add_argument("--ctx-start", type=int, default=8192)
+    ap.add_argument("--ctx-max", type=int, default=262144)
+    ap.add_argument("--plan-max", type=int, default=1048576, help="--max-context: plan (not run) up to this length")
+    ap.add_argument("--budget", type=float, default=540, help="--max-context: seconds for both ladders")
     a = ap.parse_args()
     shape, T = SHAPES[a.shape], a.seq
     tmp = tempfile.mkdtemp(prefix="llmc_bench_")
     try:
+        if a.max_context:
+            return max_context(a, shape, tmp)
         return bench(a, shape, T, tmp)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -246,8 +439,7 @@ def bench(a, shape, T, tmp):
             print(json.dumps(rows[-1]), flush=True)
     res = {"part": "bench", "shape": a.shape, "params": n_params(shape), "seq": T, "steps": a.steps,
            "peak_tflops": a.peak_tflops, "rows": rows, "secs": round(time.time() - t0, 1),
-           "not_covered": ["the longest context each side fits (8B QLoRA)",
-                           "llm.c's own train_gpt2cu on the same GPU (gpu_check part gpt times train_gpt at GPT-2 124M)"],
+           "not_covered": ["llm.c's own train_gpt2cu on the same GPU (gpu_check part gpt times train_gpt at GPT-2 124M)"],
            "status": "pass" if rows and all(r["status"] in ("ok", "skipped") for r in rows) else "fail"}
     with open(a.json, "w") as f:
         json.dump(res, f, indent=1)

@@ -17,6 +17,8 @@
 #   bench      (f) ~1B Llama at 4K tokens, full and LoRA: tok/s, MFU, peak memory vs PyTorch
 #   gpt        (h) train_gpt (GPT-2) on the GPU: fp32 vs CPU (losses, one step's gradient), bf16
 #              vs fp32 CPU, -r 1/-r 2 bit-identical to -r 0; GPT-2 124M (d12) tok/s and MFU
+#   maxctx     8B QLoRA: the longest sequence ours and PyTorch + peft each train one step at
+#              (scripts/gpu_bench.py --max-context; not in "all": most of a 10-minute call)
 #   memory     (g) the same shape in 5 memory modes and LoRA resident/streamed, under one
 #              device_memory_limit: nvidia-smi peaks within 10% of --plan's, hidden_states
 #              <= 1.02x checkpointing's step, streaming <= 1.10x resident (not in "all": ~3-5 min)
@@ -43,8 +45,8 @@ while [ $# -gt 0 ]; do
     --out) OUTDIR=$2; shift 2 ;;
     -h|--help) sed -n '2,30p' "$0"; exit 0 ;;
     all) PARTS+=(build emu kernels train gpt modes sanitizer nccl bench); shift ;;
-    build|emu|kernels|train|gpt|modes|sanitizer|nccl|bench|memory|memory8b) PARTS+=("$1"); shift ;;
-    *) echo "gpu_check: unknown part '$1' (build emu kernels train gpt modes sanitizer nccl bench memory memory8b all)" >&2; exit 2 ;;
+    build|emu|kernels|train|gpt|modes|sanitizer|nccl|bench|memory|memory8b|maxctx) PARTS+=("$1"); shift ;;
+    *) echo "gpu_check: unknown part '$1' (build emu kernels train gpt modes sanitizer nccl bench memory memory8b maxctx all)" >&2; exit 2 ;;
   esac
 done
 [ ${#PARTS[@]} -gt 0 ] || PARTS=(build emu kernels train gpt modes sanitizer nccl bench)
@@ -278,14 +280,18 @@ part_py() {  # part_py PART [PYPART ARGS...]: scripts/gpu_train_check.py PYPART 
   fi
 }
 
-part_bench() {
-  need_gpu bench || return; need_build bench || return
+part_bench() {  # part_bench PART [gpu_bench.py ARGS...]
+  local part=${1:-bench}
+  need_gpu "$part" || return; need_build "$part" || return
   local t0=$SECONDS
   PART_LIMIT_USED=$(part_limit)
-  PYTHONUNBUFFERED=1 limited "$PY" scripts/gpu_bench.py --bin "$BUILD/train_llama" --json "$RES/bench.json" 2>&1 | tee -a "$LOG" | tail -8
-  timed_out "${PIPESTATUS[0]}" && { result bench fail $((SECONDS - t0)) "timed out after ${PART_LIMIT_USED:-?} s (LLMC_PART_TIMEOUT / LLMC_CHECK_BUDGET)"; return; }
-  [ -f "$RES/bench.json" ] && result bench "$("$PY" -c 'import json,sys; print(json.load(open(sys.argv[1]))["status"])' "$RES/bench.json")" $((SECONDS - t0)) "see the table" \
-    || result bench fail $((SECONDS - t0)) "no result: see gpu_check.log"
+  local extra=("${@:2}")
+  # the ladder's budget: what the part may take, less a minute for the report
+  [ "$part" = maxctx ] && extra+=(--budget $(( PART_LIMIT_USED > 120 ? PART_LIMIT_USED - 60 : 540 )))
+  PYTHONUNBUFFERED=1 limited "$PY" scripts/gpu_bench.py --bin "$BUILD/train_llama" --json "$RES/$part.json" "${extra[@]}" 2>&1 | tee -a "$LOG" | tail -8
+  timed_out "${PIPESTATUS[0]}" && { result "$part" fail $((SECONDS - t0)) "timed out after ${PART_LIMIT_USED:-?} s (LLMC_PART_TIMEOUT / LLMC_CHECK_BUDGET)"; return; }
+  [ -f "$RES/$part.json" ] && result "$part" "$("$PY" -c 'import json,sys; print(json.load(open(sys.argv[1]))["status"])' "$RES/$part.json")" $((SECONDS - t0)) "see the table" \
+    || result "$part" fail $((SECONDS - t0)) "no result: see gpu_check.log"
 }
 
 for p in "${PARTS[@]}"; do
@@ -300,7 +306,8 @@ for p in "${PARTS[@]}"; do
     train|modes|sanitizer|nccl|memory) part_py "$p" ;;
     memory8b) part_py memory8b memory --shape 8b ;;
     gpt) PY_BIN="$BUILD/train_gpt" part_py gpt ;;
-    bench) part_bench ;;
+    bench) part_bench bench ;;
+    maxctx) part_bench maxctx --shape 8b --qlora --max-context ;;
   esac
 done
 
