@@ -409,6 +409,8 @@ def main():
     ap.add_argument("--plan-max", type=int, default=1048576, help="--max-context: plan (not run) up to this length")
     ap.add_argument("--budget", type=float, default=540, help="--max-context: seconds for both ladders")
     a = ap.parse_args()
+    if a.max_context and not 1 <= a.ctx_start <= a.ctx_max:
+        ap.error("--ctx-start must be at least 1 and at most --ctx-max")
     shape, T = SHAPES[a.shape], a.seq
     tmp = tempfile.mkdtemp(prefix="llmc_bench_")
     try:
