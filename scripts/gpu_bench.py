@@ -84,17 +84,13 @@ def smi_peak(pid, box, stop):
 
 # ---- PyTorch ------------------------------------------------------------------------------------
 
-def torch_side(shape, T, steps, lora, ckpt, dev="cuda"):
+def torch_model(shape, T, lora, ckpt, dev):
+    """The PyTorch side's model (bf16, sdpa; LoRA r16 on every linear through peft) and AdamW."""
     import torch
-    cuda = dev == "cuda"
-    sync = torch.cuda.synchronize if cuda else (lambda: None)
     from transformers import LlamaConfig, LlamaForCausalLM
     torch.manual_seed(0)
     cfg = LlamaConfig(**shape, max_position_embeddings=T, torch_dtype="bfloat16", attn_implementation="sdpa",
                       tie_word_embeddings=False, use_cache=False)
-    if cuda:
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats()
     model = LlamaForCausalLM(cfg).to(device=dev, dtype=torch.bfloat16)
     # QLoRA on this side would need bitsandbytes (not on the GPU machine, and over the device
     # tool's carry limit as a wheel): its adapters train over a bf16 base instead, which the
@@ -112,6 +108,17 @@ def torch_side(shape, T, steps, lora, ckpt, dev="cuda"):
         opt = torch.optim.AdamW(params, lr=1e-5, fused=True)
     except (TypeError, RuntimeError):
         opt = torch.optim.AdamW(params, lr=1e-5)
+    return model, opt, params
+
+
+def torch_side(shape, T, steps, lora, ckpt, dev="cuda"):
+    import torch
+    cuda = dev == "cuda"
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    if cuda:
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+    model, opt, params = torch_model(shape, T, lora, ckpt, dev)
     x = torch.randint(0, shape["vocab_size"], (1, T), device=dev)
     times = []
     for i in range(steps):
@@ -259,20 +266,7 @@ def torch_max_context(shape, lora, lengths, dev, deadline):
     """One step at each length, ascending, one model: [(T, row)], and why the ladder stopped."""
     import torch
     cuda = dev == "cuda"
-    from transformers import LlamaConfig, LlamaForCausalLM
-    torch.manual_seed(0)
-    cfg = LlamaConfig(**shape, max_position_embeddings=max(lengths), torch_dtype="bfloat16",
-                      attn_implementation="sdpa", tie_word_embeddings=False, use_cache=False)
-    model = LlamaForCausalLM(cfg).to(device=dev, dtype=torch.bfloat16)
-    if lora:
-        from peft import LoraConfig, get_peft_model
-        model = get_peft_model(model, LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0, target_modules="all-linear"))
-    model.gradient_checkpointing_enable()
-    if lora:
-        model.enable_input_require_grads()
-    model.train()
-    params = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=1e-5)
+    model, opt, _ = torch_model(shape, max(lengths), lora, True, dev)
     rows, why, last = [], "the ladder's end", None
     for T in lengths:
         if last is not None and time.time() + 4 * last > deadline:

@@ -77,8 +77,8 @@ def model_cfg(size):
                 sequence_len=1024, micro_batch_size=2, gradient_accumulation_steps=2, max_steps=3)
 
 
-def base_cfg(size, out, **over):
-    c = model_cfg(size)
+def base_cfg(size, out, sizes=model_cfg, **over):
+    c = sizes(size)
     c.update({"train_data": os.path.join(TMP, "data_%d.bin" % c["model"]["vocab_size"]), "shuffle": "false",
               "learning_rate": "1e-3", "min_offload_size": 0, "output_dir": out, "seed": 1234})
     if not os.path.exists(c["train_data"]):
@@ -661,22 +661,18 @@ def part_memory(a):
 
 # GPT-2 (train_gpt) has LayerNorm with biases, learned positions, GELU and a tied head over a
 # vocabulary padded to 128: kernels train_llama never runs. Its model.bin is llm.c's layout.
-def gpt2_cfg(size, out, **over):
+def gpt2_sizes(size):
     if size == "tiny":  # emulator-sized
-        c = dict(model=dict(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                            max_position_embeddings=64),
-                 sequence_len=32, micro_batch_size=1, gradient_accumulation_steps=2, max_steps=2)
-    else:
-        c = dict(model=dict(vocab_size=1024, hidden_size=256, num_hidden_layers=4, num_attention_heads=8,
-                            max_position_embeddings=256),
-                 sequence_len=256, micro_batch_size=2, gradient_accumulation_steps=2, max_steps=5)
-    c.update({"train_data": os.path.join(TMP, "data_%d.bin" % c["model"]["vocab_size"]), "shuffle": "false",
-              "learning_rate": "1e-3", "output_dir": out, "seed": 1234, "save_dtype": "float32",
-              "eval_steps": 0, "sample_steps": 0})
-    if not os.path.exists(c["train_data"]):
-        write_shard(c["train_data"], 200000, c["model"]["vocab_size"])
-    c.update(over)
-    return c
+        return dict(model=dict(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                               max_position_embeddings=64),
+                    sequence_len=32, micro_batch_size=1, gradient_accumulation_steps=2, max_steps=2)
+    return dict(model=dict(vocab_size=1024, hidden_size=256, num_hidden_layers=4, num_attention_heads=8,
+                           max_position_embeddings=256),
+                sequence_len=256, micro_batch_size=2, gradient_accumulation_steps=2, max_steps=5)
+
+
+# fp32 model.bin files (the gradient check reads them); no evaluation or samples between steps
+GPT2_KEYS = {"save_dtype": "float32", "eval_steps": 0, "sample_steps": 0}
 
 
 def gpt2_bin_floats(data):
@@ -704,7 +700,8 @@ def part_gpt(a):
     G = os.path.abspath(a.bin)
 
     def go(slug, dev, **over):
-        return run(slug, gpt2_cfg(size, os.path.join(TMP, slug), device=dev, **over), binary=G)
+        return run(slug, base_cfg(size, os.path.join(TMP, slug), gpt2_sizes, device=dev, **dict(GPT2_KEYS, **over)),
+                   binary=G)
     # (1) fp32 CUDA against the CPU: a few AdamW steps' losses
     cpu = go("h_cpu", "cpu")
     gpu = go("h_gpu32", a.device, dtype="float32")
@@ -757,11 +754,12 @@ def part_gpt(a):
     n = 124475904  # GPT-2 124M with the vocabulary padded to 50304 (llm.c's count)
     fl = 6 * n + 6 * 12 * 768 * 1024
     tok = 16 * 1024 / (ms / 1e3) if ms < math.inf else 0
+    mfu = 100 * fl * tok / 989e12
     check("train_gpt GPT-2 124M (d12), B 16, T 1024, bf16: 10 steps", r.rc == 0 and tok > 0, why(r))
     TABLES["train_gpt GPT-2 124M (d12), B 16, T 1024, bf16"] = [{
-        "step_ms": round(ms, 2) if ms < math.inf else None, "tok_per_s": round(tok), "MFU_pct_of_989": round(100 * fl * tok / 989e12, 1),
+        "step_ms": round(ms, 2) if ms < math.inf else None, "tok_per_s": round(tok), "MFU_pct_of_989": round(mfu, 1),
         "counted_peak_MiB": round(peak(r, "device_peak_bytes") / 2 ** 20, 1), "nvidia_smi_peak_MiB": r.gpu_peak_mib}]
-    print("train_gpt d12: %.1f ms a step, %.0f tok/s, MFU %.1f%% of 989 TFLOP/s" % (ms, tok, 100 * fl * tok / 989e12))
+    print("train_gpt d12: %.1f ms a step, %.0f tok/s, MFU %.1f%% of 989 TFLOP/s" % (ms, tok, mfu))
 
 
 def main():

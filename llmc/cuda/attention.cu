@@ -994,12 +994,12 @@ template <int D>
 static void launch_bwd_mma(CudaCtx *c, void *dq, void *dk, void *dv, const void *dout, const void *q, const void *k,
                            const void *v, const float *lse, const float *Di, int B, int T, AttSpan sp, int Hq, int Hkv,
                            float scale, int window, const int32_t *doc_start, int accumulate, float *acck, float *accv) {
-    const size_t s1 = mma_bwd_smem<D>(), s2 = s1;
-    smem_optin(c, att_bwd_dkdv_mma<D>, s1, D);
-    smem_optin(c, att_bwd_dq_mma<D>, s2, D);
+    const size_t smem = mma_bwd_smem<D>();
+    smem_optin(c, att_bwd_dkdv_mma<D>, smem, D);
+    smem_optin(c, att_bwd_dq_mma<D>, smem, D);
     dim3 g1((T + MB - 1) / MB, Hkv, B), g2((sp.nq + MB - 1) / MB, Hq, B);
-    LAUNCH(g1, MT, s1, c->stream, att_bwd_dkdv_mma<D>)((bf16 *)dk, (bf16 *)dv, (const bf16 *)dout, (const bf16 *)q, (const bf16 *)k, (const bf16 *)v, lse, Di, T, sp, Hq, Hkv, scale, window, doc_start, accumulate, acck, accv);
-    LAUNCH(g2, MT, s2, c->stream, att_bwd_dq_mma<D>)((bf16 *)dq, (const bf16 *)dout, (const bf16 *)q, (const bf16 *)k, (const bf16 *)v, lse, Di, T, sp, Hq, Hkv, scale, window, doc_start);
+    LAUNCH(g1, MT, smem, c->stream, att_bwd_dkdv_mma<D>)((bf16 *)dk, (bf16 *)dv, (const bf16 *)dout, (const bf16 *)q, (const bf16 *)k, (const bf16 *)v, lse, Di, T, sp, Hq, Hkv, scale, window, doc_start, accumulate, acck, accv);
+    LAUNCH(g2, MT, smem, c->stream, att_bwd_dq_mma<D>)((bf16 *)dq, (const bf16 *)dout, (const bf16 *)q, (const bf16 *)k, (const bf16 *)v, lse, Di, T, sp, Hq, Hkv, scale, window, doc_start);
 }
 
 // ==== dispatch ===============================================================================
