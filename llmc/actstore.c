@@ -74,6 +74,12 @@ int att_tile_rows(const ModelConfig *c, const MemPolicy *p, int T, int align) {
     if (shards < 1) shards = 1;
     int64_t n = ((int64_t)T + shards - 1) / shards;
     if (align <= 0) return T;
+    // Every mode walks these spans, and a span shorter than a sequence holds one sequence's rows:
+    // at GPT-2 124M's B 16, T 1024 the default 512 made 32 spans a layer, each projection a
+    // 512-row GEMM (the H200 ran them at 72-88 TFLOP/s, 3168 calls a step). By default a span
+    // is at least ATT_SPAN_MIN_ROWS rows, so up to that length one span covers the whole batch;
+    // an explicit tiled_mlp_shards is taken as given.
+    if (p->mlp_shards <= 0 && n < ATT_SPAN_MIN_ROWS) n = ATT_SPAN_MIN_ROWS;
     n = (n + align - 1) / align * align;
     return n < T ? (int)n : T;
 }

@@ -25,6 +25,8 @@ size_t slot_bytes(const ModelConfig *c, const MemPolicy *p, int B, int T, int ac
 // Rows per MLP chunk, the same in every mode (tiled_mlp only decides what a chunk keeps).
 int mlp_tile_rows(const ModelConfig *c, const MemPolicy *p, int B, int T);
 int act_tile_rows(const ActStore *st);
+// The default attention span's fewest rows (tiled_mlp_shards unset); see att_tile_rows.
+#define ATT_SPAN_MIN_ROWS 2048
 // Attention tiles: rows per tile (a multiple of the backend's attention block `align`, or T),
 // the number of spans a batch splits into (B x tiles, or 1 when a tile holds a whole sequence:
 // then the one span is the whole batch) and the rows of the largest span. Every mode uses the

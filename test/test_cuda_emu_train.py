@@ -30,7 +30,8 @@ lr * g / (|g| + 1): the step's change measures its gradient g, element by elemen
       3.0e-3 off).
   (e) LLMC_FORCE_NCCL=1 (the NCCL path, a world of one, through the emulator's NCCL): exits 0
       with the plain run's loss and weights (its exit once used a destroyed stream).
-  (f) LLMC_ATT_MMA=1 (the mma.sync attention kernels, head dim 16): the config box names them,
+  (a)-(e) run the default attention kernels (mma.sync; the config box must name them);
+  (f) LLMC_ATT_MMA=0 (the WMMA attention kernels, head dim 16): the config box names them,
       and (b)'s check holds for its gradient against the CPU's.
   (g) train_gpt (GPT-2: LayerNorm, GELU, learned positions, a tied padded head) through the
       emulator: scripts/gpu_train_check.py gpt --tiny, the checks a GPU runs (fp32 losses and one
@@ -163,6 +164,7 @@ def main():
         w0 = init[1]
         g1, why1, s1 = run(binary, tmp, "cuda_a1", "cuda", {"dtype": "bfloat16", "gradient_accumulation_steps": 1})
         g4, why4, s4 = run(binary, tmp, "cuda_a4", "cuda", {"dtype": "bfloat16", "gradient_accumulation_steps": 4})
+        G4_STDOUT = LAST_STDOUT
         c4, whyc, _ = run(binary, tmp, "cpu_a4", "cpu", {"gradient_accumulation_steps": 4})
         for r, w, n in ((g1, why1, "bf16 CUDA (emulated), 1 micro-batch"), (g4, why4, "bf16 CUDA (emulated), 4 micro-batches"),
                         (c4, whyc, "CPU, 4 micro-batches")):
@@ -215,15 +217,18 @@ def main():
         check("(e) LLMC_FORCE_NCCL=1: exits 0 with the plain run's loss and weights", r is not None and
               r[0]["loss"] == g1[0]["loss"] and all(r[1][k] == g1[1][k] for k in g1[1]),
               w or "loss %r vs %r, or the weights differ" % (r[0]["loss"], g1[0]["loss"]))
-        # (f) the opt-in mma.sync attention kernels in a whole training step.
-        r, w, _ = run(binary, tmp, "cuda_mma_a4", "cuda", {"dtype": "bfloat16", "gradient_accumulation_steps": 4},
-                      env={"LLMC_ATT_MMA": "1"})
-        check("(f) LLMC_ATT_MMA=1: runs, and the config box says attention mma-bf16",
-              r is not None and "attention mma-bf16" in LAST_STDOUT, w or "no 'attention mma-bf16' in its output")
+        # (f) the WMMA attention kernels (LLMC_ATT_MMA=0) in a whole training step; the runs
+        # above took the default mma.sync ones.
+        check("(a)-(e) ran the default attention kernels: g4's config box says attention mma-bf16",
+              "attention mma-bf16" in G4_STDOUT, "no 'attention mma-bf16' in its output")
+        r, w, _ = run(binary, tmp, "cuda_wmma_a4", "cuda", {"dtype": "bfloat16", "gradient_accumulation_steps": 4},
+                      env={"LLMC_ATT_MMA": "0"})
+        check("(f) LLMC_ATT_MMA=0: runs, and the config box says attention wmma-bf16",
+              r is not None and "attention wmma-bf16" in LAST_STDOUT, w or "no 'attention wmma-bf16' in its output")
         if r is not None:
             ef = grad_errors(w0, r[1], c4[1])
             vf = sorted(ef.values())
-            check("(f) LLMC_ATT_MMA=1 vs CPU fp32, 4 micro-batches: gradients within (b)'s 1.05e-2 normwise, "
+            check("(f) LLMC_ATT_MMA=0 vs CPU fp32, 4 micro-batches: gradients within (b)'s 1.05e-2 normwise, "
                   "median 7.5e-3: %s" % summary(ef), vf[-1] <= 1.05e-2 and vf[len(vf) // 2] <= 7.5e-3,
                   "beyond the tolerance")
         # (g) train_gpt through the emulator, by the GPU check's own part (h)

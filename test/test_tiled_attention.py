@@ -5,8 +5,9 @@ and backward remakes each tile's ln1, q and attention output. Every mode walks t
 so a tiled run must be bit-identical to the untiled one: per-step losses and the final weight
 files are compared byte for byte.
 
-Tiny Hugging Face models, sequence_len 520 in tiles of 256 (the CPU kernel's query block):
-256 + 256 + 8 rows, two sequences per micro-batch, 3 steps with accumulation 2.
+Tiny Hugging Face models, sequence_len 520 in tiles of 256 (tiled_mlp_shards 3: 174 rows,
+rounded up to the CPU kernel's query block): 256 + 256 + 8 rows, two sequences per micro-batch,
+3 steps with accumulation 2.
 
   llama             GQA 4/2; alone, with tiled MLP + hidden_states (recompute + host tier),
                     selective recompute + disk offload, checkpoints every 2nd layer + host offload
@@ -20,8 +21,13 @@ Tiny Hugging Face models, sequence_len 520 in tiles of 256 (the CPU kernel's que
   gpt2              train_gpt (LayerNorm with bias, learned positions), alone and with tiled MLP +
                     hidden_states
   zero3             zero_stage 3 under mpirun -np 2 (skipped without mpirun)
-  memory            T 2048: tiled attention's device peak below the untiled run's, and within
-                    10% of --plan's prediction
+  memory            T 4096, tiled_mlp_shards unset (spans of at least 2048 rows, ATT_SPAN_MIN_ROWS):
+                    tiled attention's device peak below the untiled run's, and within 10% of
+                    --plan's prediction
+  spans             --profile's attention calls a step: by default a span is at least 2048 rows,
+                    so at T 520 one span holds the whole micro-batch; with tiled_mlp_shards 3 a
+                    sequence splits into 3 (GPT-2 124M at B 16, T 1024 ran 32 spans a layer of
+                    512-row GEMMs on the H200 before the floor)
   errors            with sequence_parallel_degree (mpirun -np 2): one clear error line
 Usage: /usr/bin/python3 test/test_tiled_attention.py --build build [-k name]
 """
@@ -65,7 +71,7 @@ class Env:
         cfg = {"base_model": model, "train_data": os.path.join(self.root, "train.bin"), "sequence_len": T,
                "micro_batch_size": 2, "gradient_accumulation_steps": 2, "max_steps": 3, "learning_rate": 0.01,
                "warmup_steps": 1, "lr_scheduler": "cosine", "max_grad_norm": 0.5, "num_threads": 1, "seed": 7,
-               "min_offload_size": 0, "output_dir": out}
+               "min_offload_size": 0, "tiled_mlp_shards": 3, "output_dir": out}
         cfg.update(extra or {})
         y = os.path.join(self.root, "cfg%d.yaml" % self.n)
         write_yaml(y, {k: v for k, v in cfg.items() if v is not None})
@@ -123,7 +129,7 @@ def plan_rows(out):
 
 
 def memory(e, llama):
-    big = {"sequence_len": 2048, "micro_batch_size": 1, "gradient_accumulation_steps": 1, "max_steps": 1,
+    big = {"sequence_len": 4096, "tiled_mlp_shards": None, "micro_batch_size": 1, "gradient_accumulation_steps": 1, "max_steps": 1,
            "gradient_checkpointing": True, "activation_offloading": "hidden_states", "tiled_mlp": True}
     p0, o0 = e.run(llama, big)
     p1, o1 = e.run(llama, dict(big, tiled_attention=True))
@@ -134,10 +140,26 @@ def memory(e, llama):
     d0, d1 = metrics(o0)[0]["device_peak_bytes"], metrics(o1)[0]["device_peak_bytes"]
     rows = plan_rows(pp.stdout)
     want = rows.get("hidden_states + tiled MLP + attention", 0)
-    check("memory: T 2048 hidden_states + tiled MLP: tiled attention's device peak %.2f MiB < untiled %.2f MiB"
+    check("memory: T 4096 hidden_states + tiled MLP: tiled attention's device peak %.2f MiB < untiled %.2f MiB"
           % (d1 / 2 ** 20, d0 / 2 ** 20), 0 < d1 < d0)
     check("memory: --plan's 'hidden_states + tiled MLP + attention' row %.2f MiB within 10%% of the measured %.2f MiB"
           % (want / 2 ** 20, d1 / 2 ** 20), want > 0 and abs(want - d1) <= 0.1 * d1, sorted(rows))
+
+
+def attention_calls(out):
+    """attention_fwd's calls a step in --profile's table"""
+    m = re.search(r"^\| attention_fwd \| +(\d+) \|", out, re.M)
+    return int(m.group(1)) if m else None
+
+
+def spans(e, llama):
+    # 3 layers x 2 micro-batches x spans a micro-batch
+    for over, want, what in (({"tiled_mlp_shards": None}, 3 * 2 * 1, "default: one span of 2 x 520 rows"),
+                             ({}, 3 * 2 * 2 * 3, "tiled_mlp_shards 3: 3 tiles of each of 2 sequences")):
+        p, _ = e.run(llama, dict(over, max_steps=1), args=["--profile"])
+        got = attention_calls(p.stdout)
+        check("spans: %s: attention_fwd %s calls a step (want %d)" % (what, got, want), not p.returncode and got == want,
+              p.stderr[-300:])
 
 
 def main():
@@ -201,6 +223,8 @@ def main():
                       (p0.stderr + p1.stderr)[-400:])
         if a.k in "memory":
             memory(e, llama)
+        if a.k in "spans":
+            spans(e, llama)
         have_mpi = shutil.which("mpirun") is not None
         if a.k in "zero3" and have_mpi:
             p0, o0 = e.run(llama, {"zero_stage": 3}, ranks=2)

@@ -82,7 +82,8 @@ static std::vector<int32_t> make_docs(int B, int T, int maxlen) {
 }
 
 // window 0: none; docs 0: one document per row, else documents of at most docs tokens.
-// path: 0 the default (WMMA where it fits), 1 generic forced, 2 the opt-in mma forward
+// path: 0 WMMA where it fits (the trainer's LLMC_ATT_MMA=0), 1 generic forced, 2 the mma kernels
+// (the trainer's default)
 static void one(CudaCtx *c, int B, int T, int Hq, int Hkv, int D, int path, int window = 0, int docs = 0,
                 int tile = 0) {
     const int bf = c->bf16;
@@ -197,7 +198,7 @@ int main(int argc, char **argv) {
         // query tiles of 64 (tiled_attention): uneven last tile, GQA, window + documents, both paths
         one(c, 2, 200, 4, 2, 16, 0, 45, 70, 64);
         one(c, 1, 150, 2, 1, 24, 0, 0, 0, 64);  // generic (D 24)
-        if (bf) {  // the opt-in mma.sync kernels (LLMC_ATT_MMA=1), every head-dim instance and mask
+        if (bf) {  // the mma.sync kernels (the trainer's default), every head-dim instance and mask
             one(c, 2, 70, 4, 2, 16, 2);
             one(c, 1, 130, 2, 1, 64, 2);
             one(c, 1, 100, 2, 2, 32, 2);
@@ -209,14 +210,14 @@ int main(int argc, char **argv) {
         }
         if (!g_quick) {
             one(c, 1, 200, 4, 1, 128, 0);
-            bench(c, 4, 4096, 32, 8, 128);
-            bench(c, 8, 2048, 32, 32, 64);
-            if (bf) {  // the same with the mma kernels
-                c->mma_attention = 1;
-                bench(c, 4, 4096, 32, 8, 128);
-                bench(c, 8, 2048, 32, 32, 64);
-                c->mma_attention = 0;
+            // two square shapes, then the trainer's: the 1.1B benchmark (GQA 32/4, one row) and
+            // GPT-2 124M at llm.c's B 16, T 1024
+            const int shapes[4][5] = {{4, 4096, 32, 8, 128}, {8, 2048, 32, 32, 64}, {1, 4096, 32, 4, 64}, {16, 1024, 12, 12, 64}};
+            for (int mma = 0; mma <= bf; mma++) {  // WMMA (generic in fp32), then the mma kernels
+                c->mma_attention = mma;
+                for (const auto &s : shapes) bench(c, s[0], s[1], s[2], s[3], s[4]);
             }
+            c->mma_attention = 0;
         }
         cuda_ctx_destroy(c);
     }

@@ -63,8 +63,10 @@ CudaCtx *cuda_ctx_create(int bf16, int device) {
     CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
     c->num_sms = prop.multiProcessorCount;
     c->smem_optin = prop.sharedMemPerBlockOptin;
-    const char *mma = getenv("LLMC_ATT_MMA");  // the opt-in mma.sync attention kernels
-    c->mma_attention = mma && !strcmp(mma, "1");
+    // The mma.sync attention kernels unless LLMC_ATT_MMA=0 (the WMMA ones: 4-5x slower on the
+    // H200, kept as a second path to compare with; dev/results/gpu_h200_2026-11-28)
+    const char *mma = getenv("LLMC_ATT_MMA");
+    c->mma_attention = !(mma && !strcmp(mma, "0"));
     CUDA_CHECK(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
     if (cublasLtCreate(&c->lt) != CUBLAS_STATUS_SUCCESS) fail("cuBLASLt: cublasLtCreate failed");
     c->workspace_bytes = LT_WORKSPACE_BYTES;

@@ -41,7 +41,7 @@ struct CudaCtx {
     int device, num_sms;
     size_t smem_optin;    // most dynamic shared memory a block may ask for
     int force_generic_attention;  // tests: use the scalar attention path even where WMMA fits
-    int mma_attention;            // LLMC_ATT_MMA=1: the mma.sync attention kernels (attention.cu; opt-in)
+    int mma_attention;            // the mma.sync attention kernels (default; LLMC_ATT_MMA=0: WMMA)
     void *scratch[SCR_COUNT];
     size_t scratch_bytes[SCR_COUNT];
     double *host_result;  // pinned, for reductions returned to the host
