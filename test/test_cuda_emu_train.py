@@ -32,7 +32,8 @@ lr * g / (|g| + 1): the step's change measures its gradient g, element by elemen
       with the plain run's loss and weights (its exit once used a destroyed stream).
   (a)-(e) run the default attention kernels (mma.sync; the config box must name them);
   (f) LLMC_ATT_MMA=0 (the WMMA attention kernels, head dim 16): the config box names them,
-      and (b)'s check holds for its gradient against the CPU's.
+      and (b)'s check holds for its gradient against the CPU's; LLMC_ATT_BWD_ONE_GRID=1 (the mma
+      backward in one grid) gives (b)'s run's loss and weights bit for bit.
   (g) train_gpt (GPT-2: LayerNorm, GELU, learned positions, a tied padded head) through the
       emulator: scripts/gpu_train_check.py gpt --tiny, the checks a GPU runs (fp32 losses and one
       step's gradient against the CPU, bf16 losses, -r 1/-r 2 bit-identical to -r 0).
@@ -231,6 +232,13 @@ def main():
             check("(f) LLMC_ATT_MMA=0 vs CPU fp32, 4 micro-batches: gradients within (b)'s 1.05e-2 normwise, "
                   "median 7.5e-3: %s" % summary(ef), vf[-1] <= 1.05e-2 and vf[len(vf) // 2] <= 7.5e-3,
                   "beyond the tolerance")
+        # (f) the mma backward's two kinds of block in one grid (LLMC_ATT_BWD_ONE_GRID=1): the
+        # blocks write disjoint outputs, so the bits of the two-kernel default
+        r, w, _ = run(binary, tmp, "cuda_onegrid_a4", "cuda", {"dtype": "bfloat16", "gradient_accumulation_steps": 4},
+                      env={"LLMC_ATT_BWD_ONE_GRID": "1"})
+        check("(f) LLMC_ATT_BWD_ONE_GRID=1: the default run's loss and weights bit for bit", r is not None and
+              r[0]["loss"] == g4[0]["loss"] and all(r[1][k] == g4[1][k] for k in g4[1]),
+              w or "loss %r vs %r, or the weights differ" % (r[0]["loss"], g4[0]["loss"]))
         # (g) train_gpt through the emulator, by the GPU check's own part (h)
         gpt = os.path.join(os.path.dirname(os.path.abspath(binary)), "train_gpt")
         if not os.path.exists(gpt):

@@ -67,13 +67,14 @@ def tiny_base(out):
 
 def big_base(out):
     # Activations dominate: 8 layers of B*T = 512 rows, MLP 4x wide. T 512, so tiled attention
-    # has two query tiles (the CPU kernel's block is 256 rows).
+    # has two query tiles (the CPU kernel's block is 256 rows) with tiled_mlp_shards 8 set (ceil(T /
+    # hidden), the default that a default span's 2048-row floor would otherwise override).
     return {
         "model": {"vocab_size": 64, "hidden_size": 64, "intermediate_size": 256, "num_hidden_layers": 8,
                   "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 512},
         "train_data": os.path.join(TMP, "big.bin"), "shuffle": "false", "sequence_len": 512,
         "micro_batch_size": 1, "gradient_accumulation_steps": 1, "max_steps": 2, "learning_rate": "1e-2",
-        "min_offload_size": 0, "num_threads": 1, "output_dir": out,
+        "min_offload_size": 0, "num_threads": 1, "tiled_mlp_shards": 8, "output_dir": out,
     }
 
 

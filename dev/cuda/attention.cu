@@ -119,11 +119,19 @@ static void one(CudaCtx *c, int B, int T, int Hq, int Hkv, int D, int path, int 
     check(name, g_dk, r.dk, bf ? 2e-2 : 1e-5);
     snprintf(name, sizeof name, "attention_bwd dv %s", tag);
     check(name, g_dv, r.dv, tol_for(bf));
+    // The repeat, into poisoned (NaN) buffers, must give the same bits; on the mma path it runs in
+    // one grid (LLMC_ATT_BWD_ONE_GRID=1) where the first run was two kernels.
+    cudaMemsetAsync(dq, 0xff, nq * es, c->stream), cudaMemsetAsync(dk, 0xff, nk * es, c->stream);
+    cudaMemsetAsync(dv, 0xff, nk * es, c->stream);
+    c->att_bwd_one_grid = path == 2;
     k_attention_bwd(c, dq, dk, dv, ddo, dq_in, dk_in, dv_in, out, lse, B, T, 0, T, Hq, Hkv, D, window, d_ds, 0, nullptr,
                     nullptr);
-    std::vector<float> h_dq = down_act(dq, nq, bf), h_dk = down_act(dk, nk, bf);
-    snprintf(name, sizeof name, "attention_bwd repeat is bit-identical %s", tag);
-    check_true(name, !memcmp(g_dq.data(), h_dq.data(), nq * 4) && !memcmp(g_dk.data(), h_dk.data(), nk * 4), "two runs differ");
+    c->att_bwd_one_grid = 0;
+    std::vector<float> h_dq = down_act(dq, nq, bf), h_dk = down_act(dk, nk, bf), h_dv = down_act(dv, nk, bf);
+    snprintf(name, sizeof name, "attention_bwd %s %s",
+             path == 2 ? "in one grid is bit-identical to two kernels" : "repeat is bit-identical", tag);
+    check_true(name, !memcmp(g_dq.data(), h_dq.data(), nq * 4) && !memcmp(g_dk.data(), h_dk.data(), nk * 4) &&
+                         !memcmp(g_dv.data(), h_dv.data(), nk * 4), "two runs differ");
     if (tile) {  // query tiles of each row (tiled_attention): the same reference, the same tolerances
         const size_t lq = (size_t)Hq * D * es, lk = (size_t)Hkv * D * es, nkv = (size_t)T * Hkv * D;
         char *o2 = (char *)dmalloc(nq * es), *dq2 = (char *)dmalloc(nq * es), *dk2 = (char *)dmalloc(nk * es),
@@ -177,8 +185,13 @@ static void bench(CudaCtx *c, int B, int T, int Hq, int Hkv, int D) {
     char name[128];
     snprintf(name, sizeof name, "attention_fwd %s [%s] B=%d T=%d Hq=%d Hkv=%d D=%d", prec(bf), k_attention_path(c, D), B, T, Hq, Hkv, D);
     report_flops(name, bench_ms(c, 5, [&] { k_attention_fwd(c, o, lse, q, k, v, B, T, 0, T, Hq, Hkv, D, 0, nullptr); }), flops);
-    snprintf(name, sizeof name, "attention_bwd %s [%s] B=%d T=%d Hq=%d Hkv=%d D=%d", prec(bf), k_attention_path(c, D), B, T, Hq, Hkv, D);
-    report_flops(name, bench_ms(c, 5, [&] { k_attention_bwd(c, dq, dk, dv, g, q, k, v, o, lse, B, T, 0, T, Hq, Hkv, D, 0, nullptr, 0, nullptr, nullptr); }), 2.5 * flops);
+    for (int one = 0; one <= (c->mma_attention && bf); one++) {  // mma: two kernels, then one grid
+        c->att_bwd_one_grid = one;
+        snprintf(name, sizeof name, "attention_bwd %s [%s%s] B=%d T=%d Hq=%d Hkv=%d D=%d", prec(bf), k_attention_path(c, D),
+                 one ? ", one grid" : "", B, T, Hq, Hkv, D);
+        report_flops(name, bench_ms(c, 5, [&] { k_attention_bwd(c, dq, dk, dv, g, q, k, v, o, lse, B, T, 0, T, Hq, Hkv, D, 0, nullptr, 0, nullptr, nullptr); }), 2.5 * flops);
+    }
+    c->att_bwd_one_grid = 0;
     cudaFree(q), cudaFree(k), cudaFree(v), cudaFree(o), cudaFree(g), cudaFree(dq), cudaFree(dk), cudaFree(dv), cudaFree(lse);
 }
 

@@ -51,6 +51,31 @@ static void one(CudaCtx *c, int N, int V, int C) {
     cudaFree(dxin), cudaFree(dWin), cudaFree(ddW), cudaFree(ddx), cudaFree(dt), cudaFree(dl);
 }
 
+// chunk: the logits a chunk holds (0: CE_CHUNK_ELEMS, the trainer's)
+static void bench(CudaCtx *c, int N, int V, int C, size_t chunk) {
+    const int bf = c->bf16;
+    const size_t es = bf ? 2 : 4;
+    void *x = dmalloc((size_t)N * C * es), *W = dmalloc((size_t)V * C * es), *dx = dmalloc((size_t)N * C * es),
+         *t = dmalloc(N * 4);
+    float *dW = (float *)dmalloc((size_t)V * C * 4);
+    float *l = (float *)dmalloc(N * 4);
+    dev_noise(x, (size_t)N * C * es, es);
+    dev_noise(W, (size_t)V * C * es, es, -0.05f, 0.05f);
+    {
+        std::vector<int32_t> tok(N);
+        for (auto &v : tok) v = (int32_t)(urand() * V);
+        CUDA_CHECK(dev_copy(t, tok.data(), N * 4, cudaMemcpyHostToDevice));
+    }
+    c->ce_chunk_elems = chunk;
+    const size_t rows = (chunk ? chunk : CE_CHUNK_ELEMS) / V;
+    char name[128];
+    snprintf(name, sizeof name, "classifier_ce %s N=%d V=%d C=%d (3 GEMMs, chunks of %zu rows)", prec(bf), N, V, C, rows);
+    report_flops(name, bench_ms(c, 3, [&] { k_classifier_ce(c, l, dx, dW, x, W, (const int32_t *)t, N, V, C, 1.0f); }),
+                 3 * 2.0 * N * V * C);
+    c->ce_chunk_elems = 0;
+    cudaFree(x), cudaFree(W), cudaFree(dx), cudaFree(dW), cudaFree(t), cudaFree(l);
+}
+
 int main(int argc, char **argv) {
     dev_init(argc, argv);
     for (int bf = 0; bf < 2; bf++) {
@@ -58,24 +83,13 @@ int main(int argc, char **argv) {
         one(c, 37, 300, 32);
         one(c, 40, 420000, 4);  // N*V > CE_CHUNK_ELEMS: two chunks
         if (!g_quick) {
-            const int N = 8192, V = 128256, C = 4096;
-            const size_t es = bf ? 2 : 4;
-            void *x = dmalloc((size_t)N * C * es), *W = dmalloc((size_t)V * C * es), *dx = dmalloc((size_t)N * C * es),
-                 *t = dmalloc(N * 4);
-            float *dW = (float *)dmalloc((size_t)V * C * 4);
-            float *l = (float *)dmalloc(N * 4);
-            dev_noise(x, (size_t)N * C * es, es);
-            dev_noise(W, (size_t)V * C * es, es, -0.05f, 0.05f);
-            {
-                std::vector<int32_t> tok(N);
-                for (auto &v : tok) v = (int32_t)(urand() * V);
-                CUDA_CHECK(dev_copy(t, tok.data(), N * 4, cudaMemcpyHostToDevice));
-            }
-            char name[96];
-            snprintf(name, sizeof name, "classifier_ce %s N=%d V=%d C=%d (3 GEMMs)", prec(bf), N, V, C);
-            report_flops(name, bench_ms(c, 3, [&] { k_classifier_ce(c, l, dx, dW, x, W, (const int32_t *)t, N, V, C, 1.0f); }),
-                         3 * 2.0 * N * V * C);
-            cudaFree(x), cudaFree(W), cudaFree(dx), cudaFree(dW), cudaFree(t), cudaFree(l);
+            // Llama-3's vocabulary at 8B's width; the 1.1B benchmark's; GPT-2 124M at B 16, T 1024,
+            // whose 77 TFLOP/s in the trainer (H200, 2026-11-28) came with 333-row chunks: it is
+            // timed at the default chunk and at chunks of 4x as many logits
+            bench(c, 8192, 128256, 4096, 0);
+            bench(c, 4096, 32000, 2048, 0);
+            bench(c, 16384, 50304, 768, 0);
+            bench(c, 16384, 50304, 768, CE_CHUNK_ELEMS * 4);
         }
         cuda_ctx_destroy(c);
     }

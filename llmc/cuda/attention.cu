@@ -810,18 +810,19 @@ static void launch_fwd_mma(CudaCtx *c, void *out, float *lse, const void *q, con
 // the A-operand layout of dV += P^T dO and dK += dS^T Q (dO's and Q's B fragments through
 // ldmatrix .trans). dQ: a warp owns 16 queries, S = Q K^T and dP = dO V^T in registers, dQ += dS K
 // (K's B fragments through .trans).
-// P and dS are rounded to bf16 for the products, as on the WMMA path. Emulator only so far.
+// P and dS are rounded to bf16 for the products, as on the WMMA path.
 
+// One block's work of each kernel, on the block's dynamic shared memory: att_bwd_mma below runs
+// both kinds of block in one grid.
 template <int D>
-__global__ void __launch_bounds__(MT) att_bwd_dkdv_mma(bf16 *dk, bf16 *dv, const bf16 *dout, const bf16 *q,
-                                                      const bf16 *k, const bf16 *v, const float *lse, const float *Di,
-                                                      int T_, AttSpan sp, int Hq, int Hkv, float scale, int window,
-                                                      const int32_t *doc_start, int accumulate, float *acck,
-                                                      float *accv) {
-    DYNAMIC_SMEM(smem);
+__device__ __forceinline__ void att_bwd_dkdv_block(unsigned char *smem, int kb, int hk, int b, bf16 *dk, bf16 *dv,
+                                                   const bf16 *dout, const bf16 *q, const bf16 *k, const bf16 *v,
+                                                   const float *lse, const float *Di, int T_, AttSpan sp, int Hq,
+                                                   int Hkv, float scale, int window, const int32_t *doc_start,
+                                                   int accumulate, float *acck, float *accv) {
     constexpr int LDH = D + 8;
     const float sl2 = scale * ATT_LOG2E;
-    const int kb = blockIdx.x, hk = blockIdx.y, b = blockIdx.z, group = Hq / Hkv;
+    const int group = Hq / Hkv;
     const int j0 = kb * MB, warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const int r0 = 16 * warp;
     if (accumulate && j0 >= sp.qend) return;  // no query of the span sees these keys
@@ -904,14 +905,12 @@ __global__ void __launch_bounds__(MT) att_bwd_dkdv_mma(bf16 *dk, bf16 *dv, const
 }
 
 template <int D>
-__global__ void __launch_bounds__(MT) att_bwd_dq_mma(bf16 *dq, const bf16 *dout, const bf16 *q, const bf16 *k,
-                                                    const bf16 *v, const float *lse, const float *Di, int T_,
-                                                    AttSpan sp, int Hq, int Hkv, float scale, int window,
-                                                    const int32_t *doc_start) {
-    DYNAMIC_SMEM(smem);
+__device__ __forceinline__ void att_bwd_dq_block(unsigned char *smem, int qb, int h, int b, bf16 *dq,
+                                                 const bf16 *dout, const bf16 *q, const bf16 *k, const bf16 *v,
+                                                 const float *lse, const float *Di, int T_, AttSpan sp, int Hq,
+                                                 int Hkv, float scale, int window, const int32_t *doc_start) {
     constexpr int LDH = D + 8;
     const float sl2 = scale * ATT_LOG2E;
-    const int qb = gridDim.x - 1 - blockIdx.x, h = blockIdx.y, b = blockIdx.z;
     const int hk = h / (Hq / Hkv), i0 = sp.q0 + qb * MB, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int g = lane >> 2, t = lane & 3, r0 = 16 * warp;
     const size_t ldq = (size_t)Hq * D, ldk = (size_t)Hkv * D;
@@ -991,16 +990,59 @@ template <int D> static size_t mma_bwd_smem() {
     return sizeof(bf16) * (size_t)4 * MB * (D + 8) + MB * (2 * sizeof(float) + sizeof(int));
 }
 
+// The backward's blocks in one list: every dK/dV block (key tile 0 of every (row, kv head) first,
+// the longest: it walks every later query tile of every head of its group), then every dQ block
+// (heaviest query tile first). ROLE 1 runs the dK/dV blocks, ROLE 2 the dQ blocks (two kernels,
+// each with its own register allocation, one after the other: the default); ROLE 0 runs the
+// whole list in one grid (LLMC_ATT_BWD_ONE_GRID=1), where dQ blocks fill the SMs that the last,
+// longest dK/dV blocks leave idle. The blocks write disjoint outputs, so neither the order nor the
+// grid changes a bit.
+template <int D, int ROLE>
+__global__ void __launch_bounds__(MT) att_bwd_mma(bf16 *dq, bf16 *dk, bf16 *dv, const bf16 *dout, const bf16 *q,
+                                                 const bf16 *k, const bf16 *v, const float *lse, const float *Di,
+                                                 int B_, int T_, AttSpan sp, int Hq, int Hkv, float scale, int window,
+                                                 const int32_t *doc_start, int accumulate, float *acck, float *accv) {
+    DYNAMIC_SMEM(smem);
+    if (ROLE == 1) {  // grid (Hkv, B, key tiles): key tile 0 of every (row, kv head) first
+        att_bwd_dkdv_block<D>(smem, blockIdx.z, blockIdx.x, blockIdx.y, dk, dv, dout, q, k, v, lse, Di, T_, sp, Hq, Hkv,
+                              scale, window, doc_start, accumulate, acck, accv);
+        return;
+    }
+    if (ROLE == 2) {  // grid (Hq, B, query tiles): the last (heaviest) query tile first
+        att_bwd_dq_block<D>(smem, gridDim.z - 1 - blockIdx.z, blockIdx.x, blockIdx.y, dq, dout, q, k, v, lse, Di, T_,
+                            sp, Hq, Hkv, scale, window, doc_start);
+        return;
+    }
+    const int n1 = (T_ + MB - 1) / MB * Hkv * B_, id = (int)blockIdx.x;  // one grid: the whole list
+    if (id < n1) {
+        const int r = id % (Hkv * B_);
+        att_bwd_dkdv_block<D>(smem, id / (Hkv * B_), r % Hkv, r / Hkv, dk, dv, dout, q, k, v, lse, Di, T_, sp, Hq, Hkv,
+                              scale, window, doc_start, accumulate, acck, accv);
+    } else {
+        const int i = id - n1, nqb = (sp.nq + MB - 1) / MB, r = i % (Hq * B_);
+        att_bwd_dq_block<D>(smem, nqb - 1 - i / (Hq * B_), r % Hq, r / Hq, dq, dout, q, k, v, lse, Di, T_, sp, Hq, Hkv,
+                            scale, window, doc_start);
+    }
+}
+
 template <int D>
 static void launch_bwd_mma(CudaCtx *c, void *dq, void *dk, void *dv, const void *dout, const void *q, const void *k,
                            const void *v, const float *lse, const float *Di, int B, int T, AttSpan sp, int Hq, int Hkv,
                            float scale, int window, const int32_t *doc_start, int accumulate, float *acck, float *accv) {
     const size_t smem = mma_bwd_smem<D>();
-    smem_optin(c, att_bwd_dkdv_mma<D>, smem, D);
-    smem_optin(c, att_bwd_dq_mma<D>, smem, D);
-    dim3 g1((T + MB - 1) / MB, Hkv, B), g2((sp.nq + MB - 1) / MB, Hq, B);
-    LAUNCH(g1, MT, smem, c->stream, att_bwd_dkdv_mma<D>)((bf16 *)dk, (bf16 *)dv, (const bf16 *)dout, (const bf16 *)q, (const bf16 *)k, (const bf16 *)v, lse, Di, T, sp, Hq, Hkv, scale, window, doc_start, accumulate, acck, accv);
-    LAUNCH(g2, MT, smem, c->stream, att_bwd_dq_mma<D>)((bf16 *)dq, (const bf16 *)dout, (const bf16 *)q, (const bf16 *)k, (const bf16 *)v, lse, Di, T, sp, Hq, Hkv, scale, window, doc_start);
+    const int n1 = (T + MB - 1) / MB * Hkv * B, n2 = (sp.nq + MB - 1) / MB * Hq * B;
+#define ATT_BWD_ARGS (bf16 *)dq, (bf16 *)dk, (bf16 *)dv, (const bf16 *)dout, (const bf16 *)q, (const bf16 *)k, \
+        (const bf16 *)v, lse, Di, B, T, sp, Hq, Hkv, scale, window, doc_start, accumulate, acck, accv
+    if (c->att_bwd_one_grid) {
+        smem_optin(c, att_bwd_mma<D, 0>, smem, D);
+        LAUNCH(dim3(n1 + n2), MT, smem, c->stream, att_bwd_mma<D, 0>)(ATT_BWD_ARGS);
+    } else {
+        smem_optin(c, att_bwd_mma<D, 1>, smem, D);
+        smem_optin(c, att_bwd_mma<D, 2>, smem, D);
+        LAUNCH(dim3(Hkv, B, (T + MB - 1) / MB), MT, smem, c->stream, att_bwd_mma<D, 1>)(ATT_BWD_ARGS);
+        LAUNCH(dim3(Hq, B, (sp.nq + MB - 1) / MB), MT, smem, c->stream, att_bwd_mma<D, 2>)(ATT_BWD_ARGS);
+    }
+#undef ATT_BWD_ARGS
 }
 
 // ==== dispatch ===============================================================================

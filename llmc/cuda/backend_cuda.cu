@@ -67,6 +67,8 @@ CudaCtx *cuda_ctx_create(int bf16, int device) {
     // H200, kept as a second path to compare with; dev/results/gpu_h200_2026-11-28)
     const char *mma = getenv("LLMC_ATT_MMA");
     c->mma_attention = !(mma && !strcmp(mma, "0"));
+    const char *one_grid = getenv("LLMC_ATT_BWD_ONE_GRID");  // not yet timed on a GPU, hence opt-in
+    c->att_bwd_one_grid = one_grid && !strcmp(one_grid, "1");
     CUDA_CHECK(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
     if (cublasLtCreate(&c->lt) != CUBLAS_STATUS_SUCCESS) fail("cuBLASLt: cublasLtCreate failed");
     c->workspace_bytes = LT_WORKSPACE_BYTES;

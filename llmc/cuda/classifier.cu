@@ -46,7 +46,7 @@ template <class G> __global__ void ce_row_kernel(float *losses, G *grad, const f
 void k_classifier_ce(CudaCtx *c, float *losses, void *dx, float *dW, const void *x, const void *W,
                      const int32_t *targets, int N, int V, int C, float scale) {
     if (N <= 0) return;
-    size_t rows = CE_CHUNK_ELEMS / (size_t)V;
+    size_t rows = (c->ce_chunk_elems ? c->ce_chunk_elems : CE_CHUNK_ELEMS) / (size_t)V;
     if (rows < 1) rows = 1;
     if (rows > (size_t)N) rows = (size_t)N;
     const int want_grad = dx || dW;

@@ -42,6 +42,8 @@ struct CudaCtx {
     size_t smem_optin;    // most dynamic shared memory a block may ask for
     int force_generic_attention;  // tests: use the scalar attention path even where WMMA fits
     int mma_attention;            // the mma.sync attention kernels (default; LLMC_ATT_MMA=0: WMMA)
+    size_t ce_chunk_elems;        // dev/cuda/classifier's timings: logits a classifier chunk holds (0: CE_CHUNK_ELEMS)
+    int att_bwd_one_grid;         // LLMC_ATT_BWD_ONE_GRID=1: the mma backward's two kinds of block in one grid
     void *scratch[SCR_COUNT];
     size_t scratch_bytes[SCR_COUNT];
     double *host_result;  // pinned, for reductions returned to the host
