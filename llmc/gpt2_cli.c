@@ -380,6 +380,7 @@ void gpt2_print_box(const Config *cfg, const Model *m, const Backend *bk, int wo
     rule();
     snprintf(b, sizeof b, "%s, %d threads%s%s", bk->name, bk->threads, bk->detail[0] ? ", " : "", bk->detail);
     row("device", b);
+    if (bk->attention_path) row("attention kernels", bk->attention_path(bk, m->cfg.head_dim));
     row("precision", strcmp(bk->name, "cpu") ? cfg->precision : "float32");
     rule();
     row("weight init method", cfg->base_model[0] ? cfg->base_model : "random init (model descriptor)");
