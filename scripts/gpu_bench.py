@@ -3,6 +3,7 @@
 same GPU, in one run, on the same ~1B Llama shape at 4K tokens, full fine-tuning and LoRA.
 
   gpu_bench.py --bin build-gpu/train_llama --json J [--steps 6] [--seq 4096] [--shape 1b|small]
+               [--ours-env NAME=VALUE ...]   (ours again with each variable: a row each)
 
 Both sides: random init, bf16 weights and activations, AdamW (fp32 master + moments on our side;
 PyTorch: bf16 model with torch.optim.AdamW, fused where available), micro batch 1, sequence 4096,
@@ -34,6 +35,7 @@ stopped (out of memory, the plan, the budget); the plan's own longest fitting le
 import argparse
 import json
 import os
+import re
 import shutil
 import statistics
 import subprocess
@@ -181,9 +183,11 @@ def ours_cfg(shape, T, steps, lora, data, out, device, extra=()):
     return path
 
 
-def launch(cmd, timeout):
-    """Runs cmd, sampling its nvidia-smi memory: (Popen, stdout, stderr, peak MiB or -1)."""
-    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, errors="replace")
+def launch(cmd, timeout, env=None):
+    """Runs cmd (env: variables to add), sampling its nvidia-smi memory: (Popen, stdout, stderr,
+    peak MiB or -1)."""
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, errors="replace",
+                         env=dict(os.environ, **env) if env else None)
     box, stop = [-1], []
     th = threading.Thread(target=smi_peak, args=(p.pid, box, stop), daemon=True)
     th.start()
@@ -203,20 +207,20 @@ def step_metrics(out):
     return [m for m in ms if "loss" in m and "ms" in m]
 
 
-def run_ours(binary, shape, T, steps, lora, tmp, device="cuda", profile=False):
+def run_ours(binary, shape, T, steps, lora, tmp, device="cuda", profile=False, env=None):
     data = os.path.join(tmp, "bench.bin")
     if not os.path.exists(data):
         write_tokens(data, T * (steps + 2) + 1, shape["vocab_size"])
     for ckpt in ("false", "true"):
         out = os.path.join(tmp, "ours_%s_%s" % (lora or "full", ckpt))
         path = ours_cfg(shape, T, steps, lora, data, out, device, ["gradient_checkpointing: %s" % ckpt])
-        p, so, se, smi = launch([binary, "-c", path] + (["--profile"] if profile else []), 480)
+        p, so, se, smi = launch([binary, "-c", path] + (["--profile"] if profile else []), 480, env)
         steps_ = step_metrics(out)
         # The run's final model and checkpoint (a 1B full run writes ~20 GB of weights, master
         # and moments) go at once: the GPU machine's disk is 64 GiB.
         shutil.rmtree(out, ignore_errors=True)
         if profile and p.returncode == 0:  # the per-op table (the trainer prints it last)
-            print("our --profile (%s, grad ckpt %s):\n%s" % (lora or "full", ckpt, so[so.rfind("\n", 0, so.rfind("profile")) + 1:][-6000:]), flush=True)
+            print("our --profile (%s, grad ckpt %s%s):\n%s" % (lora or "full", ckpt, "".join(", %s=%s" % kv for kv in (env or {}).items()), so[so.rfind("\n", 0, so.rfind("profile")) + 1:][-6000:]), flush=True)
         if p.returncode == 0 and steps_:
             return {"times": [m["ms"] / 1e3 for m in steps_], "peak": max(m.get("device_peak_bytes", 0) for m in steps_),
                     "smi_peak_mib": smi, "ckpt": ckpt == "true"}
@@ -233,7 +237,7 @@ def summarize(side, res, shape, T, lora, peak_tflops):
     step = statistics.median(t)
     tok_s = T / step
     fl = flops_per_token(shape, T, 0.0 if lora else 1.0) * tok_s
-    base = ("NF4" if side == "ours" else "bf16 (no bitsandbytes)") if lora == "qlora" else "bf16"
+    base = ("NF4" if side.startswith("ours") else "bf16 (no bitsandbytes)") if lora == "qlora" else "bf16"
     return {"side": side, "lora": lora, "base": base, "status": "ok", "tok_per_s": round(tok_s, 1), "step_ms": round(step * 1e3, 1),
             "MFU_pct": round(100 * fl / (peak_tflops * 1e12), 1), "peak_GiB": round(res["peak"] / 2 ** 30, 2),
             "smi_peak_GiB": round(res.get("smi_peak_mib", -1) / 1024, 2) if res.get("smi_peak_mib", -1) > 0 else None,
@@ -397,6 +401,9 @@ def main():
     ap.add_argument("--qlora", action="store_true", help="QLoRA r16 only (ours: NF4 base; PyTorch: LoRA over bf16)")
     ap.add_argument("--profile", action="store_true", help="run ours with --profile and print its per-op table")
     ap.add_argument("--device", default="cuda", help="both sides' device (cpu: to test this script without a GPU)")
+    ap.add_argument("--ours-env", action="append", default=[], metavar="NAME=VALUE",
+                    help="also run ours with this variable set (repeatable; each its own row, e.g. "
+                         "LLMC_ATT_BWD_ONE_GRID=1), to compare kernel variants in one call")
     ap.add_argument("--max-context", action="store_true", help="the longest sequence each side trains one step at")
     ap.add_argument("--ctx-start", type=int, default=8192)
     ap.add_argument("--ctx-max", type=int, default=262144)
@@ -405,6 +412,9 @@ def main():
     a = ap.parse_args()
     if a.max_context and not 1 <= a.ctx_start <= a.ctx_max:
         ap.error("--ctx-start must be at least 1 and at most --ctx-max")
+    for v in a.ours_env:
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*=.*", v):
+            ap.error("--ours-env %r: expected NAME=VALUE" % v)
     shape, T = SHAPES[a.shape], a.seq
     tmp = tempfile.mkdtemp(prefix="llmc_bench_")
     try:
@@ -425,8 +435,11 @@ def bench(a, shape, T, tmp):
         have_torch = False
     for lora in (["qlora"] if a.qlora else [False, "lora"]):
         if a.only != "torch":
-            rows.append(summarize("ours", run_ours(os.path.abspath(a.bin), shape, T, a.steps, lora, tmp, a.device, a.profile), shape, T, lora, a.peak_tflops))
-            print(json.dumps(rows[-1]), flush=True)
+            for v in [None] + a.ours_env:
+                env = dict([v.split("=", 1)]) if v else None
+                rows.append(summarize("ours" + (" " + v if v else ""), run_ours(os.path.abspath(a.bin), shape, T, a.steps, lora, tmp,
+                                                                               a.device, a.profile, env), shape, T, lora, a.peak_tflops))
+                print(json.dumps(rows[-1]), flush=True)
         if a.only != "ours":
             if have_torch:
                 rows.append(summarize("pytorch", run_torch(shape, T, a.steps, lora, a.device), shape, T, lora, a.peak_tflops))
