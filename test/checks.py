@@ -1,7 +1,8 @@
 """Small pieces the end-to-end test scripts share: PASS/FAIL lines with a closing count, llm.c
-token shards, and running the trainer with --set overrides (optionally under a file-size limit,
-which makes a write fail like a full disk)."""
+token shards, running the trainer with --set overrides (optionally under a file-size limit,
+which makes a write fail like a full disk), and reading its --profile table."""
 import os
+import re
 import resource
 import signal
 import struct
@@ -86,3 +87,14 @@ def prepared_rows_env(root, T, cuts, nrows=8, vocab=64, seed=5):
                 "print('data: using prepared %s (cache hit)')\n" % (d, d))
     return sd
 
+
+def profile_table(stdout):
+    """{op: (calls per step, ms per step)} and the header line of the trainer's --profile table."""
+    rows, head = {}, ""
+    for line in stdout.splitlines():
+        if line.startswith("op profile"):
+            head = line
+        m = re.match(r"\| (\w+) \| ([0-9.e+]+) \| ([0-9.]+) \|", line)
+        if m:
+            rows[m.group(1)] = (float(m.group(2)), float(m.group(3)))
+    return rows, head

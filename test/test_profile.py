@@ -20,7 +20,7 @@ import shutil
 import sys
 import tempfile
 
-from checks import check, finish, run_trainer, tiny_model_yaml, write_shard
+from checks import check, finish, profile_table as table, run_trainer, tiny_model_yaml, write_shard
 
 CFG = tiny_model_yaml(layers=2) + """train_data: {data}
 sequence_len: 16
@@ -31,18 +31,6 @@ num_threads: 1
 seed: 3
 output_dir: {out}
 """
-
-
-def table(stdout):
-    """{op: (calls per step, ms per step)} and the header line of the --profile table."""
-    rows, head = {}, ""
-    for line in stdout.splitlines():
-        if line.startswith("op profile"):
-            head = line
-        m = re.match(r"\| (\w+) \| ([0-9.e+]+) \| ([0-9.]+) \|", line)
-        if m:
-            rows[m.group(1)] = (float(m.group(2)), float(m.group(3)))
-    return rows, head
 
 
 def losses(out):

@@ -44,7 +44,7 @@ import tempfile
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import llama_ref as R  # noqa: E402
-from checks import check, finish, prepared_rows_env  # noqa: E402
+from checks import check, finish, prepared_rows_env, profile_table  # noqa: E402
 
 ENV = dict(os.environ, OMP_NUM_THREADS="1", OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
            LLMC_DEVICE="cpu")
@@ -146,18 +146,12 @@ def memory(e, llama):
           % (want / 2 ** 20, d1 / 2 ** 20), want > 0 and abs(want - d1) <= 0.1 * d1, sorted(rows))
 
 
-def attention_calls(out):
-    """attention_fwd's calls a step in --profile's table"""
-    m = re.search(r"^\| attention_fwd \| +(\d+) \|", out, re.M)
-    return int(m.group(1)) if m else None
-
-
 def spans(e, llama):
     # 3 layers x 2 micro-batches x spans a micro-batch
     for over, want, what in (({"tiled_mlp_shards": None}, 3 * 2 * 1, "default: one span of 2 x 520 rows"),
                              ({}, 3 * 2 * 2 * 3, "tiled_mlp_shards 3: 3 tiles of each of 2 sequences")):
         p, _ = e.run(llama, dict(over, max_steps=1), args=["--profile"])
-        got = attention_calls(p.stdout)
+        got = profile_table(p.stdout)[0].get("attention_fwd", (None,))[0]
         check("spans: %s: attention_fwd %s calls a step (want %d)" % (what, got, want), not p.returncode and got == want,
               p.stderr[-300:])
 
