@@ -83,7 +83,7 @@ static const Mode MODES[] = {
 // ---- devices -----------------------------------------------------------------------------
 // H100 SXM: 989 TFLOP/s dense bf16 and 3.35 TB/s are NVIDIA's datasheet peaks; the sustained
 // rates below are assumptions for ranking modes and sizing runs (about 2/3 of peak for large
-// cuBLASLt GEMMs; our attention kernels are sm_80-style WMMA, so a third of that), PCIe Gen5
+// cuBLASLt GEMMs; our attention kernels are sm_80-style mma.sync, so a third of that), PCIe Gen5
 // x16 at 50 of its 64 GB/s, one NVMe Gen4 drive at 5 GB/s. Fixed memory: a CUDA context of
 // about 0.5 GiB, the 32 MiB cuBLASLt workspace (backend_cuda.cu) and kernel scratch.
 static const PlanDevice DEVICES[] = {

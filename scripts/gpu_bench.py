@@ -3,7 +3,7 @@
 same GPU, in one run, on the same ~1B Llama shape at 4K tokens, full fine-tuning and LoRA.
 
   gpu_bench.py --bin build-gpu/train_llama --json J [--steps 6] [--seq 4096] [--shape 1b|small]
-               [--ours-env NAME=VALUE ...]   (ours again with each variable: a row each)
+               [--ours-env NAME=VALUE[,NAME=VALUE] ...]   (ours again with each setting: a row each)
 
 Both sides: random init, bf16 weights and activations, AdamW (fp32 master + moments on our side;
 PyTorch: bf16 model with torch.optim.AdamW, fused where available), micro batch 1, sequence 4096,
@@ -401,9 +401,10 @@ def main():
     ap.add_argument("--qlora", action="store_true", help="QLoRA r16 only (ours: NF4 base; PyTorch: LoRA over bf16)")
     ap.add_argument("--profile", action="store_true", help="run ours with --profile and print its per-op table")
     ap.add_argument("--device", default="cuda", help="both sides' device (cpu: to test this script without a GPU)")
-    ap.add_argument("--ours-env", action="append", default=[], metavar="NAME=VALUE",
-                    help="also run ours with this variable set (repeatable; each its own row, e.g. "
-                         "LLMC_ATT_BWD_ONE_GRID=1), to compare kernel variants in one call")
+    ap.add_argument("--ours-env", action="append", default=[], metavar="NAME=VALUE[,NAME=VALUE...]",
+                    help="also run ours with these variables set (repeatable; each its own row, e.g. "
+                         "LLMC_ATT_BWD_ONE_GRID=1 or LLMC_ATT_KV_SPLIT=8,LLMC_ATT_BWD_ONE_GRID=1), to "
+                         "compare kernel variants in one call")
     ap.add_argument("--max-context", action="store_true", help="the longest sequence each side trains one step at")
     ap.add_argument("--ctx-start", type=int, default=8192)
     ap.add_argument("--ctx-max", type=int, default=262144)
@@ -413,8 +414,8 @@ def main():
     if a.max_context and not 1 <= a.ctx_start <= a.ctx_max:
         ap.error("--ctx-start must be at least 1 and at most --ctx-max")
     for v in a.ours_env:
-        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*=.*", v):
-            ap.error("--ours-env %r: expected NAME=VALUE" % v)
+        if not all(re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*=[^,]*", x) for x in v.split(",")):
+            ap.error("--ours-env %r: expected NAME=VALUE[,NAME=VALUE...]" % v)
     shape, T = SHAPES[a.shape], a.seq
     tmp = tempfile.mkdtemp(prefix="llmc_bench_")
     try:
@@ -436,7 +437,7 @@ def bench(a, shape, T, tmp):
     for lora in (["qlora"] if a.qlora else [False, "lora"]):
         if a.only != "torch":
             for v in [None] + a.ours_env:
-                env = dict([v.split("=", 1)]) if v else None
+                env = dict(x.split("=", 1) for x in v.split(",")) if v else None
                 rows.append(summarize("ours" + (" " + v if v else ""), run_ours(os.path.abspath(a.bin), shape, T, a.steps, lora, tmp,
                                                                                a.device, a.profile, env), shape, T, lora, a.peak_tflops))
                 print(json.dumps(rows[-1]), flush=True)

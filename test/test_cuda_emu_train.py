@@ -33,7 +33,9 @@ lr * g / (|g| + 1): the step's change measures its gradient g, element by elemen
   (a)-(e) run the default attention kernels (mma.sync; the config box must name them);
   (f) LLMC_ATT_MMA=0 (the WMMA attention kernels, head dim 16): the config box names them,
       and (b)'s check holds for its gradient against the CPU's; LLMC_ATT_BWD_ONE_GRID=1 (the mma
-      backward in one grid) gives (b)'s run's loss and weights bit for bit.
+      backward in one grid) gives (b)'s run's loss and weights bit for bit; LLMC_ATT_KV_SPLIT=2
+      (GQA's dK/dV in parts, other sums) holds (b)'s check, gradient checkpointing gives its
+      bits, and a malformed value is refused.
   (g) train_gpt (GPT-2: LayerNorm, GELU, learned positions, a tied padded head) through the
       emulator: scripts/gpu_train_check.py gpt --tiny, the checks a GPU runs (fp32 losses and one
       step's gradient against the CPU, bf16 losses, -r 1/-r 2 bit-identical to -r 0).
@@ -239,6 +241,27 @@ def main():
         check("(f) LLMC_ATT_BWD_ONE_GRID=1: the default run's loss and weights bit for bit", r is not None and
               r[0]["loss"] == g4[0]["loss"] and all(r[1][k] == g4[1][k] for k in g4[1]),
               w or "loss %r vs %r, or the weights differ" % (r[0]["loss"], g4[0]["loss"]))
+        # (f) GQA's dK/dV in parts (LLMC_ATT_KV_SPLIT=2: a part per query head of this model's
+        # 4/2 heads): other sums, so (b)'s tolerance against the CPU, not the default's bits;
+        # a memory mode walks the same spans, so gradient checkpointing gives the split run's bits.
+        r, w, _ = run(binary, tmp, "cuda_kvsplit_a4", "cuda", {"dtype": "bfloat16", "gradient_accumulation_steps": 4},
+                      env={"LLMC_ATT_KV_SPLIT": "2"})
+        check("(f) LLMC_ATT_KV_SPLIT=2: runs, and the config box says so",
+              r is not None and "GQA dK/dV in up to 2 parts" in LAST_STDOUT, w or "not in the config box")
+        if r is not None:
+            ek = grad_errors(w0, r[1], c4[1])
+            vk = sorted(ek.values())
+            check("(f) LLMC_ATT_KV_SPLIT=2 vs CPU fp32, 4 micro-batches: gradients within (b)'s 1.05e-2 normwise, "
+                  "median 7.5e-3: %s" % summary(ek), vk[-1] <= 1.05e-2 and vk[len(vk) // 2] <= 7.5e-3,
+                  "beyond the tolerance")
+            r2, w2, _ = run(binary, tmp, "cuda_kvsplit_ckpt_a4", "cuda", {"dtype": "bfloat16", "gradient_accumulation_steps": 4,
+                            "gradient_checkpointing": "true"}, env={"LLMC_ATT_KV_SPLIT": "2"})
+            check("(f) LLMC_ATT_KV_SPLIT=2 with gradient_checkpointing: the split run's loss and weights bit for bit",
+                  r2 is not None and r2[0]["loss"] == r[0]["loss"] and all(r2[1][k] == r[1][k] for k in r[1]),
+                  w2 or "loss %r vs %r, or the weights differ" % (r2[0]["loss"], r[0]["loss"]))
+        r, w, _ = run(binary, tmp, "cuda_kvsplit_bad", "cuda", {"dtype": "bfloat16"}, env={"LLMC_ATT_KV_SPLIT": "2x"})
+        check("(f) LLMC_ATT_KV_SPLIT=2x: refused with a one-line error naming the variable",
+              r is None and "LLMC_ATT_KV_SPLIT=2x" in w, w or "it ran")
         # (g) train_gpt through the emulator, by the GPU check's own part (h)
         gpt = os.path.join(os.path.dirname(os.path.abspath(binary)), "train_gpt")
         if not os.path.exists(gpt):

@@ -4,7 +4,9 @@
 // bf16 forced generic); the masks of backend.h: a sliding window (keys i - W < j <= i) and
 // packed documents (doc_start: keys of the query's own document only), alone and together,
 // with documents and windows short enough that whole key tiles are skipped; the backward must
-// be bit-identical on repeat. Then TFLOP/s (causal FLOPs: forward 2 * 2 * B * Hq * T^2/2 * D,
+// be bit-identical on repeat; on the mma path the backward in one grid (LLMC_ATT_BWD_ONE_GRID) must
+// give the two kernels' bits, and with GQA, dK/dV in parts (LLMC_ATT_KV_SPLIT) must meet the same
+// tolerances, whole and over query tiles. Then TFLOP/s (causal FLOPs: forward 2 * 2 * B * Hq * T^2/2 * D,
 // backward 2.5x that).
 #include <algorithm>
 #include "dev_common.cuh"
@@ -89,7 +91,7 @@ static void one(CudaCtx *c, int B, int T, int Hq, int Hkv, int D, int path, int 
     const int bf = c->bf16;
     c->force_generic_attention = path == 1;
     c->mma_attention = path == 2;
-    char tag[160], name[224];
+    char tag[160], name[256];
     snprintf(tag, sizeof tag, "%s [%s] B=%d T=%d Hq=%d Hkv=%d D=%d%s", prec(bf), k_attention_path(c, D), B, T, Hq,
              Hkv, D, window && docs ? " window+docs" : window ? " window" : docs ? " docs" : "");
     if (window) snprintf(tag + strlen(tag), sizeof tag - strlen(tag), " W=%d", window);
@@ -132,7 +134,39 @@ static void one(CudaCtx *c, int B, int T, int Hq, int Hkv, int D, int path, int 
              path == 2 ? "in one grid is bit-identical to two kernels" : "repeat is bit-identical", tag);
     check_true(name, !memcmp(g_dq.data(), h_dq.data(), nq * 4) && !memcmp(g_dk.data(), h_dk.data(), nk * 4) &&
                          !memcmp(g_dv.data(), h_dv.data(), nk * 4), "two runs differ");
-    if (tile) {  // query tiles of each row (tiled_attention): the same reference, the same tolerances
+    const int group = Hq / Hkv, split = path == 2 && group > 1;
+    if (split) {  // GQA's dK/dV in parts (LLMC_ATT_KV_SPLIT), one per query head: the reference's
+        // tolerances, dQ bit-identical to the unsplit run's, and one grid bit-identical to two kernels
+        c->att_kv_split = group;
+        for (int one_grid = 0; one_grid < 2; one_grid++) {
+            c->att_bwd_one_grid = one_grid;
+            cudaMemsetAsync(dq, 0xff, nq * es, c->stream), cudaMemsetAsync(dk, 0xff, nk * es, c->stream);
+            cudaMemsetAsync(dv, 0xff, nk * es, c->stream);
+            k_attention_bwd(c, dq, dk, dv, ddo, dq_in, dk_in, dv_in, out, lse, B, T, 0, T, Hq, Hkv, D, window, d_ds, 0,
+                            nullptr, nullptr);
+            std::vector<float> s_dq = down_act(dq, nq, bf), s_dk = down_act(dk, nk, bf), s_dv = down_act(dv, nk, bf);
+            if (!one_grid) {
+                snprintf(name, sizeof name, "attention_bwd dk, dK/dV in %d parts, %s", group, tag);
+                check(name, s_dk, r.dk, 2e-2);
+                snprintf(name, sizeof name, "attention_bwd dv, dK/dV in %d parts, %s", group, tag);
+                check(name, s_dv, r.dv, tol_for(bf));
+                snprintf(name, sizeof name, "attention_bwd dq, dK/dV in %d parts, is the unsplit run's, %s", group, tag);
+                check_true(name, !memcmp(g_dq.data(), s_dq.data(), nq * 4), "dq differs");
+                h_dk = s_dk, h_dv = s_dv;
+            } else {
+                snprintf(name, sizeof name, "attention_bwd, dK/dV in %d parts, in one grid is bit-identical to two kernels, %s",
+                         group, tag);
+                check_true(name, !memcmp(g_dq.data(), s_dq.data(), nq * 4) && !memcmp(h_dk.data(), s_dk.data(), nk * 4) &&
+                                     !memcmp(h_dv.data(), s_dv.data(), nk * 4), "two runs differ");
+            }
+        }
+        c->att_bwd_one_grid = 0, c->att_kv_split = 1;
+    }
+    // query tiles of each row (tiled_attention): the same reference, the same tolerances; on the
+    // mma path with GQA again with dK/dV in parts (their sums accumulate across the tiles)
+    for (int again = 0; tile && again <= split; again++) {
+        const int parts = again ? group : 1;
+        c->att_kv_split = parts;
         const size_t lq = (size_t)Hq * D * es, lk = (size_t)Hkv * D * es, nkv = (size_t)T * Hkv * D;
         char *o2 = (char *)dmalloc(nq * es), *dq2 = (char *)dmalloc(nq * es), *dk2 = (char *)dmalloc(nk * es),
              *dv2 = (char *)dmalloc(nk * es);
@@ -153,15 +187,20 @@ static void one(CudaCtx *c, int B, int T, int Hq, int Hkv, int D, int path, int 
                                         qi, ki, vi, o2 + r * lq, l2 + (size_t)b * Hq * T, 1, T, t0, n, Hq, Hkv, D,
                                         window, dsb, t0 > 0, bf ? fk + b * nkv : nullptr, bf ? fv + b * nkv : nullptr);
                 }
-        snprintf(name, sizeof name, "attention_fwd out, query tiles of %d, %s", tile, tag);
-        check(name, down_act(o2, nq, bf), r.out, tol_for(bf));
-        snprintf(name, sizeof name, "attention_fwd lse, query tiles of %d, %s", tile, tag);
-        check(name, down_f32(l2, r.lse.size()), r.lse, bf ? 2e-3 : 1e-5);
-        snprintf(name, sizeof name, "attention_bwd dq, query tiles of %d, %s", tile, tag);
+        c->att_kv_split = 1;
+        char ttag[200];
+        snprintf(ttag, sizeof ttag, "query tiles of %d%s, %s", tile, parts > 1 ? ", dK/dV in parts" : "", tag);
+        if (!again) {
+            snprintf(name, sizeof name, "attention_fwd out, query tiles of %d, %s", tile, tag);
+            check(name, down_act(o2, nq, bf), r.out, tol_for(bf));
+            snprintf(name, sizeof name, "attention_fwd lse, query tiles of %d, %s", tile, tag);
+            check(name, down_f32(l2, r.lse.size()), r.lse, bf ? 2e-3 : 1e-5);
+        }
+        snprintf(name, sizeof name, "attention_bwd dq, %s", ttag);
         check(name, down_act(dq2, nq, bf), r.dq, bf ? 2e-2 : 1e-5);
-        snprintf(name, sizeof name, "attention_bwd dk (summed over tiles), query tiles of %d, %s", tile, tag);
+        snprintf(name, sizeof name, "attention_bwd dk (summed over tiles), %s", ttag);
         check(name, down_act(dk2, nk, bf), r.dk, bf ? 2e-2 : 1e-5);
-        snprintf(name, sizeof name, "attention_bwd dv (summed over tiles), query tiles of %d, %s", tile, tag);
+        snprintf(name, sizeof name, "attention_bwd dv (summed over tiles), %s", ttag);
         check(name, down_act(dv2, nk, bf), r.dv, tol_for(bf));
         cudaFree(o2), cudaFree(dq2), cudaFree(dk2), cudaFree(dv2), cudaFree(l2), cudaFree(fk), cudaFree(fv);
     }
@@ -185,13 +224,16 @@ static void bench(CudaCtx *c, int B, int T, int Hq, int Hkv, int D) {
     char name[128];
     snprintf(name, sizeof name, "attention_fwd %s [%s] B=%d T=%d Hq=%d Hkv=%d D=%d", prec(bf), k_attention_path(c, D), B, T, Hq, Hkv, D);
     report_flops(name, bench_ms(c, 5, [&] { k_attention_fwd(c, o, lse, q, k, v, B, T, 0, T, Hq, Hkv, D, 0, nullptr); }), flops);
-    for (int one = 0; one <= (c->mma_attention && bf); one++) {  // mma: two kernels, then one grid
-        c->att_bwd_one_grid = one;
-        snprintf(name, sizeof name, "attention_bwd %s [%s%s] B=%d T=%d Hq=%d Hkv=%d D=%d", prec(bf), k_attention_path(c, D),
-                 one ? ", one grid" : "", B, T, Hq, Hkv, D);
-        report_flops(name, bench_ms(c, 5, [&] { k_attention_bwd(c, dq, dk, dv, g, q, k, v, o, lse, B, T, 0, T, Hq, Hkv, D, 0, nullptr, 0, nullptr, nullptr); }), 2.5 * flops);
-    }
-    c->att_bwd_one_grid = 0;
+    // mma: two kernels, then one grid; with GQA each again with dK/dV in 2, 4, .. parts (one per query head at most)
+    const int mma = c->mma_attention && bf, most = mma ? Hq / Hkv : 1;
+    for (int parts = 1; parts <= most; parts *= 2)
+        for (int one = 0; one <= mma; one++) {
+            c->att_bwd_one_grid = one, c->att_kv_split = parts;
+            snprintf(name, sizeof name, "attention_bwd %s [%s] B=%d T=%d Hq=%d Hkv=%d D=%d", prec(bf), k_attention_path(c, D),
+                     B, T, Hq, Hkv, D);
+            report_flops(name, bench_ms(c, 5, [&] { k_attention_bwd(c, dq, dk, dv, g, q, k, v, o, lse, B, T, 0, T, Hq, Hkv, D, 0, nullptr, 0, nullptr, nullptr); }), 2.5 * flops);
+        }
+    c->att_bwd_one_grid = 0, c->att_kv_split = 1;
     cudaFree(q), cudaFree(k), cudaFree(v), cudaFree(o), cudaFree(g), cudaFree(dq), cudaFree(dk), cudaFree(dv), cudaFree(lse);
 }
 
@@ -220,6 +262,7 @@ int main(int argc, char **argv) {
             one(c, 1, 130, 2, 1, 16, 2, 20, 0);
             one(c, 1, 150, 4, 2, 16, 2, 45, 30);
             one(c, 2, 200, 4, 2, 16, 2, 45, 70, 64);
+            one(c, 1, 130, 8, 2, 32, 2, 0, 0, 64);  // a group of 4: dK/dV in 4 parts, summed in order
         }
         if (!g_quick) {
             one(c, 1, 200, 4, 1, 128, 0);

@@ -819,10 +819,11 @@ __device__ __forceinline__ void att_bwd_dkdv_block(unsigned char *smem, int kb, 
                                                    const bf16 *dout, const bf16 *q, const bf16 *k, const bf16 *v,
                                                    const float *lse, const float *Di, int T_, AttSpan sp, int Hq,
                                                    int Hkv, float scale, int window, const int32_t *doc_start,
-                                                   int accumulate, float *acck, float *accv) {
+                                                   int accumulate, float *acck, float *accv, int s, int nsplit,
+                                                   float *pk, float *pv) {
     constexpr int LDH = D + 8;
     const float sl2 = scale * ATT_LOG2E;
-    const int group = Hq / Hkv;
+    const int group = Hq / Hkv, hpart = group / nsplit, h1 = hk * group + s * hpart;
     const int j0 = kb * MB, warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const int r0 = 16 * warp;
     if (accumulate && j0 >= sp.qend) return;  // no query of the span sees these keys
@@ -840,7 +841,7 @@ __device__ __forceinline__ void att_bwd_dkdv_block(unsigned char *smem, int kb, 
 #pragma unroll
         for (int e = 0; e < 4; e++) dka[nd][e] = dva[nd][e] = 0.0f;
     const int ja = j0 + r0 + g, jb = ja + 8;
-    for (int h = hk * group; h < (hk + 1) * group; h++)
+    for (int h = h1; h < h1 + hpart; h++)
         for (int i0 = j0 > sp.q0 ? j0 : sp.q0; i0 < sp.qend; i0 += MB) {
             if (att_lo(i0, window, drow) > jlast) break;  // neither this query tile nor a later one sees the keys
             __syncthreads();  // the previous tile's readers are done
@@ -899,7 +900,8 @@ __device__ __forceinline__ void att_bwd_dkdv_block(unsigned char *smem, int kb, 
 #pragma unroll
             for (int e = 0; e < 2; e++) {
                 const size_t o = ((size_t)b * T_ + j) * ldk + (size_t)hk * D + nd * 8 + 2 * t + e;
-                att_store_dkdv(dk, dv, acck, accv, o, dka[nd][2 * x + e], dva[nd][2 * x + e], accumulate);
+                if (pk) pk[o] = dka[nd][2 * x + e], pv[o] = dva[nd][2 * x + e];  // this part's sums
+                else att_store_dkdv(dk, dv, acck, accv, o, dka[nd][2 * x + e], dva[nd][2 * x + e], accumulate);
             }
     }
 }
@@ -990,39 +992,76 @@ template <int D> static size_t mma_bwd_smem() {
     return sizeof(bf16) * (size_t)4 * MB * (D + 8) + MB * (2 * sizeof(float) + sizeof(int));
 }
 
-// The backward's blocks in one list: every dK/dV block (key tile 0 of every (row, kv head) first,
-// the longest: it walks every later query tile of every head of its group), then every dQ block
-// (heaviest query tile first). ROLE 1 runs the dK/dV blocks, ROLE 2 the dQ blocks (two kernels,
-// each with its own register allocation, one after the other: the default); ROLE 0 runs the
-// whole list in one grid (LLMC_ATT_BWD_ONE_GRID=1), where dQ blocks fill the SMs that the last,
-// longest dK/dV blocks leave idle. The blocks write disjoint outputs, so neither the order nor the
-// grid changes a bit.
+// GQA's dK/dV split (LLMC_ATT_KV_SPLIT=N): a dK/dV block walks every query head of its kv
+// head's group, so at the 1.1B shape (32 query heads on 4 kv heads, T 4096) there are 256 blocks
+// and key tile 0's walks 8 x 64 query tiles: about twice the average, on an H200's 132 SMs two
+// blocks each. Split, each (kv head, key tile) becomes nsplit blocks over group / nsplit query
+// heads each, which write their float sums to parts [nsplit][B, T, Hkv, D] (dK, then as many for
+// dV); att_dkdv_parts_sum adds the parts in order (part 0 first) and stores as the unsplit block
+// would. Deterministic, but not the unsplit bits: the sums are grouped differently.
+static const size_t ATT_KV_PARTS_MAX_BYTES = (size_t)64 << 20;  // within the plan's kernel-scratch allowance
+
+// The number of parts: the largest divisor of the group at most c->att_kv_split whose parts fit
+// ATT_KV_PARTS_MAX_BYTES (1: unsplit). It depends on the shape only, not on the query span, so
+// every memory mode (they walk the same spans) splits alike.
+static int att_kv_parts(const CudaCtx *c, int B, int T, int Hq, int Hkv, int D) {
+    const int group = Hq / Hkv;
+    const size_t one = (size_t)2 * B * T * Hkv * D * sizeof(float);  // a part's dK and dV
+    for (int n = c->att_kv_split < group ? c->att_kv_split : group; n > 1; n--)
+        if (group % n == 0 && one * n <= ATT_KV_PARTS_MAX_BYTES) return n;
+    return 1;
+}
+
+// dK/dV from the parts; rows of key tiles the span's queries cannot see are left alone when
+// accumulating, as the unsplit block leaves them.
+__global__ void att_dkdv_parts_sum(bf16 *dk, bf16 *dv, float *acck, float *accv, const float *parts, int nsplit,
+                                   size_t n, int T_, int ldk, int qend, int accumulate) {
+    for (size_t o = blockIdx.x * (size_t)blockDim.x + threadIdx.x; o < n; o += (size_t)gridDim.x * blockDim.x) {
+        const int j = (int)(o / (size_t)ldk % (size_t)T_);
+        if (accumulate && j / MB * MB >= qend) continue;
+        float gk = parts[o], gv = parts[(size_t)nsplit * n + o];
+        for (int s = 1; s < nsplit; s++) gk += parts[(size_t)s * n + o], gv += parts[(size_t)(nsplit + s) * n + o];
+        att_store_dkdv(dk, dv, acck, accv, o, gk, gv, accumulate);
+    }
+}
+
+// The backward's blocks in one list: every dK/dV block (key tile 0 of every (row, kv head, part)
+// first, the longest: it walks every later query tile of every head of its group or part), then
+// every dQ block (heaviest query tile first). ROLE 1 runs the dK/dV blocks, ROLE 2 the dQ blocks
+// (two kernels, each with its own register allocation, one after the other: the default); ROLE 0
+// runs the whole list in one grid (LLMC_ATT_BWD_ONE_GRID=1), where dQ blocks fill the SMs that
+// the last, longest dK/dV blocks leave idle. The blocks write disjoint outputs, so neither the
+// order nor the grid changes a bit. parts: NULL unsplit, else nsplit parts (see above).
 template <int D, int ROLE>
 __global__ void __launch_bounds__(MT) att_bwd_mma(bf16 *dq, bf16 *dk, bf16 *dv, const bf16 *dout, const bf16 *q,
                                                  const bf16 *k, const bf16 *v, const float *lse, const float *Di,
                                                  int B_, int T_, AttSpan sp, int Hq, int Hkv, float scale, int window,
-                                                 const int32_t *doc_start, int accumulate, float *acck, float *accv) {
+                                                 const int32_t *doc_start, int accumulate, float *acck, float *accv,
+                                                 int nsplit, float *parts) {
     DYNAMIC_SMEM(smem);
-    if (ROLE == 1) {  // grid (Hkv, B, key tiles): key tile 0 of every (row, kv head) first
-        att_bwd_dkdv_block<D>(smem, blockIdx.z, blockIdx.x, blockIdx.y, dk, dv, dout, q, k, v, lse, Di, T_, sp, Hq, Hkv,
-                              scale, window, doc_start, accumulate, acck, accv);
-        return;
+    const int nkv = Hkv * nsplit;  // dK/dV blocks per (row, key tile)
+    int id = (int)blockIdx.x, kb = blockIdx.z, b = blockIdx.y;
+    if (ROLE == 0) {  // one grid: the whole list
+        const int n1 = (T_ + MB - 1) / MB * nkv * B_;
+        if (id >= n1) {
+            const int i = id - n1, nqb = (sp.nq + MB - 1) / MB, r = i % (Hq * B_);
+            att_bwd_dq_block<D>(smem, nqb - 1 - i / (Hq * B_), r % Hq, r / Hq, dq, dout, q, k, v, lse, Di, T_, sp, Hq,
+                                Hkv, scale, window, doc_start);
+            return;
+        }
+        kb = id / (nkv * B_), b = id % (nkv * B_) / nkv, id %= nkv;
     }
     if (ROLE == 2) {  // grid (Hq, B, query tiles): the last (heaviest) query tile first
         att_bwd_dq_block<D>(smem, gridDim.z - 1 - blockIdx.z, blockIdx.x, blockIdx.y, dq, dout, q, k, v, lse, Di, T_,
                             sp, Hq, Hkv, scale, window, doc_start);
         return;
     }
-    const int n1 = (T_ + MB - 1) / MB * Hkv * B_, id = (int)blockIdx.x;  // one grid: the whole list
-    if (id < n1) {
-        const int r = id % (Hkv * B_);
-        att_bwd_dkdv_block<D>(smem, id / (Hkv * B_), r % Hkv, r / Hkv, dk, dv, dout, q, k, v, lse, Di, T_, sp, Hq, Hkv,
-                              scale, window, doc_start, accumulate, acck, accv);
-    } else {
-        const int i = id - n1, nqb = (sp.nq + MB - 1) / MB, r = i % (Hq * B_);
-        att_bwd_dq_block<D>(smem, nqb - 1 - i / (Hq * B_), r % Hq, r / Hq, dq, dout, q, k, v, lse, Di, T_, sp, Hq, Hkv,
-                            scale, window, doc_start);
-    }
+    // ROLE 1: grid (Hkv x parts, B, key tiles): key tile 0 of every (row, kv head, part) first
+    const int hk = id / nsplit, s = id % nsplit;
+    const size_t n = (size_t)B_ * T_ * Hkv * D;
+    float *pk = parts ? parts + (size_t)s * n : nullptr, *pv = parts ? parts + (size_t)(nsplit + s) * n : nullptr;
+    att_bwd_dkdv_block<D>(smem, kb, hk, b, dk, dv, dout, q, k, v, lse, Di, T_, sp, Hq, Hkv, scale, window, doc_start,
+                          accumulate, acck, accv, s, nsplit, pk, pv);
 }
 
 template <int D>
@@ -1030,19 +1069,27 @@ static void launch_bwd_mma(CudaCtx *c, void *dq, void *dk, void *dv, const void 
                            const void *v, const float *lse, const float *Di, int B, int T, AttSpan sp, int Hq, int Hkv,
                            float scale, int window, const int32_t *doc_start, int accumulate, float *acck, float *accv) {
     const size_t smem = mma_bwd_smem<D>();
-    const int n1 = (T + MB - 1) / MB * Hkv * B, n2 = (sp.nq + MB - 1) / MB * Hq * B;
+    const int nsplit = att_kv_parts(c, B, T, Hq, Hkv, D);
+    const size_t n = (size_t)B * T * Hkv * D;
+    float *parts = nsplit > 1 ? (float *)ctx_scratch(c, SCR_ATT_KV, 2 * nsplit * n * sizeof(float)) : nullptr;
+    const int n1 = (T + MB - 1) / MB * Hkv * nsplit * B, n2 = (sp.nq + MB - 1) / MB * Hq * B;
 #define ATT_BWD_ARGS (bf16 *)dq, (bf16 *)dk, (bf16 *)dv, (const bf16 *)dout, (const bf16 *)q, (const bf16 *)k, \
-        (const bf16 *)v, lse, Di, B, T, sp, Hq, Hkv, scale, window, doc_start, accumulate, acck, accv
+        (const bf16 *)v, lse, Di, B, T, sp, Hq, Hkv, scale, window, doc_start, accumulate, acck, accv, nsplit, parts
     if (c->att_bwd_one_grid) {
         smem_optin(c, att_bwd_mma<D, 0>, smem, D);
         LAUNCH(dim3(n1 + n2), MT, smem, c->stream, att_bwd_mma<D, 0>)(ATT_BWD_ARGS);
     } else {
         smem_optin(c, att_bwd_mma<D, 1>, smem, D);
         smem_optin(c, att_bwd_mma<D, 2>, smem, D);
-        LAUNCH(dim3(Hkv, B, (T + MB - 1) / MB), MT, smem, c->stream, att_bwd_mma<D, 1>)(ATT_BWD_ARGS);
+        LAUNCH(dim3(Hkv * nsplit, B, (T + MB - 1) / MB), MT, smem, c->stream, att_bwd_mma<D, 1>)(ATT_BWD_ARGS);
         LAUNCH(dim3(Hq, B, (sp.nq + MB - 1) / MB), MT, smem, c->stream, att_bwd_mma<D, 2>)(ATT_BWD_ARGS);
     }
 #undef ATT_BWD_ARGS
+    if (parts) {
+        const unsigned blocks = (unsigned)((n + 255) / 256 < 8192 ? (n + 255) / 256 : 8192);
+        LAUNCH(blocks, 256, 0, c->stream, att_dkdv_parts_sum)((bf16 *)dk, (bf16 *)dv, acck, accv, parts, nsplit, n, T,
+                                                              Hkv * D, sp.qend, accumulate);
+    }
 }
 
 // ==== dispatch ===============================================================================
@@ -1057,9 +1104,15 @@ static int use_mma(const CudaCtx *c, int D, const void *const *ptrs, int np) {
     return c->mma_attention && (D == 16 || D == 32 || D == 64 || D == 96 || D == 128) && use_wmma(c, D, ptrs, np);
 }
 
+// The path's name, with the mma backward's opt-in variants (the config box and dev/cuda name them).
 const char *k_attention_path(const CudaCtx *c, int D) {
     const void *dummy[1] = {(const void *)(uintptr_t)256};
-    return use_mma(c, D, dummy, 1) ? "mma-bf16" : use_wmma(c, D, dummy, 1) ? "wmma-bf16" : "generic";
+    if (!use_mma(c, D, dummy, 1)) return use_wmma(c, D, dummy, 1) ? "wmma-bf16" : "generic";
+    static char name[96];
+    snprintf(name, sizeof name, "mma-bf16%s", c->att_bwd_one_grid ? ", backward in one grid" : "");
+    if (c->att_kv_split > 1)
+        snprintf(name + strlen(name), sizeof name - strlen(name), ", GQA dK/dV in up to %d parts", c->att_kv_split);
+    return name;
 }
 
 void k_attention_fwd(CudaCtx *c, void *out, float *lse, const void *q, const void *k, const void *v,

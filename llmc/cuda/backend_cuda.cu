@@ -69,6 +69,14 @@ CudaCtx *cuda_ctx_create(int bf16, int device) {
     c->mma_attention = !(mma && !strcmp(mma, "0"));
     const char *one_grid = getenv("LLMC_ATT_BWD_ONE_GRID");  // not yet timed on a GPU, hence opt-in
     c->att_bwd_one_grid = one_grid && !strcmp(one_grid, "1");
+    c->att_kv_split = 1;  // not yet timed on a GPU either
+    const char *split = getenv("LLMC_ATT_KV_SPLIT");
+    if (split && *split) {
+        char *end;
+        long n = strtol(split, &end, 10);
+        if (*end || n < 1 || n > 64) fail("LLMC_ATT_KV_SPLIT=%s: expected an integer from 1 to 64 (parts of a GQA group)", split);
+        c->att_kv_split = (int)n;
+    }
     CUDA_CHECK(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
     if (cublasLtCreate(&c->lt) != CUBLAS_STATUS_SUCCESS) fail("cuBLASLt: cublasLtCreate failed");
     c->workspace_bytes = LT_WORKSPACE_BYTES;
@@ -112,7 +120,8 @@ void *ctx_scratch(CudaCtx *c, int slot, size_t bytes) {
         format_bytes(need, sizeof need, (double)want);
         static const char *names[SCR_COUNT] = {"reduction partials", "classifier chunk logits",
                                                "classifier chunk gradient", "attention backward row sums",
-                                               "embedding backward order", "sumsq list"};
+                                               "attention backward dK/dV parts", "embedding backward order",
+                                               "sumsq list"};
         fail("out of device memory allocating %s of kernel scratch (%s): %s", need, names[slot],
              cudaGetErrorString(e));
     }

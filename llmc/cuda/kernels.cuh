@@ -28,6 +28,7 @@ enum {
     SCR_CE_LOGITS,  // classifier chunk logits (fp32)
     SCR_CE_GRAD,    // classifier chunk gradient (act precision, bf16 mode only)
     SCR_ATT_D,      // attention backward: rowsum(dO * O) per (b, h, t)
+    SCR_ATT_KV,     // attention backward, GQA's dK/dV split: each part's float sums
     SCR_EMB,        // embedding backward: counts/cursors [V] and the sorted order [N]
     SCR_LIST,       // sumsq_many: the list's pointers and lengths, and its sums
     SCR_COUNT
@@ -44,6 +45,7 @@ struct CudaCtx {
     int mma_attention;            // the mma.sync attention kernels (default; LLMC_ATT_MMA=0: WMMA)
     size_t ce_chunk_elems;        // dev/cuda/classifier's timings: logits a classifier chunk holds (0: CE_CHUNK_ELEMS)
     int att_bwd_one_grid;         // LLMC_ATT_BWD_ONE_GRID=1: the mma backward's two kinds of block in one grid
+    int att_kv_split;             // LLMC_ATT_KV_SPLIT=N: GQA's dK/dV blocks in up to N parts (1: unsplit)
     void *scratch[SCR_COUNT];
     size_t scratch_bytes[SCR_COUNT];
     double *host_result;  // pinned, for reductions returned to the host
