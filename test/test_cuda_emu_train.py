@@ -33,7 +33,8 @@ lr * g / (|g| + 1): the step's change measures its gradient g, element by elemen
   (a)-(e) run the default attention kernels (mma.sync; the config box must name them);
   (f) LLMC_ATT_MMA=0 (the WMMA attention kernels, head dim 16): the config box names them,
       and (b)'s check holds for its gradient against the CPU's; LLMC_ATT_BWD_ONE_GRID=1 (the mma
-      backward in one grid) gives (b)'s run's loss and weights bit for bit; LLMC_ATT_KV_SPLIT=2
+      backward in one grid) and LLMC_ATT_PIPELINE=1 (the next tile by cp.async) give (b)'s run's
+      loss and weights bit for bit; LLMC_ATT_KV_SPLIT=2
       (GQA's dK/dV in parts, other sums) holds (b)'s check, gradient checkpointing gives its
       bits, and a malformed value is refused.
   (g) train_gpt (GPT-2: LayerNorm, GELU, learned positions, a tied padded head) through the
@@ -129,6 +130,21 @@ def summary(errs):
     worst = max(errs, key=errs.get)
     vals = sorted(errs.values())
     return "worst %.3g (%s), median %.3g over %d tensors" % (errs[worst], worst, vals[len(vals) // 2], len(vals))
+
+
+def check_vs_cpu(label, w0, w, wc):
+    """(b)'s tolerance: the step's gradient against the CPU's, per tensor normwise."""
+    e = grad_errors(w0, w, wc)
+    v = sorted(e.values())
+    check("%s vs CPU fp32, 4 micro-batches: gradients within (b)'s 1.05e-2 normwise, median 7.5e-3: %s"
+          % (label, summary(e)), v[-1] <= 1.05e-2 and v[len(v) // 2] <= 7.5e-3, "beyond the tolerance")
+
+
+def check_bits(label, r, why, ref):
+    """A run's loss and saved weights against another run's, bit for bit."""
+    check("%s: loss and weights bit for bit" % label, r is not None and r[0]["loss"] == ref[0]["loss"] and
+          all(r[1][k] == ref[1][k] for k in ref[1]),
+          why or "loss %r vs %r, or the weights differ" % (r[0]["loss"], ref[0]["loss"]))
 
 
 def main():
@@ -229,18 +245,19 @@ def main():
         check("(f) LLMC_ATT_MMA=0: runs, and the config box says attention wmma-bf16",
               r is not None and "attention wmma-bf16" in LAST_STDOUT, w or "no 'attention wmma-bf16' in its output")
         if r is not None:
-            ef = grad_errors(w0, r[1], c4[1])
-            vf = sorted(ef.values())
-            check("(f) LLMC_ATT_MMA=0 vs CPU fp32, 4 micro-batches: gradients within (b)'s 1.05e-2 normwise, "
-                  "median 7.5e-3: %s" % summary(ef), vf[-1] <= 1.05e-2 and vf[len(vf) // 2] <= 7.5e-3,
-                  "beyond the tolerance")
+            check_vs_cpu("(f) LLMC_ATT_MMA=0", w0, r[1], c4[1])
         # (f) the mma backward's two kinds of block in one grid (LLMC_ATT_BWD_ONE_GRID=1): the
         # blocks write disjoint outputs, so the bits of the two-kernel default
         r, w, _ = run(binary, tmp, "cuda_onegrid_a4", "cuda", {"dtype": "bfloat16", "gradient_accumulation_steps": 4},
                       env={"LLMC_ATT_BWD_ONE_GRID": "1"})
-        check("(f) LLMC_ATT_BWD_ONE_GRID=1: the default run's loss and weights bit for bit", r is not None and
-              r[0]["loss"] == g4[0]["loss"] and all(r[1][k] == g4[1][k] for k in g4[1]),
-              w or "loss %r vs %r, or the weights differ" % (r[0]["loss"], g4[0]["loss"]))
+        check_bits("(f) LLMC_ATT_BWD_ONE_GRID=1 against the default run", r, w, g4)
+        # (f) the pipelined kernels (LLMC_ATT_PIPELINE=1: the next tile by cp.async, which the
+        # emulator writes only at the wait): the same arithmetic in the same order
+        r, w, _ = run(binary, tmp, "cuda_pipe_a4", "cuda", {"dtype": "bfloat16", "gradient_accumulation_steps": 4},
+                      env={"LLMC_ATT_PIPELINE": "1"})
+        check("(f) LLMC_ATT_PIPELINE=1: the config box says pipelined", r is not None and "pipelined" in LAST_STDOUT,
+              w or "not in the config box")
+        check_bits("(f) LLMC_ATT_PIPELINE=1 against the default run", r, w, g4)
         # (f) GQA's dK/dV in parts (LLMC_ATT_KV_SPLIT=2: a part per query head of this model's
         # 4/2 heads): other sums, so (b)'s tolerance against the CPU, not the default's bits;
         # a memory mode walks the same spans, so gradient checkpointing gives the split run's bits.
@@ -249,16 +266,10 @@ def main():
         check("(f) LLMC_ATT_KV_SPLIT=2: runs, and the config box says so",
               r is not None and "GQA dK/dV in up to 2 parts" in LAST_STDOUT, w or "not in the config box")
         if r is not None:
-            ek = grad_errors(w0, r[1], c4[1])
-            vk = sorted(ek.values())
-            check("(f) LLMC_ATT_KV_SPLIT=2 vs CPU fp32, 4 micro-batches: gradients within (b)'s 1.05e-2 normwise, "
-                  "median 7.5e-3: %s" % summary(ek), vk[-1] <= 1.05e-2 and vk[len(vk) // 2] <= 7.5e-3,
-                  "beyond the tolerance")
+            check_vs_cpu("(f) LLMC_ATT_KV_SPLIT=2", w0, r[1], c4[1])
             r2, w2, _ = run(binary, tmp, "cuda_kvsplit_ckpt_a4", "cuda", {"dtype": "bfloat16", "gradient_accumulation_steps": 4,
                             "gradient_checkpointing": "true"}, env={"LLMC_ATT_KV_SPLIT": "2"})
-            check("(f) LLMC_ATT_KV_SPLIT=2 with gradient_checkpointing: the split run's loss and weights bit for bit",
-                  r2 is not None and r2[0]["loss"] == r[0]["loss"] and all(r2[1][k] == r[1][k] for k in r[1]),
-                  w2 or "loss %r vs %r, or the weights differ" % (r2[0]["loss"], r[0]["loss"]))
+            check_bits("(f) LLMC_ATT_KV_SPLIT=2 with gradient_checkpointing against the split run", r2, w2, r)
         r, w, _ = run(binary, tmp, "cuda_kvsplit_bad", "cuda", {"dtype": "bfloat16"}, env={"LLMC_ATT_KV_SPLIT": "2x"})
         check("(f) LLMC_ATT_KV_SPLIT=2x: refused with a one-line error naming the variable",
               r is None and "LLMC_ATT_KV_SPLIT=2x" in w, w or "it ran")

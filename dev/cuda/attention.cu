@@ -5,8 +5,9 @@
 // packed documents (doc_start: keys of the query's own document only), alone and together,
 // with documents and windows short enough that whole key tiles are skipped; the backward must
 // be bit-identical on repeat; on the mma path the backward in one grid (LLMC_ATT_BWD_ONE_GRID) must
-// give the two kernels' bits, and with GQA, dK/dV in parts (LLMC_ATT_KV_SPLIT) must meet the same
-// tolerances, whole and over query tiles. Then TFLOP/s (causal FLOPs: forward 2 * 2 * B * Hq * T^2/2 * D,
+// give the two kernels' bits, with GQA, dK/dV in parts (LLMC_ATT_KV_SPLIT) must meet the same
+// tolerances, whole and over query tiles, and the pipelined kernels (LLMC_ATT_PIPELINE) must give
+// the same bits as the others. Then TFLOP/s (causal FLOPs: forward 2 * 2 * B * Hq * T^2/2 * D,
 // backward 2.5x that).
 #include <algorithm>
 #include "dev_common.cuh"
@@ -107,11 +108,12 @@ static void one(CudaCtx *c, int B, int T, int Hq, int Hkv, int D, int path, int 
     void *out = dmalloc(nq * es), *dq = dmalloc(nq * es), *dk = dmalloc(nk * es), *dv = dmalloc(nk * es);
     float *lse = (float *)dmalloc((size_t)B * Hq * T * 4);
     k_attention_fwd(c, out, lse, dq_in, dk_in, dv_in, B, T, 0, T, Hq, Hkv, D, window, d_ds);
+    const std::vector<float> f_out = down_act(out, nq, bf), f_lse = down_f32(lse, r.lse.size());
     snprintf(name, sizeof name, "attention_fwd out %s", tag);
-    check(name, down_act(out, nq, bf), r.out, tol_for(bf));
+    check(name, f_out, r.out, tol_for(bf));
     // lse is compared with an absolute tolerance relative to its typical size (~log T)
     snprintf(name, sizeof name, "attention_fwd lse %s", tag);
-    check(name, down_f32(lse, r.lse.size()), r.lse, bf ? 2e-3 : 1e-5);
+    check(name, f_lse, r.lse, bf ? 2e-3 : 1e-5);
     k_attention_bwd(c, dq, dk, dv, ddo, dq_in, dk_in, dv_in, out, lse, B, T, 0, T, Hq, Hkv, D, window, d_ds, 0, nullptr,
                     nullptr);
     std::vector<float> g_dq = down_act(dq, nq, bf), g_dk = down_act(dk, nk, bf), g_dv = down_act(dv, nk, bf);
@@ -162,11 +164,30 @@ static void one(CudaCtx *c, int B, int T, int Hq, int Hkv, int D, int path, int 
         }
         c->att_bwd_one_grid = 0, c->att_kv_split = 1;
     }
+    if (path == 2) {  // pipelined (LLMC_ATT_PIPELINE=1, cp.async): the same bits, into NaN-poisoned buffers
+        c->att_pipeline = 1;
+        for (int variant = 0; variant < 1 + split; variant++) {  // two kernels; then one grid, dK/dV in parts
+            c->att_bwd_one_grid = variant, c->att_kv_split = variant ? group : 1;
+            cudaMemsetAsync(out, 0xff, nq * es, c->stream), cudaMemsetAsync(lse, 0xff, (size_t)B * Hq * T * 4, c->stream);
+            cudaMemsetAsync(dq, 0xff, nq * es, c->stream), cudaMemsetAsync(dk, 0xff, nk * es, c->stream);
+            cudaMemsetAsync(dv, 0xff, nk * es, c->stream);
+            k_attention_fwd(c, out, lse, dq_in, dk_in, dv_in, B, T, 0, T, Hq, Hkv, D, window, d_ds);
+            k_attention_bwd(c, dq, dk, dv, ddo, dq_in, dk_in, dv_in, out, lse, B, T, 0, T, Hq, Hkv, D, window, d_ds, 0,
+                            nullptr, nullptr);
+            const std::vector<float> &wk = variant ? h_dk : g_dk, &wv = variant ? h_dv : g_dv;
+            snprintf(name, sizeof name, "attention pipelined (cp.async)%s: the same out, lse, dq, dk, dv bits, %s",
+                     variant ? ", one grid, dK/dV in parts" : "", tag);
+            check_true(name, down_act(out, nq, bf) == f_out && down_f32(lse, r.lse.size()) == f_lse &&
+                                 down_act(dq, nq, bf) == g_dq && down_act(dk, nk, bf) == wk && down_act(dv, nk, bf) == wv,
+                       "they differ");
+        }
+        c->att_pipeline = 0, c->att_bwd_one_grid = 0, c->att_kv_split = 1;
+    }
     // query tiles of each row (tiled_attention): the same reference, the same tolerances; on the
-    // mma path with GQA again with dK/dV in parts (their sums accumulate across the tiles)
-    for (int again = 0; tile && again <= split; again++) {
-        const int parts = again ? group : 1;
-        c->att_kv_split = parts;
+    // mma path again pipelined, with GQA's dK/dV in parts (their sums accumulate across the tiles)
+    for (int again = 0; tile && again <= (path == 2); again++) {
+        const int parts = again && group > 1 ? group : 1;
+        c->att_kv_split = parts, c->att_pipeline = again;
         const size_t lq = (size_t)Hq * D * es, lk = (size_t)Hkv * D * es, nkv = (size_t)T * Hkv * D;
         char *o2 = (char *)dmalloc(nq * es), *dq2 = (char *)dmalloc(nq * es), *dk2 = (char *)dmalloc(nk * es),
              *dv2 = (char *)dmalloc(nk * es);
@@ -187,9 +208,10 @@ static void one(CudaCtx *c, int B, int T, int Hq, int Hkv, int D, int path, int 
                                         qi, ki, vi, o2 + r * lq, l2 + (size_t)b * Hq * T, 1, T, t0, n, Hq, Hkv, D,
                                         window, dsb, t0 > 0, bf ? fk + b * nkv : nullptr, bf ? fv + b * nkv : nullptr);
                 }
-        c->att_kv_split = 1;
+        c->att_kv_split = 1, c->att_pipeline = 0;
         char ttag[200];
-        snprintf(ttag, sizeof ttag, "query tiles of %d%s, %s", tile, parts > 1 ? ", dK/dV in parts" : "", tag);
+        snprintf(ttag, sizeof ttag, "query tiles of %d%s%s, %s", tile, again ? ", pipelined" : "",
+                 parts > 1 ? ", dK/dV in parts" : "", tag);
         if (!again) {
             snprintf(name, sizeof name, "attention_fwd out, query tiles of %d, %s", tile, tag);
             check(name, down_act(o2, nq, bf), r.out, tol_for(bf));
@@ -221,19 +243,23 @@ static void bench(CudaCtx *c, int B, int T, int Hq, int Hkv, int D) {
     dev_noise(v, nk * es, es);
     dev_noise(g, nq * es, es);
     const double flops = 2.0 * 2.0 * B * Hq * ((double)T * T / 2) * D;
-    char name[128];
-    snprintf(name, sizeof name, "attention_fwd %s [%s] B=%d T=%d Hq=%d Hkv=%d D=%d", prec(bf), k_attention_path(c, D), B, T, Hq, Hkv, D);
-    report_flops(name, bench_ms(c, 5, [&] { k_attention_fwd(c, o, lse, q, k, v, B, T, 0, T, Hq, Hkv, D, 0, nullptr); }), flops);
-    // mma: two kernels, then one grid; with GQA each again with dK/dV in 2, 4, .. parts (one per query head at most)
+    char name[160];
+    // mma: as it is, then pipelined (cp.async); the backward as two kernels, then one grid; with
+    // GQA each again with dK/dV in 2, 4, .. parts (one per query head at most)
     const int mma = c->mma_attention && bf, most = mma ? Hq / Hkv : 1;
-    for (int parts = 1; parts <= most; parts *= 2)
-        for (int one = 0; one <= mma; one++) {
-            c->att_bwd_one_grid = one, c->att_kv_split = parts;
-            snprintf(name, sizeof name, "attention_bwd %s [%s] B=%d T=%d Hq=%d Hkv=%d D=%d", prec(bf), k_attention_path(c, D),
-                     B, T, Hq, Hkv, D);
-            report_flops(name, bench_ms(c, 5, [&] { k_attention_bwd(c, dq, dk, dv, g, q, k, v, o, lse, B, T, 0, T, Hq, Hkv, D, 0, nullptr, 0, nullptr, nullptr); }), 2.5 * flops);
-        }
-    c->att_bwd_one_grid = 0, c->att_kv_split = 1;
+    for (int pipe = 0; pipe <= mma; pipe++) {
+        c->att_pipeline = pipe;
+        snprintf(name, sizeof name, "attention_fwd %s [%s] B=%d T=%d Hq=%d Hkv=%d D=%d", prec(bf), k_attention_path(c, D), B, T, Hq, Hkv, D);
+        report_flops(name, bench_ms(c, 5, [&] { k_attention_fwd(c, o, lse, q, k, v, B, T, 0, T, Hq, Hkv, D, 0, nullptr); }), flops);
+        for (int parts = 1; parts <= most; parts *= 2)
+            for (int one = 0; one <= mma; one++) {
+                c->att_bwd_one_grid = one, c->att_kv_split = parts;
+                snprintf(name, sizeof name, "attention_bwd %s [%s] B=%d T=%d Hq=%d Hkv=%d D=%d", prec(bf),
+                         k_attention_path(c, D), B, T, Hq, Hkv, D);
+                report_flops(name, bench_ms(c, 5, [&] { k_attention_bwd(c, dq, dk, dv, g, q, k, v, o, lse, B, T, 0, T, Hq, Hkv, D, 0, nullptr, 0, nullptr, nullptr); }), 2.5 * flops);
+            }
+    }
+    c->att_pipeline = 0, c->att_bwd_one_grid = 0, c->att_kv_split = 1;
     cudaFree(q), cudaFree(k), cudaFree(v), cudaFree(o), cudaFree(g), cudaFree(dq), cudaFree(dk), cudaFree(dv), cudaFree(lse);
 }
 

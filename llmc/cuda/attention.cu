@@ -657,6 +657,53 @@ __device__ __forceinline__ void ldsm_x4(uint32_t d[4], const bf16 *row, int tran
                      : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3]) : "r"(a) : "memory");
 #endif
 }
+// cp.async (sm_80 on): a global -> shared copy that does not pass through registers and does not
+// stall the thread; commit_group closes the thread's copies so far into a group, wait_group n
+// returns once at most the n latest groups are still in flight (then a barrier publishes them to
+// the block). The pipelined kernels (LLMC_ATT_PIPELINE=1) load the next tile this way while the
+// current one is multiplied. (The emulator holds each copy back until its wait: cuda_emu.h.)
+__device__ __forceinline__ void cp_async16(void *dst, const void *src) {
+#ifdef LLMC_EMU
+    emu::cp_async(dst, src, 16);
+#else
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"((uint32_t)__cvta_generic_to_shared(dst)), "l"(src)
+                 : "memory");
+#endif
+}
+__device__ __forceinline__ void cp_async4(void *dst, const void *src) {
+#ifdef LLMC_EMU
+    emu::cp_async(dst, src, 4);
+#else
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"((uint32_t)__cvta_generic_to_shared(dst)), "l"(src)
+                 : "memory");
+#endif
+}
+__device__ __forceinline__ void cp_commit() {
+#ifdef LLMC_EMU
+    emu::cp_async_commit();
+#else
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+#endif
+}
+template <int N> __device__ __forceinline__ void cp_wait() {
+#ifdef LLMC_EMU
+    emu::cp_async_wait(N);
+#else
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+#endif
+}
+// load_tile through cp.async: rows past T are zeroed with ordinary stores, the rest in flight
+// until the caller's cp_wait and barrier.
+__device__ __forceinline__ void load_tile_async(bf16 *dst, int ldh, const bf16 *src, size_t row0, int r0, int T_,
+                                                size_t ld, size_t col, int D) {
+    const int per = D / 8;
+    for (int e = threadIdx.x; e < MB * per; e += MT) {
+        const int r = e / per, c8 = (e % per) * 8;
+        if (r0 + r < T_) cp_async16(dst + r * ldh + c8, src + (row0 + r) * ld + col + c8);
+        else *reinterpret_cast<Raw16 *>(dst + r * ldh + c8) = Raw16{{0u, 0u, 0u, 0u}};
+    }
+}
+
 __device__ __forceinline__ uint32_t pack_pair(float lo, float hi) {
     const bf16 a = __float2bfloat16_rn(lo), b = __float2bfloat16_rn(hi);
     return (uint32_t)*reinterpret_cast<const uint16_t *>(&a) | ((uint32_t)*reinterpret_cast<const uint16_t *>(&b) << 16);
@@ -690,7 +737,9 @@ __device__ __forceinline__ void acc_afrag(uint32_t a[4], const float (*acc)[4], 
     a[2] = pack_pair(acc[2 * ks + 1][0], acc[2 * ks + 1][1]), a[3] = pack_pair(acc[2 * ks + 1][2], acc[2 * ks + 1][3]);
 }
 
-template <int D>
+// P (LLMC_ATT_PIPELINE=1): two K/V buffers, the next tile's copies in flight (cp.async) while
+// the current one is multiplied; the same arithmetic in the same order, so the same bits.
+template <int D, bool P>
 __global__ void __launch_bounds__(MT) att_fwd_mma(bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v,
                                                  int T_, AttSpan sp, int Hq, int Hkv, float scale, int window,
                                                  const int32_t *doc_start) {
@@ -702,8 +751,8 @@ __global__ void __launch_bounds__(MT) att_fwd_mma(bf16 *out, float *lse, const b
     const int g = lane >> 2, t = lane & 3, r0 = 16 * warp;
     const size_t ldq = (size_t)Hq * D, ldk = (size_t)Hkv * D;
     const int32_t *drow = doc_start ? doc_start + (size_t)b * T_ : nullptr;
-    bf16 *sQ = (bf16 *)smem, *sK = sQ + MB * LDH, *sV = sK + MB * LDH;
-    int *sLo = (int *)(sV + MB * LDH);
+    bf16 *sQ = (bf16 *)smem, *sK0 = sQ + MB * LDH;  // then K, V (and with P a second K, V)
+    int *sLo = (int *)(sK0 + (P ? 4 : 2) * MB * LDH);
     load_tile(sQ, LDH, q, qrow(sp, b, i0), i0, sp.qend, ldq, (size_t)h * D, D);
     for (int e = threadIdx.x; e < MB; e += MT) sLo[e] = i0 + e < sp.qend ? att_lo(i0 + e, window, drow) : 0;
     __syncthreads();
@@ -717,11 +766,27 @@ __global__ void __launch_bounds__(MT) att_fwd_mma(bf16 *out, float *lse, const b
     // part of the running sum (its columns; the quad's parts are added at the end)
     float m_run[2] = {-INFINITY, -INFINITY}, l_part[2] = {0.0f, 0.0f};
     const int ia = i0 + r0 + g, ib = ia + 8, loa = sLo[r0 + g], lob = sLo[r0 + g + 8];
-    const int jend = i0 + MB < sp.qend ? i0 + MB : sp.qend;
-    for (int j0 = att_first_tile(i0, T_, MB, window, drow); j0 < jend; j0 += MB) {
+    const int jend = i0 + MB < sp.qend ? i0 + MB : sp.qend, jfirst = att_first_tile(i0, T_, MB, window, drow);
+    if (P && jfirst < jend) {
+        load_tile_async(sK0, LDH, k, (size_t)b * T_ + jfirst, jfirst, T_, ldk, (size_t)hk * D, D);
+        load_tile_async(sK0 + MB * LDH, LDH, v, (size_t)b * T_ + jfirst, jfirst, T_, ldk, (size_t)hk * D, D);
+        cp_commit();
+    }
+    for (int j0 = jfirst, buf = 0; j0 < jend; j0 += MB, buf ^= P) {
+        bf16 *sK = sK0 + buf * 2 * MB * LDH, *sV = sK + MB * LDH;
         __syncthreads();  // the previous tile's readers are done
-        load_tile(sK, LDH, k, (size_t)b * T_ + j0, j0, T_, ldk, (size_t)hk * D, D);
-        load_tile(sV, LDH, v, (size_t)b * T_ + j0, j0, T_, ldk, (size_t)hk * D, D);
+        if (P) {  // the next tile into the other buffer (read two iterations ago), then wait for this one
+            bf16 *nK = sK0 + (buf ^ 1) * 2 * MB * LDH;
+            if (j0 + MB < jend) {
+                load_tile_async(nK, LDH, k, (size_t)b * T_ + j0 + MB, j0 + MB, T_, ldk, (size_t)hk * D, D);
+                load_tile_async(nK + MB * LDH, LDH, v, (size_t)b * T_ + j0 + MB, j0 + MB, T_, ldk, (size_t)hk * D, D);
+            }
+            cp_commit();
+            cp_wait<1>();
+        } else {
+            load_tile(sK, LDH, k, (size_t)b * T_ + j0, j0, T_, ldk, (size_t)hk * D, D);
+            load_tile(sV, LDH, v, (size_t)b * T_ + j0, j0, T_, ldk, (size_t)hk * D, D);
+        }
         __syncthreads();
         float s[MB / 8][4];  // scores: key tile nt, (row g | g+8, key 2t | 2t+1)
 #pragma unroll
@@ -793,15 +858,23 @@ __global__ void __launch_bounds__(MT) att_fwd_mma(bf16 *out, float *lse, const b
     }
 }
 
-template <int D> static size_t mma_fwd_smem() { return sizeof(bf16) * (size_t)3 * MB * (D + 8) + MB * sizeof(int); }
+template <int D, bool P> static size_t mma_fwd_smem() {
+    return sizeof(bf16) * (size_t)(P ? 5 : 3) * MB * (D + 8) + MB * sizeof(int);
+}
 
+template <int D, bool P>
+static void launch_fwd_mma_p(CudaCtx *c, void *out, float *lse, const void *q, const void *k, const void *v, int B,
+                             int T, AttSpan sp, int Hq, int Hkv, float scale, int window, const int32_t *doc_start) {
+    const size_t sm = mma_fwd_smem<D, P>();
+    smem_optin(c, att_fwd_mma<D, P>, sm, D);
+    dim3 g((sp.nq + MB - 1) / MB, Hq, B);
+    LAUNCH(g, MT, sm, c->stream, att_fwd_mma<D, P>)((bf16 *)out, lse, (const bf16 *)q, (const bf16 *)k, (const bf16 *)v, T, sp, Hq, Hkv, scale, window, doc_start);
+}
 template <int D>
 static void launch_fwd_mma(CudaCtx *c, void *out, float *lse, const void *q, const void *k, const void *v, int B,
                            int T, AttSpan sp, int Hq, int Hkv, float scale, int window, const int32_t *doc_start) {
-    const size_t sm = mma_fwd_smem<D>();
-    smem_optin(c, att_fwd_mma<D>, sm, D);
-    dim3 g((sp.nq + MB - 1) / MB, Hq, B);
-    LAUNCH(g, MT, sm, c->stream, att_fwd_mma<D>)((bf16 *)out, lse, (const bf16 *)q, (const bf16 *)k, (const bf16 *)v, T, sp, Hq, Hkv, scale, window, doc_start);
+    if (c->att_pipeline) launch_fwd_mma_p<D, true>(c, out, lse, q, k, v, B, T, sp, Hq, Hkv, scale, window, doc_start);
+    else launch_fwd_mma_p<D, false>(c, out, lse, q, k, v, B, T, sp, Hq, Hkv, scale, window, doc_start);
 }
 
 // The backward in the same style (chosen with the forward): the two kernels of the WMMA path,
@@ -814,7 +887,7 @@ static void launch_fwd_mma(CudaCtx *c, void *out, float *lse, const void *q, con
 
 // One block's work of each kernel, on the block's dynamic shared memory: att_bwd_mma below runs
 // both kinds of block in one grid.
-template <int D>
+template <int D, bool P>
 __device__ __forceinline__ void att_bwd_dkdv_block(unsigned char *smem, int kb, int hk, int b, bf16 *dk, bf16 *dv,
                                                    const bf16 *dout, const bf16 *q, const bf16 *k, const bf16 *v,
                                                    const float *lse, const float *Di, int T_, AttSpan sp, int Hq,
@@ -830,9 +903,9 @@ __device__ __forceinline__ void att_bwd_dkdv_block(unsigned char *smem, int kb, 
     const int jlast = (j0 + MB < T_ ? j0 + MB : T_) - 1;
     const int32_t *drow = doc_start ? doc_start + (size_t)b * T_ : nullptr;
     const size_t ldq = (size_t)Hq * D, ldk = (size_t)Hkv * D;
-    bf16 *sK = (bf16 *)smem, *sV = sK + MB * LDH, *sQ = sV + MB * LDH, *sdO = sQ + MB * LDH;
-    float *sL = (float *)(sdO + MB * LDH), *sDi = sL + MB;
-    int *sLo = (int *)(sDi + MB);
+    // K, V; then per buffer (two with P) a Q and a dO tile; then per buffer the rows' lse, D, lo
+    bf16 *sK = (bf16 *)smem, *sV = sK + MB * LDH, *sQ0 = sV + MB * LDH;
+    float *sL0 = (float *)(sQ0 + (P ? 4 : 2) * MB * LDH);
     load_tile(sK, LDH, k, (size_t)b * T_ + j0, j0, T_, ldk, (size_t)hk * D, D);
     load_tile(sV, LDH, v, (size_t)b * T_ + j0, j0, T_, ldk, (size_t)hk * D, D);
     float dka[D / 8][4], dva[D / 8][4];
@@ -841,56 +914,86 @@ __device__ __forceinline__ void att_bwd_dkdv_block(unsigned char *smem, int kb, 
 #pragma unroll
         for (int e = 0; e < 4; e++) dka[nd][e] = dva[nd][e] = 0.0f;
     const int ja = j0 + r0 + g, jb = ja + 8;
-    for (int h = h1; h < h1 + hpart; h++)
-        for (int i0 = j0 > sp.q0 ? j0 : sp.q0; i0 < sp.qend; i0 += MB) {
-            if (att_lo(i0, window, drow) > jlast) break;  // neither this query tile nor a later one sees the keys
-            __syncthreads();  // the previous tile's readers are done
-            load_tile(sQ, LDH, q, qrow(sp, b, i0), i0, sp.qend, ldq, (size_t)h * D, D);
-            load_tile(sdO, LDH, dout, qrow(sp, b, i0), i0, sp.qend, ldq, (size_t)h * D, D);
-            for (int e = threadIdx.x; e < MB; e += MT) {
-                const int i = i0 + e;
-                sL[e] = i < sp.qend ? lse[((size_t)b * Hq + h) * T_ + i] * ATT_LOG2E : 0.0f;  // log2 units
-                sDi[e] = i < sp.qend ? Di[((size_t)b * Hq + h) * T_ + i] : 0.0f;
-                sLo[e] = i < sp.qend ? att_lo(i, window, drow) : 0;
-            }
-            __syncthreads();
-            float st[MB / 8][4], dpt[MB / 8][4];  // this warp's 16 keys x 64 queries
+    // The steps: each head of the part, and for it each query tile from the diagonal on that sees
+    // the keys (lo is non-decreasing, so they are the first ni; the same for every head)
+    const int ifirst = j0 > sp.q0 ? j0 : sp.q0;
+    int ni = 0;
+    while (ifirst + ni * MB < sp.qend && att_lo(ifirst + ni * MB, window, drow) <= jlast) ni++;
+    const int nsteps = ni * hpart;
+    // Step st's Q and dO tiles and rows into buffer bb (lse raw: turned into log2 units where read)
+    auto stage = [&](int step, int bb) {
+        const int h = h1 + step / ni, i0 = ifirst + step % ni * MB;
+        bf16 *bQ = sQ0 + bb * 2 * MB * LDH, *bdO = bQ + MB * LDH;
+        float *bL = sL0 + bb * 3 * MB, *bDi = bL + MB;
+        int *bLo = (int *)(bDi + MB);
+        if (P) {
+            load_tile_async(bQ, LDH, q, qrow(sp, b, i0), i0, sp.qend, ldq, (size_t)h * D, D);
+            load_tile_async(bdO, LDH, dout, qrow(sp, b, i0), i0, sp.qend, ldq, (size_t)h * D, D);
+        } else {
+            load_tile(bQ, LDH, q, qrow(sp, b, i0), i0, sp.qend, ldq, (size_t)h * D, D);
+            load_tile(bdO, LDH, dout, qrow(sp, b, i0), i0, sp.qend, ldq, (size_t)h * D, D);
+        }
+        for (int e = threadIdx.x; e < MB; e += MT) {
+            const int i = i0 + e;
+            const size_t o = ((size_t)b * Hq + h) * T_ + i;
+            if (i >= sp.qend) bL[e] = bDi[e] = 0.0f;
+            else if (P) cp_async4(&bL[e], &lse[o]), cp_async4(&bDi[e], &Di[o]);
+            else bL[e] = lse[o], bDi[e] = Di[o];
+            bLo[e] = i < sp.qend ? att_lo(i, window, drow) : 0;
+        }
+    };
+    if (P && nsteps > 0) stage(0, 0), cp_commit();
+    for (int step = 0, buf = 0; step < nsteps; step++, buf ^= P) {
+        const int i0 = ifirst + step % ni * MB;
+        const bf16 *sQ = sQ0 + buf * 2 * MB * LDH, *sdO = sQ + MB * LDH;
+        const float *sL = sL0 + buf * 3 * MB, *sDi = sL + MB;
+        const int *sLo = (const int *)(sDi + MB);
+        __syncthreads();  // the previous step's readers are done
+        if (P) {  // the next step into the other buffer, then wait for this one's copies
+            if (step + 1 < nsteps) stage(step + 1, buf ^ 1);
+            cp_commit();
+            cp_wait<1>();
+        } else {
+            stage(step, 0);
+        }
+        __syncthreads();
+        float st[MB / 8][4], dpt[MB / 8][4];  // this warp's 16 keys x 64 queries
 #pragma unroll
-            for (int nt = 0; nt < MB / 8; nt++)
+        for (int nt = 0; nt < MB / 8; nt++)
 #pragma unroll
-                for (int e = 0; e < 4; e++) st[nt][e] = dpt[nt][e] = 0.0f;
+            for (int e = 0; e < 4; e++) st[nt][e] = dpt[nt][e] = 0.0f;
 #pragma unroll
-            for (int kk = 0; kk < D / 16; kk++) {
-                uint32_t ak[4], av[4];
-                ld_afrag(ak, sK, LDH, r0, kk * 16);
-                ld_afrag(av, sV, LDH, r0, kk * 16);
+        for (int kk = 0; kk < D / 16; kk++) {
+            uint32_t ak[4], av[4];
+            ld_afrag(ak, sK, LDH, r0, kk * 16);
+            ld_afrag(av, sV, LDH, r0, kk * 16);
 #pragma unroll
-                for (int nt = 0; nt < MB / 8; nt += 2) {
-                    mma_x2(&st[nt], ak, sQ, LDH, nt * 8, kk * 16, 0);
-                    mma_x2(&dpt[nt], av, sdO, LDH, nt * 8, kk * 16, 0);
-                }
-            }
-#pragma unroll
-            for (int nt = 0; nt < MB / 8; nt++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    const int col = nt * 8 + 2 * t + (e & 1), i = i0 + col, j = e < 2 ? ja : jb;
-                    const bool vis = i < sp.qend && j <= i && j < T_ && j >= sLo[col];
-                    const float p = vis ? exp2f(st[nt][e] * sl2 - sL[col]) : 0.0f;
-                    dpt[nt][e] = vis ? p * (dpt[nt][e] - sDi[col]) * scale : 0.0f;
-                    st[nt][e] = p;
-                }
-#pragma unroll
-            for (int ks = 0; ks < MB / 16; ks++) {
-                uint32_t pa[4], sa[4];
-                acc_afrag(pa, st, ks), acc_afrag(sa, dpt, ks);
-#pragma unroll
-                for (int nd = 0; nd < D / 8; nd += 2) {
-                    mma_x2(&dva[nd], pa, sdO, LDH, nd * 8, ks * 16, 1);
-                    mma_x2(&dka[nd], sa, sQ, LDH, nd * 8, ks * 16, 1);
-                }
+            for (int nt = 0; nt < MB / 8; nt += 2) {
+                mma_x2(&st[nt], ak, sQ, LDH, nt * 8, kk * 16, 0);
+                mma_x2(&dpt[nt], av, sdO, LDH, nt * 8, kk * 16, 0);
             }
         }
+#pragma unroll
+        for (int nt = 0; nt < MB / 8; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int col = nt * 8 + 2 * t + (e & 1), i = i0 + col, j = e < 2 ? ja : jb;
+                const bool vis = i < sp.qend && j <= i && j < T_ && j >= sLo[col];
+                const float p = vis ? exp2f(st[nt][e] * sl2 - __fmul_rn(sL[col], ATT_LOG2E)) : 0.0f;
+                dpt[nt][e] = vis ? p * (dpt[nt][e] - sDi[col]) * scale : 0.0f;
+                st[nt][e] = p;
+            }
+#pragma unroll
+        for (int ks = 0; ks < MB / 16; ks++) {
+            uint32_t pa[4], sa[4];
+            acc_afrag(pa, st, ks), acc_afrag(sa, dpt, ks);
+#pragma unroll
+            for (int nd = 0; nd < D / 8; nd += 2) {
+                mma_x2(&dva[nd], pa, sdO, LDH, nd * 8, ks * 16, 1);
+                mma_x2(&dka[nd], sa, sQ, LDH, nd * 8, ks * 16, 1);
+            }
+        }
+    }
 #pragma unroll
     for (int x = 0; x < 2; x++) {
         const int j = x ? jb : ja;
@@ -906,7 +1009,7 @@ __device__ __forceinline__ void att_bwd_dkdv_block(unsigned char *smem, int kb, 
     }
 }
 
-template <int D>
+template <int D, bool P>
 __device__ __forceinline__ void att_bwd_dq_block(unsigned char *smem, int qb, int h, int b, bf16 *dq,
                                                  const bf16 *dout, const bf16 *q, const bf16 *k, const bf16 *v,
                                                  const float *lse, const float *Di, int T_, AttSpan sp, int Hq,
@@ -917,8 +1020,9 @@ __device__ __forceinline__ void att_bwd_dq_block(unsigned char *smem, int qb, in
     const int g = lane >> 2, t = lane & 3, r0 = 16 * warp;
     const size_t ldq = (size_t)Hq * D, ldk = (size_t)Hkv * D;
     const int32_t *drow = doc_start ? doc_start + (size_t)b * T_ : nullptr;
-    bf16 *sQ = (bf16 *)smem, *sdO = sQ + MB * LDH, *sK = sdO + MB * LDH, *sV = sK + MB * LDH;
-    float *sL = (float *)(sV + MB * LDH), *sDi = sL + MB;
+    // Q, dO; then per buffer (two with P) a K and a V tile; then the rows' lse, D, lo
+    bf16 *sQ = (bf16 *)smem, *sdO = sQ + MB * LDH, *sK0 = sdO + MB * LDH;
+    float *sL = (float *)(sK0 + (P ? 4 : 2) * MB * LDH), *sDi = sL + MB;
     int *sLo = (int *)(sDi + MB);
     load_tile(sQ, LDH, q, qrow(sp, b, i0), i0, sp.qend, ldq, (size_t)h * D, D);
     load_tile(sdO, LDH, dout, qrow(sp, b, i0), i0, sp.qend, ldq, (size_t)h * D, D);
@@ -938,11 +1042,27 @@ __device__ __forceinline__ void att_bwd_dq_block(unsigned char *smem, int qb, in
     const int ia = i0 + r0 + g, ib = ia + 8;
     const float La = sL[r0 + g], Lb = sL[r0 + g + 8], Da = sDi[r0 + g], Db = sDi[r0 + g + 8];
     const int loa = sLo[r0 + g], lob = sLo[r0 + g + 8];
-    const int jend = i0 + MB < sp.qend ? i0 + MB : sp.qend;
-    for (int j0 = att_first_tile(i0, T_, MB, window, drow); j0 < jend; j0 += MB) {
-        __syncthreads();
-        load_tile(sK, LDH, k, (size_t)b * T_ + j0, j0, T_, ldk, (size_t)hk * D, D);
-        load_tile(sV, LDH, v, (size_t)b * T_ + j0, j0, T_, ldk, (size_t)hk * D, D);
+    const int jend = i0 + MB < sp.qend ? i0 + MB : sp.qend, jfirst = att_first_tile(i0, T_, MB, window, drow);
+    if (P && jfirst < jend) {
+        load_tile_async(sK0, LDH, k, (size_t)b * T_ + jfirst, jfirst, T_, ldk, (size_t)hk * D, D);
+        load_tile_async(sK0 + MB * LDH, LDH, v, (size_t)b * T_ + jfirst, jfirst, T_, ldk, (size_t)hk * D, D);
+        cp_commit();
+    }
+    for (int j0 = jfirst, buf = 0; j0 < jend; j0 += MB, buf ^= P) {
+        bf16 *sK = sK0 + buf * 2 * MB * LDH, *sV = sK + MB * LDH;
+        __syncthreads();  // the previous tile's readers are done
+        if (P) {  // the next key tile into the other buffer, then wait for this one's copies
+            bf16 *nK = sK0 + (buf ^ 1) * 2 * MB * LDH;
+            if (j0 + MB < jend) {
+                load_tile_async(nK, LDH, k, (size_t)b * T_ + j0 + MB, j0 + MB, T_, ldk, (size_t)hk * D, D);
+                load_tile_async(nK + MB * LDH, LDH, v, (size_t)b * T_ + j0 + MB, j0 + MB, T_, ldk, (size_t)hk * D, D);
+            }
+            cp_commit();
+            cp_wait<1>();
+        } else {
+            load_tile(sK, LDH, k, (size_t)b * T_ + j0, j0, T_, ldk, (size_t)hk * D, D);
+            load_tile(sV, LDH, v, (size_t)b * T_ + j0, j0, T_, ldk, (size_t)hk * D, D);
+        }
         __syncthreads();
         float s[MB / 8][4], dp[MB / 8][4];
 #pragma unroll
@@ -988,8 +1108,8 @@ __device__ __forceinline__ void att_bwd_dq_block(unsigned char *smem, int qb, in
 }
 
 // dK/dV and dQ hold the same four tiles (K, V, Q, dO) and the rows' lse, D and first key.
-template <int D> static size_t mma_bwd_smem() {
-    return sizeof(bf16) * (size_t)4 * MB * (D + 8) + MB * (2 * sizeof(float) + sizeof(int));
+template <int D, bool P> static size_t mma_bwd_smem() {
+    return sizeof(bf16) * (size_t)(P ? 6 : 4) * MB * (D + 8) + (P ? 2 : 1) * MB * (2 * sizeof(float) + sizeof(int));
 }
 
 // GQA's dK/dV split (LLMC_ATT_KV_SPLIT=N): a dK/dV block walks every query head of its kv
@@ -1032,7 +1152,7 @@ __global__ void att_dkdv_parts_sum(bf16 *dk, bf16 *dv, float *acck, float *accv,
 // runs the whole list in one grid (LLMC_ATT_BWD_ONE_GRID=1), where dQ blocks fill the SMs that
 // the last, longest dK/dV blocks leave idle. The blocks write disjoint outputs, so neither the
 // order nor the grid changes a bit. parts: NULL unsplit, else nsplit parts (see above).
-template <int D, int ROLE>
+template <int D, int ROLE, bool P>
 __global__ void __launch_bounds__(MT) att_bwd_mma(bf16 *dq, bf16 *dk, bf16 *dv, const bf16 *dout, const bf16 *q,
                                                  const bf16 *k, const bf16 *v, const float *lse, const float *Di,
                                                  int B_, int T_, AttSpan sp, int Hq, int Hkv, float scale, int window,
@@ -1045,14 +1165,14 @@ __global__ void __launch_bounds__(MT) att_bwd_mma(bf16 *dq, bf16 *dk, bf16 *dv, 
         const int n1 = (T_ + MB - 1) / MB * nkv * B_;
         if (id >= n1) {
             const int i = id - n1, nqb = (sp.nq + MB - 1) / MB, r = i % (Hq * B_);
-            att_bwd_dq_block<D>(smem, nqb - 1 - i / (Hq * B_), r % Hq, r / Hq, dq, dout, q, k, v, lse, Di, T_, sp, Hq,
+            att_bwd_dq_block<D, P>(smem, nqb - 1 - i / (Hq * B_), r % Hq, r / Hq, dq, dout, q, k, v, lse, Di, T_, sp, Hq,
                                 Hkv, scale, window, doc_start);
             return;
         }
         kb = id / (nkv * B_), b = id % (nkv * B_) / nkv, id %= nkv;
     }
     if (ROLE == 2) {  // grid (Hq, B, query tiles): the last (heaviest) query tile first
-        att_bwd_dq_block<D>(smem, gridDim.z - 1 - blockIdx.z, blockIdx.x, blockIdx.y, dq, dout, q, k, v, lse, Di, T_,
+        att_bwd_dq_block<D, P>(smem, gridDim.z - 1 - blockIdx.z, blockIdx.x, blockIdx.y, dq, dout, q, k, v, lse, Di, T_,
                             sp, Hq, Hkv, scale, window, doc_start);
         return;
     }
@@ -1060,15 +1180,15 @@ __global__ void __launch_bounds__(MT) att_bwd_mma(bf16 *dq, bf16 *dk, bf16 *dv, 
     const int hk = id / nsplit, s = id % nsplit;
     const size_t n = (size_t)B_ * T_ * Hkv * D;
     float *pk = parts ? parts + (size_t)s * n : nullptr, *pv = parts ? parts + (size_t)(nsplit + s) * n : nullptr;
-    att_bwd_dkdv_block<D>(smem, kb, hk, b, dk, dv, dout, q, k, v, lse, Di, T_, sp, Hq, Hkv, scale, window, doc_start,
+    att_bwd_dkdv_block<D, P>(smem, kb, hk, b, dk, dv, dout, q, k, v, lse, Di, T_, sp, Hq, Hkv, scale, window, doc_start,
                           accumulate, acck, accv, s, nsplit, pk, pv);
 }
 
-template <int D>
-static void launch_bwd_mma(CudaCtx *c, void *dq, void *dk, void *dv, const void *dout, const void *q, const void *k,
-                           const void *v, const float *lse, const float *Di, int B, int T, AttSpan sp, int Hq, int Hkv,
-                           float scale, int window, const int32_t *doc_start, int accumulate, float *acck, float *accv) {
-    const size_t smem = mma_bwd_smem<D>();
+template <int D, bool P>
+static void launch_bwd_mma_p(CudaCtx *c, void *dq, void *dk, void *dv, const void *dout, const void *q, const void *k,
+                             const void *v, const float *lse, const float *Di, int B, int T, AttSpan sp, int Hq, int Hkv,
+                             float scale, int window, const int32_t *doc_start, int accumulate, float *acck, float *accv) {
+    const size_t smem = mma_bwd_smem<D, P>();
     const int nsplit = att_kv_parts(c, B, T, Hq, Hkv, D);
     const size_t n = (size_t)B * T * Hkv * D;
     float *parts = nsplit > 1 ? (float *)ctx_scratch(c, SCR_ATT_KV, 2 * nsplit * n * sizeof(float)) : nullptr;
@@ -1076,13 +1196,13 @@ static void launch_bwd_mma(CudaCtx *c, void *dq, void *dk, void *dv, const void 
 #define ATT_BWD_ARGS (bf16 *)dq, (bf16 *)dk, (bf16 *)dv, (const bf16 *)dout, (const bf16 *)q, (const bf16 *)k, \
         (const bf16 *)v, lse, Di, B, T, sp, Hq, Hkv, scale, window, doc_start, accumulate, acck, accv, nsplit, parts
     if (c->att_bwd_one_grid) {
-        smem_optin(c, att_bwd_mma<D, 0>, smem, D);
-        LAUNCH(dim3(n1 + n2), MT, smem, c->stream, att_bwd_mma<D, 0>)(ATT_BWD_ARGS);
+        smem_optin(c, att_bwd_mma<D, 0, P>, smem, D);
+        LAUNCH(dim3(n1 + n2), MT, smem, c->stream, att_bwd_mma<D, 0, P>)(ATT_BWD_ARGS);
     } else {
-        smem_optin(c, att_bwd_mma<D, 1>, smem, D);
-        smem_optin(c, att_bwd_mma<D, 2>, smem, D);
-        LAUNCH(dim3(Hkv * nsplit, B, (T + MB - 1) / MB), MT, smem, c->stream, att_bwd_mma<D, 1>)(ATT_BWD_ARGS);
-        LAUNCH(dim3(Hq, B, (sp.nq + MB - 1) / MB), MT, smem, c->stream, att_bwd_mma<D, 2>)(ATT_BWD_ARGS);
+        smem_optin(c, att_bwd_mma<D, 1, P>, smem, D);
+        smem_optin(c, att_bwd_mma<D, 2, P>, smem, D);
+        LAUNCH(dim3(Hkv * nsplit, B, (T + MB - 1) / MB), MT, smem, c->stream, att_bwd_mma<D, 1, P>)(ATT_BWD_ARGS);
+        LAUNCH(dim3(Hq, B, (sp.nq + MB - 1) / MB), MT, smem, c->stream, att_bwd_mma<D, 2, P>)(ATT_BWD_ARGS);
     }
 #undef ATT_BWD_ARGS
     if (parts) {
@@ -1090,6 +1210,17 @@ static void launch_bwd_mma(CudaCtx *c, void *dq, void *dk, void *dv, const void 
         LAUNCH(blocks, 256, 0, c->stream, att_dkdv_parts_sum)((bf16 *)dk, (bf16 *)dv, acck, accv, parts, nsplit, n, T,
                                                               Hkv * D, sp.qend, accumulate);
     }
+}
+template <int D>
+static void launch_bwd_mma(CudaCtx *c, void *dq, void *dk, void *dv, const void *dout, const void *q, const void *k,
+                           const void *v, const float *lse, const float *Di, int B, int T, AttSpan sp, int Hq, int Hkv,
+                           float scale, int window, const int32_t *doc_start, int accumulate, float *acck, float *accv) {
+    if (c->att_pipeline)
+        launch_bwd_mma_p<D, true>(c, dq, dk, dv, dout, q, k, v, lse, Di, B, T, sp, Hq, Hkv, scale, window, doc_start,
+                                  accumulate, acck, accv);
+    else
+        launch_bwd_mma_p<D, false>(c, dq, dk, dv, dout, q, k, v, lse, Di, B, T, sp, Hq, Hkv, scale, window, doc_start,
+                                   accumulate, acck, accv);
 }
 
 // ==== dispatch ===============================================================================
@@ -1109,7 +1240,8 @@ const char *k_attention_path(const CudaCtx *c, int D) {
     const void *dummy[1] = {(const void *)(uintptr_t)256};
     if (!use_mma(c, D, dummy, 1)) return use_wmma(c, D, dummy, 1) ? "wmma-bf16" : "generic";
     static char name[96];
-    snprintf(name, sizeof name, "mma-bf16%s", c->att_bwd_one_grid ? ", backward in one grid" : "");
+    snprintf(name, sizeof name, "mma-bf16%s%s", c->att_pipeline ? ", pipelined" : "",
+             c->att_bwd_one_grid ? ", backward in one grid" : "");
     if (c->att_kv_split > 1)
         snprintf(name + strlen(name), sizeof name - strlen(name), ", GQA dK/dV in up to %d parts", c->att_kv_split);
     return name;

@@ -69,7 +69,9 @@ CudaCtx *cuda_ctx_create(int bf16, int device) {
     c->mma_attention = !(mma && !strcmp(mma, "0"));
     const char *one_grid = getenv("LLMC_ATT_BWD_ONE_GRID");  // not yet timed on a GPU, hence opt-in
     c->att_bwd_one_grid = one_grid && !strcmp(one_grid, "1");
-    c->att_kv_split = 1;  // not yet timed on a GPU either
+    const char *pipe = getenv("LLMC_ATT_PIPELINE");  // not yet timed on a GPU either
+    c->att_pipeline = pipe && !strcmp(pipe, "1");
+    c->att_kv_split = 1;
     const char *split = getenv("LLMC_ATT_KV_SPLIT");
     if (split && *split) {
         char *end;

@@ -46,6 +46,7 @@ struct CudaCtx {
     size_t ce_chunk_elems;        // dev/cuda/classifier's timings: logits a classifier chunk holds (0: CE_CHUNK_ELEMS)
     int att_bwd_one_grid;         // LLMC_ATT_BWD_ONE_GRID=1: the mma backward's two kinds of block in one grid
     int att_kv_split;             // LLMC_ATT_KV_SPLIT=N: GQA's dK/dV blocks in up to N parts (1: unsplit)
+    int att_pipeline;             // LLMC_ATT_PIPELINE=1: the mma kernels load the next tile by cp.async
     void *scratch[SCR_COUNT];
     size_t scratch_bytes[SCR_COUNT];
     double *host_result;  // pinned, for reductions returned to the host

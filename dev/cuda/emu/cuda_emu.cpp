@@ -9,6 +9,7 @@
 #include <unistd.h>
 #include <sys/mman.h>
 #include <ucontext.h>
+#include <deque>
 #include <map>
 #include <mutex>
 #include <thread>
@@ -89,6 +90,13 @@ struct Job {
     std::vector<Barrier> warp_bar;
     std::vector<uint64_t> slots;  // one per thread, for shuffles
     std::vector<uint32_t> mma_regs;  // six per thread: an mma's a[4], b[2]
+    struct Copy {
+        unsigned char *dst;
+        unsigned char data[16];
+        int n;
+    };
+    std::vector<std::vector<Copy>> cp_open;               // per thread: copies not yet committed
+    std::vector<std::deque<std::vector<Copy>>> cp_groups;  // per thread: committed groups, oldest first
     unsigned char *dyn;  // 128-byte aligned, as CUDA's dynamic shared memory is here
 };
 static Job *g_job;
@@ -160,6 +168,31 @@ void ldmatrix_x4(uint32_t d[4], const void *row, int trans) {
     for (int m = 0; m < 4; m++) d[m] = out[m];
 }
 
+void cp_async(void *smem_dst, const void *src, int bytes) {
+    Job *j = g_job;
+    unsigned char *d = (unsigned char *)smem_dst;
+    if (bytes != 4 && bytes != 8 && bytes != 16) fatal("emu: cp.async of %d bytes (4, 8 or 16)", bytes);
+    if (d < j->dyn || d + bytes > j->dyn + j->smem || ((uintptr_t)d % bytes) || ((uintptr_t)src % bytes))
+        fatal("emu: cp.async of %d bytes from %p to %p (thread %d): not aligned, or not into dynamic shared memory",
+              bytes, src, smem_dst, tl_tid);
+    Job::Copy c;
+    c.dst = d, c.n = bytes;
+    memcpy(c.data, src, bytes);
+    j->cp_open[tl_tid].push_back(c);
+}
+void cp_async_commit() {
+    Job *j = g_job;
+    j->cp_groups[tl_tid].push_back(std::move(j->cp_open[tl_tid]));
+    j->cp_open[tl_tid].clear();
+}
+void cp_async_wait(int n) {
+    auto &q = g_job->cp_groups[tl_tid];
+    while ((int)q.size() > n) {
+        for (const auto &c : q.front()) memcpy(c.dst, c.data, c.n);
+        q.pop_front();
+    }
+}
+
 // Thread tid of every block of the job, blocks one after another.
 static void run_thread(Job *j, int tid) {
     tl_thread = dim3(tid % j->block.x, (tid / j->block.x) % j->block.y, tid / (j->block.x * j->block.y));
@@ -168,6 +201,12 @@ static void run_thread(Job *j, int tid) {
             for (unsigned bx = 0; bx < j->grid.x; bx++) {
                 tl_block = dim3(bx, by, bz);
                 (*j->body)();
+                bool pending = !j->cp_open[tid].empty();
+                for (const auto &g : j->cp_groups[tid]) pending |= !g.empty();
+                j->cp_groups[tid].clear();  // empty groups still open are harmless
+                if (pending)
+                    fatal("emu: thread %d of block (%u, %u, %u) ended with cp.async copies it never waited for", tid,
+                          bx, by, bz);
                 j->block_bar.wait("end of block");
                 if (tid == 0 && j->smem) memset(j->dyn, 0xff, j->smem);  // NaN bytes
                 j->block_bar.wait("end of block");
@@ -252,6 +291,7 @@ void launch(const void *fn, dim3 grid, dim3 block, size_t smem, const std::funct
     for (auto &b : j.warp_bar) b.n = 32;
     j.slots.assign(nt, 0);
     j.mma_regs.assign((size_t)nt * 6, 0);
+    j.cp_open.assign(nt, {}), j.cp_groups.assign(nt, {});
     const size_t dbytes = ((smem ? smem : 16) + 127) & ~(size_t)127;
     j.dyn = (unsigned char *)aligned_alloc(128, dbytes);
     memset(j.dyn, 0xff, dbytes);

@@ -69,6 +69,14 @@ void mma_bf16_16816(float d[4], const uint32_t a[4], const uint32_t b[2]);
 // memory); lane l receives in d[i] the elements (l / 4, 2 (l % 4)) and (l / 4, 2 (l % 4) + 1) of
 // matrix i, or with trans (2 (l % 4), l / 4) and (2 (l % 4) + 1, l / 4); the first in the low half.
 void ldmatrix_x4(uint32_t d[4], const void *row, int trans);
+// PTX cp.async.{ca,cg}.shared.global (bytes 4, 8 or 16), cp.async.commit_group and
+// cp.async.wait_group n. The source is read at the call; the shared-memory write is held back
+// until the thread's wait_group retires its group (the latest moment the PTX ISA allows), so a
+// read before the wait, or by another thread without a barrier after it, sees the old bytes.
+// A block that ends with copies not waited for stops the program.
+void cp_async(void *smem_dst, const void *src, int bytes);
+void cp_async_commit();
+void cp_async_wait(int n);
 void check_align(const void *p, unsigned bytes, const char *what);
 void fatal(const char *fmt, ...) __attribute__((noreturn, format(printf, 1, 2)));
 
