@@ -704,6 +704,40 @@ __device__ __forceinline__ void load_tile_async(bf16 *dst, int ldh, const bf16 *
     }
 }
 
+// The forward's and dQ's walk over key tiles: K then V of tile j0 at dst (ordinary loads, or with
+// ASYNC copies in flight until the caller's cp_wait and barrier).
+template <int D, bool ASYNC>
+__device__ __forceinline__ void att_kv_copy(bf16 *dst, const bf16 *k, const bf16 *v, int b, int j0, int T_, size_t ldk,
+                                            int hk) {
+    constexpr int LDH = D + 8;
+    const size_t row = (size_t)b * T_ + j0, col = (size_t)hk * D;
+    if (ASYNC) {
+        load_tile_async(dst, LDH, k, row, j0, T_, ldk, col, D);
+        load_tile_async(dst + MB * LDH, LDH, v, row, j0, T_, ldk, col, D);
+    } else {
+        load_tile(dst, LDH, k, row, j0, T_, ldk, col, D);
+        load_tile(dst + MB * LDH, LDH, v, row, j0, T_, ldk, col, D);
+    }
+}
+// Makes key tile j0 ready in buffer buf of sK0 between two barriers. Without P it is loaded
+// there; with P it is already in flight (issued a step earlier, or before the loop): the next
+// tile goes into the other buffer (whose readers the first barrier waits for), then this one's
+// copies are waited for.
+template <int D, bool P>
+__device__ __forceinline__ void att_kv_step(bf16 *sK0, int buf, int j0, int jend, const bf16 *k, const bf16 *v, int b,
+                                            int T_, size_t ldk, int hk) {
+    constexpr int LDH = D + 8;
+    __syncthreads();  // the previous tile's readers are done
+    if (P) {
+        if (j0 + MB < jend) att_kv_copy<D, true>(sK0 + (buf ^ 1) * 2 * MB * LDH, k, v, b, j0 + MB, T_, ldk, hk);
+        cp_commit();
+        cp_wait<1>();
+    } else {
+        att_kv_copy<D, false>(sK0 + buf * 2 * MB * LDH, k, v, b, j0, T_, ldk, hk);
+    }
+    __syncthreads();
+}
+
 __device__ __forceinline__ uint32_t pack_pair(float lo, float hi) {
     const bf16 a = __float2bfloat16_rn(lo), b = __float2bfloat16_rn(hi);
     return (uint32_t)*reinterpret_cast<const uint16_t *>(&a) | ((uint32_t)*reinterpret_cast<const uint16_t *>(&b) << 16);
@@ -767,27 +801,10 @@ __global__ void __launch_bounds__(MT) att_fwd_mma(bf16 *out, float *lse, const b
     float m_run[2] = {-INFINITY, -INFINITY}, l_part[2] = {0.0f, 0.0f};
     const int ia = i0 + r0 + g, ib = ia + 8, loa = sLo[r0 + g], lob = sLo[r0 + g + 8];
     const int jend = i0 + MB < sp.qend ? i0 + MB : sp.qend, jfirst = att_first_tile(i0, T_, MB, window, drow);
-    if (P && jfirst < jend) {
-        load_tile_async(sK0, LDH, k, (size_t)b * T_ + jfirst, jfirst, T_, ldk, (size_t)hk * D, D);
-        load_tile_async(sK0 + MB * LDH, LDH, v, (size_t)b * T_ + jfirst, jfirst, T_, ldk, (size_t)hk * D, D);
-        cp_commit();
-    }
+    if (P && jfirst < jend) att_kv_copy<D, true>(sK0, k, v, b, jfirst, T_, ldk, hk), cp_commit();
     for (int j0 = jfirst, buf = 0; j0 < jend; j0 += MB, buf ^= P) {
         bf16 *sK = sK0 + buf * 2 * MB * LDH, *sV = sK + MB * LDH;
-        __syncthreads();  // the previous tile's readers are done
-        if (P) {  // the next tile into the other buffer (read two iterations ago), then wait for this one
-            bf16 *nK = sK0 + (buf ^ 1) * 2 * MB * LDH;
-            if (j0 + MB < jend) {
-                load_tile_async(nK, LDH, k, (size_t)b * T_ + j0 + MB, j0 + MB, T_, ldk, (size_t)hk * D, D);
-                load_tile_async(nK + MB * LDH, LDH, v, (size_t)b * T_ + j0 + MB, j0 + MB, T_, ldk, (size_t)hk * D, D);
-            }
-            cp_commit();
-            cp_wait<1>();
-        } else {
-            load_tile(sK, LDH, k, (size_t)b * T_ + j0, j0, T_, ldk, (size_t)hk * D, D);
-            load_tile(sV, LDH, v, (size_t)b * T_ + j0, j0, T_, ldk, (size_t)hk * D, D);
-        }
-        __syncthreads();
+        att_kv_step<D, P>(sK0, buf, j0, jend, k, v, b, T_, ldk, hk);
         float s[MB / 8][4];  // scores: key tile nt, (row g | g+8, key 2t | 2t+1)
 #pragma unroll
         for (int nt = 0; nt < MB / 8; nt += 2) {
@@ -1043,27 +1060,10 @@ __device__ __forceinline__ void att_bwd_dq_block(unsigned char *smem, int qb, in
     const float La = sL[r0 + g], Lb = sL[r0 + g + 8], Da = sDi[r0 + g], Db = sDi[r0 + g + 8];
     const int loa = sLo[r0 + g], lob = sLo[r0 + g + 8];
     const int jend = i0 + MB < sp.qend ? i0 + MB : sp.qend, jfirst = att_first_tile(i0, T_, MB, window, drow);
-    if (P && jfirst < jend) {
-        load_tile_async(sK0, LDH, k, (size_t)b * T_ + jfirst, jfirst, T_, ldk, (size_t)hk * D, D);
-        load_tile_async(sK0 + MB * LDH, LDH, v, (size_t)b * T_ + jfirst, jfirst, T_, ldk, (size_t)hk * D, D);
-        cp_commit();
-    }
+    if (P && jfirst < jend) att_kv_copy<D, true>(sK0, k, v, b, jfirst, T_, ldk, hk), cp_commit();
     for (int j0 = jfirst, buf = 0; j0 < jend; j0 += MB, buf ^= P) {
         bf16 *sK = sK0 + buf * 2 * MB * LDH, *sV = sK + MB * LDH;
-        __syncthreads();  // the previous tile's readers are done
-        if (P) {  // the next key tile into the other buffer, then wait for this one's copies
-            bf16 *nK = sK0 + (buf ^ 1) * 2 * MB * LDH;
-            if (j0 + MB < jend) {
-                load_tile_async(nK, LDH, k, (size_t)b * T_ + j0 + MB, j0 + MB, T_, ldk, (size_t)hk * D, D);
-                load_tile_async(nK + MB * LDH, LDH, v, (size_t)b * T_ + j0 + MB, j0 + MB, T_, ldk, (size_t)hk * D, D);
-            }
-            cp_commit();
-            cp_wait<1>();
-        } else {
-            load_tile(sK, LDH, k, (size_t)b * T_ + j0, j0, T_, ldk, (size_t)hk * D, D);
-            load_tile(sV, LDH, v, (size_t)b * T_ + j0, j0, T_, ldk, (size_t)hk * D, D);
-        }
-        __syncthreads();
+        att_kv_step<D, P>(sK0, buf, j0, jend, k, v, b, T_, ldk, hk);
         float s[MB / 8][4], dp[MB / 8][4];
 #pragma unroll
         for (int nt = 0; nt < MB / 8; nt += 2) {
@@ -1152,8 +1152,11 @@ __global__ void att_dkdv_parts_sum(bf16 *dk, bf16 *dv, float *acck, float *accv,
 // runs the whole list in one grid (LLMC_ATT_BWD_ONE_GRID=1), where dQ blocks fill the SMs that
 // the last, longest dK/dV blocks leave idle. The blocks write disjoint outputs, so neither the
 // order nor the grid changes a bit. parts: NULL unsplit, else nsplit parts (see above).
+// Pipelined (P), at least 2 blocks an SM: left to itself ptxas gave D 64's dK/dV 168 registers and
+// 156 bytes of spill; asked for 2 blocks it uses 237 and spills nothing (0: the unpipelined
+// kernels' registers as measured on the H200, unchanged).
 template <int D, int ROLE, bool P>
-__global__ void __launch_bounds__(MT) att_bwd_mma(bf16 *dq, bf16 *dk, bf16 *dv, const bf16 *dout, const bf16 *q,
+__global__ void __launch_bounds__(MT, P ? 2 : 0) att_bwd_mma(bf16 *dq, bf16 *dk, bf16 *dv, const bf16 *dout, const bf16 *q,
                                                  const bf16 *k, const bf16 *v, const float *lse, const float *Di,
                                                  int B_, int T_, AttSpan sp, int Hq, int Hkv, float scale, int window,
                                                  const int32_t *doc_start, int accumulate, float *acck, float *accv,
