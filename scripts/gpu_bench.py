@@ -6,7 +6,9 @@ same GPU, in one run, on the same ~1B Llama shape at 4K tokens, full fine-tuning
                [--ours-env NAME=VALUE[,NAME=VALUE] ...]   (ours again with each setting: a row each)
 
 Both sides: random init, bf16 weights and activations, AdamW (fp32 master + moments on our side;
-PyTorch: bf16 model with torch.optim.AdamW, fused where available), micro batch 1, sequence 4096,
+PyTorch: bf16 model with torch.optim.AdamW, fused where available, so bf16 moments and no master
+copy; --torch-amp adds a row with fp32 weights and moments under bf16 autocast, which is what our
+side keeps), micro batch 1, sequence 4096,
 gradient checkpointing OFF first; when a side runs out of memory it is retried with
 checkpointing on (reported). tok/s is the median over the steps after the first two; MFU counts
 6 * params * tokens + the causal attention's 6 * L * T^2 * d_model (half of the full square, fwd
@@ -86,14 +88,15 @@ def smi_peak(pid, box, stop):
 
 # ---- PyTorch ------------------------------------------------------------------------------------
 
-def torch_model(shape, T, lora, ckpt, dev):
-    """The PyTorch side's model (bf16, sdpa; LoRA r16 on every linear through peft) and AdamW."""
+def torch_model(shape, T, lora, ckpt, dev, amp=False):
+    """The PyTorch side's model (bf16, sdpa; LoRA r16 on every linear through peft) and AdamW;
+    amp: fp32 weights (master), AdamW moments in fp32, bf16 compute under autocast."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
     torch.manual_seed(0)
     cfg = LlamaConfig(**shape, max_position_embeddings=T, torch_dtype="bfloat16", attn_implementation="sdpa",
                       tie_word_embeddings=False, use_cache=False)
-    model = LlamaForCausalLM(cfg).to(device=dev, dtype=torch.bfloat16)
+    model = LlamaForCausalLM(cfg).to(device=dev, dtype=torch.float32 if amp else torch.bfloat16)
     # QLoRA on this side would need bitsandbytes (not on the GPU machine, and over the device
     # tool's carry limit as a wheel): its adapters train over a bf16 base instead, which the
     # report's "base" column says
@@ -113,20 +116,21 @@ def torch_model(shape, T, lora, ckpt, dev):
     return model, opt, params
 
 
-def torch_side(shape, T, steps, lora, ckpt, dev="cuda"):
+def torch_side(shape, T, steps, lora, ckpt, dev="cuda", amp=False):
     import torch
     cuda = dev == "cuda"
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     if cuda:
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
-    model, opt, params = torch_model(shape, T, lora, ckpt, dev)
+    model, opt, params = torch_model(shape, T, lora, ckpt, dev, amp)
     x = torch.randint(0, shape["vocab_size"], (1, T), device=dev)
     times = []
     for i in range(steps):
         sync()
         t0 = time.perf_counter()
-        out = model(input_ids=x, labels=x)
+        with torch.autocast(device_type=dev, dtype=torch.bfloat16, enabled=amp):
+            out = model(input_ids=x, labels=x)
         out.loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -140,10 +144,10 @@ def torch_side(shape, T, steps, lora, ckpt, dev="cuda"):
     return times, peak, trainable
 
 
-def run_torch(shape, T, steps, lora, dev="cuda"):
+def run_torch(shape, T, steps, lora, dev="cuda", amp=False):
     for ckpt in (False, True):
         try:
-            times, peak, trainable = torch_side(shape, T, steps, lora, ckpt, dev)
+            times, peak, trainable = torch_side(shape, T, steps, lora, ckpt, dev, amp)
             return {"times": times, "peak": peak, "ckpt": ckpt, "trainable": trainable}
         except Exception as e:  # noqa: BLE001 - OOM: retry with checkpointing; else report
             err = "%s: %s" % (type(e).__name__, str(e)[:300])
@@ -237,7 +241,8 @@ def summarize(side, res, shape, T, lora, peak_tflops):
     step = statistics.median(t)
     tok_s = T / step
     fl = flops_per_token(shape, T, 0.0 if lora else 1.0) * tok_s
-    base = ("NF4" if side.startswith("ours") else "bf16 (no bitsandbytes)") if lora == "qlora" else "bf16"
+    base = ("NF4" if side.startswith("ours") else "bf16 (no bitsandbytes)") if lora == "qlora" else \
+        "fp32 master, bf16 autocast" if "amp" in side else "bf16"
     return {"side": side, "lora": lora, "base": base, "status": "ok", "tok_per_s": round(tok_s, 1), "step_ms": round(step * 1e3, 1),
             "MFU_pct": round(100 * fl / (peak_tflops * 1e12), 1), "peak_GiB": round(res["peak"] / 2 ** 30, 2),
             "smi_peak_GiB": round(res.get("smi_peak_mib", -1) / 1024, 2) if res.get("smi_peak_mib", -1) > 0 else None,
@@ -405,6 +410,9 @@ def main():
                     help="also run ours with these variables set (repeatable; each its own row, e.g. "
                          "LLMC_ATT_BWD_ONE_GRID=1 or LLMC_ATT_KV_SPLIT=8,LLMC_ATT_BWD_ONE_GRID=1), to "
                          "compare kernel variants in one call")
+    ap.add_argument("--torch-amp", action="store_true",
+                    help="also PyTorch with fp32 weights and AdamW moments under bf16 autocast (our numerics: "
+                         "an fp32 master copy), a row beside its pure-bf16 one")
     ap.add_argument("--max-context", action="store_true", help="the longest sequence each side trains one step at")
     ap.add_argument("--ctx-start", type=int, default=8192)
     ap.add_argument("--ctx-max", type=int, default=262144)
@@ -442,11 +450,14 @@ def bench(a, shape, T, tmp):
                                                                                a.device, a.profile, env), shape, T, lora, a.peak_tflops))
                 print(json.dumps(rows[-1]), flush=True)
         if a.only != "ours":
-            if have_torch:
-                rows.append(summarize("pytorch", run_torch(shape, T, a.steps, lora, a.device), shape, T, lora, a.peak_tflops))
-            else:
-                rows.append({"side": "pytorch", "lora": lora, "status": "skipped", "detail": "torch with CUDA not importable"})
-            print(json.dumps(rows[-1]), flush=True)
+            for amp in [False] + ([True] if a.torch_amp else []):
+                side = "pytorch amp (fp32 master)" if amp else "pytorch"
+                if have_torch:
+                    rows.append(summarize(side, run_torch(shape, T, a.steps, lora, a.device, amp), shape, T, lora,
+                                          a.peak_tflops))
+                else:
+                    rows.append({"side": side, "lora": lora, "status": "skipped", "detail": "torch with CUDA not importable"})
+                print(json.dumps(rows[-1]), flush=True)
     res = {"part": "bench", "shape": a.shape, "params": n_params(shape), "seq": T, "steps": a.steps,
            "peak_tflops": a.peak_tflops, "rows": rows, "secs": round(time.time() - t0, 1),
            "not_covered": ["llm.c's own train_gpt2cu on the same GPU (gpu_check part gpt times train_gpt at GPT-2 124M)"],

@@ -34,7 +34,9 @@
 # libraries are unpacked; default /tmp/llmc-gpudeps), BUILD (default build-gpu), JOBS,
 # LLMC_PART_TIMEOUT (seconds a part may run; default none), LLMC_CHECK_BUDGET (seconds the whole
 # script may run: parts are cut to fit and skipped when it is spent), LLMC_CHECK_RUN_TIMEOUT (seconds one
-# training run of train/modes/sanitizer/nccl may take; default 600).
+# training run of train/modes/sanitizer/nccl may take; default 600), LLMC_BENCH_ARGS (more
+# gpu_bench.py arguments for part bench, split at spaces: e.g. "--ours-env LLMC_ATT_PIPELINE=1
+# --torch-amp").
 set -uo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
@@ -306,7 +308,7 @@ for p in "${PARTS[@]}"; do
     train|modes|sanitizer|nccl|memory) part_py "$p" ;;
     memory8b) part_py memory8b memory --shape 8b ;;
     gpt) PY_BIN="$BUILD/train_gpt" part_py gpt ;;
-    bench) part_bench bench ;;
+    bench) part_bench bench ${LLMC_BENCH_ARGS:-} ;;
     maxctx) part_bench maxctx --shape 8b --qlora --max-context ;;
   esac
 done
