@@ -4,6 +4,7 @@ same GPU, in one run, on the same ~1B Llama shape at 4K tokens, full fine-tuning
 
   gpu_bench.py --bin build-gpu/train_llama --json J [--steps 6] [--seq 4096] [--shape 1b|small]
                [--ours-env NAME=VALUE[,NAME=VALUE] ...]   (ours again with each setting: a row each)
+               [--torch-amp]   (PyTorch again with fp32 weights and moments under bf16 autocast)
 
 Both sides: random init, bf16 weights and activations, AdamW (fp32 master + moments on our side;
 PyTorch: bf16 model with torch.optim.AdamW, fused where available, so bf16 moments and no master
