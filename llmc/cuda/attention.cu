@@ -875,14 +875,21 @@ __global__ void __launch_bounds__(MT) att_fwd_mma(bf16 *out, float *lse, const b
     }
 }
 
-template <int D, bool P> static size_t mma_fwd_smem() {
-    return sizeof(bf16) * (size_t)(P ? 5 : 3) * MB * (D + 8) + MB * sizeof(int);
+static size_t mma_fwd_smem(int D, bool P) { return sizeof(bf16) * (size_t)(P ? 5 : 3) * MB * (D + 8) + MB * sizeof(int); }
+// The backward's: dK/dV and dQ hold the same four tiles (K, V, Q, dO; with P two more) and the rows'
+// lse, D and first key (twice with P).
+static size_t mma_bwd_smem(int D, bool P) {
+    return sizeof(bf16) * (size_t)(P ? 6 : 4) * MB * (D + 8) + (P ? 2 : 1) * MB * (2 * sizeof(float) + sizeof(int));
+}
+// The pipelined kernels where their two buffers fit (an H100's 227 KiB: every head dim up to 128).
+static int att_pipelined(const CudaCtx *c, int D) {
+    return c->att_pipeline && mma_bwd_smem(D, true) <= c->smem_optin && mma_fwd_smem(D, true) <= c->smem_optin;
 }
 
 template <int D, bool P>
 static void launch_fwd_mma_p(CudaCtx *c, void *out, float *lse, const void *q, const void *k, const void *v, int B,
                              int T, AttSpan sp, int Hq, int Hkv, float scale, int window, const int32_t *doc_start) {
-    const size_t sm = mma_fwd_smem<D, P>();
+    const size_t sm = mma_fwd_smem(D, P);
     smem_optin(c, att_fwd_mma<D, P>, sm, D);
     dim3 g((sp.nq + MB - 1) / MB, Hq, B);
     LAUNCH(g, MT, sm, c->stream, att_fwd_mma<D, P>)((bf16 *)out, lse, (const bf16 *)q, (const bf16 *)k, (const bf16 *)v, T, sp, Hq, Hkv, scale, window, doc_start);
@@ -890,7 +897,8 @@ static void launch_fwd_mma_p(CudaCtx *c, void *out, float *lse, const void *q, c
 template <int D>
 static void launch_fwd_mma(CudaCtx *c, void *out, float *lse, const void *q, const void *k, const void *v, int B,
                            int T, AttSpan sp, int Hq, int Hkv, float scale, int window, const int32_t *doc_start) {
-    if (c->att_pipeline) launch_fwd_mma_p<D, true>(c, out, lse, q, k, v, B, T, sp, Hq, Hkv, scale, window, doc_start);
+    if (att_pipelined(c, D))
+        launch_fwd_mma_p<D, true>(c, out, lse, q, k, v, B, T, sp, Hq, Hkv, scale, window, doc_start);
     else launch_fwd_mma_p<D, false>(c, out, lse, q, k, v, B, T, sp, Hq, Hkv, scale, window, doc_start);
 }
 
@@ -1107,11 +1115,6 @@ __device__ __forceinline__ void att_bwd_dq_block(unsigned char *smem, int qb, in
     }
 }
 
-// dK/dV and dQ hold the same four tiles (K, V, Q, dO) and the rows' lse, D and first key.
-template <int D, bool P> static size_t mma_bwd_smem() {
-    return sizeof(bf16) * (size_t)(P ? 6 : 4) * MB * (D + 8) + (P ? 2 : 1) * MB * (2 * sizeof(float) + sizeof(int));
-}
-
 // GQA's dK/dV split (LLMC_ATT_KV_SPLIT=N): a dK/dV block walks every query head of its kv
 // head's group, so at the 1.1B shape (32 query heads on 4 kv heads, T 4096) there are 256 blocks
 // and key tile 0's walks 8 x 64 query tiles: about twice the average, on an H200's 132 SMs two
@@ -1191,7 +1194,7 @@ template <int D, bool P>
 static void launch_bwd_mma_p(CudaCtx *c, void *dq, void *dk, void *dv, const void *dout, const void *q, const void *k,
                              const void *v, const float *lse, const float *Di, int B, int T, AttSpan sp, int Hq, int Hkv,
                              float scale, int window, const int32_t *doc_start, int accumulate, float *acck, float *accv) {
-    const size_t smem = mma_bwd_smem<D, P>();
+    const size_t smem = mma_bwd_smem(D, P);
     const int nsplit = att_kv_parts(c, B, T, Hq, Hkv, D);
     const size_t n = (size_t)B * T * Hkv * D;
     float *parts = nsplit > 1 ? (float *)ctx_scratch(c, SCR_ATT_KV, 2 * nsplit * n * sizeof(float)) : nullptr;
@@ -1218,7 +1221,7 @@ template <int D>
 static void launch_bwd_mma(CudaCtx *c, void *dq, void *dk, void *dv, const void *dout, const void *q, const void *k,
                            const void *v, const float *lse, const float *Di, int B, int T, AttSpan sp, int Hq, int Hkv,
                            float scale, int window, const int32_t *doc_start, int accumulate, float *acck, float *accv) {
-    if (c->att_pipeline)
+    if (att_pipelined(c, D))
         launch_bwd_mma_p<D, true>(c, dq, dk, dv, dout, q, k, v, lse, Di, B, T, sp, Hq, Hkv, scale, window, doc_start,
                                   accumulate, acck, accv);
     else
@@ -1243,7 +1246,7 @@ const char *k_attention_path(const CudaCtx *c, int D) {
     const void *dummy[1] = {(const void *)(uintptr_t)256};
     if (!use_mma(c, D, dummy, 1)) return use_wmma(c, D, dummy, 1) ? "wmma-bf16" : "generic";
     static char name[96];
-    snprintf(name, sizeof name, "mma-bf16%s%s", c->att_pipeline ? ", pipelined" : "",
+    snprintf(name, sizeof name, "mma-bf16%s%s", att_pipelined(c, D) ? ", pipelined" : "",
              c->att_bwd_one_grid ? ", backward in one grid" : "");
     if (c->att_kv_split > 1)
         snprintf(name + strlen(name), sizeof name - strlen(name), ", GQA dK/dV in up to %d parts", c->att_kv_split);
