@@ -425,6 +425,7 @@ def main():
     for v in a.ours_env:
         if not all(re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*=[^,]*", x) for x in v.split(",")):
             ap.error("--ours-env %r: expected NAME=VALUE[,NAME=VALUE...]" % v)
+    a.ours_variants = [(None, None)] + [(v, dict(x.split("=", 1) for x in v.split(","))) for v in a.ours_env]
     shape, T = SHAPES[a.shape], a.seq
     tmp = tempfile.mkdtemp(prefix="llmc_bench_")
     try:
@@ -445,8 +446,7 @@ def bench(a, shape, T, tmp):
         have_torch = False
     for lora in (["qlora"] if a.qlora else [False, "lora"]):
         if a.only != "torch":
-            for v in [None] + a.ours_env:
-                env = dict(x.split("=", 1) for x in v.split(",")) if v else None
+            for v, env in a.ours_variants:
                 rows.append(summarize("ours" + (" " + v if v else ""), run_ours(os.path.abspath(a.bin), shape, T, a.steps, lora, tmp,
                                                                                a.device, a.profile, env), shape, T, lora, a.peak_tflops))
                 print(json.dumps(rows[-1]), flush=True)

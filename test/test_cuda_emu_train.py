@@ -147,6 +147,16 @@ def check_bits(label, r, why, ref):
           why or "loss %r vs %r, or the weights differ" % (r[0]["loss"], ref[0]["loss"]))
 
 
+def run_variant(binary, tmp, name, env, box):
+    """(b)'s bf16 run of 4 micro-batches with env set, and a check that the config box names the
+    variant (box: text its attention line must hold)."""
+    r, w, _ = run(binary, tmp, name, "cuda", {"dtype": "bfloat16", "gradient_accumulation_steps": 4}, env=env)
+    label = ",".join("%s=%s" % kv for kv in env.items())
+    check("(f) %s: runs, and the config box says %s" % (label, box), r is not None and box in LAST_STDOUT,
+          w or "no %r in its output" % box)
+    return r, w
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--build", default="build")
@@ -240,10 +250,7 @@ def main():
         # above took the default mma.sync ones.
         check("(a)-(e) ran the default attention kernels: g4's config box says attention mma-bf16",
               "attention mma-bf16" in G4_STDOUT, "no 'attention mma-bf16' in its output")
-        r, w, _ = run(binary, tmp, "cuda_wmma_a4", "cuda", {"dtype": "bfloat16", "gradient_accumulation_steps": 4},
-                      env={"LLMC_ATT_MMA": "0"})
-        check("(f) LLMC_ATT_MMA=0: runs, and the config box says attention wmma-bf16",
-              r is not None and "attention wmma-bf16" in LAST_STDOUT, w or "no 'attention wmma-bf16' in its output")
+        r, w = run_variant(binary, tmp, "cuda_wmma_a4", {"LLMC_ATT_MMA": "0"}, "attention wmma-bf16")
         if r is not None:
             check_vs_cpu("(f) LLMC_ATT_MMA=0", w0, r[1], c4[1])
         # (f) the mma backward's two kinds of block in one grid (LLMC_ATT_BWD_ONE_GRID=1): the
@@ -253,18 +260,12 @@ def main():
         check_bits("(f) LLMC_ATT_BWD_ONE_GRID=1 against the default run", r, w, g4)
         # (f) the pipelined kernels (LLMC_ATT_PIPELINE=1: the next tile by cp.async, which the
         # emulator writes only at the wait): the same arithmetic in the same order
-        r, w, _ = run(binary, tmp, "cuda_pipe_a4", "cuda", {"dtype": "bfloat16", "gradient_accumulation_steps": 4},
-                      env={"LLMC_ATT_PIPELINE": "1"})
-        check("(f) LLMC_ATT_PIPELINE=1: the config box says pipelined", r is not None and "pipelined" in LAST_STDOUT,
-              w or "not in the config box")
+        r, w = run_variant(binary, tmp, "cuda_pipe_a4", {"LLMC_ATT_PIPELINE": "1"}, "pipelined")
         check_bits("(f) LLMC_ATT_PIPELINE=1 against the default run", r, w, g4)
         # (f) GQA's dK/dV in parts (LLMC_ATT_KV_SPLIT=2: a part per query head of this model's
         # 4/2 heads): other sums, so (b)'s tolerance against the CPU, not the default's bits;
         # a memory mode walks the same spans, so gradient checkpointing gives the split run's bits.
-        r, w, _ = run(binary, tmp, "cuda_kvsplit_a4", "cuda", {"dtype": "bfloat16", "gradient_accumulation_steps": 4},
-                      env={"LLMC_ATT_KV_SPLIT": "2"})
-        check("(f) LLMC_ATT_KV_SPLIT=2: runs, and the config box says so",
-              r is not None and "GQA dK/dV in up to 2 parts" in LAST_STDOUT, w or "not in the config box")
+        r, w = run_variant(binary, tmp, "cuda_kvsplit_a4", {"LLMC_ATT_KV_SPLIT": "2"}, "GQA dK/dV in up to 2 parts")
         if r is not None:
             check_vs_cpu("(f) LLMC_ATT_KV_SPLIT=2", w0, r[1], c4[1])
             r2, w2, _ = run(binary, tmp, "cuda_kvsplit_ckpt_a4", "cuda", {"dtype": "bfloat16", "gradient_accumulation_steps": 4,

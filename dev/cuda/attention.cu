@@ -125,8 +125,11 @@ static void one(CudaCtx *c, int B, int T, int Hq, int Hkv, int D, int path, int 
     check(name, g_dv, r.dv, tol_for(bf));
     // The repeat, into poisoned (NaN) buffers, must give the same bits; on the mma path it runs in
     // one grid (LLMC_ATT_BWD_ONE_GRID=1) where the first run was two kernels.
-    cudaMemsetAsync(dq, 0xff, nq * es, c->stream), cudaMemsetAsync(dk, 0xff, nk * es, c->stream);
-    cudaMemsetAsync(dv, 0xff, nk * es, c->stream);
+    auto poison_grads = [&] {  // NaN bytes, so an element a run does not write shows
+        cudaMemsetAsync(dq, 0xff, nq * es, c->stream), cudaMemsetAsync(dk, 0xff, nk * es, c->stream);
+        cudaMemsetAsync(dv, 0xff, nk * es, c->stream);
+    };
+    poison_grads();
     c->att_bwd_one_grid = path == 2;
     k_attention_bwd(c, dq, dk, dv, ddo, dq_in, dk_in, dv_in, out, lse, B, T, 0, T, Hq, Hkv, D, window, d_ds, 0, nullptr,
                     nullptr);
@@ -142,8 +145,7 @@ static void one(CudaCtx *c, int B, int T, int Hq, int Hkv, int D, int path, int 
         c->att_kv_split = group;
         for (int one_grid = 0; one_grid < 2; one_grid++) {
             c->att_bwd_one_grid = one_grid;
-            cudaMemsetAsync(dq, 0xff, nq * es, c->stream), cudaMemsetAsync(dk, 0xff, nk * es, c->stream);
-            cudaMemsetAsync(dv, 0xff, nk * es, c->stream);
+            poison_grads();
             k_attention_bwd(c, dq, dk, dv, ddo, dq_in, dk_in, dv_in, out, lse, B, T, 0, T, Hq, Hkv, D, window, d_ds, 0,
                             nullptr, nullptr);
             std::vector<float> s_dq = down_act(dq, nq, bf), s_dk = down_act(dk, nk, bf), s_dv = down_act(dv, nk, bf);
@@ -169,8 +171,7 @@ static void one(CudaCtx *c, int B, int T, int Hq, int Hkv, int D, int path, int 
         for (int variant = 0; variant < 1 + split; variant++) {  // two kernels; then one grid, dK/dV in parts
             c->att_bwd_one_grid = variant, c->att_kv_split = variant ? group : 1;
             cudaMemsetAsync(out, 0xff, nq * es, c->stream), cudaMemsetAsync(lse, 0xff, (size_t)B * Hq * T * 4, c->stream);
-            cudaMemsetAsync(dq, 0xff, nq * es, c->stream), cudaMemsetAsync(dk, 0xff, nk * es, c->stream);
-            cudaMemsetAsync(dv, 0xff, nk * es, c->stream);
+            poison_grads();
             k_attention_fwd(c, out, lse, dq_in, dk_in, dv_in, B, T, 0, T, Hq, Hkv, D, window, d_ds);
             k_attention_bwd(c, dq, dk, dv, ddo, dq_in, dk_in, dv_in, out, lse, B, T, 0, T, Hq, Hkv, D, window, d_ds, 0,
                             nullptr, nullptr);

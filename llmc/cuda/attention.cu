@@ -662,20 +662,16 @@ __device__ __forceinline__ void ldsm_x4(uint32_t d[4], const bf16 *row, int tran
 // returns once at most the n latest groups are still in flight (then a barrier publishes them to
 // the block). The pipelined kernels (LLMC_ATT_PIPELINE=1) load the next tile this way while the
 // current one is multiplied. (The emulator holds each copy back until its wait: cuda_emu.h.)
-__device__ __forceinline__ void cp_async16(void *dst, const void *src) {
+template <int N> __device__ __forceinline__ void cp_async(void *dst, const void *src) {  // N bytes: 4, 8 or 16
 #ifdef LLMC_EMU
-    emu::cp_async(dst, src, 16);
+    emu::cp_async(dst, src, N);
 #else
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"((uint32_t)__cvta_generic_to_shared(dst)), "l"(src)
-                 : "memory");
-#endif
-}
-__device__ __forceinline__ void cp_async4(void *dst, const void *src) {
-#ifdef LLMC_EMU
-    emu::cp_async(dst, src, 4);
-#else
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"((uint32_t)__cvta_generic_to_shared(dst)), "l"(src)
-                 : "memory");
+    if (N == 16)  // .cg: through L2 only (the tiles are read once per block)
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"((uint32_t)__cvta_generic_to_shared(dst)),
+                     "l"(src) : "memory");
+    else
+        asm volatile("cp.async.ca.shared.global [%0], [%1], %2;\n" ::"r"((uint32_t)__cvta_generic_to_shared(dst)),
+                     "l"(src), "n"(N) : "memory");
 #endif
 }
 __device__ __forceinline__ void cp_commit() {
@@ -699,7 +695,7 @@ __device__ __forceinline__ void load_tile_async(bf16 *dst, int ldh, const bf16 *
     const int per = D / 8;
     for (int e = threadIdx.x; e < MB * per; e += MT) {
         const int r = e / per, c8 = (e % per) * 8;
-        if (r0 + r < T_) cp_async16(dst + r * ldh + c8, src + (row0 + r) * ld + col + c8);
+        if (r0 + r < T_) cp_async<16>(dst + r * ldh + c8, src + (row0 + r) * ld + col + c8);
         else *reinterpret_cast<Raw16 *>(dst + r * ldh + c8) = Raw16{{0u, 0u, 0u, 0u}};
     }
 }
@@ -962,7 +958,7 @@ __device__ __forceinline__ void att_bwd_dkdv_block(unsigned char *smem, int kb, 
             const int i = i0 + e;
             const size_t o = ((size_t)b * Hq + h) * T_ + i;
             if (i >= sp.qend) bL[e] = bDi[e] = 0.0f;
-            else if (P) cp_async4(&bL[e], &lse[o]), cp_async4(&bDi[e], &Di[o]);
+            else if (P) cp_async<4>(&bL[e], &lse[o]), cp_async<4>(&bDi[e], &Di[o]);
             else bL[e] = lse[o], bDi[e] = Di[o];
             bLo[e] = i < sp.qend ? att_lo(i, window, drow) : 0;
         }
@@ -1156,8 +1152,8 @@ __global__ void att_dkdv_parts_sum(bf16 *dk, bf16 *dv, float *acck, float *accv,
 // the last, longest dK/dV blocks leave idle. The blocks write disjoint outputs, so neither the
 // order nor the grid changes a bit. parts: NULL unsplit, else nsplit parts (see above).
 // Pipelined (P), at least 2 blocks an SM: left to itself ptxas gave D 64's dK/dV 168 registers and
-// 156 bytes of spill; asked for 2 blocks it uses 237 and spills nothing (0: the unpipelined
-// kernels' registers as measured on the H200, unchanged).
+// 156 bytes of spill; asked for 2 blocks it uses 237 and spills nothing (0: no minimum, so the
+// unpipelined kernels keep the registers they ran with on the H200).
 template <int D, int ROLE, bool P>
 __global__ void __launch_bounds__(MT, P ? 2 : 0) att_bwd_mma(bf16 *dq, bf16 *dk, bf16 *dv, const bf16 *dout, const bf16 *q,
                                                  const bf16 *k, const bf16 *v, const float *lse, const float *Di,
