@@ -273,74 +273,89 @@ static size_t narrow_item(const char *dtype, const char *path, const char *name,
     return numel * 2;
 }
 
-// Adds the fused tensor fs (Phi-3's qkv_proj or gate_up_proj) as one item at items[count]:
-// its parts' rows stacked in order, each merged with its adapter when asked. Returns the new
-// item count.
-static int add_fused(const Model *m, const FusedSlice *fs, int merge, const char *dtype, const char *path,
-                     StWriteItem *items, char **names, float **bufs, int count) {
-    const ParamTable *t = &m->tab;
-    const int64_t cols = t->specs[fs->parts[0]].shape[1];
-    const size_t numel = (size_t)fs->rows * (size_t)cols;
-    float *buf = xmalloc(sizeof(float) * numel), *at = buf;
-    for (int j = 0; j < fs->nparts; j++) {
-        if (merge) model_get_param_merged(m, fs->parts[j], at);  // W + scale * B A
-        else model_get_param(m, fs->parts[j], at);
-        at += t->specs[fs->parts[j]].numel;
+// Where a written tensor comes from (write_tensors): table entry spec in selection sel, or
+// the fused tensor fs (Phi-3's qkv_proj or gate_up_proj: its parts' rows stacked in order).
+typedef struct {
+    const Model *m;
+    const char *path, *name, *dtype;
+    int spec, sel, merge, fused;
+    FusedSlice fs;
+} TensorSource;
+
+// Moments are copied in pieces of 16M floats (64 MiB), weights a tensor at a time.
+// LLMC_SAVE_PIECE_FLOATS sets the moments' piece, for tests that need several per tensor.
+static size_t moment_piece(void) {
+    const char *env = getenv("LLMC_SAVE_PIECE_FLOATS");
+    return env && atol(env) > 0 ? (size_t)atol(env) : (size_t)1 << 24;
+}
+
+// StWriteItem.fill: elements [first, first + n) of the tensor, each merged with its adapter
+// when asked, checked for non-finite values, narrowed in place to the file's dtype.
+static size_t tensor_fill(void *ctx, size_t first, size_t n, void *dst) {
+    const TensorSource *s = ctx;
+    const Model *m = s->m;
+    float *buf = dst;
+    if (s->fused) {
+        float *at = buf;
+        for (int j = 0; j < s->fs.nparts; j++) {
+            if (s->merge) model_get_param_merged(m, s->fs.parts[j], at);  // W + scale * B A
+            else model_get_param(m, s->fs.parts[j], at);
+            at += m->tab.specs[s->fs.parts[j]].numel;
+        }
+    } else if (s->sel == SEL_BASE || s->sel == SEL_ADAPTER) {
+        if (s->merge) model_get_param_merged(m, s->spec, buf);
+        else model_get_param(m, s->spec, buf);
+    } else {
+        m->bk->copy_d2h(m->bk, buf, moment(m, s->sel) + m->tab.specs[s->spec].goff + first, n * sizeof(float), NULL);
+        m->bk->sync(m->bk);
     }
-    long long bad = first_nonfinite(buf, numel);
-    if (bad >= 0)
-        fail("%s: refusing to write '%s': element %lld is %g (the weights went non-finite)", path, fs->name, bad,
-             buf[bad]);
-    names[count] = xstrdup(fs->name);
-    bufs[count] = buf;
-    items[count] = (StWriteItem){.name = names[count], .ndim = 2, .shape = {fs->rows, cols}, .dtype = dtype,
-                                 .raw = buf, .nbytes = narrow_item(dtype, path, fs->name, buf, numel)};
-    return count + 1;
+    long long bad = first_nonfinite(buf, n);
+    if (bad >= 0)  // never publish NaN weights; the last good checkpoint stays as it is
+        fail("%s: refusing to write '%s': element %lld is %g (the weights or optimizer state went "
+             "non-finite)", s->path, s->name, (long long)first + bad, buf[bad]);
+    return narrow_item(s->dtype, s->path, s->name, buf, n);  // in place
 }
 
 // Writes the selected tensors (several selections into one file). fmt NULL: one F32 file at
 // path (checkpoints: exact resume). Else path is a directory and the model is written in
 // fmt->dtype, sharded above fmt->max_shard bytes (the final model, as transformers saves it).
+// Each tensor is made as it is written (tensor_fill), so the host never holds more than the
+// largest one.
 static int write_tensors(const Model *m, const char *path, const int *sels, int nsel, int merge,
                          const SaveFormat *fmt) {
     const ParamTable *t = &m->tab;
     const char *dtype = fmt && fmt->dtype ? fmt->dtype : "F32";
+    const size_t es = st_dtype_size(dtype);
     int n = (int)arrlen(t->specs), count = 0;
     StWriteItem *items = xcalloc((size_t)n * nsel, sizeof(StWriteItem));
-    char **names = xcalloc((size_t)n * nsel, sizeof(char *));
-    float **bufs = xcalloc((size_t)n * nsel, sizeof(float *));
+    TensorSource *src = xcalloc((size_t)n * nsel, sizeof(TensorSource));
     for (int k = 0; k < nsel; k++)
         for (int i = 0; i < n; i++) {
             const ParamSpec *p = &t->specs[i];
             if (!selected(p, sels[k])) continue;
-            FusedSlice fs;
-            if (sels[k] == SEL_BASE && family_fused_slice(t, i, &fs)) {
-                if (fs.part == 0) count = add_fused(m, &fs, merge, dtype, path, items, names, bufs, count);
-                continue;  // the later parts went into the first one's tensor
-            }
-            int j = count++;
-            names[j] = xmalloc(strlen(SEL_PREFIX[sels[k]]) + strlen(p->name) + 1);
-            sprintf(names[j], "%s%s", SEL_PREFIX[sels[k]], p->name);
-            bufs[j] = xmalloc(sizeof(float) * p->numel);
-            if (sels[k] == SEL_BASE || sels[k] == SEL_ADAPTER) {
-                if (merge) model_get_param_merged(m, i, bufs[j]);  // W + scale * B A
-                else model_get_param(m, i, bufs[j]);
+            TensorSource *s = &src[count];
+            *s = (TensorSource){.m = m, .path = path, .dtype = dtype, .spec = i, .sel = sels[k], .merge = merge};
+            int64_t rows = p->shape[0], cols = p->shape[1];
+            if (sels[k] == SEL_BASE && family_fused_slice(t, i, &s->fs)) {
+                if (s->fs.part != 0) continue;  // the later parts go into the first one's tensor
+                s->fused = 1;
+                s->name = xstrdup(s->fs.name);
+                rows = s->fs.rows, cols = t->specs[s->fs.parts[0]].shape[1];
             } else {
-                m->bk->copy_d2h(m->bk, bufs[j], moment(m, sels[k]) + p->goff, p->numel * sizeof(float), NULL);
-                m->bk->sync(m->bk);
+                char *name = xmalloc(strlen(SEL_PREFIX[sels[k]]) + strlen(p->name) + 1);
+                sprintf(name, "%s%s", SEL_PREFIX[sels[k]], p->name);
+                s->name = name;
             }
-            long long bad = first_nonfinite(bufs[j], p->numel);
-            if (bad >= 0)  // never publish NaN weights; the last good checkpoint stays as it is
-                fail("%s: refusing to write '%s': element %lld is %g (the weights or optimizer "
-                     "state went non-finite)", path, names[j], bad, bufs[j][bad]);
-            size_t bytes = narrow_item(dtype, path, names[j], bufs[j], p->numel);  // in place
-            items[j] = (StWriteItem){.name = names[j], .ndim = p->ndim, .shape = {p->shape[0], p->shape[1]},
-                                     .dtype = dtype, .raw = bufs[j], .nbytes = bytes};
+            const int moments = sels[k] == SEL_EXP_AVG || sels[k] == SEL_EXP_AVG_SQ;
+            const size_t numel = s->fused ? (size_t)rows * (size_t)cols : p->numel;
+            items[count++] = (StWriteItem){.name = s->name, .ndim = s->fused ? 2 : p->ndim, .shape = {rows, cols},
+                                           .dtype = dtype, .nbytes = numel * es, .fill = tensor_fill, .ctx = s,
+                                           .chunk = moments ? moment_piece() : 0};
         }
     const char *meta[] = {"format", "pt", NULL};
     int rc = fmt ? write_model_files(path, items, count, fmt->max_shard) : st_write(path, items, count, meta);
-    for (int j = 0; j < count; j++) free(names[j]), free(bufs[j]);
-    free(items), free(names), free(bufs);
+    for (int j = 0; j < count; j++) free((char *)src[j].name);
+    free(items), free(src);
     return rc;
 }
 
@@ -483,16 +498,26 @@ static void shard_file(const Model *m, const char *dir, char *out, size_t cap) {
     join_path(out, cap, dir, name);
 }
 
+// A rank's flat slice of one moment (StWriteItem.fill's ctx).
+typedef struct {
+    const Model *m;
+    const float *dev;
+} MomentSlice;
+
+static size_t slice_fill(void *ctx, size_t first, size_t n, void *dst) {
+    const MomentSlice *s = ctx;
+    s->m->bk->copy_d2h(s->m->bk, dst, s->dev + first, n * sizeof(float), NULL);
+    s->m->bk->sync(s->m->bk);
+    return n * sizeof(float);
+}
+
 static int write_shard(const Model *m, const char *path) {
     const size_t n = m->local_n;
-    float *mm = xmalloc(sizeof(float) * (n ? n : 1)), *vv = xmalloc(sizeof(float) * (n ? n : 1));
-    m->bk->copy_d2h(m->bk, mm, m->adam_m, n * sizeof(float), NULL);
-    m->bk->copy_d2h(m->bk, vv, m->adam_v, n * sizeof(float), NULL);
-    m->bk->sync(m->bk);
-    StWriteItem items[] = {{"exp_avg", mm, 1, {(int64_t)n}}, {"exp_avg_sq", vv, 1, {(int64_t)n}}};
-    int rc = st_write(path, items, 2, NULL);
-    free(mm), free(vv);
-    return rc;
+    MomentSlice mm = {m, m->adam_m}, vv = {m, m->adam_v};
+    StWriteItem items[] = {
+        {.name = "exp_avg", .ndim = 1, .shape = {(int64_t)n}, .fill = slice_fill, .ctx = &mm, .chunk = moment_piece()},
+        {.name = "exp_avg_sq", .ndim = 1, .shape = {(int64_t)n}, .fill = slice_fill, .ctx = &vv, .chunk = moment_piece()}};
+    return st_write(path, items, 2, NULL);
 }
 
 static void read_shard(Model *m, const char *path) {

@@ -433,12 +433,29 @@ static int item_numel(const StWriteItem *it, size_t *numel) {
         if (it->shape[d] < 0 || __builtin_mul_overflow(n, (size_t)it->shape[d], &n)) return 0;
     if (it->dtype) {  // raw bytes of another dtype: sizes must agree
         size_t es = st_dtype_size(it->dtype);
-        if (!es || n > SIZE_MAX / es || n * es != it->nbytes || (n && !it->raw)) return 0;
+        if (!es || n > SIZE_MAX / es || n * es != it->nbytes || (n && !it->raw && !it->fill)) return 0;
         *numel = n;
         return 1;
     }
-    if (n > SIZE_MAX / 4 || (n && !it->data)) return 0;
+    if (n > SIZE_MAX / 4 || (n && !it->data && !it->fill)) return 0;
     *numel = n;
+    return 1;
+}
+
+// Elements of item `it` (numel of them) that one fill call makes.
+static size_t fill_piece(const StWriteItem *it, size_t numel) {
+    return it->chunk && it->chunk < numel ? it->chunk : numel;
+}
+
+// Writes a filled item through buf (room for the largest piece, in floats).
+static int write_filled(FILE *f, const StWriteItem *it, size_t numel, float *buf) {
+    const size_t es = it->dtype ? st_dtype_size(it->dtype) : 4, piece = fill_piece(it, numel);
+    for (size_t first = 0; first < numel; first += piece) {
+        const size_t n = numel - first < piece ? numel - first : piece;
+        const size_t bytes = it->fill(it->ctx, first, n, buf);
+        if (bytes != n * es) { errno = EIO; return 0; }  // a fill that disagrees with the header
+        if (fwrite(buf, 1, bytes, f) != bytes) return 0;
+    }
     return 1;
 }
 
@@ -503,12 +520,22 @@ int st_write(const char *path, const StWriteItem *items, int n, const char *cons
     if (!f) { free(b.p); return -1; }
     int ok = fwrite(len8, 1, 8, f) == 8 && fwrite(b.p, 1, b.len, f) == b.len;
     free(b.p);
+    size_t piece = 0;  // the filled items' one buffer: their largest piece
+    for (int i = 0; i < n; i++) {
+        size_t numel = 0;
+        item_numel(&items[i], &numel);
+        if (items[i].fill && fill_piece(&items[i], numel) > piece) piece = fill_piece(&items[i], numel);
+    }
+    float *buf = piece ? malloc(piece * sizeof(float)) : NULL;
+    if (piece && !buf) ok = 0, errno = ENOMEM;
     for (int i = 0; ok && i < n; i++) {
         size_t numel = 0;
         item_numel(&items[i], &numel);
-        if (items[i].dtype) ok = items[i].nbytes == 0 || fwrite(items[i].raw, 1, items[i].nbytes, f) == items[i].nbytes;
+        if (numel && items[i].fill) ok = write_filled(f, &items[i], numel, buf);
+        else if (items[i].dtype) ok = items[i].nbytes == 0 || fwrite(items[i].raw, 1, items[i].nbytes, f) == items[i].nbytes;
         else ok = numel == 0 || fwrite(items[i].data, 4, numel, f) == numel;
     }
+    free(buf);
     // Only a regular file is ours to fsync or remove: the path may be a device or a pipe.
     struct stat st;
     int regular = fstat(fileno(f), &st) == 0 && S_ISREG(st.st_mode);

@@ -51,6 +51,15 @@ typedef struct {
     const char *dtype;        // NULL: data is F32; else raw holds nbytes of this dtype
     const void *raw;          // (e.g. U8 packed NF4 codes)
     size_t nbytes;
+    // Or made as it is written (data and raw NULL): fill puts elements [first, first + n) of
+    // the tensor (ctx says which) at dst in the file's dtype (F32 when dtype is NULL; nbytes then still gives
+    // the size) and returns the bytes it put there. dst holds n floats, so a 2-byte dtype can
+    // be narrowed in place. st_write calls it in order, n at most `chunk` elements (0: the
+    // whole tensor at once), through one buffer it reuses for every such item: a checkpoint
+    // never holds all of its tensors in host memory at once.
+    size_t (*fill)(void *ctx, size_t first, size_t n, void *dst);
+    void *ctx;
+    size_t chunk;
 } StWriteItem;
 
 // Writes every item as F32, in order, data contiguous; metadata_kv is NULL or a

@@ -68,11 +68,12 @@ def losses(out):
     return [(d["step"], d.get("loss"), d.get("val_loss")) for d in lines]
 
 
-def run(bin_, cfg, *sets):
+def run(bin_, cfg, *sets, env=None):
     cmd = [bin_, "-c", cfg]
     for s in sets:
         cmd += ["--set", s]
-    return subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=600)
+    return subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=600,
+                          env=dict(os.environ, **(env or {})))
 
 
 def main():
@@ -94,6 +95,18 @@ def main():
         for step in (3, 6):
             check("checkpoint-%d complete" % step, all(os.path.exists(os.path.join(full, "checkpoint-%d" % step, f))
                   for f in ("model.safetensors", "config.json", "optimizer.safetensors", "trainer_state.json")))
+
+        # A checkpoint's tensors are made as they are written, the moments in pieces: written
+        # in pieces of 7 floats (none of this model's tensors a multiple of 7), its files are
+        # the default's byte for byte.
+        pieces = os.path.join(tmp, "pieces")
+        p = run(bin_, config(tmp, pieces), "max_steps=3", env={"LLMC_SAVE_PIECE_FLOATS": "7"})
+        same = p.returncode == 0 and all(
+            open(os.path.join(d, "checkpoint-3", f), "rb").read() ==
+            open(os.path.join(full, "checkpoint-3", f), "rb").read()
+            for d in (pieces,) for f in ("model.safetensors", "optimizer.safetensors"))
+        check("checkpoint written in 7-float pieces: files identical to the default's", same,
+              "rc %d %s" % (p.returncode, p.stderr[-300:]))
 
         # Explicit path: continue from checkpoint-3 into a fresh output dir.
         part = os.path.join(tmp, "part")

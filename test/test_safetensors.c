@@ -455,6 +455,85 @@ static void test_config(void) {
           rc, errno);
 }
 
+// Items made as they are written (StWriteItem.fill): the source and the pieces asked for.
+typedef struct {
+    const float *src;
+    int calls, bad_bytes;
+    size_t next, most;  // where the next piece must start; the largest piece asked for
+} FillSrc;
+
+static size_t fill_from(void *ctx, size_t first, size_t n, void *dst) {
+    FillSrc *s = ctx;
+    s->calls++;
+    if (first != s->next) s->next = (size_t)-1;  // out of order: the check below fails
+    else s->next = first + n;
+    if (n > s->most) s->most = n;
+    memcpy(dst, s->src + first, n * sizeof(float));
+    return n * sizeof(float) - (s->bad_bytes ? 1 : 0);
+}
+
+// A filled BF16 item: its floats narrowed in place (as the checkpoint writer does).
+static size_t fill_bf16(void *ctx, size_t first, size_t n, void *dst) {
+    const float *src = ((FillSrc *)ctx)->src + first;
+    uint16_t *h = dst;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t u;
+        memcpy(&u, &src[i], 4);
+        h[i] = (uint16_t)(u >> 16);  // the values below are exact in bf16
+    }
+    return n * 2;
+}
+
+static void test_write_filled(void) {
+    float big[1000], small[3] = {1, 2, 3}, half[6] = {0.5f, -2.0f, 384.0f, 0.0f, -0.125f, 7.0f};
+    Rng rng;
+    rng_seed(&rng, 11);
+    for (int i = 0; i < 1000; i++) big[i] = rng_normal(&rng);
+    // big in pieces of 7 (1000 is not a multiple), small whole, half as BF16; a plain item
+    // between them: the file must be what the same tensors written from memory give.
+    FillSrc fb = {big}, fs = {small}, fh = {half};
+    StWriteItem filled[] = {
+        {.name = "big", .ndim = 2, .shape = {10, 100}, .fill = fill_from, .ctx = &fb, .chunk = 7},
+        {.name = "plain", .data = small, .ndim = 1, .shape = {3}},
+        {.name = "small", .ndim = 1, .shape = {3}, .fill = fill_from, .ctx = &fs},
+        {.name = "half", .ndim = 2, .shape = {2, 3}, .dtype = "BF16", .nbytes = 12, .fill = fill_bf16, .ctx = &fh},
+    };
+    uint16_t hb[6];
+    for (int i = 0; i < 6; i++) {
+        uint32_t u;
+        memcpy(&u, &half[i], 4);
+        hb[i] = (uint16_t)(u >> 16);
+    }
+    StWriteItem plain[] = {
+        {"big", big, 2, {10, 100}},
+        {"plain", small, 1, {3}},
+        {"small", small, 1, {3}},
+        {.name = "half", .ndim = 2, .shape = {2, 3}, .dtype = "BF16", .raw = hb, .nbytes = 12},
+    };
+    const char *p1 = tpath("filled.safetensors"), *p2 = tpath("plain.safetensors");
+    int rc = st_write(p1, filled, 4, NULL), rc2 = st_write(p2, plain, 4, NULL);
+    check("st_write of filled items returns 0", rc == 0 && rc2 == 0, "rc %d %d errno %s", rc, rc2, strerror(errno));
+    if (rc || rc2) return;
+    size_t l1, l2;
+    char *a = read_file(p1, &l1), *b = read_file(p2, &l2);
+    check("filled items: the file the same tensors from memory give", l1 == l2 && !memcmp(a, b, l1),
+          "%zu against %zu bytes", l1, l2);
+    free(a), free(b);
+    check("filled in order, in pieces of at most 7", fb.calls == 143 && fb.next == 1000 && fb.most == 7,
+          "%d calls, ended at %zu, largest %zu", fb.calls, fb.next, fb.most);
+    check("filled whole when chunk is 0", fs.calls == 1 && fs.most == 3, "%d calls, largest %zu", fs.calls, fs.most);
+
+    // A fill that puts fewer bytes than its header promised: an error, and no file left.
+    FillSrc short_src = {big, .bad_bytes = 1};
+    StWriteItem shortf[] = {{.name = "x", .ndim = 1, .shape = {20}, .fill = fill_from, .ctx = &short_src, .chunk = 8}};
+    const char *p3 = tpath("short.safetensors");
+    errno = 0;
+    rc = st_write(p3, shortf, 1, NULL);
+    const int e = errno;
+    check("a fill short of its header: EIO, the file removed", rc == -1 && e == EIO && !path_exists(p3),
+          "rc %d errno %d exists %d", rc, e, path_exists(p3));
+}
+
 static void test_write_errors(void) {
     float x[2] = {1, 2};
     StWriteItem it[] = {{"x", x, 1, {2}}};
@@ -661,6 +740,7 @@ int main(void) {
     snprintf(tmp, sizeof tmp, "/tmp/test_st.XXXXXX");
     if (!mkdtemp(tmp)) { perror("mkdtemp"); return 2; }
     test_write_roundtrip();
+    test_write_filled();
     test_half_bf16();
     test_model_dirs();
     test_config();

@@ -519,7 +519,8 @@ def ckpt_case(stage):
     def body(errs):
         ref_tc, _ = reference("full_plain")  # 1 process: checkpoint-2 and final model
         full_tc = under_test(train_cfg(name + "_unbroken", micro=2, zero_stage=stage))
-        r = run(full_tc, ranks=2)
+        # each rank's moments are written in pieces of 7 floats, which the resume below reads
+        r = run(full_tc, ranks=2, env={"LLMC_SAVE_PIECE_FLOATS": "7"})
         if stage == 3:
             stage3_guard(r)
         ok_or_raise(r, "2-rank run with save_steps 2")
