@@ -335,26 +335,68 @@ void gpt2_load(Model *m, const char *path) {
     free(w);
 }
 
+// Table entries in the file's order (gpt2_save).
+typedef struct {
+    size_t off;
+    int spec;
+} FileSlot;
+
+static int by_offset(const void *a, const void *b) {
+    const size_t x = ((const FileSlot *)a)->off, y = ((const FileSlot *)b)->off;
+    return x < y ? -1 : x > y;
+}
+
+// Writes n zero floats (a stretch of the layout no table entry fills) through buf.
+static int write_zeros(FILE *f, float *buf, size_t cap, size_t n) {
+    memset(buf, 0, cap * sizeof(float));
+    for (size_t k; n; n -= k) {
+        k = n < cap ? n : cap;
+        if (fwrite(buf, sizeof(float), k, f) != k) return 0;
+    }
+    return 1;
+}
+
+// The tensors are written in the file's order, each made as it is written through one buffer
+// of the largest, so saving never holds the whole model a second time in host memory.
 int gpt2_save(const Model *m, const char *path, int merge) {
     const ModelConfig *c = &m->cfg;
-    size_t off[T_COUNT], total = layout(c, off);
-    float *w = xcalloc(total, sizeof(float));
-    for (int i = 0; i < (int)arrlen(m->tab.specs); i++) {
+    size_t off[T_COUNT], total = layout(c, off), most = 1;
+    const int n = (int)arrlen(m->tab.specs);
+    FileSlot *slot = xmalloc(sizeof(FileSlot) * (size_t)(n ? n : 1));
+    int k = 0;
+    for (int i = 0; i < n; i++) {
         size_t o = source_offset(m, i, off);
         if (o == (size_t)-1) continue;
-        if (merge) model_get_param_merged(m, i, w + o);
-        else model_get_param(m, i, w + o);
+        slot[k++] = (FileSlot){o, i};
+        if (m->tab.specs[i].numel > most) most = m->tab.specs[i].numel;
     }
-    long long bad = first_nonfinite(w, total);
-    if (bad >= 0) fail("%s: refusing to write: weight %lld is %g (the weights went non-finite)", path, bad, w[bad]);
+    qsort(slot, (size_t)k, sizeof(FileSlot), by_offset);
+    float *w = xmalloc(sizeof(float) * most);
     int32_t h[256] = {GPT2_MAGIC, 3, c->max_position_embeddings, c->vocab_size, c->num_hidden_layers,
                       c->num_attention_heads, c->hidden_size, c->padded_vocab};
     FILE *f = fopen(path, "wb");
-    int ok = f && fwrite(h, sizeof h, 1, f) == 1 && fwrite(w, sizeof(float), total, f) == total;
+    int ok = f && fwrite(h, sizeof h, 1, f) == 1;
+    size_t at = 0;  // floats written after the header
+    for (int j = 0; ok && j < k; j++) {
+        const ParamSpec *p = &m->tab.specs[slot[j].spec];
+        if (slot[j].off < at || slot[j].off + p->numel > total)
+            fail("internal: %s: tensor %s does not fit llm.c's layout at %zu", path, p->name, slot[j].off);
+        ok = write_zeros(f, w, most, slot[j].off - at);
+        if (merge) model_get_param_merged(m, slot[j].spec, w);
+        else model_get_param(m, slot[j].spec, w);
+        long long bad = first_nonfinite(w, p->numel);
+        if (bad >= 0)  // fail() removes the temporary directory this file is in
+            fail("%s: refusing to write: weight %lld is %g (the weights went non-finite)", path,
+                 (long long)(slot[j].off + (size_t)bad), w[bad]);
+        ok = ok && fwrite(w, sizeof(float), p->numel, f) == p->numel;
+        at = slot[j].off + p->numel;
+    }
+    ok = ok && write_zeros(f, w, most, total - at);
     if (ok && (fflush(f) != 0 || fsync(fileno(f)) != 0)) ok = 0;  // on disk before it is published
     int e = errno;
     if (f && fclose(f) != 0 && ok) ok = 0, e = errno;
     free(w);
+    free(slot);
     errno = e;
     return ok ? 0 : -1;
 }
