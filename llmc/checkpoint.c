@@ -427,6 +427,7 @@ static int write_state(const LoopState *ls, const Model *m, const char *path) {
     cJSON_AddNumberToObject(o, "skipped_steps", ls->skipped);
     cJSON_AddNumberToObject(o, "world_size", m->opt.comm ? m->opt.comm->world : 1);
     cJSON_AddNumberToObject(o, "zero_stage", m->opt.zero_stage);
+    if (ls->model_only) cJSON_AddTrueToObject(o, "save_only_model");
     snprintf(buf, sizeof buf, "%" PRIu64, ls->data_epoch);
     cJSON_AddStringToObject(o, "data_epoch", buf);
     snprintf(buf, sizeof buf, "%" PRIu64, ls->data_next);
@@ -565,7 +566,9 @@ void checkpoint_save(Model *m, const LoopState *ls, const char *output_dir) {
         join_path(path, sizeof path, tmp_dir, "trainer_state.json");
         if (rc == 0) rc = write_state(ls, m, path);
     }
-    if (rc == 0 && sharded_opt(m)) {
+    if (rc == 0 && ls->model_only) {
+        // save_only_model: the weights and the loop state only
+    } else if (rc == 0 && sharded_opt(m)) {
         shard_file(m, tmp_dir, path, sizeof path);
         rc = write_shard(m, path);
         if (rc == 0) rc = fsync_path(path);  // each rank syncs its own shard (rank 0 the rest)
@@ -822,6 +825,11 @@ static void load_state(LoopState *ls, const Model *m, const char *dir) {
     cJSON *step = cJSON_GetObjectItemCaseSensitive(o, "step");
     if (!cJSON_IsNumber(step) || step->valueint < 0) fail("%s: key 'step' missing or invalid", path);
     ls->step = step->valueint;
+    cJSON *mo = cJSON_GetObjectItemCaseSensitive(o, "save_only_model");
+    if (mo && !cJSON_IsBool(mo)) fail("%s: key 'save_only_model' must be true or false", path);
+    if (cJSON_IsTrue(mo))
+        fail("%s: written with save_only_model: true, it holds no optimizer state and cannot be resumed; "
+             "to start a new run from its weights, give the checkpoint as base_model", dir);
     cJSON *sk = cJSON_GetObjectItemCaseSensitive(o, "skipped_steps");  // absent before it existed
     if (sk && (!cJSON_IsNumber(sk) || sk->valuedouble < 0 || sk->valuedouble > ls->step ||
                sk->valuedouble != (double)sk->valueint))

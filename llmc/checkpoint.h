@@ -26,6 +26,8 @@ typedef struct {
     uint64_t data_next;
     Rng sample_rng;
     const RunIdentity *run;  // written with each checkpoint and checked on resume (NULL: neither)
+    int model_only;        // save_only_model: checkpoints without the optimizer state, which
+                           // say so in trainer_state.json and are refused by resume
 } LoopState;
 
 // Fills id from the run's configuration and model (hashing the base model's config.json and
@@ -48,6 +50,7 @@ int save_adapter(const Model *m, const char *dir, const char *base_model);
 // Loads a PEFT adapter whose rank, alpha and targets must match the run's.
 void load_adapter(Model *m, const char *dir);
 // Writes output_dir/checkpoint-STEP atomically; fails (leaving earlier checkpoints) on error.
+// With ls->model_only the optimizer state is left out.
 void checkpoint_save(Model *m, const LoopState *ls, const char *output_dir);
 // Loads weights, optimizer state and loop state from a checkpoint directory.
 void checkpoint_load(Model *m, LoopState *ls, const char *dir);

@@ -103,6 +103,8 @@ static const KeyDef KEYS[] = {
          "epoch: every epoch; no/auto/steps: from save_steps (the last step is always saved)"),
     NUM("save_total_limit", T_INT, save_total_limit, "0", 0, BIG,
         "keep at most N checkpoint-* directories (oldest removed); 0: all"),
+    NUM("save_only_model", T_BOOL, save_only_model, "false", 0, 1,
+        "checkpoints without the optimizer state: a third of the size, but they cannot be resumed"),
     NUM("log_steps", T_INT, log_steps, "1", 1, BIG, "print a step line every N steps (alias logging_steps)"),
     STR("output_dir", output_dir, "out", "metrics, checkpoints and the final model"),
     STR("resume_from_checkpoint", resume_from_checkpoint, "",
@@ -238,7 +240,6 @@ static const Rule RULES[] = {
     {"lora_on_cpu", R_NOTE, NULL, "adapters are created where the model lives"},
     {"bnb_config_kwargs", R_NOTE, NULL, "QLoRA's base is NF4 in bitsandbytes' layout with float32 absmax"},
     {"save_safetensors", R_NOTE, "true", "weights are always written as safetensors"},
-    {"save_only_model", R_NOTE, NULL, "checkpoints always include the optimizer state, so they can be resumed"},
     {"save_first_step", R_NOTE, NULL, "the first checkpoint follows save_steps"},
     {"eval_batch_size", R_NOTE, NULL, "evaluation runs micro_batch_size rows per batch (eval_batches of them from val_data shards; prepared eval rows are evaluated whole)"},
     {"group_by_length", R_NOTE, NULL, "train_data shard rows are all sequence_len tokens long"},
@@ -1119,6 +1120,9 @@ void config_plan_steps(Config *cfg, size_t windows) {
     }
     if (cfg->save_steps && (cfg->save_steps_spec < 1 || cfg->saves_per_epoch))
         printf("saving a checkpoint every %d steps and after the last step\n", cfg->save_steps);
+    if (cfg->save_only_model)
+        printf("save_only_model: checkpoints hold no optimizer state and cannot be resumed (one written when "
+               "the run is interrupted still can)\n");
     if (cfg->save_total_limit)
         printf("save_total_limit %d: older checkpoint-* directories are removed after each save\n",
                cfg->save_total_limit);

@@ -528,6 +528,7 @@ int train_main(int argc, char **argv, int arch) {
     run_identity(&run_id, &cfg, &model);
     LoopState ls = {0};
     ls.run = &run_id;
+    ls.model_only = cfg.save_only_model;
     rng_seed(&ls.sample_rng, (uint64_t)cfg.seed ^ 0x5A5A5A5AULL);
     if (cfg.resume_from_checkpoint[0]) {
         char dir[4096];
@@ -724,8 +725,10 @@ int train_main(int argc, char **argv, int arch) {
         // SIGINT/SIGTERM: this step is done; keep it in a checkpoint and stop (the last step
         // goes on to write the final model instead).
         if (ls.step < cfg.max_steps && (stopped = stop_requested(comm))) {
-            if (last_saved != ls.step) {
-                checkpoint_save(&model, &ls, cfg.output_dir);
+            if (last_saved != ls.step || ls.model_only) {
+                LoopState resumable = ls;  // made to be resumed: with the optimizer state whatever save_only_model says
+                resumable.model_only = 0;
+                checkpoint_save(&model, &resumable, cfg.output_dir);
                 printf("saved %s/checkpoint-%d\n", cfg.output_dir, ls.step);
             }
             printf("interrupted by %s at step %d/%d; resume with --set resume_from_checkpoint=auto "

@@ -9,6 +9,7 @@ checkpoint debris is cleaned and no half-written checkpoint is ever visible.
 import argparse
 import json
 import os
+import re
 import shutil
 import signal
 import struct
@@ -107,6 +108,43 @@ def main():
             for d in (pieces,) for f in ("model.safetensors", "optimizer.safetensors"))
         check("checkpoint written in 7-float pieces: files identical to the default's", same,
               "rc %d %s" % (p.returncode, p.stderr[-300:]))
+
+        # save_only_model: checkpoints without the optimizer state, with the full checkpoint's
+        # weights; resume refuses them by name; as a base_model they start a new run. A run
+        # interrupted by SIGTERM still leaves a checkpoint it resumes from bit-identically.
+        only = os.path.join(tmp, "only")
+        p = run(bin_, config(tmp, only, "save_only_model: true"), "max_steps=3")
+        ck = os.path.join(only, "checkpoint-3")
+        names = sorted(os.listdir(ck)) if os.path.isdir(ck) else []
+        check("save_only_model: checkpoint without optimizer.safetensors", p.returncode == 0 and
+              names == ["config.json", "model.safetensors", "trainer_state.json"], "rc %d %s %s" % (p.returncode, names, p.stderr[-300:]))
+        check("save_only_model: its weights are the full checkpoint's", p.returncode == 0 and
+              open(os.path.join(ck, "model.safetensors"), "rb").read() ==
+              open(os.path.join(full, "checkpoint-3", "model.safetensors"), "rb").read())
+        p = run(bin_, config(tmp, os.path.join(tmp, "only_resumed")), "resume_from_checkpoint=" + ck)
+        err = p.stderr.strip().splitlines()
+        check("save_only_model: resume refused in one line naming the key", p.returncode == 1 and len(err) == 1 and
+              "save_only_model" in err[0] and "base_model" in err[0], "rc %d %r" % (p.returncode, p.stderr[-400:]))
+        base_cfg = config(tmp, os.path.join(tmp, "only_base"), "base_model: " + ck)
+        text = open(base_cfg).read()
+        open(base_cfg, "w").write(text[text.index("train_data"):])  # the model comes from base_model
+        p = run(bin_, base_cfg, "max_steps=1")
+        check("save_only_model: the checkpoint as base_model starts a run", p.returncode == 0, p.stderr[-300:])
+        term = os.path.join(tmp, "term")
+        cfg = config(tmp, term, "save_only_model: true")
+        proc = subprocess.Popen([bin_, "-c", cfg], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        deadline = time.time() + 300
+        while time.time() < deadline and not os.path.exists(os.path.join(term, "checkpoint-6")) and proc.poll() is None:
+            time.sleep(0.002)
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate()
+        stopped = [int(x) for x in re.findall(r"interrupted by \S.* at step (\d+)/", out)]
+        if stopped:
+            p = run(bin_, cfg, "resume_from_checkpoint=auto")
+            check("save_only_model: a run stopped by SIGTERM resumes bit-identically",
+                  p.returncode == 0 and losses(term) == ref, "stopped at %s, rc %d %s" % (stopped, p.returncode, p.stderr[-300:]))
+        else:
+            check("save_only_model: the SIGTERM landed before the last step", False, "rc %s %s" % (proc.returncode, out[-300:]))
 
         # Explicit path: continue from checkpoint-3 into a fresh output dir.
         part = os.path.join(tmp, "part")
