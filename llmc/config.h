@@ -35,7 +35,8 @@ typedef struct {
     // evaluation, output, checkpoints
     int eval_steps, eval_batches, sample_steps, sample_tokens, save_steps, log_steps;
     double eval_steps_spec, save_steps_spec;  // as written: N steps, or a fraction (0, 1) of all
-    int evals_per_epoch, saves_per_epoch, save_total_limit, early_stopping_patience, save_only_model;
+    int evals_per_epoch, saves_per_epoch, save_total_limit, early_stopping_patience, save_only_model,
+        save_first_step;
     char eval_strategy[8], save_strategy[8];
     int auto_resume_from_checkpoints;
     char output_dir[1024], resume_from_checkpoint[1024];

@@ -716,7 +716,8 @@ int train_main(int argc, char **argv, int arch) {
         }
         // No checkpoint in the middle of a run of skipped steps: the last one stays the last
         // good state to go back to. (The final model is written: its weights are unchanged.)
-        if (((cfg.save_steps && ls.step % cfg.save_steps == 0) || ls.step == cfg.max_steps || early_stop) && !skip) {
+        if (((cfg.save_steps && ls.step % cfg.save_steps == 0) || ls.step == cfg.max_steps || early_stop ||
+             (cfg.save_first_step && ls.step == 1)) && !skip) {
             checkpoint_save(&model, &ls, cfg.output_dir);
             printf("saved %s/checkpoint-%d\n", cfg.output_dir, ls.step);
             last_saved = ls.step;

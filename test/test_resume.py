@@ -109,6 +109,18 @@ def main():
         check("checkpoint written in 7-float pieces: files identical to the default's", same,
               "rc %d %s" % (p.returncode, p.stderr[-300:]))
 
+        # save_first_step: a checkpoint after step 1 as well, which resumes like any other.
+        first = os.path.join(tmp, "first")
+        p = run(bin_, config(tmp, first, "save_first_step: true"), "max_steps=4")
+        names = sorted(n for n in os.listdir(first) if n.startswith("checkpoint-")) if os.path.isdir(first) else []
+        check("save_first_step: checkpoints 1, 3 and 4", p.returncode == 0 and
+              names == ["checkpoint-1", "checkpoint-3", "checkpoint-4"], "rc %d %s %s" % (p.returncode, names, p.stderr[-300:]))
+        if "checkpoint-1" in names:
+            again = os.path.join(tmp, "first_resumed")
+            p = run(bin_, config(tmp, again), "resume_from_checkpoint=" + os.path.join(first, "checkpoint-1"))
+            check("save_first_step: resumed from checkpoint-1, bit-identical losses",
+                  p.returncode == 0 and losses(again) == [r for r in ref if r[0] > 1], p.stderr[-300:])
+
         # save_only_model: checkpoints without the optimizer state, with the full checkpoint's
         # weights; resume refuses them by name; as a base_model they start a new run. A run
         # interrupted by SIGTERM still leaves a checkpoint it resumes from bit-identically.
