@@ -346,9 +346,11 @@ static int by_offset(const void *a, const void *b) {
     return x < y ? -1 : x > y;
 }
 
-// Writes n zero floats (a stretch of the layout no table entry fills) through buf.
+// Writes n zero floats (a stretch of the layout no table entry fills) through buf, which
+// holds cap. (Called before every tensor: nothing to clear when there is no stretch.)
 static int write_zeros(FILE *f, float *buf, size_t cap, size_t n) {
-    memset(buf, 0, cap * sizeof(float));
+    if (!n) return 1;
+    memset(buf, 0, (n < cap ? n : cap) * sizeof(float));
     for (size_t k; n; n -= k) {
         k = n < cap ? n : cap;
         if (fwrite(buf, sizeof(float), k, f) != k) return 0;

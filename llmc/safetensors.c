@@ -490,10 +490,12 @@ int st_write(const char *path, const StWriteItem *items, int n, const char *cons
         first = 0;
     }
     uint64_t off = 0;
+    size_t piece = 0;  // the filled items' one buffer: their largest piece
     for (int i = 0; i < n; i++) {
         const StWriteItem *it = &items[i];
         size_t numel = 0;
         item_numel(it, &numel);
+        if (it->fill && fill_piece(it, numel) > piece) piece = fill_piece(it, numel);
         if (!first) buf_str(&b, ",");
         first = 0;
         buf_json_str(&b, it->name);
@@ -520,12 +522,6 @@ int st_write(const char *path, const StWriteItem *items, int n, const char *cons
     if (!f) { free(b.p); return -1; }
     int ok = fwrite(len8, 1, 8, f) == 8 && fwrite(b.p, 1, b.len, f) == b.len;
     free(b.p);
-    size_t piece = 0;  // the filled items' one buffer: their largest piece
-    for (int i = 0; i < n; i++) {
-        size_t numel = 0;
-        item_numel(&items[i], &numel);
-        if (items[i].fill && fill_piece(&items[i], numel) > piece) piece = fill_piece(&items[i], numel);
-    }
     float *buf = piece ? malloc(piece * sizeof(float)) : NULL;
     if (piece && !buf) ok = 0, errno = ENOMEM;
     for (int i = 0; ok && i < n; i++) {

@@ -52,9 +52,9 @@ typedef struct {
     const void *raw;          // (e.g. U8 packed NF4 codes)
     size_t nbytes;
     // Or made as it is written (data and raw NULL): fill puts elements [first, first + n) of
-    // the tensor (ctx says which) at dst in the file's dtype (F32 when dtype is NULL; nbytes then still gives
-    // the size) and returns the bytes it put there. dst holds n floats, so a 2-byte dtype can
-    // be narrowed in place. st_write calls it in order, n at most `chunk` elements (0: the
+    // the tensor (ctx says which) at dst in the file's dtype (F32 when dtype is NULL; nbytes
+    // then still gives the size) and returns the bytes it put there. dst holds n floats, so a
+    // 2-byte dtype can be narrowed in place. st_write calls it in order, n at most `chunk` elements (0: the
     // whole tensor at once), through one buffer it reuses for every such item: a checkpoint
     // never holds all of its tensors in host memory at once.
     size_t (*fill)(void *ctx, size_t first, size_t n, void *dst);
