@@ -712,6 +712,7 @@ void run_identity(RunIdentity *id, const Config *cfg, const Model *m) {
         id_add(id, "use_rslora", "%s", lc->rslora ? "true" : "false");
     }
     id_add(id, "seed", "%lld", cfg->seed);
+    id_add(id, "data_seed", "%lld", config_data_seed(cfg));  // the order the data was visited in
     id_add(id, "sequence_len", "%d", cfg->sequence_len);
     if (cfg->prepared_dir[0]) {  // datasets: the prepared rows' cache key (data files, tokenizer, data keys)
         const char *slash = strrchr(cfg->prepared_dir, '/');

@@ -83,6 +83,8 @@ static const KeyDef KEYS[] = {
     NUM("adam_beta2", T_FLOAT, adam_beta2, "0.999", 0, 1, "AdamW beta2, below 1 in float32"),
     NUM("adam_epsilon", T_FLOAT, adam_epsilon, "1e-8", 0, 1, "AdamW epsilon, > 0 in float32"),
     NUM("seed", T_INT, seed, "42", 0, BIG, "seed for init, shuffling and sampling"),
+    NUM("data_seed", T_INT, data_seed, "-1", -1, BIG,
+        "seed of the training data order alone (shuffle), as HF Trainer's; -1: seed"),
     NUM("eval_steps", T_STEPS, eval_steps_spec, "0", 0, BIG,
         "evaluate every N steps, or a fraction of all steps (0.25); 0 and val_data: every epoch"),
     NUM("evals_per_epoch", T_INT, evals_per_epoch, "0", 0, BIG, "evaluations per epoch (not with eval_steps)"),
@@ -221,7 +223,6 @@ static const Rule RULES[] = {
     {"debug", R_NOTE, NULL, "there is no debug mode"}, {"strict", R_NOTE, NULL, "unknown keys are always errors here"},
     {"local_rank", R_NOTE, NULL, "the rank comes from the launcher (mpirun)"},
     {"seed_everything", R_NOTE, NULL, "seed always seeds everything"},
-    {"data_seed", R_NOTE, NULL, "shuffling uses seed"},
     // attention and kernel patches, compilation
     {"flash_attention", R_NOTE, NULL, NOTE_KERNEL}, {"flash_attn_*", R_NOTE, NULL, NOTE_KERNEL},
     {"sdp_attention", R_NOTE, NULL, NOTE_KERNEL}, {"xformers_attention", R_NOTE, NULL, NOTE_KERNEL},
@@ -562,7 +563,7 @@ static int set_key(Config *cfg, const char *key, const char *value, const char *
             fail("%s: key '%s' expects an integer, got '%s'", origin, key, value);
         if (v < k->lo || v > k->hi)
             fail("%s: key '%s' must be in [%.0f, %.0f], got %lld", origin, key, k->lo, k->hi, v);
-        if (k->off == offsetof(Config, seed)) *(long long *)field = v;
+        if (k->off == offsetof(Config, seed) || k->off == offsetof(Config, data_seed)) *(long long *)field = v;
         else *(int *)field = (int)v;
         break;
     }

@@ -23,6 +23,7 @@ typedef struct {
     double warmup_ratio, cosine_min_lr_ratio;
     double weight_decay, max_grad_norm, adam_beta1, adam_beta2, adam_epsilon;
     long long seed;
+    long long data_seed;          // the training data order (shuffle); -1: seed
     // llm.c's training semantics (train_gpt's flags; see README "train_gpt"): tokens per step
     // (0: from gradient_accumulation_steps), lr at the end of the decay as a fraction of the
     // peak (-1: unset), warmup convention (hf: s/w, llmc: (s+1)/w), HellaSwag eval file,
@@ -92,6 +93,8 @@ void config_release(Config *cfg);
 // Once the training data's size is known (windows: global micro-batches per epoch): max_steps
 // from num_epochs, warmup_ratio, fractional/per-epoch eval and save cadence; prints the plan.
 void config_plan_steps(Config *cfg, size_t windows);
+// The seed of the training data order: data_seed, or seed when it is unset (-1).
+static inline long long config_data_seed(const Config *cfg) { return cfg->data_seed >= 0 ? cfg->data_seed : cfg->seed; }
 // After a checkpoint: remove the oldest checkpoint-N beyond save_total_limit (never keep_step's).
 void config_prune_checkpoints(const Config *cfg, int keep_step);
 // The LoRA settings the keys describe (r = 0 without an adapter); fails on a bad target list.

@@ -487,7 +487,7 @@ int train_main(int argc, char **argv, int arch) {
     if (prepared) {
         char p[1200];
         snprintf(p, sizeof p, "%s/train.bin", cfg.prepared_dir);
-        rows_open(&rtrain, p, split0.dp * B, accum, T, mc.vocab_size, cfg.shuffle, (uint64_t)cfg.seed, "train rows");
+        rows_open(&rtrain, p, split0.dp * B, accum, T, mc.vocab_size, cfg.shuffle, (uint64_t)config_data_seed(&cfg), "train rows");
         snprintf(p, sizeof p, "%s/eval.bin", cfg.prepared_dir);
         have_val = cfg.has_eval_rows = path_exists(p);
         if (have_val) rows_open(&rval, p, split0.dp * B, 1, T, mc.vocab_size, 0, 0, "eval rows");
@@ -511,7 +511,7 @@ int train_main(int argc, char **argv, int arch) {
         if (cfg.overfit_single_batch)  // llm.c's -a 1: the first val batch, again and again
             loader_open(&train, cfg.val_data, split0.dp * B, T, mc.vocab_size, 0, 0, "val_data");
         else
-            loader_open(&train, cfg.train_data, split0.dp * B, T, mc.vocab_size, cfg.shuffle, (uint64_t)cfg.seed, "train_data");
+            loader_open(&train, cfg.train_data, split0.dp * B, T, mc.vocab_size, cfg.shuffle, (uint64_t)config_data_seed(&cfg), "train_data");
         have_val = cfg.val_data[0] != 0;
         if (have_val) loader_open(&val, cfg.val_data, split0.dp * B, T, mc.vocab_size, 0, 0, "val_data");
         steps_per_epoch = (double)train.total_windows / accum;

@@ -121,6 +121,31 @@ def main():
             check("save_first_step: resumed from checkpoint-1, bit-identical losses",
                   p.returncode == 0 and losses(again) == [r for r in ref if r[0] > 1], p.stderr[-300:])
 
+        # data_seed: the data order alone. Equal to seed it is the unset run; another value
+        # visits the windows in another order from the same initial weights (without shuffle
+        # it changes nothing), resumes bit-identically, and a resume without it is refused.
+        ds = os.path.join(tmp, "ds42")
+        p = run(bin_, config(tmp, ds, "data_seed: 42"))
+        check("data_seed equal to seed: the unset run's losses", p.returncode == 0 and losses(ds) == ref, p.stderr[-300:])
+        ds7 = os.path.join(tmp, "ds7")
+        p = run(bin_, config(tmp, ds7, "data_seed: 7"))
+        l7 = losses(ds7) if p.returncode == 0 else []
+        check("data_seed 7: another order (other losses from step 1)", p.returncode == 0 and len(l7) >= 6 and
+              l7[0][1] != ref[0][1] and [r[1] for r in l7[:6]] != [r[1] for r in ref[:6]], "rc %d %s" % (p.returncode, p.stderr[-300:]))
+        for name, extra in (("seq", ""), ("seq7", "data_seed: 7")):
+            p = run(bin_, config(tmp, os.path.join(tmp, name), extra), "max_steps=3", "shuffle=false")
+        check("data_seed without shuffle: no change", p.returncode == 0 and
+              losses(os.path.join(tmp, "seq")) == losses(os.path.join(tmp, "seq7")), p.stderr[-300:])
+        again = os.path.join(tmp, "ds7_resumed")
+        p = run(bin_, config(tmp, again, "data_seed: 7"), "resume_from_checkpoint=" + os.path.join(ds7, "checkpoint-3"))
+        check("data_seed 7: resumed from checkpoint-3, bit-identical losses",
+              p.returncode == 0 and losses(again) == [r for r in l7 if r[0] > 3], p.stderr[-300:])
+        p = run(bin_, config(tmp, os.path.join(tmp, "ds7_unset")), "resume_from_checkpoint=" + os.path.join(ds7, "checkpoint-3"))
+        err = p.stderr.strip().splitlines()
+        check("data_seed: resume without it refused in one line naming data_seed=7 and 42",
+              p.returncode == 1 and len(err) == 1 and "data_seed=7" in err[0] and "data_seed=42" in err[0],
+              "rc %d %r" % (p.returncode, p.stderr[-300:]))
+
         # save_only_model: checkpoints without the optimizer state, with the full checkpoint's
         # weights; resume refuses them by name; as a base_model they start a new run. A run
         # interrupted by SIGTERM still leaves a checkpoint it resumes from bit-identically.
