@@ -17,7 +17,8 @@
 #   PROBES=1 dev/bench_cpu.sh          # one timing pass per OpenBLAS core type (default 3)
 #   PROFILE=0 dev/bench_cpu.sh         # ours without --profile (no split of its step by parts)
 #
-# Each thread count runs pinned (taskset) to cores 0..N-1: ours, torch, then the roofline.
+# Each thread count runs pinned (taskset) to cores 0..N-1: the roofline, ours, the roofline again,
+# then torch.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -103,20 +104,25 @@ for n in $THREADS; do
   for r in $(seq "$ROUNDS"); do
     sfx=$([ "$ROUNDS" -gt 1 ] && echo "_r$r" || true)
     [ "$ROUNDS" -gt 1 ] && echo "== round $r of $ROUNDS"
+    # The roofline also right before ours: a round's ratio sets ours against the mean of the
+    # two rooflines that bracket it, so a load that rises or falls during ours counts on both
+    # sides (a roofline run lasts ~1 s at the small shape, ~4 s at the large; ours 4-30 s).
+    # shellcheck disable=SC2086
+    OMP_NUM_THREADS=$n pin "$n" "$BUILD/sgemm_roofline" $ROOF_ARGS --threads "$n" | tail -1 > "$DIR/roofline_$n${sfx}_pre.json"
     echo "== threads $n: train_llama"
     t0=$(date +%s.%N)
     # --profile (PROFILE=0: without) times each op of the same steps; the numbers do not change
     pin "$n" "$BIN" -c "$DIR/cfg.yaml" --set "num_threads=$n" --set "output_dir=$DIR/ours_$n$sfx" $prof \
         > "$DIR/ours_$n$sfx.log" 2>&1 || { tail -20 "$DIR/ours_$n$sfx.log"; exit 1; }
     echo "   $(echo "$(date +%s.%N) - $t0" | bc) s wall"
-    echo "== threads $n: torch"
-    OMP_NUM_THREADS=$n MKL_NUM_THREADS=$n OPENBLAS_NUM_THREADS=$n pin "$n" "$PY" dev/bench_torch.py torch --shape "$SHAPE" \
-        --dir "$DIR" --threads "$n" --steps "$STEPS" --warmup "$WARMUP" --tag "$sfx"
     echo "== threads $n: SGEMM roofline"
     # shellcheck disable=SC2086
     OMP_NUM_THREADS=$n pin "$n" "$BUILD/sgemm_roofline" $ROOF_ARGS --threads "$n" > "$DIR/roofline_$n$sfx.txt"
     head -3 "$DIR/roofline_$n$sfx.txt"
     tail -1 "$DIR/roofline_$n$sfx.txt" > "$DIR/roofline_$n$sfx.json"
+    echo "== threads $n: torch"
+    OMP_NUM_THREADS=$n MKL_NUM_THREADS=$n OPENBLAS_NUM_THREADS=$n pin "$n" "$PY" dev/bench_torch.py torch --shape "$SHAPE" \
+        --dir "$DIR" --threads "$n" --steps "$STEPS" --warmup "$WARMUP" --tag "$sfx"
   done
 done
 

@@ -127,10 +127,27 @@ def cmd_torch(a):
 
 
 def rounds(d, name):
-    """name and its repeats name_r1, name_r2, ... (dev/bench_cpu.sh ROUNDS=n) that exist in d."""
+    """name and its repeats name_r1, name_r2, ... (dev/bench_cpu.sh ROUNDS=n) that exist in d;
+    for the roofline also the runs right before ours (name_pre, name_rK_pre)."""
     base, ext = os.path.splitext(name)
-    return [p for p in [os.path.join(d, name)] + sorted(glob.glob(os.path.join(d, f"{base}_r*{ext}")))
-            if os.path.exists(p)]
+    pats = [f"{base}_r*{ext}"] + ([f"{base}_pre{ext}"] if base.startswith("roofline_") else [])
+    found = [p for pat in pats for p in glob.glob(os.path.join(d, pat))]
+    if not base.startswith("roofline_"):
+        found = [p for p in found if not p.endswith(f"_pre{ext}")]
+    return [p for p in [os.path.join(d, name)] + sorted(found) if os.path.exists(p)]
+
+
+def bracketed(d, n, sfx):
+    """The roofline of a round as ours met it: the mean of the runs right before and right after
+    ours (or the one after, for a run without the one before), with the two."""
+    post, pre = (os.path.join(d, f"roofline_{n}{sfx}{x}.json") for x in ("", "_pre"))
+    if not os.path.exists(post):
+        return None
+    r = json.load(open(post))["ms"]
+    if not os.path.exists(pre):
+        return r, None, r
+    b = json.load(open(pre))["ms"]
+    return (b + r) / 2, b, r
 
 
 def best_json(d, name):
@@ -214,7 +231,8 @@ def split_step(d, n, warmup):
 def cmd_table(a):
     print(f"\nmodel: {S['L']} layers, C {S['C']}, I {S['I']}, {S['Hq']} heads / {S['Hkv']} kv heads, "
           f"V {S['V']}; B {B}, T {T}; float32; mean of the steps after {a.warmup} warmup steps"
-          f"{'; each side the fastest of its ' + str(a.rounds) + ' rounds' if a.rounds > 1 else ''}\n")
+          f"{'; each side the fastest of its ' + str(a.rounds) + ' rounds' if a.rounds > 1 else ''}"
+          f"{'; the roofline the fastest of its runs (two a round: before and after ours)'}\n")
     print("| threads | ours ms/step | ours tok/s | torch ms/step | torch tok/s | SGEMM roofline ms/step "
           "| ours/torch | ours/roofline |")
     print("|---:|---:|---:|---:|---:|---:|---:|---:|")
@@ -248,22 +266,26 @@ def cmd_table(a):
         print(f"| {n} | {fmt(o_)} | {fmt(t_)} | {fmt(r_)} | {ratio} | {roof} |")
     for n in a.threads.split():
         split_step(a.dir, n, a.warmup)
-    if a.rounds > 1:  # each round ran the three sides back to back: its own ratios show the noise
-        print("\nround by round (ours / torch / roofline ms/step: ours/torch, ours/roofline):")
-        for n in a.threads.split():
-            own = []  # (ours/torch, ours/roofline) of each complete round
-            for k in range(1, a.rounds + 1):
-                o = ours_run(os.path.join(a.dir, f"ours_{n}_r{k}"), a.warmup)
-                tp, rp = (os.path.join(a.dir, f"{side}_{n}_r{k}.json") for side in ("torch", "roofline"))
-                t = json.load(open(tp)) if os.path.exists(tp) else None
-                r = json.load(open(rp)) if os.path.exists(rp) else None
-                if o and t and r:
-                    own.append((t['ms'] / o['ms'], r['ms'] / o['ms']))
-                    print(f"  threads {n} round {k}: {o['ms']:.1f} / {t['ms']:.1f} / {r['ms']:.1f}: "
-                          f"{t['ms'] / o['ms']:.2f}x, {100 * r['ms'] / o['ms']:.1f}%")
-            if own:  # under a neighbour's changing load the fastest-of-each table mixes rounds
-                print(f"  threads {n} median of the rounds' own ratios: {np.median([x for x, _ in own]):.2f}x, "
-                      f"{100 * np.median([y for _, y in own]):.1f}%")
+    # Each round ran the sides back to back (roofline, ours, roofline, torch): its own ratios show
+    # the noise, and their median is the figure a changing load moves least.
+    print("\nround by round (ours / torch / roofline ms/step, the roofline the mean of the runs right "
+          "before and after ours [before, after]: ours/torch, ours/roofline):")
+    for n in a.threads.split():
+        own = []  # (ours/torch, ours/roofline) of each complete round
+        for k in range(1, a.rounds + 1):
+            sfx = f"_r{k}" if a.rounds > 1 else ""
+            o = ours_run(os.path.join(a.dir, f"ours_{n}{sfx}"), a.warmup)
+            tp = os.path.join(a.dir, f"torch_{n}{sfx}.json")
+            t = json.load(open(tp)) if os.path.exists(tp) else None
+            r = bracketed(a.dir, n, sfx)
+            if o and t and r:
+                own.append((t['ms'] / o['ms'], r[0] / o['ms']))
+                both = f" [{r[1]:.1f}, {r[2]:.1f}]" if r[1] is not None else ""
+                print(f"  threads {n} round {k}: {o['ms']:.1f} / {t['ms']:.1f} / {r[0]:.1f}{both}: "
+                      f"{t['ms'] / o['ms']:.2f}x, {100 * r[0] / o['ms']:.1f}%")
+        if len(own) > 1:  # under a neighbour's changing load the fastest-of-each table mixes rounds
+            print(f"  threads {n} median of the {len(own)} rounds' own ratios: "
+                  f"{np.median([x for x, _ in own]):.2f}x, {100 * np.median([y for _, y in own]):.1f}%")
     t = None
     for n in a.threads.split():
         t = best_json(a.dir, f"torch_{n}.json") or t
