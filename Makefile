@@ -154,7 +154,7 @@ test-asan:
 FUZZ_CC ?= clang
 FUZZ_BUILD := build/fuzz
 FUZZ_SECONDS ?= 60
-FUZZ_TARGETS := safetensors hf_config yaml_config shard trainer_state adapter_config
+FUZZ_TARGETS := safetensors hf_config yaml_config shard trainer_state adapter_config rows hellaswag gpt2_bin
 FUZZ_CFLAGS := -O1 -g -fsanitize=fuzzer-no-link,address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
 
 $(BUILD)/fuzz/%.o: fuzz/%.c $(wildcard fuzz/*.h) $(HDRS)

@@ -8,7 +8,10 @@
 // not freed, and frees those after a fail(). It also closes the descriptors and unmaps the
 // files under its temporary directory that the failing parser left open. (This assumes a
 // failing reader stores no new allocation in state that outlives the call, true of the
-// readers fuzzed here; a wrong assumption would show up as a use-after-free report.)
+// readers fuzzed here; a wrong assumption would show up as a use-after-free report. A stdio
+// FILE is such state: libc keeps every open stream in a list, so a reader closes its FILE
+// before fail(). gpt2_io's header reader did not, and fuzz_gpt2_bin spun at exit in
+// _IO_flush_all_lockp, walking that list through the freed stream.)
 //
 // Each target writes its input into a file under fuzz_dir() and calls the reader on that path,
 // exactly as the trainer does: no parser is refactored for fuzzing.

@@ -120,6 +120,85 @@ put("shard", "near_negative_ntok", bytes([0, 1, 63, 0]) + shard(toks, ntok=-5))
 put("shard", "near_header_only", bytes([0, 1, 63, 0]) + shard([])[:1024])
 put("shard", "near_short_header", bytes([0, 1, 63, 0]) + shard(toks)[:100])
 
+# ---- prepared rows: 4 loader-shape bytes (B, accum, vocab, shuffle), then the rows file ------
+# (llmc/rows.h: 256 int32 header [magic, version, T, nrows, flags, max id + 1, ndocs, targets
+# (uint64)], then per row tokens[T], targets[T], doc_start[T])
+def rows_file(rows, T, packed=0, magic=20241124, version=1, nrows=None, ndocs=None, ntargets=None, max_id1=None):
+    body = b""
+    docs = targets = 0
+    top = 0
+    for toks, tgts, ds in rows:
+        body += struct.pack("<%di" % (3 * T), *(toks + tgts + ds))
+        docs += sum(1 for t in range(T) if ds[t] == t)
+        targets += sum(1 for x in tgts if x >= 0)
+        top = max([top] + [x + 1 for x in toks])
+    hdr = [0] * 256
+    hdr[:7] = [magic, version, T, len(rows) if nrows is None else nrows, packed,
+               top if max_id1 is None else max_id1, docs if ndocs is None else ndocs]
+    h = struct.pack("<256i", *hdr)
+    n = targets if ntargets is None else ntargets
+    h = h[:28] + struct.pack("<Q", n) + h[36:]
+    return h + body
+
+
+r1 = ([5, 6, 7, 8], [6, 7, 8, -1], [0, 0, 0, 0])          # one document, the last token untrained
+r2 = ([9, 3, 4, 2], [-1, 4, 2, -1], [0, 1, 1, 1])         # a packed row: documents at 0 and 1
+put("rows", "valid_one", bytes([1, 0, 63, 0]) + rows_file([r1], 4))
+put("rows", "valid_packed_shuffle", bytes([0, 1, 63, 1]) + rows_file([r1, r2, r1], 4, packed=1))
+put("rows", "near_bad_target", bytes([0, 0, 63, 0]) + rows_file([([5, 6, 7, 8], [7, 7, 8, -1], [0, 0, 0, 0])], 4))
+put("rows", "near_doc_start", bytes([0, 0, 63, 0]) + rows_file([([5, 6, 7, 8], [6, 7, 8, -1], [0, 0, 3, 0])], 4))
+put("rows", "near_vocab", bytes([0, 0, 6, 0]) + rows_file([r1], 4))
+put("rows", "near_nrows_big", bytes([0, 0, 63, 0]) + rows_file([r1], 4, nrows=1 << 30))
+put("rows", "near_counts", bytes([0, 0, 63, 0]) + rows_file([r1, r2], 4, packed=1, ndocs=7, ntargets=99))
+put("rows", "near_header_only", bytes([0, 0, 63, 0]) + rows_file([r1], 4)[:1024])
+
+# ---- HellaSwag eval file: 3 bytes (T, vocab low, vocab high), then llm.c's format ----------
+# header 256 int32 [20240522, 1, n]; each example uint16: 65535, bytes, index, label, 4,
+# context length, context, then 4 x (length, tokens)
+def hs_example(i, label, ctx, comps):
+    words = [i, label, 4, len(ctx)] + ctx
+    for c in comps:
+        words += [len(c)] + c
+    n = 2 + len(words)
+    return struct.pack("<%dH" % n, 65535, 2 * n, *words)
+
+
+def hs_file(examples, n=None, magic=20240522):
+    hdr = [0] * 256
+    hdr[:3] = [magic, 1, len(examples) if n is None else n]
+    return struct.pack("<256i", *hdr) + b"".join(examples)
+
+
+ex0 = hs_example(0, 2, [1, 2, 3], [[4], [5, 6], [7], [8, 9, 10]])
+ex1 = hs_example(1, 0, [11], [[12], [13], [14], [15]])
+put("hellaswag", "valid_two", bytes([15, 63, 0]) + hs_file([ex0, ex1]))
+put("hellaswag", "near_too_long", bytes([3, 63, 0]) + hs_file([ex0, ex1]))
+put("hellaswag", "near_vocab", bytes([15, 8, 0]) + hs_file([ex0, ex1]))
+put("hellaswag", "near_n_huge", bytes([15, 63, 0]) + hs_file([ex0], n=0x7fffffff))
+put("hellaswag", "near_index", bytes([15, 63, 0]) + hs_file([ex1, ex0]))
+put("hellaswag", "near_three_completions", bytes([15, 63, 0]) +
+    hs_file([struct.pack("<10H", 65535, 20, 0, 0, 3, 1, 5, 1, 6, 1)]))
+
+# ---- llm.c GPT-2 model.bin: header [20240326, version 3 (fp32) or 5 (bf16), maxT, V, L, NH, C,
+# padded V], then the 16 tensors. Tiny shapes (the target loads those into a model).
+def gpt2_bin(maxT, V, L, NH, C, Vp=None, version=3, extra=0, magic=20240326):
+    Vp = Vp if Vp is not None else (V + 127) // 128 * 128
+    n = Vp * C + maxT * C + L * (12 * C * C + 13 * C) + 2 * C + extra
+    hdr = [0] * 256
+    hdr[:8] = [magic, version, maxT, V, L, NH, C, Vp]
+    body = (struct.pack("<%df" % n, *[((i * 37) % 101 - 50) * 0.001 for i in range(n)]) if version == 3
+            else struct.pack("<%dH" % n, *[0x3c00 + (i % 7) for i in range(n)]))
+    return struct.pack("<256i", *hdr) + body
+
+
+put("gpt2_bin", "valid_fp32", gpt2_bin(8, 50, 1, 2, 8))
+put("gpt2_bin", "valid_bf16", gpt2_bin(4, 100, 2, 4, 8, version=5))
+put("gpt2_bin", "near_truncated", gpt2_bin(8, 50, 1, 2, 8)[:-4])
+put("gpt2_bin", "near_long", gpt2_bin(8, 50, 1, 2, 8, extra=1))
+put("gpt2_bin", "near_heads", gpt2_bin(8, 50, 1, 3, 8))
+put("gpt2_bin", "near_padded_small", gpt2_bin(8, 200, 1, 2, 8, Vp=128))
+put("gpt2_bin", "near_xl_header", struct.pack("<256i", *([20240326, 3, 1024, 50257, 48, 25, 1600, 50304] + [0] * 248)))
+
 # ---- trainer_state.json (as checkpoint_save writes it) --------------------------------------
 state = {"step": 1, "skipped_steps": 0, "world_size": 1, "zero_stage": 0, "data_epoch": "0",
          "data_next": "3", "sample_rng": ["1", "2", "3", "18446744073709551615"]}

@@ -542,6 +542,11 @@ void hellaswag_open(HellaSwag *h, const char *path, int T, int vocab) {
     if (hd[0] != 20240522) fail("%s: bad magic %d (expected 20240522, llm.c's eval file)", path, hd[0]);
     if (hd[1] != 1) fail("%s: unsupported version %d (expected 1)", path, hd[1]);
     if (hd[2] <= 0) fail("%s: %d examples", path, hd[2]);
+    // The smallest example is 15 uint16 (6 fields, a 1-token context, 4 one-token completions):
+    // a count the file cannot hold fails before the per-example arrays are sized by it.
+    if ((size_t)hd[2] > (len - 1024) / 30)
+        fail("%s: the header says %d examples, but %zu bytes after the header hold at most %zu", path, hd[2],
+             len - 1024, (len - 1024) / 30);
     h->n = hd[2];
     h->label = xcalloc((size_t)h->n, sizeof(int));
     h->ctx_len = xcalloc((size_t)h->n, sizeof(int));

@@ -219,17 +219,50 @@ static void hf_gpt2_load(Model *m, const char *dir) {
     st_model_close(sm);
 }
 
-static void read_header(const char *path, int32_t h[256], FILE **fp) {
+// Element offsets of llm.c's 16 tensors for a config, and the total; SIZE_MAX when the total
+// does not fit a size_t (a header's sizes are only checked to be positive ints).
+enum { T_WTE, T_WPE, T_LN1W, T_LN1B, T_QKVW, T_QKVB, T_APW, T_APB, T_LN2W, T_LN2B, T_FCW, T_FCB,
+       T_FPW, T_FPB, T_LNFW, T_LNFB, T_COUNT };
+
+static size_t layout(const ModelConfig *c, size_t off[T_COUNT]) {
+    const size_t C = c->hidden_size, L = c->num_hidden_layers, I = c->intermediate_size;
+    const size_t f[T_COUNT][3] = {{(size_t)c->padded_vocab, C, 1}, {(size_t)c->max_position_embeddings, C, 1},
+                                  {L, C, 1}, {L, C, 1}, {L, 3 * C, C}, {L, 3 * C, 1}, {L, C, C}, {L, C, 1},
+                                  {L, C, 1}, {L, C, 1}, {L, I, C}, {L, I, 1}, {L, C, I}, {L, C, 1}, {C, 1, 1},
+                                  {C, 1, 1}};
+    size_t o = 0;
+    for (int i = 0; i < T_COUNT; i++) {
+        size_t n;
+        off[i] = o;
+        if (__builtin_mul_overflow(f[i][0], f[i][1], &n) || __builtin_mul_overflow(n, f[i][2], &n) ||
+            __builtin_add_overflow(o, n, &o))
+            return SIZE_MAX;
+    }
+    return o;
+}
+
+// The header, checked; the file is left open after it. A bad header closes the file before
+// failing (the fuzz harness returns from fail() and frees what the reader allocated: a FILE
+// left open would stay linked in libc's list of streams).
+static FILE *read_header(const char *path, int32_t h[256]) {
     FILE *f = fopen(path, "rb");
     if (!f) fail("%s: cannot open GPT-2 checkpoint: %s", path, strerror(errno));
-    if (fread(h, sizeof(int32_t), 256, f) != 256) fail("%s: truncated: shorter than the 1024-byte header", path);
-    if (h[0] != GPT2_MAGIC) fail("%s: bad magic %d (expected %d, an llm.c GPT-2 checkpoint)", path, h[0], GPT2_MAGIC);
-    if (h[1] != 3 && h[1] != 5) fail("%s: unsupported version %d (expected 3 = fp32 or 5 = bf16)", path, h[1]);
-    for (int i = 2; i <= 7; i++)
-        if (h[i] <= 0) fail("%s: header field %d is %d, expected a positive size", path, i, h[i]);
-    if (h[7] < h[3]) fail("%s: padded vocab %d is smaller than vocab %d", path, h[7], h[3]);
-    if (h[6] % h[5]) fail("%s: channels %d are not a multiple of heads %d", path, h[6], h[5]);
-    *fp = f;
+    char why[160] = "";
+    if (fread(h, sizeof(int32_t), 256, f) != 256)
+        snprintf(why, sizeof why, "truncated: shorter than the 1024-byte header");
+    else if (h[0] != GPT2_MAGIC)
+        snprintf(why, sizeof why, "bad magic %d (expected %d, an llm.c GPT-2 checkpoint)", h[0], GPT2_MAGIC);
+    else if (h[1] != 3 && h[1] != 5)
+        snprintf(why, sizeof why, "unsupported version %d (expected 3 = fp32 or 5 = bf16)", h[1]);
+    for (int i = 2; i <= 7 && !why[0]; i++)
+        if (h[i] <= 0) snprintf(why, sizeof why, "header field %d is %d, expected a positive size", i, h[i]);
+    if (!why[0] && h[7] < h[3]) snprintf(why, sizeof why, "padded vocab %d is smaller than vocab %d", h[7], h[3]);
+    if (!why[0] && h[6] % h[5]) snprintf(why, sizeof why, "channels %d are not a multiple of heads %d", h[6], h[5]);
+    if (why[0]) {
+        fclose(f);
+        fail("%s: %s", path, why);
+    }
+    return f;
 }
 
 void gpt2_read_config(const char *path, ModelConfig *c) {
@@ -238,29 +271,24 @@ void gpt2_read_config(const char *path, ModelConfig *c) {
         return;
     }
     int32_t h[256];
-    FILE *f;
-    read_header(path, h, &f);
-    fclose(f);
+    fclose(read_header(path, h));
     model_config_defaults(c);
     c->max_position_embeddings = h[2], c->vocab_size = h[3], c->num_hidden_layers = h[4];
     c->num_attention_heads = h[5], c->hidden_size = h[6];
     gpt2_complete_config(c);
     if (c->padded_vocab != h[7]) c->padded_vocab = h[7];  // keep the file's padding
     model_config_validate(c, path);
-}
-
-// Element offsets of llm.c's 16 tensors for a config, and the total.
-enum { T_WTE, T_WPE, T_LN1W, T_LN1B, T_QKVW, T_QKVB, T_APW, T_APB, T_LN2W, T_LN2B, T_FCW, T_FCB,
-       T_FPW, T_FPB, T_LNFW, T_LNFB, T_COUNT };
-
-static size_t layout(const ModelConfig *c, size_t off[T_COUNT]) {
-    const size_t C = c->hidden_size, L = c->num_hidden_layers, I = c->intermediate_size;
-    const size_t sizes[T_COUNT] = {(size_t)c->padded_vocab * C, (size_t)c->max_position_embeddings * C,
-                                   L * C, L * C, L * 3 * C * C, L * 3 * C, L * C * C, L * C, L * C, L * C,
-                                   L * I * C, L * I, L * C * I, L * C, C, C};
-    size_t o = 0;
-    for (int i = 0; i < T_COUNT; i++) off[i] = o, o += sizes[i];
-    return o;
+    // The caller allocates the model this header describes: a file that does not hold it
+    // (truncated, or another file's header) fails now, not after gigabytes were allocated.
+    size_t off[T_COUNT], total = layout(c, off), es = h[1] == 3 ? 4 : 2, want;
+    struct stat st;
+    if (stat(path, &st) != 0) fail("%s: cannot stat GPT-2 checkpoint: %s", path, strerror(errno));
+    if (total == SIZE_MAX || __builtin_mul_overflow(total, es, &want) || __builtin_add_overflow(want, 1024, &want))
+        fail("%s: header describes more parameters than a file can hold", path);
+    if ((uint64_t)st.st_size != want)
+        fail("%s: %s: the header promises %zu parameters (%zu bytes with the header), the file has %lld bytes",
+             path, (uint64_t)st.st_size < want ? "truncated" : "longer than its header describes", total, want,
+             (long long)st.st_size);
 }
 
 // Where table entry i lives in llm.c's flat layout.
@@ -302,12 +330,11 @@ void gpt2_load(Model *m, const char *path) {
         return;
     }
     int32_t h[256];
-    FILE *f;
-    read_header(path, h, &f);
+    FILE *f = read_header(path, h);
     const ModelConfig *c = &m->cfg;
     if (h[2] != c->max_position_embeddings || h[3] != c->vocab_size || h[4] != c->num_hidden_layers ||
         h[5] != c->num_attention_heads || h[6] != c->hidden_size || h[7] != c->padded_vocab)
-        fail("%s: checkpoint shape (maxT %d, V %d, L %d, NH %d, C %d, Vp %d) differs from the model", path,
+        fclose(f), fail("%s: checkpoint shape (maxT %d, V %d, L %d, NH %d, C %d, Vp %d) differs from the model", path,
              h[2], h[3], h[4], h[5], h[6], h[7]);
     size_t off[T_COUNT], total = layout(c, off), es = h[1] == 3 ? 4 : 2;
     void *raw = xmalloc(total * es);

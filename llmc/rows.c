@@ -104,7 +104,8 @@ void rows_open(RowLoader *rl, const char *path, int B, int accum, int T, int voc
              path, h[2], T);
     if (h[3] <= 0) fail("%s: %s file has %d rows (at least one is needed)", path, what, h[3]);
     if (h[4] & ~ROWS_FLAG_PACKED) fail("%s: unknown flags 0x%x in the header", path, (unsigned)h[4]);
-    if (h[5] < 0 || h[5] > vocab)
+    if (h[5] < 0) fail("%s: negative token id bound %d in the header", path, h[5]);
+    if (h[5] > vocab)
         fail("%s: token ids go up to %d, but the model's vocab_size is %d (a tokenizer of another model?)",
              path, h[5] - 1, vocab);
     if (h[6] < 0) fail("%s: negative document count %d in the header", path, h[6]);

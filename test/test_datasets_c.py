@@ -536,6 +536,8 @@ def case_bad_rows(e):
         ("bad doc_start", variant("ds", bad_ds), ["train.bin", "row 0, position 3", "doc_start"]),
         ("header target count", variant("count", header={7: 3, 8: 0}), ["train.bin", "target tokens"]),
         ("header ids above vocab", variant("vocab", header={5: VOCAB + 1}), ["train.bin", "vocab_size is 64"]),
+        ("header id bound INT_MIN", variant("negid", header={5: -2 ** 31}),  # found by fuzz_rows (UBSan)
+         ["train.bin", "negative token id bound -2147483648"]),
         ("unknown version", variant("version", header={1: 2}), ["train.bin", "version 2"]),
     ]
     for tag, d, needles in cases:

@@ -16,6 +16,8 @@ model sources.
   sample           ids without gpt2_tokenizer.bin (with a note) equal llm.c's xorshift sampler
                    over the reference's logits; with a tokenizer file written here, its text
   descriptors      d6 and gpt3:c384 parameter counts; unknown descriptors refused
+  model_file       a model.bin truncated, too long, or with a GPT-2 XL header over 1 KiB: one
+                   line naming the file, before the model is allocated (1 GiB address limit)
   hf_gpt2          a tiny GPT-2 in Hugging Face's layout (config.json + model.safetensors,
                    Conv1D weights in x out) under openai-community/gpt2 in a temporary HF cache
                    and as a directory: -e gpt2 / -e DIR give the reference's first-step loss
@@ -333,6 +335,15 @@ def check_hellaswag(work, cfg, w):
     p = run("-e model.bin -i train.bin -j val.bin -o out_hs2 -b 8 -t 16 -x 1 -s 0 -h 1".split(), work, check=False)
     if p.returncode == 0 or "no start delimiter 65535" not in p.stderr:
         errs.append("corrupt file: exit %d, %r" % (p.returncode, p.stderr[-200:]))
+    # a header that claims more examples than the file holds: one line, before anything is
+    # sized by the count (2^31 - 1 examples would ask for 8 GiB of per-example arrays)
+    write_hellaswag(os.path.join(d, "hellaswag_val.bin"), examples)
+    with open(os.path.join(d, "hellaswag_val.bin"), "r+b") as f:
+        f.seek(8)
+        f.write(struct.pack("<i", 2 ** 31 - 1))
+    p = run("-e model.bin -i train.bin -j val.bin -o out_hs4 -b 8 -t 16 -x 1 -s 0 -h 1".split(), work, check=False)
+    if p.returncode != 1 or "the header says 2147483647 examples" not in p.stderr or len(p.stderr.strip().splitlines()) != 1:
+        errs.append("example count 2^31-1: exit %d, %r" % (p.returncode, p.stderr[-200:]))
     # B < 4 cannot hold one example
     write_hellaswag(os.path.join(d, "hellaswag_val.bin"), examples)
     p = run("-e model.bin -i train.bin -j val.bin -o out_hs3 -b 2 -t 16 -x 1 -s 0 -h 1".split(), work, check=False)
@@ -420,6 +431,35 @@ def check_descriptors(work):
     if p.returncode == 0 or "exceeds the model's max_position_embeddings 1024" not in p.stderr:
         errs.append("-e d6 -t 2048: exit %d, %r" % (p.returncode, p.stderr[-300:]))
     report("descriptors", errs)
+
+
+def check_model_file(work):
+    """An llm.c model.bin that does not hold what its header describes fails before the model
+    is allocated, in one line naming the file: truncated by 4 bytes, 4 bytes too long, and a
+    1 KiB file whose header claims GPT-2 XL (1.5B parameters, ~6 GB of float32) under a 1 GiB
+    address-space limit."""
+    import resource
+    errs = []
+    raw = open(os.path.join(work, "model.bin"), "rb").read()
+    xl = bytearray(raw[:1024])
+    struct.pack_into("<5i", xl, 8, 1024, 50257, 48, 25, 1600)  # maxT, V, L, NH, C (Vp stays at [7])
+    struct.pack_into("<i", xl, 28, 50304)
+    cases = (("short.bin", raw[:-4], "truncated"), ("long.bin", raw + b"\0" * 4, "longer than its header"),
+             ("xl.bin", bytes(xl), "truncated"))
+    for name, data, what in cases:
+        with open(os.path.join(work, name), "wb") as f:
+            f.write(data)
+
+        def limit():
+            resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))
+        env = dict(os.environ, LLMC_DEVICE="cpu", OMP_NUM_THREADS="1")
+        p = subprocess.run([ARGS.bin, "-e", name, "-i", "train.bin", "-j", "val.bin", "-o", "out_bad", "-b", "1",
+                            "-t", "8", "-x", "1", "-v", "0", "-s", "0"], cwd=work, env=env, capture_output=True,
+                           text=True, timeout=120, preexec_fn=limit if name == "xl.bin" else None)
+        lines = p.stderr.strip().splitlines()
+        if p.returncode != 1 or len(lines) != 1 or name not in lines[0] or what not in lines[0]:
+            errs.append("%s: exit %d, %r" % (name, p.returncode, p.stderr[-300:]))
+    report("model_file", errs)
 
 
 hf_gpt2_dir = G.save_hf_dir
@@ -535,6 +575,7 @@ def main():
                   ("hellaswag", lambda: check_hellaswag(work, cfg, w)),
                   ("sample", lambda: check_sample(work, cfg, w)),
                   ("descriptors", lambda: check_descriptors(work)),
+                  ("model_file", lambda: check_model_file(work)),
                   ("hf_gpt2", lambda: check_hf_gpt2(work, tokens)),
                   ("overfit", lambda: check_overfit(work)),
                   ("llmc_cpu", lambda: check_llmc_cpu(work))]
