@@ -20,7 +20,7 @@ typedef enum { T_INT, T_FLOAT, T_BOOL, T_STR, T_ENUM, T_SIZE, T_LIST, T_STEPS } 
 typedef struct {
     const char *name;
     KeyType type;
-    size_t off, size;   // where in Config; size for strings
+    size_t off, size;   // where in Config; the field's size (an int or a long long, a float or a double)
     const char *def;    // default as text (NULL: none)
     double lo, hi;      // range for numbers
     const char *choices;  // "a|b|c" for enums
@@ -28,7 +28,7 @@ typedef struct {
 } KeyDef;
 
 #define NUM(key, typ, field, def, lo, hi, help) \
-    {key, typ, offsetof(Config, field), 0, def, lo, hi, NULL, help}
+    {key, typ, offsetof(Config, field), sizeof(((Config *)0)->field), def, lo, hi, NULL, help}
 #define STR(key, field, def, help) \
     {key, T_STR, offsetof(Config, field), sizeof(((Config *)0)->field), def, 0, 0, NULL, help}
 #define ENUM(key, field, def, choices, help) \
@@ -563,7 +563,7 @@ static int set_key(Config *cfg, const char *key, const char *value, const char *
             fail("%s: key '%s' expects an integer, got '%s'", origin, key, value);
         if (v < k->lo || v > k->hi)
             fail("%s: key '%s' must be in [%.0f, %.0f], got %lld", origin, key, k->lo, k->hi, v);
-        if (k->off == offsetof(Config, seed) || k->off == offsetof(Config, data_seed)) *(long long *)field = v;
+        if (k->size == sizeof(long long)) *(long long *)field = v;
         else *(int *)field = (int)v;
         break;
     }
@@ -574,7 +574,7 @@ static int set_key(Config *cfg, const char *key, const char *value, const char *
             fail("%s: key '%s' expects a number, got '%s'", origin, key, value);
         if (v < k->lo || v > k->hi)
             fail("%s: key '%s' must be in [%.10g, %.10g], got %.10g", origin, key, k->lo, k->hi, v);
-        if (k->off == offsetof(Config, model.rms_norm_eps)) *(float *)field = (float)v;
+        if (k->size == sizeof(float)) *(float *)field = (float)v;
         else *(double *)field = v;
         break;
     }
