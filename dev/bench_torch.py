@@ -131,10 +131,8 @@ def rounds(d, name):
     for the roofline also the runs right before ours (name_pre, name_rK_pre)."""
     base, ext = os.path.splitext(name)
     pats = [f"{base}_r*{ext}"] + ([f"{base}_pre{ext}"] if base.startswith("roofline_") else [])
-    found = [p for pat in pats for p in glob.glob(os.path.join(d, pat))]
-    if not base.startswith("roofline_"):
-        found = [p for p in found if not p.endswith(f"_pre{ext}")]
-    return [p for p in [os.path.join(d, name)] + sorted(found) if os.path.exists(p)]
+    found = sorted(p for pat in pats for p in glob.glob(os.path.join(d, pat)))
+    return [p for p in [os.path.join(d, name)] + found if os.path.exists(p)]
 
 
 def bracketed(d, n, sfx):
@@ -232,7 +230,7 @@ def cmd_table(a):
     print(f"\nmodel: {S['L']} layers, C {S['C']}, I {S['I']}, {S['Hq']} heads / {S['Hkv']} kv heads, "
           f"V {S['V']}; B {B}, T {T}; float32; mean of the steps after {a.warmup} warmup steps"
           f"{'; each side the fastest of its ' + str(a.rounds) + ' rounds' if a.rounds > 1 else ''}"
-          f"{'; the roofline the fastest of its runs (two a round: before and after ours)'}\n")
+          "; the roofline the fastest of its runs (two a round: before and after ours)\n")
     print("| threads | ours ms/step | ours tok/s | torch ms/step | torch tok/s | SGEMM roofline ms/step "
           "| ours/torch | ours/roofline |")
     print("|---:|---:|---:|---:|---:|---:|---:|---:|")
