@@ -558,7 +558,7 @@ void checkpoint_save(Model *m, const LoopState *ls, const char *output_dir) {
         if (mkdir_p(tmp_dir) != 0) fail("%s: cannot create checkpoint directory: %s", tmp_dir, strerror(errno));
     }
     c->barrier(c);
-    model_gather_all(m);  // ZeRO-3: whole tensors for rank 0 to write
+    model_gather_all(m);  // sharded weights: the other ranks serve rank 0's reads until model_gather_done
     int rc = 0;
     if (rank == 0) {
         // An adapter run's checkpoint holds the adapter; the frozen base stays where it came from.

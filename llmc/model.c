@@ -469,6 +469,8 @@ void model_check_memory(const ModelConfig *c, const LoraConfig *lora, const Mode
 }
 
 
+static int rank_ranges(const ParamTable *t, int zero_stage, int rank, OwnedRange *out, size_t *local_n);
+
 void model_create(Model *m, Backend *bk, const ModelConfig *cfg, const LoraConfig *lora,
                   const ModelOptions *opt) {
     memset(m, 0, sizeof *m);
@@ -489,22 +491,7 @@ void model_create(Model *m, Backend *bk, const ModelConfig *cfg, const LoraConfi
     const size_t n = t->num_resident, full = t->shard * world;
     // Which trainable indices this rank optimizes (see Model.owned).
     m->owned = xcalloc((size_t)L + 1, sizeof(*m->owned));
-    if (zero3) {
-        size_t local = 0;
-        for (int u = 0; u <= L; u++) {
-            size_t s = unit_shard(t, u), g0 = t->units[u] + rank * s, g1 = g0 + s;
-            if (g1 > t->units[u + 1]) g1 = t->units[u + 1];
-            if (g0 < g1) m->owned[m->nowned++] = (OwnedRange){g0, g1, local};
-            local += s;
-        }
-        m->local_n = local;
-    } else if (m->opt.zero_stage >= 1) {
-        m->owned[m->nowned++] = (OwnedRange){rank * t->shard, (rank + 1) * t->shard, 0};
-        m->local_n = t->shard;
-    } else {
-        m->owned[m->nowned++] = (OwnedRange){0, t->num_trainable, 0};
-        m->local_n = t->num_trainable;
-    }
+    m->nowned = rank_ranges(t, m->opt.zero_stage, rank, m->owned, &m->local_n);
     const size_t g = m->local_n;
     m->params = dev_alloc_zero(bk, n * bk->act_bytes, "parameters");
     if (zero3) {
@@ -554,17 +541,56 @@ void model_create(Model *m, Backend *bk, const ModelConfig *cfg, const LoraConfi
     }
 }
 
-int model_owned_part(const Model *m, const ParamSpec *p, size_t *a, size_t *b, size_t *local) {
+// The trainable indices rank `rank` optimizes (Model.owned): under ZeRO-3 its piece of every
+// unit (the rank-th unit_shard of each, clipped to the unit), under ZeRO-1 its flat shard, else
+// all of them. out has room for L + 1 ranges; returns how many, and the local count in *local_n.
+// Every rank computes any rank's ranges alike (saving a sharded model relies on it).
+static int rank_ranges(const ParamTable *t, int zero_stage, int rank, OwnedRange *out, size_t *local_n) {
+    int n = 0;
+    if (zero_stage >= 3) {
+        size_t local = 0;
+        for (int u = 0; u <= t->cfg.num_hidden_layers; u++) {
+            size_t s = unit_shard(t, u), g0 = t->units[u] + rank * s, g1 = g0 + s;
+            if (g1 > t->units[u + 1]) g1 = t->units[u + 1];
+            if (g0 < g1) out[n++] = (OwnedRange){g0, g1, local};
+            local += s;
+        }
+        *local_n = local;
+    } else if (zero_stage >= 1) {
+        out[n++] = (OwnedRange){rank * t->shard, (rank + 1) * t->shard, 0};
+        *local_n = t->shard;
+    } else {
+        out[n++] = (OwnedRange){0, t->num_trainable, 0};
+        *local_n = t->num_trainable;
+    }
+    return n;
+}
+
+static int part_in(const OwnedRange *r, int n, const ParamSpec *p, size_t *a, size_t *b, size_t *local) {
     if (!p->trainable) return 0;
-    for (int k = 0; k < m->nowned; k++) {
-        size_t lo = m->owned[k].g0 > p->goff ? m->owned[k].g0 : p->goff;
-        size_t hi = m->owned[k].g1 < p->goff + p->numel ? m->owned[k].g1 : p->goff + p->numel;
+    for (int k = 0; k < n; k++) {
+        size_t lo = r[k].g0 > p->goff ? r[k].g0 : p->goff;
+        size_t hi = r[k].g1 < p->goff + p->numel ? r[k].g1 : p->goff + p->numel;
         if (lo < hi) {  // a tensor lies in one unit, and ZeRO-1's single range cuts it once
-            *a = lo, *b = hi, *local = m->owned[k].local + (lo - m->owned[k].g0);
+            *a = lo, *b = hi, *local = r[k].local + (lo - r[k].g0);
             return 1;
         }
     }
     return 0;
+}
+
+int model_owned_part(const Model *m, const ParamSpec *p, size_t *a, size_t *b, size_t *local) {
+    return part_in(m->owned, m->nowned, p, a, b, local);
+}
+
+// The same for any rank of the run.
+static int rank_part(const Model *m, const ParamSpec *p, int rank, size_t *a, size_t *b, size_t *local) {
+    if (!m->opt.comm || rank == m->opt.comm->rank) return model_owned_part(m, p, a, b, local);
+    OwnedRange *r = xcalloc((size_t)m->cfg.num_hidden_layers + 1, sizeof *r);
+    size_t n_local;
+    int got = part_in(r, rank_ranges(&m->tab, m->opt.zero_stage, rank, r, &n_local), p, a, b, local);
+    free(r);
+    return got;
 }
 
 // Kernels index the B x T rows of a micro-batch with int, and every activation's bytes must fit
@@ -778,9 +804,104 @@ void model_set_param(Model *m, int i, const float *src) {
         m->bk->copy_h2d(m->bk, m->master + loc, src + (a - p->goff), (b - a) * sizeof(float), NULL);
 }
 
+// ---- reading a sharded model's tensors (saving) ------------------------------------------
+// Under ZeRO-3 each rank keeps a piece of every trainable weight, and under ZeRO >= 1 with an
+// fp32 master (bf16 weights, or offload_optimizer) the master is spread over the ranks: what is
+// saved is the master. Rank 0 writes the files, pulling whole tensors through model_get_param,
+// in whatever order its writer wants them. So between model_gather_all and model_gather_done
+// rank 0 asks for a tensor by broadcasting its index; then each rank that holds a piece of it
+// broadcasts the piece in turn (float32, in chunks), and rank 0 copies each into place; the
+// other ranks answer such requests until rank 0 sends -1. At no time does any rank hold more
+// than one tensor and a chunk of it (rank 0 once gathered the whole fp32 master into host
+// memory, and ZeRO-3 without a master the whole model into device memory, which the plan did
+// not count: a run that fitted would have run out of memory at its first save).
+
+// The tensor's trainable values are sharded over the ranks' memories.
+static int sharded(const Model *m) {
+    return m->opt.comm && m->opt.comm->world > 1 &&
+           (m->opt.zero_stage >= 3 || (m->master && m->opt.zero_stage >= 1));
+}
+
+// This rank holds all of trainable tensor p (at local index *loc): always unless sharded.
+static int whole_here(const Model *m, const ParamSpec *p, size_t *loc) {
+    size_t a, b;
+    if (!sharded(m) && m->opt.zero_stage < 3) {
+        *loc = p->goff;  // whole weights on every rank; an fp32 master, if any, is not split either
+        return 1;
+    }
+    return model_owned_part(m, p, &a, &b, loc) && a == p->goff && b == p->goff + p->numel;
+}
+
+// n float32 values of this rank's piece from local index loc: the fp32 master (host memory
+// under offload_optimizer), else the act weights.
+static void read_piece(const Model *m, size_t loc, size_t n, float *dst) {
+    Backend *bk = m->bk;
+    if (m->master && m->opt.offload_optimizer) {
+        memcpy(dst, m->master + loc, n * sizeof(float));
+    } else if (m->master) {
+        bk->copy_d2h(bk, dst, m->master + loc, n * sizeof(float), NULL);
+        bk->sync(bk);
+    } else {
+        bk->download_act(bk, dst, act_at(bk, m->params, loc), n);
+    }
+}
+
+// Every rank's part of trainable tensor i, in rank order, into rank 0's dst (NULL elsewhere).
+// Rank 0 reads its own part directly; any other part travels as float32 broadcasts from its
+// rank of at most LLMC_SAVE_GATHER_FLOATS (default 4M) floats, so that tests can make a piece
+// take several.
+static void gather_tensor(const Model *m, int i, float *dst) {
+    const ParamSpec *p = &m->tab.specs[i];
+    Comm *c = m->opt.comm;
+    const char *env = getenv("LLMC_SAVE_GATHER_FLOATS");
+    size_t chunk = env && atol(env) > 0 ? (size_t)atol(env) : (size_t)4 << 20, a, b, loc;
+    if (chunk > p->numel) chunk = p->numel;
+    float *buf = NULL;
+    for (int r = 0; r < c->world; r++) {
+        if (!rank_part(m, p, r, &a, &b, &loc)) continue;
+        if (r == 0) {
+            if (c->rank == 0) read_piece(m, loc, b - a, dst + (a - p->goff));
+            continue;
+        }
+        if (!buf) buf = xmalloc(chunk * sizeof(float));
+        for (size_t k = 0; k < b - a; k += chunk) {
+            const size_t n = b - a - k < chunk ? b - a - k : chunk;
+            if (c->rank == r) read_piece(m, loc + k, n, buf);
+            c->broadcast(c, buf, n * sizeof(float), r);
+            if (c->rank == 0) memcpy(dst + (a - p->goff) + k, buf, n * sizeof(float));
+        }
+    }
+    free(buf);
+}
+
+// Rank 0's request: a tensor's index, or -1 when it has read all it wants.
+static int64_t request(const Model *m, int64_t req) {
+    m->opt.comm->broadcast(m->opt.comm, &req, sizeof req, 0);
+    return req;
+}
+
+void model_gather_all(Model *m) {
+    if (!sharded(m)) return;
+    if (m->opt.comm->rank == 0) {
+        m->gathering = 1;
+        return;
+    }
+    for (int64_t i; (i = request(m, -1)) >= 0;) {
+        if (i >= arrlen(m->tab.specs) || !m->tab.specs[i].trainable)
+            fail("internal: rank 0 asked for tensor %lld, not a trainable one", (long long)i);
+        gather_tensor(m, (int)i, NULL);
+    }
+}
+
+void model_gather_done(Model *m) {
+    if (!m->gathering) return;
+    request(m, -1);
+    m->gathering = 0;
+}
+
 void model_get_param(const Model *m, int i, float *dst) {
     const ParamSpec *p = &m->tab.specs[i];
-    size_t a, b, loc;
+    size_t loc;
     if (p->quant) {
         // Dequantized on the host from a copy of the region, exactly as the kernel would.
         size_t bytes = nf4_region_bytes(p->numel, 64, 1);
@@ -796,16 +917,14 @@ void model_get_param(const Model *m, int i, float *dst) {
     } else if (p->streamed) {
         const char *blk = (const char *)m->host_blocks + (size_t)p->layer * m->tab.block_bytes;
         m->bk->host_to_f32(m->bk, dst, blk + p->offset * m->bk->act_bytes, p->numel);
-    } else if (p->trainable && m->master_full) {
-        memcpy(dst, m->master_full + p->goff, p->numel * sizeof(float));
-    } else if (m->master && model_owned_part(m, p, &a, &b, &loc) && a == p->goff && b == p->goff + p->numel) {
-        // The fp32 master when this rank holds all of the tensor (ZeRO-3 included: its gathered
-        // copy is in the activation dtype); else the gathered act copy.
-        m->bk->copy_d2h(m->bk, dst, m->master + loc, p->numel * sizeof(float), NULL);
-        m->bk->sync(m->bk);
-    } else if (p->trainable && m->opt.zero_stage >= 3) {
-        if (!m->z3_full) fail("internal: %s read while sharded (call model_gather_all first)", p->name);
-        m->bk->download_act(m->bk, dst, act_at(m->bk, m->z3_full, p->goff), p->numel);
+    } else if (p->trainable && !whole_here(m, p, &loc)) {
+        if (!m->gathering) fail("internal: %s read while sharded (call model_gather_all first)", p->name);
+        request(m, i);
+        gather_tensor(m, i, dst);
+    } else if (p->trainable && (m->master || m->opt.zero_stage >= 3)) {
+        // The fp32 master (ZeRO-3 included: its act copy is the rounded one), else this rank's
+        // act piece, which is all of the tensor.
+        read_piece(m, loc, p->numel, dst);
     } else {
         m->bk->download_act(m->bk, dst, act_at(m->bk, m->params, p->offset), p->numel);
     }

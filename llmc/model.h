@@ -241,10 +241,10 @@ typedef struct {
     int nowned;
     size_t local_n;
     // ZeRO-3: gathered weights and full-size (float) gradients of the unit in use.
-    void *z3_nl, *z3_slot[2], *z3_full;
-    // Rank 0 between model_gather_all and model_gather_done, when the fp32 master is sharded
-    // (ZeRO >= 1 with an fp32 master): every trainable weight's fp32 master, host memory.
-    float *master_full;
+    void *z3_nl, *z3_slot[2];
+    // Rank 0 between model_gather_all and model_gather_done of a sharded model: its reads of
+    // trainable tensors ask the other ranks for their pieces (model_get_param).
+    int gathering;
     float *z3_nl_grad, *z3_layer_grad;
     int z3_slot_layer[2], z3_last;
     void *lora_tmp, *lora_dtmp, *lora_xd, *lora_dxd;  // LoRA scratch: [N, r] and [N, max in]
@@ -307,9 +307,11 @@ void model_get_param(const Model *m, int i, float *dst);
 // The same with the adapters merged in: an adapted weight reads W + scale * B A (its rows of B
 // for GPT-2's k and v); any other tensor as model_get_param.
 void model_get_param_merged(const Model *m, int i, float *dst);
-// ZeRO-3 keeps only pieces of the trainable weights, and under ZeRO >= 1 with bf16 weights
-// the fp32 master is spread over the ranks: before reading whole tensors (saving), every rank
-// calls model_gather_all (collective), then model_gather_done. No-ops otherwise.
+// ZeRO-3 keeps only pieces of the trainable weights, and under ZeRO >= 1 with an fp32 master
+// the master is spread over the ranks: to read whole tensors (saving), every rank calls
+// model_gather_all (collective); rank 0 returns at once and reads what it wants with
+// model_get_param, the others serve those reads and return when rank 0 calls
+// model_gather_done. Between the two no rank may call another collective. No-ops otherwise.
 void model_gather_all(Model *m);
 void model_gather_done(Model *m);
 // The part [a, b) of trainable tensor p that this rank optimizes, and its local index.

@@ -504,6 +504,35 @@ def zero3_memory(errs):
         print("   zero3_shards_device_memory: N %d, device %d -> %d (-%.2f N)" % (n, d1, d3, (d1 - d3) / n))
 
 
+@case("zero3_save_within_budget")
+def zero3_save_budget(errs):
+    """Saving a ZeRO-3 model must not need more device memory than training it: rank 0 writes
+    tensor by tensor, each gathered from the ranks' pieces when it is written (it once gathered
+    the whole model into device memory first, which no plan counted). An 8-layer 2-rank run
+    gets a device_memory_limit of its training peak plus an eighth of the model's fp32 size and
+    saves checkpoint-2 and the final model under it; the saved weights are the unlimited run's."""
+    model = dict(MODEL, num_hidden_layers=8)
+    a_tc = train_cfg("z3save_free", model=model, micro=2, zero_stage=3, eval_steps=0)
+    ra = run(a_tc, ranks=2)
+    stage3_guard(ra)
+    ok_or_raise(ra, "zero_stage 3 run")
+    n = trainable_count(ra.out)
+    dpeak, _ = peaks(a_tc["output_dir"])
+    limit = dpeak + 4 * n // 8
+    b_tc = train_cfg("z3save_limit", model=model, micro=2, zero_stage=3, eval_steps=0,
+                     device_memory_limit=str(limit))
+    rb = run(b_tc, ranks=2, env={"LLMC_SAVE_GATHER_FLOATS": "1000"})
+    ok_or_raise(rb, "zero_stage 3 run with device_memory_limit %d (training peak %d, model %d B fp32)" %
+                (limit, dpeak, 4 * n))
+    for sub in ("checkpoint-2", ""):
+        fa = os.path.join(a_tc["output_dir"], sub, "model.safetensors")
+        fb = os.path.join(b_tc["output_dir"], sub, "model.safetensors")
+        if open(fa, "rb").read() != open(fb, "rb").read():
+            errs.append("%s/model.safetensors differs from the unlimited run's" % (sub or "final"))
+    if ARGS.verbose:
+        print("   zero3_save_within_budget: N %d, training peak %d, limit %d" % (n, dpeak, limit))
+
+
 # ---------------------------------------------------------------------------------------------
 # 3. checkpoints
 
@@ -773,7 +802,7 @@ def main():
     cases = ["layout_%s_%s_%s" % (v, l, m) for v in ("full", "lora") for l in LAYOUTS for m in MEMORY]
     cases += ["layout_odd_tied_%s_plain" % l for l in ("z1", "z3")] + ["layout_lora_dropout_z1_plain"]
     cases += ["offload_single_full", "offload_single_lora", "offload_z1_2ranks", "offload_z3_2ranks",
-              "zero1_shards_device_memory", "zero3_shards_device_memory", "ckpt_z1", "ckpt_z3", "rank_dies", "rank_hangs",
+              "zero1_shards_device_memory", "zero3_shards_device_memory", "zero3_save_within_budget", "ckpt_z1", "ckpt_z3", "rank_dies", "rank_hangs",
               "shuffle_z0", "shuffle_z1"]
     if not shutil.which("mpirun"):
         for c in cases:
@@ -817,6 +846,7 @@ def main():
         offload_sharded_case("z3")
         zero1_memory()
         zero3_memory()
+        zero3_save_budget()
         ckpt_case(1)
         ckpt_case(3)
         failure_case(signal.SIGKILL)
