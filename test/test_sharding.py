@@ -438,21 +438,27 @@ def offload_single_case(variant):
     body()
 
 
-def offload_sharded_case(layout):
-    name = "offload_%s_2ranks" % layout
+def offload_sharded_case(layout, variant="full"):
+    name = "offload_%s%s_2ranks" % ("" if variant == "full" else variant + "_", layout)
 
     @case(name)
     def body(errs):
-        ref_tc, _ = reference("full_plain")
-        tc = under_test(train_cfg(name, micro=2, offload_optimizer=True, **LAYOUTS[layout]))
-        # the fp32 master reaches rank 0 for saving in chunks of 1000 floats: several per piece
-        r = run(tc, ranks=2, env={"LLMC_SAVE_GATHER_FLOATS": "1000"})
+        ref_tc, _ = reference(variant + "_plain", **VARIANTS[variant])
+        tc = under_test(train_cfg(name, micro=2, offload_optimizer=True, **VARIANTS[variant], **LAYOUTS[layout]))
+        # the fp32 master reaches rank 0 for saving in chunks of 1000 floats (the LoRA
+        # variant's adapters: of 100): several per piece
+        chunk = "1000" if variant == "full" else "100"
+        r = run(tc, ranks=2, env={"LLMC_SAVE_GATHER_FLOATS": chunk})
         if layout in ("z3", "fsdp"):
             stage3_guard(r)
         ok_or_raise(r, "2-rank offload run")
         compare_metrics(tc["output_dir"], ref_tc["output_dir"], errs)
-        compare_tensors(os.path.join(tc["output_dir"], "model.safetensors"),
-                        os.path.join(ref_tc["output_dir"], "model.safetensors"), errs)
+        wf = weights_file(tc)
+        for sub in ("checkpoint-2", ""):
+            compare_tensors(os.path.join(tc["output_dir"], sub, wf), os.path.join(ref_tc["output_dir"], sub, wf),
+                            errs, what="%s%s: " % (sub + "/" if sub else "", wf))
+        if variant != "full":
+            return
         # Rank 0's host peak holds only its half of the moments (+ master + grads), so it must
         # be below what one process holds for all of them.
         one_tc = train_cfg(name + "_1proc", micro=4, offload_optimizer=True)
@@ -801,7 +807,7 @@ def main():
 
     cases = ["layout_%s_%s_%s" % (v, l, m) for v in ("full", "lora") for l in LAYOUTS for m in MEMORY]
     cases += ["layout_odd_tied_%s_plain" % l for l in ("z1", "z3")] + ["layout_lora_dropout_z1_plain"]
-    cases += ["offload_single_full", "offload_single_lora", "offload_z1_2ranks", "offload_z3_2ranks",
+    cases += ["offload_single_full", "offload_single_lora", "offload_z1_2ranks", "offload_z3_2ranks", "offload_lora_z3_2ranks",
               "zero1_shards_device_memory", "zero3_shards_device_memory", "zero3_save_within_budget", "ckpt_z1", "ckpt_z3", "rank_dies", "rank_hangs",
               "shuffle_z0", "shuffle_z1"]
     if not shutil.which("mpirun"):
@@ -844,6 +850,7 @@ def main():
         offload_single_case("lora")
         offload_sharded_case("z1")
         offload_sharded_case("z3")
+        offload_sharded_case("z3", "lora")
         zero1_memory()
         zero3_memory()
         zero3_save_budget()
