@@ -138,6 +138,7 @@ static void m_all_to_all(Comm *c, void *r, const void *s, size_t n) {
     leave(c, MPI_Alltoall(s, (int)n, MPI_FLOAT, r, (int)n, MPI_FLOAT, MPI_COMM_WORLD));
 }
 static void m_broadcast(Comm *c, void *b, size_t n, int root) {
+    if (n > INT_MAX) fail("internal: broadcast of %zu bytes exceeds MPI's int count", n);
     enter(c, "broadcast");
     leave(c, MPI_Bcast(b, (int)n, MPI_BYTE, root, MPI_COMM_WORLD));
 }

@@ -855,6 +855,7 @@ static void gather_tensor(const Model *m, int i, float *dst) {
     Comm *c = m->opt.comm;
     const char *env = getenv("LLMC_SAVE_GATHER_FLOATS");
     size_t chunk = env && atol(env) > 0 ? (size_t)atol(env) : (size_t)4 << 20, a, b, loc;
+    if (chunk > (size_t)1 << 28) chunk = (size_t)1 << 28;  // 1 GiB a broadcast: within MPI's int count
     if (chunk > p->numel) chunk = p->numel;
     float *buf = NULL;
     for (int r = 0; r < c->world; r++) {
