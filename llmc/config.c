@@ -324,7 +324,7 @@ static const Rule RULES[] = {
     {"sample_packing_*", R_NOTE, NULL, NOTE_PACKER}, {"multipack_real_batches", R_NOTE, NULL, NOTE_PACKER},
     {"sample_packing_eff_est", R_NOTE, NULL, NOTE_PACKER}, {"total_num_tokens", R_NOTE, NULL, "the step count comes from the data (train_data shards or prepared rows)"},
     {"dataset_processes", R_NOTE, NULL, NOTE_DATASET_OPT}, {"dataset_num_proc", R_NOTE, NULL, NOTE_DATASET_OPT},
-    {"dataset_keep_in_memory", R_NOTE, NULL, NOTE_DATASET_OPT}, {"dataset_shard_*", R_NOTE, NULL, NOTE_DATASET_OPT},
+    {"dataset_keep_in_memory", R_NOTE, NULL, NOTE_DATASET_OPT}, {"dataset_shard_num", R_DATA, NULL, NULL}, {"dataset_shard_idx", R_DATA, NULL, NULL},
     {"dataset_exact_deduplication", R_DATA, NULL, NULL}, {"shuffle_merged_datasets", R_DATA_NOTE, NULL, NOTE_SHARDS_DATA},
     {"shuffle_before_merging_datasets", R_DATA, NULL, NULL}, {"skip_prepare_dataset", R_NOTE, NULL, NOTE_DATASET_OPT},
     {"is_preprocess", R_NOTE, NULL, NOTE_DATASET_OPT}, {"streaming", R_NOTE, NULL, NOTE_DATASET_OPT},

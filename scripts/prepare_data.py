@@ -22,7 +22,7 @@ import sys
 import tempfile
 from array import array
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: Axolotl's order (shuffle, length filter, dataset_shard, dedup, split)
 MAGIC, ROWS_VERSION, HEADER_INTS = 20241124, 1, 256
 IGNORE = -100
 
@@ -32,7 +32,8 @@ DATA_KEYS = ("datasets", "test_datasets", "pretraining_dataset", "val_set_size",
              "chat_template_jinja", "chat_template_kwargs", "eot_tokens", "default_system_message",
              "special_tokens", "tokens", "excess_length_strategy", "sample_pack_sequentially",
              "pretraining_sample_concatenation", "shuffle_merged_datasets", "min_sample_len",
-             "dataset_exact_deduplication", "shuffle_before_merging_datasets")
+             "dataset_exact_deduplication", "shuffle_before_merging_datasets", "dataset_shard_num",
+             "dataset_shard_idx")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
                    "chat_template.jinja", "chat_template.json", "vocab.json", "merges.txt", "added_tokens.json")
 DATA_EXT = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv", ".txt": "text"}
@@ -659,28 +660,47 @@ def load_pretraining(spec, tok, cfg, counts):
     return samples
 
 
-def fit_length(spec, cfg, samples, what):
+def fit_length(spec, cfg, samples, what, order):
     """Drops (or truncates, or refuses) samples longer than sequence_len, and drops those under
-    min_sample_len tokens; returns (kept, number dropped as too long, first dropped location)."""
+    min_sample_len tokens, keeping the order of samples[order[0]], samples[order[1]], ... (the
+    merged shuffle comes first, as in Axolotl); returns (kept, number dropped as too long, the
+    first dropped location in file order)."""
     T, how = cfg["sequence_len"], (cfg.get("excess_length_strategy") or "drop")
     if how not in ("drop", "truncate", "raise"):
         raise DataError("%s: '%s' is not one of drop, truncate, raise" % (where_cfg(spec, "excess_length_strategy"), how))
+    long_at = [i for i, (ids, _, _) in enumerate(samples) if len(ids) > T]
+    if long_at and how == "raise":
+        ids, _, loc = samples[long_at[0]]
+        raise DataError("%s: %s sample of %d tokens is longer than sequence_len %d "
+                        "(excess_length_strategy: raise)" % (loc, what, len(ids), T))
     min_len = int(cfg.get("min_sample_len") or 2)
-    out, long_, first = [], 0, None
-    for ids, labels, loc in samples:
+    out = []
+    for i in order:
+        ids, labels, loc = samples[i]
         if len(ids) > T:
-            if how == "raise":
-                raise DataError("%s: %s sample of %d tokens is longer than sequence_len %d "
-                                "(excess_length_strategy: raise)" % (loc, what, len(ids), T))
             if how == "drop":
-                long_ += 1
-                first = first or loc
                 continue
             ids, labels = ids[:T], labels[:T]
-        if len(ids) < min_len:
-            continue
-        out.append((ids, labels, loc))
-    return out, long_, first
+        if len(ids) >= min_len:
+            out.append((ids, labels, loc))
+    drop = long_at if how == "drop" else []
+    return out, len(drop), samples[drop[0]][2] if drop else None
+
+
+def shard_on(cfg):
+    return bool(cfg.get("dataset_shard_num")) and cfg.get("dataset_shard_idx") is not None
+
+
+def shard_of(cfg, samples):
+    """dataset_shard_num / dataset_shard_idx: piece idx of num contiguous pieces, the first
+    len % num of them one sample longer (Hugging Face datasets' shard(contiguous=True), its
+    default since 3.x, which Axolotl applies to the merged samples before the val split)."""
+    if not shard_on(cfg):
+        return samples
+    num, idx = cfg["dataset_shard_num"], cfg["dataset_shard_idx"]
+    div, mod = divmod(len(samples), num)
+    start = div * idx + min(idx, mod)
+    return samples[start:start + div + (1 if idx < mod else 0)]
 
 
 def dedup(samples):
@@ -853,6 +873,18 @@ def config_checks(spec):
         raise DataError("%s: not supported; pretraining_dataset documents are packed whole into rows, each "
                         "attending only to itself (sample_packing: false puts one per row)"
                         % where_cfg(spec, "pretraining_sample_concatenation"))
+    num, idx = cfg.get("dataset_shard_num"), cfg.get("dataset_shard_idx")
+    for k, x in (("dataset_shard_num", num), ("dataset_shard_idx", idx)):
+        if x is not None and (isinstance(x, bool) or not isinstance(x, int) or x < 0):
+            raise DataError("%s: expected a whole number, got %r" % (where_cfg(spec, k), x))
+    if num and idx is not None and idx >= num:
+        raise DataError("%s: %d is not below dataset_shard_num %d" % (where_cfg(spec, "dataset_shard_idx"), idx, num))
+    if (num and idx is None) or (not num and idx is not None):
+        print("note: %s without %s: no sharding (Axolotl shards only when both are set)" % (
+            ("dataset_shard_num", "dataset_shard_idx") if num else ("dataset_shard_idx", "dataset_shard_num")))
+    elif num and cfg.get("pretraining_dataset") and not cfg.get("test_datasets"):
+        print("note: dataset_shard_num has no effect on pretraining_dataset (as in Axolotl, which shards "
+              "datasets: and test_datasets)")
     if cfg.get("datasets") and cfg.get("pretraining_dataset"):
         raise DataError("%s: set either datasets or pretraining_dataset, not both" % where_cfg(spec, "pretraining_dataset"))
     return cfg
@@ -876,15 +908,23 @@ def prepare(spec, out_dir, h):
             raise DataError("%s: token id %d is not below the model's vocab_size %d (is the tokenizer in %s the "
                             "model's?)" % (loc, max(ids), tok.vocab, spec["tokenizer_dir"]))
     n_in = len(train)
-    train, dropped, first = fit_length(spec, cfg, train, "a")
+    # Axolotl's order, each split alike: the merged samples shuffled by seed, the length filter
+    # (which keeps their order), dataset_shard, deduplication, then the val split.
+    shuffle = cfg.get("shuffle_merged_datasets", True) is not False
+    train, dropped, first = fit_length(spec, cfg, train, "a",
+                                       permutation(len(train), seed) if shuffle else range(len(train)))
+    evals, edrop, efirst = fit_length(spec, cfg, evals, "an eval",
+                                      permutation(len(evals), seed) if shuffle else range(len(evals)))
+    n_kept = len(train)
+    if not cfg.get("pretraining_dataset"):  # Axolotl streams it, unsharded
+        train = shard_of(cfg, train)
+    evals = shard_of(cfg, evals)
+    n_shard = len(train)
     dups = 0
     if cfg.get("dataset_exact_deduplication"):
         train, d1 = dedup(train)
         evals, d2 = dedup(evals)
         dups = d1 + d2
-    evals, edrop, efirst = fit_length(spec, cfg, evals, "an eval")
-    if cfg.get("shuffle_merged_datasets", True) is not False:
-        train = [train[i] for i in permutation(len(train), seed)]
     v = cfg.get("val_set_size") or 0
     if v:
         nt = int(v) if v >= 1 else -(-int(round(v * len(train) * 1e9)) // 10 ** 9)  # ceil, as HF does
@@ -893,8 +933,9 @@ def prepare(spec, out_dir, h):
                                                                              len(train)))
         train, evals = train[:len(train) - nt], train[len(train) - nt:]
     if not train:
-        raise DataError("%s: no training samples left (%d read, %d longer than sequence_len %d)" % (
-            where_cfg(spec, "datasets"), n_in, dropped, T))
+        raise DataError("%s: no training samples left (%d read, %d longer than sequence_len %d%s)" % (
+            where_cfg(spec, "datasets"), n_in, dropped, T, ", %d in dataset_shard_idx %d of %d" % (
+                n_shard, cfg["dataset_shard_idx"], cfg["dataset_shard_num"]) if shard_on(cfg) else ""))
     if packed and not cfg.get("sample_pack_sequentially"):
         train = [train[i] for i in permutation(len(train), seed + 1)]
     eval_packed = bool(cfg.get("eval_sample_packing", packed)) if evals else False
@@ -905,11 +946,15 @@ def prepare(spec, out_dir, h):
         ev_rows, ev_tgt, _ = write_rows(os.path.join(out_dir, "eval.bin"), evals, T, eval_packed, tok.pad)
     meta = {"format_version": FORMAT_VERSION, "hash": h, "train_rows": tr_rows, "eval_rows": ev_rows,
             "train_samples": len(train), "eval_samples": len(evals), "train_target_tokens": tr_tgt,
-            "eval_target_tokens": ev_tgt, "dropped_long": dropped + edrop, "duplicates_removed": dups, "first_dropped": first or efirst,
+            "eval_target_tokens": ev_tgt, "dropped_long": dropped + edrop, "duplicates_removed": dups,
+            "dataset_shard": [cfg.get("dataset_shard_idx"), cfg.get("dataset_shard_num")] if shard_on(cfg) else None, "first_dropped": first or efirst,
             "sequence_len": T, "packed": packed, "eval_packed": eval_packed, "tokenizer_dir": spec["tokenizer_dir"],
             "pad_token_id": tok.pad, "datasets": counts}
     with open(os.path.join(out_dir, "meta.json"), "w") as fh:
         json.dump(meta, fh, indent=1)
+    if shard_on(cfg) and not cfg.get("pretraining_dataset"):
+        print("data: dataset_shard_idx %d of dataset_shard_num %d: %d of %d samples" % (
+            cfg["dataset_shard_idx"], cfg["dataset_shard_num"], n_shard, n_kept))
     if dups:
         print("data: dataset_exact_deduplication removed %d duplicate samples" % dups)
     if dropped + edrop:

@@ -193,7 +193,7 @@ def datasets_keys_refused(e):
     one_error(rc, err, "datasets", "train_data", "not both", "cfg.yaml")
     for i, (k, v) in enumerate([("train_on_inputs", "false"), ("sample_packing", "true"),
                                 ("val_set_size", "0.05"), ("chat_template", "chatml"),
-                                ("dataset_prepared_path", "last_run_prepared")]):
+                                ("dataset_prepared_path", "last_run_prepared"), ("dataset_shard_num", "4")]):
         rc, out, err = e.run("ds%d" % i, e.base("ds%d" % i, **{k: v}))
         one_error(rc, err, k, "datasets pipeline", "train_data")
     rc, out, err = e.run("ds_ok", e.base("ds_ok", train_on_inputs="true", sample_packing="false",

@@ -19,6 +19,8 @@ issue states them), with byte-level BPE tokenizers made by test/hf_fixtures.py:
   errors            one line each, naming file:line and field or the config key
 """
 import argparse
+import contextlib
+import io
 import json
 import os
 import shutil
@@ -517,7 +519,52 @@ def case_dataset_keys(e):
     check("pretraining_sample_concatenation is refused with what happens instead", "not supported" in msg, msg)
 
 
-CASES = [case_alpaca, case_dataset_keys, case_chat_llama3, case_chat_chatml, case_input_output, case_completion, case_pretraining,
+def case_dataset_shard(e):
+    rows = F.alpaca_rows(10, seed=21)
+
+    def docs(extra, rws=rows, T=256):
+        sp = e.spec(dict({"datasets": [{"path": "a.jsonl", "type": "alpaca"}]}, **extra), T=T)
+        e.data(sp, "a.jsonl", rws)
+        d, meta = e.run(sp)
+        return [tuple(t) for t, _ in docs_of(os.path.join(d, "train.bin"))[1]], meta
+
+    whole, _ = docs({})
+    parts = [docs({"dataset_shard_num": 3, "dataset_shard_idx": i}) for i in range(3)]
+    check("dataset_shard_num 3: pieces of 4, 3 and 3 of the 10 samples",
+          [len(p) for p, _ in parts] == [4, 3, 3] and [m["dataset_shard"] for _, m in parts] == [[0, 3], [1, 3], [2, 3]],
+          [(len(p), m["dataset_shard"]) for p, m in parts])
+    check("dataset_shard: contiguous pieces of the shuffled samples (together, the unsharded run's in its order)",
+          sum((p for p, _ in parts), []) == whole)
+    # Axolotl shuffles the merged samples, then filters by length: dropping a long sample leaves
+    # the others where a run that truncates it has them (filtering first reorders them all).
+    long_rows = [dict(r) for r in rows]
+    long_rows[3]["output"] = F.sentence(np.random.default_rng(0), 150, 150)
+    dropped, md = docs({"excess_length_strategy": "drop"}, long_rows, T=128)
+    cut, _ = docs({"excess_length_strategy": "truncate"}, long_rows, T=128)
+    check("the merged shuffle comes before the length filter (Axolotl's order)", md["dropped_long"] == 1 and
+          len(dropped) == 9 and dropped == [d for d in cut if len(d) != 128], (md["dropped_long"], len(dropped)))
+    # Deduplication follows the shard, as in Axolotl: a sample repeated in another piece stays.
+    dup_rows = rows[:6] + rows[:2]
+    p1, m1 = docs({"dataset_shard_num": 2, "dataset_shard_idx": 1, "shuffle_merged_datasets": False,
+                   "dataset_exact_deduplication": True}, dup_rows)
+    check("dataset_exact_deduplication after dataset_shard: the second piece keeps its 4 samples",
+          len(p1) == 4 and m1["duplicates_removed"] == 0, (len(p1), m1["duplicates_removed"]))
+    sp = e.spec({"datasets": [{"path": "a.jsonl", "type": "alpaca"}], "dataset_shard_num": 3, "dataset_shard_idx": 3})
+    e.data(sp, "a.jsonl", rows)
+    msg = e.err(sp)
+    check("dataset_shard_idx 3 of 3 is refused by name", "dataset_shard_idx: 3 is not below dataset_shard_num 3" in msg, msg)
+    sp = e.spec({"datasets": [{"path": "a.jsonl", "type": "alpaca"}], "dataset_shard_num": "two", "dataset_shard_idx": 0})
+    e.data(sp, "a.jsonl", rows)
+    msg = e.err(sp)
+    check("dataset_shard_num 'two' is refused by name", "dataset_shard_num: expected a whole number" in msg, msg)
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        half, _ = docs({"dataset_shard_num": 3})
+    check("dataset_shard_num alone: a note, no sharding (as Axolotl)", half == whole and
+          "dataset_shard_num without dataset_shard_idx" in out.getvalue(), out.getvalue())
+
+
+CASES = [case_alpaca, case_dataset_keys, case_dataset_shard, case_chat_llama3, case_chat_chatml, case_input_output, case_completion, case_pretraining,
          case_packing, case_val_split, case_excess_length, case_formats, case_cache, case_errors]
 
 
