@@ -319,7 +319,7 @@ static const Rule RULES[] = {
     {"default_system_message", R_DATA, NULL, NULL}, {"dataset_prepared_path", R_DATA, NULL, NULL},
     {"val_set_size", R_DATA, NULL, NULL}, {"sample_packing", R_DATA, NULL, NULL},
     {"eval_sample_packing", R_DATA, NULL, NULL}, {"train_on_inputs", R_DATA, "true", NULL},
-    {"max_packed_sequence_len", R_NOTE, NULL, "packed rows are sequence_len tokens long"}, {"sample_pack_sequentially", R_DATA, NULL, NULL},
+    {"max_packed_sequence_len", R_NOTE, NULL, "packed rows are sequence_len tokens long"}, {"sample_packing_sequentially", R_DATA, NULL, NULL},
     {"pretraining_sample_concatenation", R_DATA, NULL, NULL},
     {"sample_packing_*", R_NOTE, NULL, NOTE_PACKER}, {"multipack_real_batches", R_NOTE, NULL, NOTE_PACKER},
     {"sample_packing_eff_est", R_NOTE, NULL, NOTE_PACKER}, {"total_num_tokens", R_NOTE, NULL, "the step count comes from the data (train_data shards or prepared rows)"},

@@ -22,7 +22,7 @@ import sys
 import tempfile
 from array import array
 
-FORMAT_VERSION = 2  # 2: Axolotl's order (shuffle, length filter, dataset_shard, dedup, split)
+FORMAT_VERSION = 2  # 2: Axolotl's order (shuffle, length filter, dedup, dataset_shard, split)
 MAGIC, ROWS_VERSION, HEADER_INTS = 20241124, 1, 256
 IGNORE = -100
 
@@ -30,7 +30,7 @@ IGNORE = -100
 DATA_KEYS = ("datasets", "test_datasets", "pretraining_dataset", "val_set_size", "sample_packing",
              "eval_sample_packing", "pad_to_sequence_len", "train_on_inputs", "chat_template",
              "chat_template_jinja", "chat_template_kwargs", "eot_tokens", "default_system_message",
-             "special_tokens", "tokens", "excess_length_strategy", "sample_pack_sequentially",
+             "special_tokens", "tokens", "excess_length_strategy", "sample_packing_sequentially",
              "pretraining_sample_concatenation", "shuffle_merged_datasets", "min_sample_len",
              "dataset_exact_deduplication", "shuffle_before_merging_datasets", "dataset_shard_num",
              "dataset_shard_idx")
@@ -694,7 +694,7 @@ def shard_on(cfg):
 def shard_of(cfg, samples):
     """dataset_shard_num / dataset_shard_idx: piece idx of num contiguous pieces, the first
     len % num of them one sample longer (Hugging Face datasets' shard(contiguous=True), its
-    default since 3.x, which Axolotl applies to the merged samples before the val split)."""
+    default since 3.x, which Axolotl applies to the prepared samples before the val split)."""
     if not shard_on(cfg):
         return samples
     num, idx = cfg["dataset_shard_num"], cfg["dataset_shard_idx"]
@@ -721,8 +721,18 @@ def permutation(n, seed):
 
 # ---- rows ------------------------------------------------------------------------------------
 
-def pack(lengths, T):
-    """First fit, in the given order: the row of each sample (a segment tree over free space)."""
+def pack(lengths, T, sequential=False):
+    """First fit, in the given order: the row of each sample (a segment tree over free space).
+    sequential (sample_packing_sequentially): next fit, as Axolotl's sequential allocator: a
+    sample that does not fit the current row starts the next one, so rows keep the order."""
+    if sequential:
+        rows, nrows, room = [], 0, 0
+        for L in lengths:
+            if L > room or not nrows:
+                nrows, room = nrows + 1, T
+            rows.append(nrows - 1)
+            room -= L
+        return rows, nrows
     size = 1
     while size < max(1, len(lengths)):
         size *= 2
@@ -747,10 +757,10 @@ def pack(lengths, T):
     return rows, nrows
 
 
-def write_rows(path, samples, T, packed, pad):
+def write_rows(path, samples, T, packed, pad, sequential=False):
     """The row file of the contract; returns (rows, target tokens, max id + 1)."""
     if packed:
-        where, nrows = pack([len(s[0]) for s in samples], T)
+        where, nrows = pack([len(s[0]) for s in samples], T, sequential)
         members = [[] for _ in range(nrows)]
         for k, r in enumerate(where):
             members[r].append(k)
@@ -908,23 +918,23 @@ def prepare(spec, out_dir, h):
             raise DataError("%s: token id %d is not below the model's vocab_size %d (is the tokenizer in %s the "
                             "model's?)" % (loc, max(ids), tok.vocab, spec["tokenizer_dir"]))
     n_in = len(train)
-    # Axolotl's order, each split alike: the merged samples shuffled by seed, the length filter
-    # (which keeps their order), dataset_shard, deduplication, then the val split.
+    # Axolotl's order (2026-07), each split alike: the merged samples shuffled by seed, the
+    # length filter (which keeps their order), deduplication, dataset_shard, the val split.
     shuffle = cfg.get("shuffle_merged_datasets", True) is not False
     train, dropped, first = fit_length(spec, cfg, train, "a",
                                        permutation(len(train), seed) if shuffle else range(len(train)))
     evals, edrop, efirst = fit_length(spec, cfg, evals, "an eval",
                                       permutation(len(evals), seed) if shuffle else range(len(evals)))
-    n_kept = len(train)
-    if not cfg.get("pretraining_dataset"):  # Axolotl streams it, unsharded
-        train = shard_of(cfg, train)
-    evals = shard_of(cfg, evals)
-    n_shard = len(train)
     dups = 0
     if cfg.get("dataset_exact_deduplication"):
         train, d1 = dedup(train)
         evals, d2 = dedup(evals)
         dups = d1 + d2
+    n_kept = len(train)
+    if not cfg.get("pretraining_dataset"):  # Axolotl streams it, unsharded
+        train = shard_of(cfg, train)
+    evals = shard_of(cfg, evals)
+    n_shard = len(train)
     v = cfg.get("val_set_size") or 0
     if v:
         nt = int(v) if v >= 1 else -(-int(round(v * len(train) * 1e9)) // 10 ** 9)  # ceil, as HF does
@@ -936,14 +946,15 @@ def prepare(spec, out_dir, h):
         raise DataError("%s: no training samples left (%d read, %d longer than sequence_len %d%s)" % (
             where_cfg(spec, "datasets"), n_in, dropped, T, ", %d in dataset_shard_idx %d of %d" % (
                 n_shard, cfg["dataset_shard_idx"], cfg["dataset_shard_num"]) if shard_on(cfg) else ""))
-    if packed and not cfg.get("sample_pack_sequentially"):
+    sequential = bool(cfg.get("sample_packing_sequentially"))
+    if packed and not sequential:
         train = [train[i] for i in permutation(len(train), seed + 1)]
     eval_packed = bool(cfg.get("eval_sample_packing", packed)) if evals else False
     os.makedirs(out_dir, exist_ok=True)
-    tr_rows, tr_tgt, _ = write_rows(os.path.join(out_dir, "train.bin"), train, T, packed, tok.pad)
+    tr_rows, tr_tgt, _ = write_rows(os.path.join(out_dir, "train.bin"), train, T, packed, tok.pad, sequential)
     ev_rows = ev_tgt = 0
     if evals:
-        ev_rows, ev_tgt, _ = write_rows(os.path.join(out_dir, "eval.bin"), evals, T, eval_packed, tok.pad)
+        ev_rows, ev_tgt, _ = write_rows(os.path.join(out_dir, "eval.bin"), evals, T, eval_packed, tok.pad, sequential)
     meta = {"format_version": FORMAT_VERSION, "hash": h, "train_rows": tr_rows, "eval_rows": ev_rows,
             "train_samples": len(train), "eval_samples": len(evals), "train_target_tokens": tr_tgt,
             "eval_target_tokens": ev_tgt, "dropped_long": dropped + edrop, "duplicates_removed": dups,

@@ -307,6 +307,33 @@ def case_packing(e):
     check("packing: %d rows instead of %d, the same documents and targets, none crossing a boundary"
           % (h1[3], h0[3]), h1[3] < h0[3] and d0 == d1 and cross == 0 and h1[6] == h0[6] == 20
           and h1[7] == h0[7])
+    # sample_packing_sequentially (Axolotl's key): next fit in the samples' order, so the rows
+    # read in order hold the unpacked run's samples in its order, and each row's first sample
+    # did not fit in what the row before left free.
+    mixed = [dict(r) for r in rows]  # long and short samples, so that first fit fills earlier rows' holes
+    rng = np.random.default_rng(3)
+    for r in mixed[::2]:
+        r["output"] = F.sentence(rng, 120, 160)
+    order = {}
+    for packed, seq in ((False, False), (True, True), (True, False)):
+        sp = e.spec(dict(base, sample_packing=packed, sample_packing_sequentially=seq), T=512)
+        e.data(sp, "a.jsonl", mixed)
+        d, meta = e.run(sp)
+        order[packed, seq] = [tuple(t) for t, _ in docs_of(os.path.join(d, "train.bin"))[1]]
+        if packed and seq:
+            pad = meta["pad_token_id"]
+            used = []  # tokens of documents in each row, the padding left out
+            for tok, tgt, ds in read_rows(os.path.join(d, "train.bin"))[1]:
+                n = s0 = int(ds[-1])  # the last segment: the padding when it is all pad, untrained
+                if not (s0 > 0 and all(int(x) == pad for x in tok[s0:]) and all(y < 0 for y in tgt[s0:])):
+                    n = len(tok)
+                used.append((n, [int(x) for x in ds[:n]]))
+    firsts = [len([x for x in ds if x == 0]) for _, ds in used]  # each row's first document
+    next_fit = all(firsts[i + 1] > 512 - used[i][0] for i in range(len(used) - 1))
+    check("sample_packing_sequentially: the rows keep the samples' order, each row's first sample "
+          "too long for what the row before left (next fit); %d rows" % len(used),
+          order[True, True] == order[False, False] and next_fit and order[True, False] != order[True, True],
+          [u for u, _ in used])
 
 
 def case_val_split(e):
@@ -543,12 +570,14 @@ def case_dataset_shard(e):
     cut, _ = docs({"excess_length_strategy": "truncate"}, long_rows, T=128)
     check("the merged shuffle comes before the length filter (Axolotl's order)", md["dropped_long"] == 1 and
           len(dropped) == 9 and dropped == [d for d in cut if len(d) != 128], (md["dropped_long"], len(dropped)))
-    # Deduplication follows the shard, as in Axolotl: a sample repeated in another piece stays.
+    # Deduplication comes before the shard, as in Axolotl (2026-07): of 6 samples and 2 repeats
+    # (in file order), the second of 2 pieces is samples 3-5.
     dup_rows = rows[:6] + rows[:2]
     p1, m1 = docs({"dataset_shard_num": 2, "dataset_shard_idx": 1, "shuffle_merged_datasets": False,
                    "dataset_exact_deduplication": True}, dup_rows)
-    check("dataset_exact_deduplication after dataset_shard: the second piece keeps its 4 samples",
-          len(p1) == 4 and m1["duplicates_removed"] == 0, (len(p1), m1["duplicates_removed"]))
+    first6, _ = docs({"shuffle_merged_datasets": False}, rows[:6])
+    check("dataset_exact_deduplication before dataset_shard: the second piece is samples 3-5",
+          p1 == first6[3:] and m1["duplicates_removed"] == 2, (len(p1), m1["duplicates_removed"]))
     sp = e.spec({"datasets": [{"path": "a.jsonl", "type": "alpaca"}], "dataset_shard_num": 3, "dataset_shard_idx": 3})
     e.data(sp, "a.jsonl", rows)
     msg = e.err(sp)
