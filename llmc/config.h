@@ -38,6 +38,8 @@ typedef struct {
     double eval_steps_spec, save_steps_spec;  // as written: N steps, or a fraction (0, 1) of all
     int evals_per_epoch, saves_per_epoch, save_total_limit, early_stopping_patience, save_only_model,
         save_first_step;
+    double loss_watchdog_threshold;  // 0: off
+    int loss_watchdog_patience;
     char eval_strategy[8], save_strategy[8];
     int auto_resume_from_checkpoints;
     char output_dir[1024], resume_from_checkpoint[1024];

@@ -573,6 +573,7 @@ int train_main(int argc, char **argv, int arch) {
     int bad_in_row = 0;  // consecutive skipped (non-finite) steps
     int stopped = stop_requested(comm), last_saved = -1;  // a signal: stop after this step
     int early_stop = 0, no_better = 0, best_step = 0;     // early_stopping_patience
+    int high_loss = 0;                                    // loss_watchdog: steps in a row above the threshold
     double best_val = INFINITY;
     if (stopped) printf("interrupted by %s before the first step; nothing to save\n", strsignal(stopped));
     const int first_step = ls.step;
@@ -678,6 +679,16 @@ int train_main(int argc, char **argv, int arch) {
             fail("step %d: loss %g, grad norm %g: %d consecutive non-finite steps; stopping "
                  "(the last checkpoint holds the last good weights; lower learning_rate or "
                  "set max_grad_norm)", ls.step, loss, norm, bad_in_row);
+        // Axolotl's loss watchdog: learning that has broken down stops the run like early
+        // stopping does (a skipped, non-finite step neither counts nor breaks the run).
+        if (cfg.loss_watchdog_threshold > 0 && !skip) {
+            high_loss = loss > cfg.loss_watchdog_threshold ? high_loss + 1 : 0;
+            if (high_loss >= cfg.loss_watchdog_patience && ls.step < cfg.max_steps) {
+                early_stop = 1;
+                printf("loss watchdog: loss above loss_watchdog_threshold %g for %d steps in a row "
+                       "(%.6f at step %d); stopping\n", cfg.loss_watchdog_threshold, high_loss, loss, ls.step);
+            }
+        }
         fflush(stdout);
         if (cfg.eval_steps && (ls.step % cfg.eval_steps == 0 || ls.step == cfg.max_steps)) {
             double vl;

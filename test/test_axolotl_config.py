@@ -153,7 +153,7 @@ def notes_for_no_effect_keys(e):
                  trust_remote_code="true", model_type="LlamaForCausalLM", tokenizer_type="AutoTokenizer",
                  liger_rms_norm="true", lora_mlp_kernel="true", attn_implementation="flash_attention_2",
                  hub_model_id="me/model", ddp_timeout=1800, dataloader_num_workers=4,
-                 torch_compile="true", group_by_length="false", loss_watchdog_threshold=5.0,
+                 torch_compile="true", group_by_length="false",
                  tokenizer_config="some/tokenizer")
     text = yaml_text(cfg) + "plugins:\n  - axolotl.integrations.liger.LigerPlugin\n" + \
         "gradient_checkpointing_kwargs:\n  use_reentrant: true\nspecial_tokens:\n  pad_token: <pad>\n"
@@ -161,7 +161,7 @@ def notes_for_no_effect_keys(e):
     ok_run(rc, out, err)
     for k in ("wandb_project", "mlflow_experiment_name", "flash_attention", "tf32", "trust_remote_code",
               "model_type", "liger_rms_norm", "lora_mlp_kernel", "attn_implementation", "hub_model_id",
-              "ddp_timeout", "dataloader_num_workers", "torch_compile", "loss_watchdog_threshold",
+              "ddp_timeout", "dataloader_num_workers", "torch_compile",
               "plugins", "gradient_checkpointing_kwargs", "special_tokens", "tokenizer_config"):
         check(re.search(r"^note: %s has no effect here: \S" % k, out, re.M), "no note for " + k)
     for k in ("wandb_entity", "sdp_attention", "strict", "group_by_length"):  # null/false: silent
@@ -359,6 +359,25 @@ def early_stopping(e):
     one_error(rc, err, "early_stopping_patience", "val_data")
 
 
+def loss_watchdog(e):
+    """Axolotl's loss watchdog: loss_watchdog_patience (default 3) steps in a row with a training
+    loss above loss_watchdog_threshold stop the run, with a checkpoint and the final model."""
+    for name, extra, stop in (("wd2", dict(loss_watchdog_threshold=0.01, loss_watchdog_patience=2), 2),
+                              ("wd3", dict(loss_watchdog_threshold=0.01), 3),
+                              ("wd_high", dict(loss_watchdog_threshold=100), None)):
+        rc, out, err = e.run(name, e.base(name, max_steps=8, **extra))
+        ok_run(rc, out, err)
+        steps = train_steps(e.metrics(name))
+        if stop:
+            check("loss watchdog: loss above loss_watchdog_threshold 0.01 for %d steps in a row" % stop in out and
+                  steps[-1] == stop, "%s: no watchdog stop at step %d (last step %s): %s" % (name, stop, steps[-1], out[-400:]))
+            check(os.path.isfile(e.path(name, "out", "model.safetensors")) and
+                  os.path.isdir(e.path(name, "out", "checkpoint-%d" % stop)),
+                  "%s: no checkpoint-%d and final model after the watchdog stop" % (name, stop))
+        else:
+            check(steps[-1] == 8 and "loss watchdog" not in out, "%s: stopped below the threshold" % name)
+
+
 def auto_resume(e):
     rc, out, err = e.run("ar", e.base("ar", max_steps=2, auto_resume_from_checkpoints="true"))
     ok_run(rc, out, err)
@@ -436,7 +455,7 @@ def example_configs(e, snap):
 CASES = [unknown_keys_listed_together, single_unknown_key_names_line, set_unknown_key_no_far_suggestion,
          notes_for_no_effect_keys, refused_keys, datasets_keys_refused, type_tolerance, precision_keys,
          fsdp_forms, optimizer_family, epochs_and_steps, lr_schedule, eval_cadence,
-         save_cadence_and_limit, early_stopping, auto_resume]
+         save_cadence_and_limit, early_stopping, loss_watchdog, auto_resume]
 
 
 def main():
