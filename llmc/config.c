@@ -202,9 +202,9 @@ typedef struct {
 #define NOTE_HUB "this program never uploads; the model and checkpoints stay in output_dir"
 #define NOTE_DDP "a torch.distributed setting; ranks here talk through MPI (CPU) or NCCL (GPU)"
 #define NOTE_LOADER "a PyTorch DataLoader setting; train_data shards are read one window at a time"
-#define NOTE_TOKENIZER "the tokenizer of tokenizer_config (else base_model) is loaded by scripts/prepare_data.py with transformers' defaults; train_data shards are already tokenized"
 #define NOTE_MODEL_CLASS "the architecture comes from base_model's config.json"
-#define NOTE_PACKER "sample_packing here is a deterministic first fit of whole samples into sequence_len rows"
+#define NOTE_PACKER "sample_packing here is a deterministic first fit of whole samples into sequence_len rows (next fit with sample_packing_sequentially)"
+#define NOTE_SHARDS_TOK "train_data shards are already tokenized (with datasets:, scripts/prepare_data.py loads the tokenizer with it)"
 #define NOTE_DATASET_OPT "it tunes how Axolotl loads data; here scripts/prepare_data.py prepares datasets once into a cache, and train_data shards need no preparing"
 #define NOTE_SHARDS_DATA "it applies to datasets:, which this run does not use (train_data shards are already tokenized rows)"
 #define NOTE_WANDB_EVAL "prediction tables and generation metrics are not computed; eval reports val_loss (eval_loss with datasets:)"
@@ -259,11 +259,12 @@ static const Rule RULES[] = {
     {"is_*_derived_model", R_NOTE, NULL, NOTE_MODEL_CLASS},
     {"base_model_ignore_patterns", R_NOTE, NULL, "only *.safetensors weights are read"},
     {"trust_remote_code", R_NOTE, NULL, "no model code is loaded; the Llama-family architecture is built in"},
-    {"tokenizer_config", R_DATA_NOTE, NULL, "train_llama reads pre-tokenized train_data shards; the tokenizer is not used"}, {"tokenizer_type", R_NOTE, NULL, NOTE_TOKENIZER},
-    {"tokenizer_use_fast", R_NOTE, NULL, NOTE_TOKENIZER}, {"tokenizer_legacy", R_NOTE, NULL, NOTE_TOKENIZER},
-    {"tokenizer_padding_side", R_NOTE, NULL, NOTE_TOKENIZER}, {"tokenizer_save_jinja_files", R_NOTE, NULL, NOTE_TOKENIZER},
-    {"tokenizer_use_mistral_common", R_NOTE, NULL, NOTE_TOKENIZER},
-    {"processor_type", R_NOTE, NULL, NOTE_TOKENIZER},
+    {"tokenizer_config", R_DATA_NOTE, NULL, "train_llama reads pre-tokenized train_data shards; the tokenizer is not used"}, {"tokenizer_type", R_DATA_NOTE, NULL, NOTE_SHARDS_TOK},
+    {"tokenizer_use_fast", R_DATA_NOTE, NULL, NOTE_SHARDS_TOK}, {"tokenizer_legacy", R_DATA_NOTE, NULL, NOTE_SHARDS_TOK},
+    {"tokenizer_padding_side", R_NOTE, NULL, "prepared rows are padded after their samples, and padding is never attended to or trained"},
+    {"tokenizer_save_jinja_files", R_NOTE, NULL, "the base model's tokenizer files are copied beside the final model as they are"},
+    {"tokenizer_use_mistral_common", R_REFUSE, NULL, "mistral-common tokenization is not implemented; scripts/prepare_data.py tokenizes with transformers"},
+    {"processor_type", R_NOTE, NULL, "a multimodal processor class; the models here are text-only and use the tokenizer alone"},
     {"tokens", R_REFUSE, NULL, "adding tokens (and resizing the embeddings) is not implemented; add them to the tokenizer and model beforehand"},
     {"added_tokens_overrides", R_REFUSE, NULL, "tokenizer edits are not implemented"},
     {"resize_token_embeddings_to_32x", R_REFUSE, NULL, "resizing the embeddings is not implemented"},

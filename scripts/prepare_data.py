@@ -33,7 +33,7 @@ DATA_KEYS = ("datasets", "test_datasets", "pretraining_dataset", "val_set_size",
              "special_tokens", "tokens", "excess_length_strategy", "sample_packing_sequentially",
              "pretraining_sample_concatenation", "shuffle_merged_datasets", "min_sample_len",
              "dataset_exact_deduplication", "shuffle_before_merging_datasets", "dataset_shard_num",
-             "dataset_shard_idx")
+             "dataset_shard_idx", "tokenizer_type", "tokenizer_use_fast", "tokenizer_legacy")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
                    "chat_template.jinja", "chat_template.json", "vocab.json", "merges.txt", "added_tokens.json")
 DATA_EXT = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv", ".txt": "text"}
@@ -253,8 +253,38 @@ class Tok:
                             "have: install them (scripts/install_deps.sh) or set $LLMC_PYTHON to a Python that "
                             "has them" % sys.executable)
         transformers.logging.set_verbosity_error()
+        cfg = spec["config"]
+        # Axolotl's tokenizer keys, passed as its loader passes them: tokenizer_type names the
+        # transformers class (AutoTokenizer by default), tokenizer_use_fast and tokenizer_legacy
+        # go to from_pretrained when set.
+        kw, cls = {}, None
+        for key, arg in (("tokenizer_use_fast", "use_fast"), ("tokenizer_legacy", "legacy")):
+            if cfg.get(key) is not None:
+                if not isinstance(cfg[key], bool):
+                    raise DataError("%s: expected true or false, got %r" % (where_cfg(spec, key), cfg[key]))
+                kw[arg] = cfg[key]
+        if cfg.get("tokenizer_type"):
+            name = cfg["tokenizer_type"]
+            cls = getattr(transformers, name, None) if isinstance(name, str) else None
+            if not isinstance(cls, type) or not (name.endswith("Tokenizer") or name.endswith("TokenizerFast")):
+                raise DataError("%s: %r is not a tokenizer class of transformers %s (AutoTokenizer, "
+                                "LlamaTokenizerFast, ...)" % (where_cfg(spec, "tokenizer_type"), name,
+                                                              transformers.__version__))
         try:
-            if os.path.exists(os.path.join(d, "tokenizer_config.json")):
+            if cls and not cls.__name__.endswith("Fast") and hasattr(transformers, cls.__name__ + "Fast"):
+                # A slow (Python) class such as Axolotl's examples' LlamaTokenizer needs
+                # sentencepiece and tokenizer.model; without them its fast twin, which
+                # transformers keeps token-for-token equal, loads tokenizer.json instead.
+                try:
+                    t = cls.from_pretrained(d, local_files_only=True, **kw)
+                except Exception as e:  # noqa: BLE001
+                    fast = getattr(transformers, cls.__name__ + "Fast")
+                    print("note: tokenizer_type %s cannot load here (%s); using %s, its fast version" % (
+                        cls.__name__, (str(e).strip().splitlines() or [type(e).__name__])[0][:120], fast.__name__))
+                    t = fast.from_pretrained(d, local_files_only=True, **kw)
+            elif cls or kw:
+                t = (cls or AutoTokenizer).from_pretrained(d, local_files_only=True, **kw)
+            elif os.path.exists(os.path.join(d, "tokenizer_config.json")):
                 t = AutoTokenizer.from_pretrained(d, local_files_only=True)
             elif os.path.exists(os.path.join(d, "tokenizer.json")):
                 t = PreTrainedTokenizerFast(tokenizer_file=os.path.join(d, "tokenizer.json"))
@@ -264,7 +294,6 @@ class Tok:
             raise DataError("%s: cannot load the tokenizer: %s" % (d, str(e).splitlines()[0] if str(e) else
                                                                       type(e).__name__))
         self.t, self.vocab = t, int(spec["vocab_size"])
-        cfg = spec["config"]
         st = cfg.get("special_tokens") or {}
         if not isinstance(st, dict):
             raise DataError("%s: expected a mapping of bos_token/eos_token/pad_token/unk_token"

@@ -546,7 +546,7 @@ def case_dataset_keys(e):
     check("pretraining_sample_concatenation is refused with what happens instead", "not supported" in msg, msg)
 
 
-def case_dataset_shard(e):
+def case_shard_tokenizer_keys(e):
     rows = F.alpaca_rows(10, seed=21)
 
     def docs(extra, rws=rows, T=256):
@@ -586,6 +586,16 @@ def case_dataset_shard(e):
     e.data(sp, "a.jsonl", rows)
     msg = e.err(sp)
     check("dataset_shard_num 'two' is refused by name", "dataset_shard_num: expected a whole number" in msg, msg)
+    # Axolotl's tokenizer keys reach transformers: a class by name, use_fast and legacy (the
+    # byte-level fixture tokenizes alike with each), and names that are not are refused.
+    same, _ = docs({"tokenizer_type": "GPT2TokenizerFast", "tokenizer_use_fast": False, "tokenizer_legacy": False})
+    check("tokenizer_type GPT2TokenizerFast, tokenizer_use_fast/legacy false: the same samples", same == whole)
+    for key, val, want in (("tokenizer_type", "NoSuchTokenizer", "tokenizer_type: 'NoSuchTokenizer' is not a tokenizer class"),
+                           ("tokenizer_use_fast", "yes", "tokenizer_use_fast: expected true or false")):
+        sp = e.spec({"datasets": [{"path": "a.jsonl", "type": "alpaca"}], key: val})
+        e.data(sp, "a.jsonl", rows)
+        msg = e.err(sp)
+        check("%s %r is refused by name" % (key, val), want in msg, msg)
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         half, _ = docs({"dataset_shard_num": 3})
@@ -593,7 +603,7 @@ def case_dataset_shard(e):
           "dataset_shard_num without dataset_shard_idx" in out.getvalue(), out.getvalue())
 
 
-CASES = [case_alpaca, case_dataset_keys, case_dataset_shard, case_chat_llama3, case_chat_chatml, case_input_output, case_completion, case_pretraining,
+CASES = [case_alpaca, case_dataset_keys, case_shard_tokenizer_keys, case_chat_llama3, case_chat_chatml, case_input_output, case_completion, case_pretraining,
          case_packing, case_val_split, case_excess_length, case_formats, case_cache, case_errors]
 
 
