@@ -203,7 +203,7 @@ typedef struct {
 #define NOTE_DDP "a torch.distributed setting; ranks here talk through MPI (CPU) or NCCL (GPU)"
 #define NOTE_LOADER "a PyTorch DataLoader setting; train_data shards are read one window at a time"
 #define NOTE_MODEL_CLASS "the architecture comes from base_model's config.json"
-#define NOTE_PACKER "sample_packing here is a deterministic first fit of whole samples into sequence_len rows (next fit with sample_packing_sequentially)"
+#define NOTE_PACKER "sample_packing here is a deterministic first fit of whole samples into sequence_len rows (next fit with sample_packing_sequentially), once, before training"
 #define NOTE_SHARDS_TOK "train_data shards are already tokenized (with datasets:, scripts/prepare_data.py loads the tokenizer with it)"
 #define NOTE_DATASET_OPT "it tunes how Axolotl loads data; here scripts/prepare_data.py prepares datasets once into a cache, and train_data shards need no preparing"
 #define NOTE_SHARDS_DATA "it applies to datasets:, which this run does not use (train_data shards are already tokenized rows)"
@@ -326,6 +326,7 @@ static const Rule RULES[] = {
     {"eval_sample_packing", R_DATA, NULL, NULL}, {"train_on_inputs", R_DATA, "true", NULL},
     {"max_packed_sequence_len", R_NOTE, NULL, "packed rows are sequence_len tokens long"}, {"sample_packing_sequentially", R_DATA, NULL, NULL},
     {"pretraining_sample_concatenation", R_DATA, NULL, NULL},
+    {"sample_packing_bin_size", R_DATA, NULL, NULL}, {"sample_packing_group_size", R_DATA, NULL, NULL},
     {"sample_packing_*", R_NOTE, NULL, NOTE_PACKER}, {"multipack_real_batches", R_NOTE, NULL, NOTE_PACKER},
     {"sample_packing_eff_est", R_NOTE, NULL, NOTE_PACKER}, {"total_num_tokens", R_NOTE, NULL, "the step count comes from the data (train_data shards or prepared rows)"},
     {"dataset_processes", R_NOTE, NULL, NOTE_DATASET_OPT}, {"dataset_num_proc", R_NOTE, NULL, NOTE_DATASET_OPT},

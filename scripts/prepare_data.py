@@ -33,7 +33,8 @@ DATA_KEYS = ("datasets", "test_datasets", "pretraining_dataset", "val_set_size",
              "special_tokens", "tokens", "excess_length_strategy", "sample_packing_sequentially",
              "pretraining_sample_concatenation", "shuffle_merged_datasets", "min_sample_len",
              "dataset_exact_deduplication", "shuffle_before_merging_datasets", "dataset_shard_num",
-             "dataset_shard_idx", "tokenizer_type", "tokenizer_use_fast", "tokenizer_legacy")
+             "dataset_shard_idx", "tokenizer_type", "tokenizer_use_fast", "tokenizer_legacy",
+             "sample_packing_bin_size", "sample_packing_group_size")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
                    "chat_template.jinja", "chat_template.json", "vocab.json", "merges.txt", "added_tokens.json")
 DATA_EXT = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv", ".txt": "text"}
@@ -750,8 +751,11 @@ def permutation(n, seed):
 
 # ---- rows ------------------------------------------------------------------------------------
 
-def pack(lengths, T, sequential=False):
-    """First fit, in the given order: the row of each sample (a segment tree over free space).
+def pack(lengths, T, sequential=False, bin_size=200, group_size=100000):
+    """The row of each sample, as Axolotl's multipack packer places them: first fit in the
+    given order, at most bin_size samples a row (sample_packing_bin_size), each group of
+    group_size consecutive samples (sample_packing_group_size) into rows of its own; a segment
+    tree over the rows' free space finds the first that fits (a full row's is -1).
     sequential (sample_packing_sequentially): next fit, as Axolotl's sequential allocator: a
     sample that does not fit the current row starts the next one, so rows keep the order."""
     if sequential:
@@ -762,34 +766,40 @@ def pack(lengths, T, sequential=False):
             rows.append(nrows - 1)
             room -= L
         return rows, nrows
-    size = 1
-    while size < max(1, len(lengths)):
-        size *= 2
-    free = [0] * (2 * size)
-    for i in range(size):
-        free[size + i] = T
-    for i in range(size - 1, 0, -1):
-        free[i] = max(free[2 * i], free[2 * i + 1])
     rows, nrows = [], 0
-    for L in lengths:
-        i = 1
-        while i < size:
-            i = 2 * i if free[2 * i] >= L else 2 * i + 1
-        r = i - size
-        rows.append(r)
-        nrows = max(nrows, r + 1)
-        free[i] -= L
-        i //= 2
-        while i:
+    for g0 in range(0, len(lengths), group_size):
+        group = lengths[g0:g0 + group_size]
+        size = 1
+        while size < len(group):
+            size *= 2
+        free, count = [0] * (2 * size), [0] * size
+        for i in range(size):
+            free[size + i] = T
+        for i in range(size - 1, 0, -1):
             free[i] = max(free[2 * i], free[2 * i + 1])
+        used = 0
+        for L in group:
+            i = 1
+            while i < size:
+                i = 2 * i if free[2 * i] >= L else 2 * i + 1
+            r = i - size
+            rows.append(nrows + r)
+            used = max(used, r + 1)
+            count[r] += 1
+            free[i] = free[i] - L if count[r] < bin_size else -1
             i //= 2
+            while i:
+                free[i] = max(free[2 * i], free[2 * i + 1])
+                i //= 2
+        nrows += used
     return rows, nrows
 
 
-def write_rows(path, samples, T, packed, pad, sequential=False):
-    """The row file of the contract; returns (rows, target tokens, max id + 1)."""
+def write_rows(path, samples, T, packed, pad, packer=None):
+    """The row file of the contract; returns (rows, target tokens, max id + 1). packer: pack()'s
+    keyword arguments."""
     if packed:
-        where, nrows = pack([len(s[0]) for s in samples], T, sequential)
+        where, nrows = pack([len(s[0]) for s in samples], T, **(packer or {}))
         members = [[] for _ in range(nrows)]
         for k, r in enumerate(where):
             members[r].append(k)
@@ -912,6 +922,10 @@ def config_checks(spec):
         raise DataError("%s: not supported; pretraining_dataset documents are packed whole into rows, each "
                         "attending only to itself (sample_packing: false puts one per row)"
                         % where_cfg(spec, "pretraining_sample_concatenation"))
+    for k in ("sample_packing_bin_size", "sample_packing_group_size"):
+        x = cfg.get(k)
+        if x is not None and (isinstance(x, bool) or not isinstance(x, int) or x < 1):
+            raise DataError("%s: expected a whole number of samples, at least 1, got %r" % (where_cfg(spec, k), x))
     num, idx = cfg.get("dataset_shard_num"), cfg.get("dataset_shard_idx")
     for k, x in (("dataset_shard_num", num), ("dataset_shard_idx", idx)):
         if x is not None and (isinstance(x, bool) or not isinstance(x, int) or x < 0):
@@ -976,14 +990,16 @@ def prepare(spec, out_dir, h):
             where_cfg(spec, "datasets"), n_in, dropped, T, ", %d in dataset_shard_idx %d of %d" % (
                 n_shard, cfg["dataset_shard_idx"], cfg["dataset_shard_num"]) if shard_on(cfg) else ""))
     sequential = bool(cfg.get("sample_packing_sequentially"))
+    packer = {"sequential": sequential, "bin_size": cfg.get("sample_packing_bin_size") or 200,
+              "group_size": cfg.get("sample_packing_group_size") or 100000}
     if packed and not sequential:
         train = [train[i] for i in permutation(len(train), seed + 1)]
     eval_packed = bool(cfg.get("eval_sample_packing", packed)) if evals else False
     os.makedirs(out_dir, exist_ok=True)
-    tr_rows, tr_tgt, _ = write_rows(os.path.join(out_dir, "train.bin"), train, T, packed, tok.pad, sequential)
+    tr_rows, tr_tgt, _ = write_rows(os.path.join(out_dir, "train.bin"), train, T, packed, tok.pad, packer)
     ev_rows = ev_tgt = 0
     if evals:
-        ev_rows, ev_tgt, _ = write_rows(os.path.join(out_dir, "eval.bin"), evals, T, eval_packed, tok.pad, sequential)
+        ev_rows, ev_tgt, _ = write_rows(os.path.join(out_dir, "eval.bin"), evals, T, eval_packed, tok.pad, packer)
     meta = {"format_version": FORMAT_VERSION, "hash": h, "train_rows": tr_rows, "eval_rows": ev_rows,
             "train_samples": len(train), "eval_samples": len(evals), "train_target_tokens": tr_tgt,
             "eval_target_tokens": ev_tgt, "dropped_long": dropped + edrop, "duplicates_removed": dups,

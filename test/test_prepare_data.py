@@ -307,6 +307,21 @@ def case_packing(e):
     check("packing: %d rows instead of %d, the same documents and targets, none crossing a boundary"
           % (h1[3], h0[3]), h1[3] < h0[3] and d0 == d1 and cross == 0 and h1[6] == h0[6] == 20
           and h1[7] == h0[7])
+    # Axolotl's packer limits: at most sample_packing_bin_size samples a row, and groups of
+    # sample_packing_group_size samples packed apart (a group of one: a row each).
+    for extra, want in (({"sample_packing_bin_size": 3}, "at most 3 a row"), ({"sample_packing_group_size": 1}, "20 rows")):
+        sp = e.spec(dict(base, sample_packing=True, **extra), T=512)
+        e.data(sp, "a.jsonl", rows)
+        d, meta = e.run(sp)
+        h, body = read_rows(os.path.join(d, "train.bin"))
+        per_row = [len(set(int(x) for x in ds)) for _, _, ds in body]  # documents (and padding) a row
+        ok = max(per_row) <= 4 and int(h[3]) >= 7 if "bin" in next(iter(extra)) else int(h[3]) == 20
+        check("packing with %s: %s (%d rows, %s segments a row)" % (extra, want, h[3], sorted(set(per_row))),
+              ok and sorted(docs_of(os.path.join(d, "train.bin"))[1]) == d0)
+    sp = e.spec(dict(base, sample_packing=True, sample_packing_bin_size=0))
+    e.data(sp, "a.jsonl", rows)
+    msg = e.err(sp)
+    check("sample_packing_bin_size 0 is refused by name", "sample_packing_bin_size: expected a whole number" in msg, msg)
     # sample_packing_sequentially (Axolotl's key): next fit in the samples' order, so the rows
     # read in order hold the unpacked run's samples in its order, and each row's first sample
     # did not fit in what the row before left free.
