@@ -245,7 +245,6 @@ static const Rule RULES[] = {
     {"gradient_checkpointing_kwargs", R_NOTE, NULL, "recompute here is exact and has no reentrant/non-reentrant variants"},
     {"embeddings_skip_upcast", R_NOTE, NULL, "embeddings keep float32 master weights"},
     {"lora_on_cpu", R_NOTE, NULL, "adapters are created where the model lives"},
-    {"bnb_config_kwargs", R_NOTE, NULL, "QLoRA's base is NF4 in bitsandbytes' layout with float32 absmax"},
     {"save_safetensors", R_NOTE, "true", "weights are always written as safetensors"},
     {"eval_batch_size", R_NOTE, NULL, "evaluation runs micro_batch_size rows per batch (eval_batches of them from val_data shards; prepared eval rows are evaluated whole)"},
     {"group_by_length", R_NOTE, NULL, "train_data shard rows are all sequence_len tokens long"},
@@ -678,6 +677,35 @@ static void add_unknown(const char *key, size_t line) {
 }
 
 // One entry of an fsdp_config: block (fsdp_ prefixes optional). 0: not an FSDP option.
+// bnb_config_kwargs.NAME (Axolotl passes them to BitsAndBytesConfig): the NF4 base here is
+// bitsandbytes' nf4 with double-quantized absmax, which is also Axolotl's default; other
+// choices are refused rather than quantized otherwise. Returns 0 for an unknown name.
+static int bnb_config_key(const char *name, const char *value, const char *origin) {
+    const char *v = value ? value : "...";
+    int b;
+    if (!value || !*value || !strcmp(name, "llm_int8_threshold") || !strcmp(name, "llm_int8_has_fp16_weight") ||
+        !strcmp(name, "llm_int8_enable_fp32_cpu_offload") || !strcmp(name, "bnb_4bit_quant_storage"))
+        return 1;  // unset, 8-bit-only options, or how the packed bytes are typed: the values are the same
+    if (!strcmp(name, "bnb_4bit_quant_type")) {
+        if (strcmp(value, "nf4"))
+            fail("%s: bnb_config_kwargs: bnb_4bit_quant_type: %s is not implemented; the 4-bit base here is nf4", origin, v);
+    } else if (!strcmp(name, "bnb_4bit_use_double_quant")) {
+        if (!parse_bool(value, &b) || !b)
+            fail("%s: bnb_config_kwargs: bnb_4bit_use_double_quant: %s is not implemented; the NF4 base here always "
+                 "double-quantizes its absmax values (Axolotl's default: true)", origin, v);
+    } else if (!strcmp(name, "bnb_4bit_compute_dtype")) {
+        printf("note: bnb_config_kwargs: bnb_4bit_compute_dtype %s has no effect here: the NF4 weights are "
+               "dequantized to the run's dtype and multiplied in it\n", v);
+    } else if (!strcmp(name, "llm_int8_skip_modules")) {
+        if (!harmless(value))
+            fail("%s: bnb_config_kwargs: llm_int8_skip_modules: %s is not implemented; every decoder matrix "
+                 "is quantized", origin, v);
+    } else {
+        return 0;
+    }
+    return 1;
+}
+
 static int fsdp_config_key(Config *cfg, const char *name, const char *value, const char *origin) {
     const char *n = strncmp(name, "fsdp_", 5) ? name : name + 5, *v = value ? value : "...";
     int b, is_bool = value && parse_bool(value, &b), on = is_bool && b;
@@ -783,6 +811,21 @@ static void load_mapping(Config *cfg, yaml_document_t *doc, yaml_node_t *map, co
             cfg->rope_scaling_line = (int)kn->start_mark.line + 1;
             free(txt);
             cJSON_Delete(o);
+            continue;
+        }
+        if (!*prefix && !strcmp(key, "bnb_config_kwargs")) {  // Axolotl's BitsAndBytesConfig options
+            if (vn->type == YAML_SCALAR_NODE && is_null(vn)) continue;
+            if (vn->type != YAML_MAPPING_NODE) fail("%s: key 'bnb_config_kwargs' expects a mapping of options", origin);
+            for (yaml_node_pair_t *q = vn->data.mapping.pairs.start; q < vn->data.mapping.pairs.top; q++) {
+                yaml_node_t *k2 = yaml_document_get_node(doc, q->key), *v2 = yaml_document_get_node(doc, q->value);
+                char o2[1200], full[300];
+                snprintf(o2, sizeof o2, "%s:%zu", path, k2->start_mark.line + 1);
+                if (k2->type != YAML_SCALAR_NODE) fail("%s: keys must be plain names", o2);
+                snprintf(full, sizeof full, "bnb_config_kwargs.%s", scalar(k2));
+                const char *val = v2->type == YAML_SEQUENCE_NODE && item_count(v2) ? "[...]"
+                                  : v2->type != YAML_SCALAR_NODE || is_null(v2) ? "" : scalar(v2);
+                if (!bnb_config_key(scalar(k2), val, o2)) add_unknown(full, k2->start_mark.line + 1);
+            }
             continue;
         }
         if (!*prefix && !strcmp(key, "fsdp_config")) {  // Axolotl's FSDP options

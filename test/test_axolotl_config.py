@@ -251,6 +251,25 @@ def fsdp_forms(e):
     one_error(rc, err, "fsdp_config.fsdp_frobnicate")
 
 
+def bnb_config(e):
+    """bnb_config_kwargs: Axolotl's defaults (nf4, double quantization) are what the NF4 base
+    here is; other quantization choices are refused by name, compute_dtype gets a note."""
+    ok = "bnb_config_kwargs:\n  llm_int8_has_fp16_weight: false\n  bnb_4bit_quant_type: nf4\n" \
+         "  bnb_4bit_use_double_quant: true\n  bnb_4bit_quant_storage: bfloat16\n"
+    rc, out, err = e.run("bnb_ok", yaml_text(e.base("bnb_ok")) + ok)
+    ok_run(rc, out, err)
+    check("bnb_config_kwargs" not in out, "a note for Axolotl's default bnb_config_kwargs: " + out[:300])
+    for i, (line, needles) in enumerate((("bnb_4bit_quant_type: fp4", ("bnb_4bit_quant_type", "fp4", "nf4")),
+                                         ("bnb_4bit_use_double_quant: false", ("bnb_4bit_use_double_quant", "false")),
+                                         ("llm_int8_skip_modules: [lm_head]", ("llm_int8_skip_modules",)),
+                                         ("bnb_4bit_frobnicate: 1", ("bnb_config_kwargs.bnb_4bit_frobnicate",)))):
+        rc, out, err = e.run("bnb%d" % i, yaml_text(e.base("bnb%d" % i)) + "bnb_config_kwargs:\n  %s\n" % line)
+        one_error(rc, err, *needles)
+    rc, out, err = e.run("bnb_cd", yaml_text(e.base("bnb_cd")) + "bnb_config_kwargs:\n  bnb_4bit_compute_dtype: float32\n")
+    ok_run(rc, out, err)
+    check("note: bnb_config_kwargs: bnb_4bit_compute_dtype float32 has no effect here" in out, "no compute_dtype note")
+
+
 def optimizer_family(e):
     for i, name in enumerate(["adamw_torch", "adamw_torch_fused", "adamw_hf", "adamw_bnb_8bit",
                               "paged_adamw_8bit", "paged_adamw_32bit"]):
@@ -455,7 +474,7 @@ def example_configs(e, snap):
 CASES = [unknown_keys_listed_together, single_unknown_key_names_line, set_unknown_key_no_far_suggestion,
          notes_for_no_effect_keys, refused_keys, datasets_keys_refused, type_tolerance, precision_keys,
          fsdp_forms, optimizer_family, epochs_and_steps, lr_schedule, eval_cadence,
-         save_cadence_and_limit, early_stopping, loss_watchdog, auto_resume]
+         save_cadence_and_limit, early_stopping, loss_watchdog, bnb_config, auto_resume]
 
 
 def main():
