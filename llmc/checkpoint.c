@@ -717,6 +717,7 @@ void run_identity(RunIdentity *id, const Config *cfg, const Model *m) {
     if (cfg->prepared_dir[0]) {  // datasets: the prepared rows' cache key (data files, tokenizer, data keys)
         const char *slash = strrchr(cfg->prepared_dir, '/');
         id_add(id, "prepared_data", "%s", slash ? slash + 1 : cfg->prepared_dir);
+        id_add(id, "dataloader_drop_last", "%s", cfg->dataloader_drop_last ? "true" : "false");  // which rows an epoch serves
     }
     id_add(id, "micro_batch_size", "%d", cfg->micro_batch_size);
     id_add(id, "gradient_accumulation_steps", "%d", cfg->gradient_accumulation_steps);

@@ -92,6 +92,8 @@ static const KeyDef KEYS[] = {
          "no: never evaluate; epoch: every epoch; auto/steps: from eval_steps"),
     NUM("early_stopping_patience", T_INT, early_stopping_patience, "0", 0, BIG,
         "stop after N evaluations without a better val_loss; 0 disables"),
+    NUM("dataloader_drop_last", T_BOOL, dataloader_drop_last, "false", 0, 1,
+        "datasets: leave out each epoch's last partial micro-batch, as a PyTorch DataLoader with drop_last"),
     NUM("loss_watchdog_threshold", T_FLOAT, loss_watchdog_threshold, "0", 0, 1e30,
         "stop (with a checkpoint and the final model) after loss_watchdog_patience steps in a row "
         "with a training loss above this; 0: off"),

@@ -39,6 +39,7 @@ typedef struct {
     int evals_per_epoch, saves_per_epoch, save_total_limit, early_stopping_patience, save_only_model,
         save_first_step;
     double loss_watchdog_threshold;  // 0: off
+    int dataloader_drop_last;        // prepared rows: each epoch's last partial micro-batch left out
     int loss_watchdog_patience;
     char eval_strategy[8], save_strategy[8];
     int auto_resume_from_checkpoints;

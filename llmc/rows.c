@@ -140,9 +140,20 @@ void rows_open(RowLoader *rl, const char *path, int B, int accum, int T, int voc
              (unsigned long long)rl->ntargets, (unsigned long long)ntargets);
     rl->B = B, rl->accum = accum, rl->shuffle = shuffle, rl->seed = seed;
     const size_t per_step = (size_t)B * accum;
+    rl->served = rl->nrows;
     rl->slots = (rl->nrows + per_step - 1) / per_step * per_step;
     rl->order = xmalloc(sizeof(size_t) * rl->nrows);
     rl->buf = xmalloc(row_bytes(rl));
+    rows_seek(rl, 0, 0);
+}
+
+void rows_drop_last(RowLoader *rl) {
+    const size_t per_step = (size_t)rl->B * rl->accum;
+    rl->served = rl->nrows / (size_t)rl->B * (size_t)rl->B;
+    if (!rl->served)
+        fail("%s: %zu rows, fewer than one micro-batch of %d (micro_batch_size x ranks): with dataloader_drop_last "
+             "no batch is left", rl->path, rl->nrows, rl->B);
+    rl->slots = (rl->served + per_step - 1) / per_step * per_step;
     rows_seek(rl, 0, 0);
 }
 
@@ -189,7 +200,7 @@ void rows_next(RowLoader *rl, int32_t *tokens, int32_t *targets, int32_t *doc_st
     for (int i = 0; i < rl->B; i++) {
         if (rl->next >= rl->slots) rows_seek(rl, rl->epoch + 1, 0);
         size_t s = rl->next++;
-        rows_read(rl, s < rl->nrows ? rl->order[s] : rl->nrows, tokens + i * T, targets + i * T,
+        rows_read(rl, s < rl->served ? rl->order[s] : rl->nrows, tokens + i * T, targets + i * T,
                   doc_start + i * T);
     }
 }

@@ -37,7 +37,8 @@ typedef struct {
     int max_id1;               // header [5]
     int B, accum, shuffle;
     uint64_t seed;
-    size_t slots;              // rows one epoch serves: steps_per_epoch x B x accum >= nrows
+    size_t served;             // rows of each epoch's order that are read: nrows, or whole micro-batches (drop_last)
+    size_t slots;              // slots one epoch has: steps_per_epoch x B x accum >= served
     // position: epoch and the index of the next slot in that epoch
     uint64_t epoch;
     size_t next;
@@ -50,6 +51,10 @@ typedef struct {
 // file's role in messages ("train rows"). Fails with one line on any problem.
 void rows_open(RowLoader *rl, const char *path, int B, int accum, int T, int vocab, int shuffle,
                uint64_t seed, const char *what);
+// dataloader_drop_last: each epoch serves whole micro-batches only (the first nrows - nrows % B
+// rows of its order), as a PyTorch DataLoader with drop_last; fails when that is none. Call
+// right after rows_open.
+void rows_drop_last(RowLoader *rl);
 // Optimizer steps in one epoch.
 size_t rows_steps_per_epoch(const RowLoader *rl);
 // Next micro-batch: tokens, targets, doc_start, each [B*T]. Past the epoch's rows: empty rows.

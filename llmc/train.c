@@ -488,6 +488,7 @@ int train_main(int argc, char **argv, int arch) {
         char p[1200];
         snprintf(p, sizeof p, "%s/train.bin", cfg.prepared_dir);
         rows_open(&rtrain, p, split0.dp * B, accum, T, mc.vocab_size, cfg.shuffle, (uint64_t)config_data_seed(&cfg), "train rows");
+        if (cfg.dataloader_drop_last) rows_drop_last(&rtrain);
         snprintf(p, sizeof p, "%s/eval.bin", cfg.prepared_dir);
         have_val = cfg.has_eval_rows = path_exists(p);
         if (have_val) rows_open(&rval, p, split0.dp * B, 1, T, mc.vocab_size, 0, 0, "eval rows");
@@ -501,8 +502,9 @@ int train_main(int argc, char **argv, int arch) {
             printf("; %zu eval rows%s, %llu target tokens", rval.nrows, rval.packed ? " (packed)" : "",
                    (unsigned long long)rval.ntargets);
         printf("\ndata: %.0f steps per epoch = ceil(%zu rows / %d rows per step (micro_batch_size %d x "
-               "gradient_accumulation_steps %d x %d ranks))\n", steps_per_epoch, rtrain.nrows,
-               B * accum * split0.dp, B, accum, split0.dp);
+               "gradient_accumulation_steps %d x %d ranks))%s\n", steps_per_epoch, rtrain.served,
+               B * accum * split0.dp, B, accum, split0.dp,
+               rtrain.served < rtrain.nrows ? " (dataloader_drop_last: an epoch's last partial micro-batch left out)" : "");
         config_plan_steps(&cfg, rows_steps_per_epoch(&rtrain) * accum);  // num_epochs -> max_steps, ...
         if (cfg.eval_steps && !have_val)
             fail("eval_steps is %d but there is no eval data (set val_set_size or test_datasets)", cfg.eval_steps);
@@ -514,6 +516,9 @@ int train_main(int argc, char **argv, int arch) {
             loader_open(&train, cfg.train_data, split0.dp * B, T, mc.vocab_size, cfg.shuffle, (uint64_t)config_data_seed(&cfg), "train_data");
         have_val = cfg.val_data[0] != 0;
         if (have_val) loader_open(&val, cfg.val_data, split0.dp * B, T, mc.vocab_size, 0, 0, "val_data");
+        if (cfg.dataloader_drop_last)
+            printf("note: dataloader_drop_last has no effect here: train_data shards are read as one stream of "
+                   "windows that runs on into the next epoch, so no batch is partial\n");
         steps_per_epoch = (double)train.total_windows / accum;
         config_plan_steps(&cfg, train.total_windows);  // num_epochs -> max_steps, warmup_ratio, cadences
         if (cfg.eval_steps && !have_val) fail("eval_steps is %d but no val_data is set", cfg.eval_steps);

@@ -413,6 +413,33 @@ def case_epochs(e):
     lo = [s["loss"] for s in steps]
     check("epochs: shuffle visits rows in another order", [s["loss"] for s in a] != lo)
 
+    # dataloader_drop_last: 10 rows in micro-batches of 3 leave out row 9 (3 whole micro-batches
+    # an epoch), as a DataLoader with drop_last does; without it a 4th step holds row 9 alone.
+    rc, out, err = e.run(e.yaml("drop_last", prep, micro_batch_size=3, gradient_accumulation_steps=1, num_epochs=2,
+                                shuffle="false", learning_rate=0.0, dataloader_drop_last="true", save_steps=2))
+    if rc != 0:
+        check("epochs: dataloader_drop_last run", False, tail(err))
+        return
+    dl, _ = metrics(os.path.join(e.root, "drop_last", "out"))
+    errs = []
+    for s, r in enumerate([[0, 1, 2], [3, 4, 5], [6, 7, 8]] * 2):
+        ref, _ = ref_step(e.cfg, e.weights, [docs[i] for i in r])
+        if s >= len(dl) or abs(dl[s]["loss"] - ref) > 1e-5:
+            errs.append("step %d: %s vs %.7f" % (s + 1, dl[s]["loss"] if s < len(dl) else "-", ref))
+    check("epochs: dataloader_drop_last: 3 steps per epoch over rows 0-8, row 9 left out (%d steps)" % len(dl),
+          "3 steps per epoch = ceil(9 rows / 3 rows per step" in out and "last partial micro-batch left out" in out
+          and len(dl) == 6 and not errs, errs or out[:600])
+    rc, out, err = e.run(e.yaml("drop_last_resume", prep, micro_batch_size=3, gradient_accumulation_steps=1,
+                                num_epochs=2, shuffle="false", learning_rate=0.0),
+                         "resume_from_checkpoint=%s" % os.path.join(e.root, "drop_last", "out", "checkpoint-2"))
+    one_error("epochs: resuming a dataloader_drop_last run without it -> one line naming the key", rc, out, err,
+              "dataloader_drop_last=true", "dataloader_drop_last=false")
+    few = os.path.join(e.root, "epochs", "few")
+    prepare_dir(few, make_docs(2, seed=41), False)
+    rc, out, err = e.run(e.yaml("drop_last_few", few, micro_batch_size=3, dataloader_drop_last="true"))
+    one_error("epochs: dataloader_drop_last with fewer rows than a micro-batch -> one line", rc, out, err,
+              "2 rows, fewer than one micro-batch of 3")
+
 
 def case_spec(e):
     docs = make_docs(4, seed=5)
