@@ -84,7 +84,7 @@ static void *watchdog_main(void *arg) {
         if (stop) return NULL;
         if (op && age > c->timeout_s) {
             fprintf(stderr, "error: rank %d: %s did not complete within %.0f s (a peer rank died or "
-                    "hangs); aborting\n", c->rank, op, c->timeout_s);
+                    "hangs; ddp_timeout or LLMC_COMM_TIMEOUT sets the limit); aborting\n", c->rank, op, c->timeout_s);
             fflush(stderr);
             MPI_Abort(MPI_COMM_WORLD, 3);
             _exit(3);

@@ -92,6 +92,9 @@ static const KeyDef KEYS[] = {
          "no: never evaluate; epoch: every epoch; auto/steps: from eval_steps"),
     NUM("early_stopping_patience", T_INT, early_stopping_patience, "0", 0, BIG,
         "stop after N evaluations without a better val_loss; 0 disables"),
+    NUM("ddp_timeout", T_FLOAT, ddp_timeout, "0", 0, 1e9,
+        "seconds a collective may wait for the other ranks before the run stops (LLMC_COMM_TIMEOUT wins; "
+        "0: 300, and 1800 while rank 0 prepares datasets:)"),
     NUM("dataloader_drop_last", T_BOOL, dataloader_drop_last, "false", 0, 1,
         "datasets: leave out each epoch's last partial micro-batch, as a PyTorch DataLoader with drop_last"),
     NUM("loss_watchdog_threshold", T_FLOAT, loss_watchdog_threshold, "0", 0, 1e30,

@@ -40,6 +40,7 @@ typedef struct {
         save_first_step;
     double loss_watchdog_threshold;  // 0: off
     int dataloader_drop_last;        // prepared rows: each epoch's last partial micro-batch left out
+    double ddp_timeout;              // seconds a collective may wait (0: LLMC_COMM_TIMEOUT, else 300)
     int loss_watchdog_patience;
     char eval_strategy[8], save_strategy[8];
     int auto_resume_from_checkpoints;

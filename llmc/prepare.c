@@ -327,7 +327,13 @@ static void run_script(const Config *cfg, int vocab, char *out, size_t cap) {
 
 void prepare_data(Config *cfg, int vocab, Comm *comm) {
     char dir[sizeof cfg->prepared_dir] = "";
+    // The other ranks wait while rank 0 tokenizes, which for a large dataset takes far longer
+    // than a collective: unless a limit was given, as long as torch.distributed's default
+    // (1800 s, what Axolotl's ranks wait for its preprocessing) instead of the 300 s default.
+    const double limit = comm->timeout_s;
+    if (!cfg->ddp_timeout && !getenv("LLMC_COMM_TIMEOUT") && comm->timeout_s < 1800) comm->timeout_s = 1800;
     if (comm->rank == 0) run_script(cfg, vocab, dir, sizeof dir);
     comm->broadcast(comm, dir, sizeof dir, 0);
+    comm->timeout_s = limit;
     snprintf(cfg->prepared_dir, sizeof cfg->prepared_dir, "%s", dir);
 }

@@ -353,6 +353,8 @@ int train_main(int argc, char **argv, int arch) {
     }
     Config cfg;
     config_from_args(&cfg, argc, argv, arch);
+    // Axolotl's ddp_timeout bounds every collective's wait (an explicit LLMC_COMM_TIMEOUT wins).
+    if (cfg.ddp_timeout > 0 && !getenv("LLMC_COMM_TIMEOUT")) comm->timeout_s = cfg.ddp_timeout;
     if (cfg.datasets_run && !cfg.plan_only) {  // Axolotl datasets: prepared (or found in its cache) by scripts/prepare_data.py
         ModelConfig vc = cfg.model;
         if (cfg.base_model[0] && arch == ARCH_GPT2) gpt2_read_config(cfg.base_model, &vc);

@@ -152,7 +152,7 @@ def notes_for_no_effect_keys(e):
                  flash_attention="true", sdp_attention="false", tf32="true", strict="false",
                  trust_remote_code="true", model_type="LlamaForCausalLM", tokenizer_type="AutoTokenizer",
                  liger_rms_norm="true", lora_mlp_kernel="true", attn_implementation="flash_attention_2",
-                 hub_model_id="me/model", ddp_timeout=1800, dataloader_num_workers=4,
+                 hub_model_id="me/model", ddp_bucket_cap_mb=25, dataloader_num_workers=4,
                  torch_compile="true", group_by_length="false",
                  tokenizer_config="some/tokenizer")
     text = yaml_text(cfg) + "plugins:\n  - axolotl.integrations.liger.LigerPlugin\n" + \
@@ -161,7 +161,7 @@ def notes_for_no_effect_keys(e):
     ok_run(rc, out, err)
     for k in ("wandb_project", "mlflow_experiment_name", "flash_attention", "tf32", "trust_remote_code",
               "model_type", "liger_rms_norm", "lora_mlp_kernel", "attn_implementation", "hub_model_id",
-              "ddp_timeout", "dataloader_num_workers", "torch_compile",
+              "ddp_bucket_cap_mb", "dataloader_num_workers", "torch_compile",
               "plugins", "gradient_checkpointing_kwargs", "special_tokens", "tokenizer_config"):
         check(re.search(r"^note: %s has no effect here: \S" % k, out, re.M), "no note for " + k)
     for k in ("wandb_entity", "sdp_attention", "strict", "group_by_length"):  # null/false: silent

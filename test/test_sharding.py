@@ -691,21 +691,23 @@ def alive(pid):
         return False
 
 
-def failure_case(sig):
-    name = "rank_dies" if sig == signal.SIGKILL else "rank_hangs"
+def failure_case(sig, via_config=False):
+    """via_config: the 5 s limit comes from Axolotl's ddp_timeout, not LLMC_COMM_TIMEOUT."""
+    name = ("rank_dies" if sig == signal.SIGKILL else "rank_hangs") + ("_ddp_timeout" if via_config else "")
 
     @case(name)
     def body(errs):
         tc = train_cfg(name, micro=2, zero_stage=1, max_steps=100000, save_steps=0, eval_steps=0,
                        lr_scheduler="constant", learning_rate=1e-4,
-                       model=dict(MODEL, hidden_size=64, intermediate_size=128), sequence_len=32)
+                       model=dict(MODEL, hidden_size=64, intermediate_size=128), sequence_len=32,
+                       **(dict(ddp_timeout=5) if via_config else {}))
         path = tc["output_dir"] + ".yaml"
         with open(path, "w") as f:
             f.write(yaml_text(tc))
         os.makedirs(tc["output_dir"], exist_ok=True)
         log_out, log_err = open(path + ".out", "w+b"), open(path + ".err", "w+b")
         p = subprocess.Popen(mpirun_cmd(2) + [ARGS.bin, "-c", path], cwd=ARGS.work,
-                             env=clean_env({"LLMC_COMM_TIMEOUT": "5"}), stdout=log_out, stderr=log_err,
+                             env=clean_env({} if via_config else {"LLMC_COMM_TIMEOUT": "5"}), stdout=log_out, stderr=log_err,
                              start_new_session=True)
         pids = {}
         try:
@@ -808,7 +810,7 @@ def main():
     cases = ["layout_%s_%s_%s" % (v, l, m) for v in ("full", "lora") for l in LAYOUTS for m in MEMORY]
     cases += ["layout_odd_tied_%s_plain" % l for l in ("z1", "z3")] + ["layout_lora_dropout_z1_plain"]
     cases += ["offload_single_full", "offload_single_lora", "offload_z1_2ranks", "offload_z3_2ranks", "offload_lora_z3_2ranks",
-              "zero1_shards_device_memory", "zero3_shards_device_memory", "zero3_save_within_budget", "ckpt_z1", "ckpt_z3", "rank_dies", "rank_hangs",
+              "zero1_shards_device_memory", "zero3_shards_device_memory", "zero3_save_within_budget", "ckpt_z1", "ckpt_z3", "rank_dies", "rank_hangs", "rank_hangs_ddp_timeout",
               "shuffle_z0", "shuffle_z1"]
     if not shutil.which("mpirun"):
         for c in cases:
@@ -858,6 +860,7 @@ def main():
         ckpt_case(3)
         failure_case(signal.SIGKILL)
         failure_case(signal.SIGSTOP)
+        failure_case(signal.SIGSTOP, via_config=True)
         shuffle_case("z0")
         shuffle_case("z1")
     finally:

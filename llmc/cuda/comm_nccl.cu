@@ -57,7 +57,7 @@ static void finish(Comm *c, const char *op, ncclResult_t r) {
         if (e != cudaErrorNotReady) fail("%s: %s", op, cudaGetErrorString(e));
         if ((now_ms() - t0) / 1e3 > c->timeout_s) {
             ncclCommAbort(ni(c)->nccl);
-            fail("%s did not complete within %.3g s (a peer rank died or hangs; LLMC_COMM_TIMEOUT sets the limit)", op, c->timeout_s);
+            fail("%s did not complete within %.3g s (a peer rank died or hangs; ddp_timeout or LLMC_COMM_TIMEOUT sets the limit)", op, c->timeout_s);
         }
         usleep(100);
     }
