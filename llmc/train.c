@@ -214,11 +214,14 @@ static double evaluate_rows(Model *m, RowLoader *ev, int32_t *tok, int32_t *tgt,
     if (dump) fclose(dump);
     free(tl);
     c->all_reduce_sum_f64(c, sums, nb);
+    // eval_loss_hf: Hugging Face's Trainer repeats each batch's mean loss once per sample of
+    // the batch and averages those, so a short last batch weighs by its rows.
     double tot = 0, hsum = 0;
     size_t hn = 0;
     for (size_t i = 0; i < nb; i++) {
+        const size_t rows = ev->nrows - i * GB < (size_t)GB ? ev->nrows - i * GB : (size_t)GB;
         tot += sums[i], n += cnt[i];
-        if (cnt[i]) hsum += sums[i] / (double)cnt[i], hn++;
+        if (cnt[i]) hsum += (double)rows * (sums[i] / (double)cnt[i]), hn += rows;
     }
     free(sums);
     free(cnt);

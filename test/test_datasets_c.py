@@ -337,17 +337,19 @@ def case_reference(e):
         toks = {info["eval_where"][k]: v for k, v in read_dump(dump)[0].items()}
         dt = max(abs(toks[k] - tok_ref[k]) for k in tok_ref) if toks.keys() == tok_ref.keys() else 1
         check("%s: per-token eval losses (%d, max diff %.2e <= 1e-5)" % (tag, len(tok_ref), dt), dt <= 1e-5)
-        # eval_loss: token-weighted; eval_loss_hf: mean over batches (B rows) of each batch's mean
+        # eval_loss: token-weighted; eval_loss_hf: each batch's (B rows) mean, repeated once per
+        # row of the batch, averaged (Hugging Face's Trainer: loss.repeat(batch_size))
         ev = evals[0]
         wl = sum(tok_ref.values()) / len(tok_ref)
         etgt = info["eval_arrays"][1]
-        bm = []
+        bm, bw = [], []
         for b0 in range(0, etgt.shape[0], B):
             ks = [info["eval_where"][(r, t)] for r in range(b0, min(b0 + B, etgt.shape[0])) for t in range(T)
                   if etgt[r, t] >= 0]
             if ks:
                 bm.append(sum(tok_ref[k] for k in ks) / len(ks))
-        hf = sum(bm) / len(bm)
+                bw.append(min(b0 + B, etgt.shape[0]) - b0)
+        hf = sum(m * w for m, w in zip(bm, bw)) / sum(bw)
         check("%s: eval_loss %.7f vs %.7f, eval_tokens %d vs %d" % (tag, ev["eval_loss"], wl, ev["eval_tokens"],
                                                                    len(tok_ref)),
               abs(ev["eval_loss"] - wl) <= 1e-5 and ev["eval_tokens"] == len(tok_ref))
