@@ -101,6 +101,10 @@ put("yaml_config", "near_two_docs", base + "---\nmax_steps: 3\n")
 put("yaml_config", "near_both_models", base + "base_model: x\n")
 put("yaml_config", "near_bad_values", base + "micro_batch_size: -1\nadam_beta2: 1.0\nzero_stage: 2\n")
 put("yaml_config", "near_anchors", "a: &x [1, 2]\nmodel: *x\ntrain_data: {b: c}\n")
+put("yaml_config", "valid_axolotl_keys", base + "bnb_config_kwargs:\n  bnb_4bit_quant_type: nf4\n"
+    "  bnb_4bit_use_double_quant: true\n  bnb_4bit_compute_dtype: bfloat16\n"
+    "loss_watchdog_threshold: 5.0\nloss_watchdog_patience: 2\nddp_timeout: 1800\ndataloader_drop_last: true\n")
+put("yaml_config", "near_bnb", base + "bnb_config_kwargs:\n  llm_int8_skip_modules: [lm_head]\n  bnb_4bit_quant_type: fp4\n")
 
 # ---- token shards: 4 loader-shape bytes (B, T, vocab, shuffle), then the shard -------------
 def shard(tokens, version=1, magic=20240520, ntok=None):
