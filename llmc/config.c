@@ -685,8 +685,9 @@ static void add_unknown(const char *key, size_t line) {
 // bnb_config_kwargs.NAME (Axolotl passes them to BitsAndBytesConfig): the NF4 base here is
 // bitsandbytes' nf4 with double-quantized absmax, which is also Axolotl's default; other
 // choices are refused rather than quantized otherwise. Returns 0 for an unknown name.
-static int bnb_config_key(const char *name, const char *value, const char *origin) {
-    const char *v = value ? value : "...";
+static int bnb_config_key(Config *cfg, const char *name, const char *value, int list_items, const char *origin) {
+    if (!value) value = list_items ? "[...]" : "";  // a list says it is one; a mapping or an empty list says nothing
+    const char *v = value;
     int b;
     if (!value || !*value || !strcmp(name, "llm_int8_threshold") || !strcmp(name, "llm_int8_has_fp16_weight") ||
         !strcmp(name, "llm_int8_enable_fp32_cpu_offload") || !strcmp(name, "bnb_4bit_quant_storage"))
@@ -711,7 +712,7 @@ static int bnb_config_key(const char *name, const char *value, const char *origi
     return 1;
 }
 
-static int fsdp_config_key(Config *cfg, const char *name, const char *value, const char *origin) {
+static int fsdp_config_key(Config *cfg, const char *name, const char *value, int list_items, const char *origin) {
     const char *n = strncmp(name, "fsdp_", 5) ? name : name + 5, *v = value ? value : "...";
     int b, is_bool = value && parse_bool(value, &b), on = is_bool && b;
     static const char *const noted[] = {
@@ -755,6 +756,30 @@ static int fsdp_config_key(Config *cfg, const char *name, const char *value, con
 static int item_count(yaml_node_t *n) {
     return n->type == YAML_SEQUENCE_NODE ? (int)(n->data.sequence.items.top - n->data.sequence.items.start)
                                          : (int)(n->data.mapping.pairs.top - n->data.mapping.pairs.start);
+}
+
+// One option of a mapping key (fsdp_config, bnb_config_kwargs): value is the scalar as written
+// ("" for null), NULL for a list or a mapping; list_items is a list's length (0 otherwise).
+// Returns 0 for a name it does not know.
+typedef int (*OptionFn)(Config *cfg, const char *name, const char *value, int list_items, const char *origin);
+
+// The options under mapping key `key` (null: none), each given to fn with its file:line; names
+// fn does not know are unknown keys `key.name`. Returns how many options there were, -1 for null.
+static int load_options(Config *cfg, yaml_document_t *doc, yaml_node_t *vn, const char *key, const char *what,
+                        const char *path, const char *origin, OptionFn fn) {
+    if (vn->type == YAML_SCALAR_NODE && is_null(vn)) return -1;
+    if (vn->type != YAML_MAPPING_NODE) fail("%s: key '%s' expects a mapping of %s", origin, key, what);
+    for (yaml_node_pair_t *q = vn->data.mapping.pairs.start; q < vn->data.mapping.pairs.top; q++) {
+        yaml_node_t *k2 = yaml_document_get_node(doc, q->key), *v2 = yaml_document_get_node(doc, q->value);
+        char o2[1200], full[300];
+        snprintf(o2, sizeof o2, "%s:%zu", path, k2->start_mark.line + 1);
+        if (k2->type != YAML_SCALAR_NODE) fail("%s: keys must be plain names", o2);
+        snprintf(full, sizeof full, "%s.%s", key, scalar(k2));
+        const char *val = v2->type != YAML_SCALAR_NODE ? NULL : is_null(v2) ? "" : scalar(v2);
+        if (!fn(cfg, scalar(k2), val, v2->type == YAML_SEQUENCE_NODE ? item_count(v2) : 0, o2))
+            add_unknown(full, k2->start_mark.line + 1);
+    }
+    return item_count(vn);
 }
 
 static int is_known(const char *key) {
@@ -819,33 +844,12 @@ static void load_mapping(Config *cfg, yaml_document_t *doc, yaml_node_t *map, co
             continue;
         }
         if (!*prefix && !strcmp(key, "bnb_config_kwargs")) {  // Axolotl's BitsAndBytesConfig options
-            if (vn->type == YAML_SCALAR_NODE && is_null(vn)) continue;
-            if (vn->type != YAML_MAPPING_NODE) fail("%s: key 'bnb_config_kwargs' expects a mapping of options", origin);
-            for (yaml_node_pair_t *q = vn->data.mapping.pairs.start; q < vn->data.mapping.pairs.top; q++) {
-                yaml_node_t *k2 = yaml_document_get_node(doc, q->key), *v2 = yaml_document_get_node(doc, q->value);
-                char o2[1200], full[300];
-                snprintf(o2, sizeof o2, "%s:%zu", path, k2->start_mark.line + 1);
-                if (k2->type != YAML_SCALAR_NODE) fail("%s: keys must be plain names", o2);
-                snprintf(full, sizeof full, "bnb_config_kwargs.%s", scalar(k2));
-                const char *val = v2->type == YAML_SEQUENCE_NODE && item_count(v2) ? "[...]"
-                                  : v2->type != YAML_SCALAR_NODE || is_null(v2) ? "" : scalar(v2);
-                if (!bnb_config_key(scalar(k2), val, o2)) add_unknown(full, k2->start_mark.line + 1);
-            }
+            load_options(cfg, doc, vn, key, "options", path, origin, bnb_config_key);
             continue;
         }
         if (!*prefix && !strcmp(key, "fsdp_config")) {  // Axolotl's FSDP options
-            if (vn->type == YAML_SCALAR_NODE && is_null(vn)) continue;
-            if (vn->type != YAML_MAPPING_NODE) fail("%s: key 'fsdp_config' expects a mapping of FSDP options", origin);
-            for (yaml_node_pair_t *q = vn->data.mapping.pairs.start; q < vn->data.mapping.pairs.top; q++) {
-                yaml_node_t *k2 = yaml_document_get_node(doc, q->key), *v2 = yaml_document_get_node(doc, q->value);
-                char o2[1200], full[300];
-                snprintf(o2, sizeof o2, "%s:%zu", path, k2->start_mark.line + 1);
-                if (k2->type != YAML_SCALAR_NODE) fail("%s: keys must be plain names", o2);
-                snprintf(full, sizeof full, "fsdp_config.%s", scalar(k2));
-                const char *val = v2->type != YAML_SCALAR_NODE ? NULL : is_null(v2) ? "" : scalar(v2);
-                if (!fsdp_config_key(cfg, scalar(k2), val, o2)) add_unknown(full, k2->start_mark.line + 1);
-            }
-            cfg->fsdp_config_given = item_count(vn) > 0;
+            const int n = load_options(cfg, doc, vn, key, "FSDP options", path, origin, fsdp_config_key);
+            if (n >= 0) cfg->fsdp_config_given = n > 0;
             continue;
         }
         const KeyDef *kd = find_key(key);
