@@ -79,6 +79,14 @@ static int check_row(const RowLoader *rl, size_t r, const int32_t *tok, const in
     return mx;
 }
 
+// An epoch serves the first `served` rows of its order, in whole optimizer steps (B x accum
+// slots each; those past `served` are empty rows).
+static void serve(RowLoader *rl, size_t served) {
+    const size_t per_step = (size_t)rl->B * rl->accum;
+    rl->served = served;
+    rl->slots = (served + per_step - 1) / per_step * per_step;
+}
+
 void rows_open(RowLoader *rl, const char *path, int B, int accum, int T, int vocab, int shuffle,
                uint64_t seed, const char *what) {
     memset(rl, 0, sizeof *rl);
@@ -139,22 +147,17 @@ void rows_open(RowLoader *rl, const char *path, int B, int accum, int T, int voc
         fail("%s: the header says %llu target tokens, the rows have %llu", path,
              (unsigned long long)rl->ntargets, (unsigned long long)ntargets);
     rl->B = B, rl->accum = accum, rl->shuffle = shuffle, rl->seed = seed;
-    const size_t per_step = (size_t)B * accum;
-    rl->served = rl->nrows;
-    rl->slots = (rl->nrows + per_step - 1) / per_step * per_step;
+    serve(rl, rl->nrows);
     rl->order = xmalloc(sizeof(size_t) * rl->nrows);
     rl->buf = xmalloc(row_bytes(rl));
     rows_seek(rl, 0, 0);
 }
 
 void rows_drop_last(RowLoader *rl) {
-    const size_t per_step = (size_t)rl->B * rl->accum;
-    rl->served = rl->nrows / (size_t)rl->B * (size_t)rl->B;
-    if (!rl->served)
+    if (rl->nrows < (size_t)rl->B)
         fail("%s: %zu rows, fewer than one micro-batch of %d (micro_batch_size x ranks): with dataloader_drop_last "
              "no batch is left", rl->path, rl->nrows, rl->B);
-    rl->slots = (rl->served + per_step - 1) / per_step * per_step;
-    rows_seek(rl, 0, 0);
+    serve(rl, rl->nrows / (size_t)rl->B * (size_t)rl->B);  // the epoch's order is the same: only its end moves
 }
 
 size_t rows_steps_per_epoch(const RowLoader *rl) { return rl->slots / ((size_t)rl->B * rl->accum); }
