@@ -922,14 +922,13 @@ def config_checks(spec):
         raise DataError("%s: not supported; pretraining_dataset documents are packed whole into rows, each "
                         "attending only to itself (sample_packing: false puts one per row)"
                         % where_cfg(spec, "pretraining_sample_concatenation"))
-    for k in ("sample_packing_bin_size", "sample_packing_group_size"):
+    for k, lo, what in (("sample_packing_bin_size", 1, " of samples, at least 1"),
+                        ("sample_packing_group_size", 1, " of samples, at least 1"),
+                        ("dataset_shard_num", 0, ""), ("dataset_shard_idx", 0, "")):
         x = cfg.get(k)
-        if x is not None and (isinstance(x, bool) or not isinstance(x, int) or x < 1):
-            raise DataError("%s: expected a whole number of samples, at least 1, got %r" % (where_cfg(spec, k), x))
+        if x is not None and (isinstance(x, bool) or not isinstance(x, int) or x < lo):
+            raise DataError("%s: expected a whole number%s, got %r" % (where_cfg(spec, k), what, x))
     num, idx = cfg.get("dataset_shard_num"), cfg.get("dataset_shard_idx")
-    for k, x in (("dataset_shard_num", num), ("dataset_shard_idx", idx)):
-        if x is not None and (isinstance(x, bool) or not isinstance(x, int) or x < 0):
-            raise DataError("%s: expected a whole number, got %r" % (where_cfg(spec, k), x))
     if num and idx is not None and idx >= num:
         raise DataError("%s: %d is not below dataset_shard_num %d" % (where_cfg(spec, "dataset_shard_idx"), idx, num))
     if (num and idx is None) or (not num and idx is not None):
@@ -964,10 +963,12 @@ def prepare(spec, out_dir, h):
     # Axolotl's order (2026-07), each split alike: the merged samples shuffled by seed, the
     # length filter (which keeps their order), deduplication, dataset_shard, the val split.
     shuffle = cfg.get("shuffle_merged_datasets", True) is not False
-    train, dropped, first = fit_length(spec, cfg, train, "a",
-                                       permutation(len(train), seed) if shuffle else range(len(train)))
-    evals, edrop, efirst = fit_length(spec, cfg, evals, "an eval",
-                                      permutation(len(evals), seed) if shuffle else range(len(evals)))
+
+    def merged_order(n):
+        return permutation(n, seed) if shuffle else range(n)
+
+    train, dropped, first = fit_length(spec, cfg, train, "a", merged_order(len(train)))
+    evals, edrop, efirst = fit_length(spec, cfg, evals, "an eval", merged_order(len(evals)))
     dups = 0
     if cfg.get("dataset_exact_deduplication"):
         train, d1 = dedup(train)
