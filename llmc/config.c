@@ -71,7 +71,8 @@ static const KeyDef KEYS[] = {
     NUM("total_batch_size", T_INT, total_batch_size, "0", 0, BIG,
         "tokens per optimizer step (llm.c's -d): sets gradient_accumulation_steps; 0: unset"),
     ENUM("optimizer", optimizer, "adamw_torch",
-         "adamw_torch|adamw_torch_fused|adamw_hf|adamw_bnb_8bit|adamw_8bit|paged_adamw_8bit|paged_adamw_32bit",
+         "adamw_torch|adamw_torch_fused|adamw_hf|adamw_bnb_8bit|adamw_8bit|paged_adamw_8bit|paged_adamw_32bit|"
+         "adamw_torch_8bit|adamw_torch_4bit|ao_adamw_8bit|ao_adamw_4bit",
          "all run this program's AdamW (float32 moments)"),
     NUM("warmup_steps", T_INT, warmup_steps, "0", 0, BIG, "linear warmup steps"),
     NUM("warmup_ratio", T_FLOAT, warmup_ratio, "0", 0, 1, "warmup as a fraction of all steps (not with warmup_steps)"),
@@ -125,8 +126,9 @@ static const KeyDef KEYS[] = {
         "checkpoint directory to continue from, or auto (the latest in output_dir)"),
     NUM("auto_resume_from_checkpoints", T_BOOL, auto_resume_from_checkpoints, "false", 0, 1,
         "true: resume_from_checkpoint auto"),
-    ENUM("gradient_checkpointing", gradient_checkpointing, "false", "false|true|selective",
-         "recompute in backward: true keeps only layer inputs, selective keeps matmul outputs"),
+    ENUM("gradient_checkpointing", gradient_checkpointing, "false", "false|true|selective|offload|offload_disk",
+         "recompute in backward: true keeps only layer inputs, selective keeps matmul outputs; offload and "
+         "offload_disk (Axolotl's older spelling) are true with activation_offloading true and disk"),
     NUM("gradient_checkpointing_every", T_INT, gradient_checkpointing_every, "1", 1, 100000,
         "keep the input of every Nth layer"),
     ENUM("activation_offloading", activation_offloading, "false",
@@ -623,10 +625,11 @@ static int set_key(Config *cfg, const char *key, const char *value, const char *
     }
     if (strncmp(key, "model.", 6) == 0) cfg->has_model_block = 1;
     if (k->off == offsetof(Config, optimizer) && strcmp(origin, "default")) {
-        if (strstr(value, "8bit"))
-            printf("note: optimizer %s runs as AdamW with float32 moments: 8-bit optimizer states are "
-                   "not implemented (8 bytes per trainable parameter instead of about 2; "
-                   "offload_optimizer: true moves them to host memory)\n", value);
+        int bits = strstr(value, "8bit") ? 8 : strstr(value, "4bit") ? 4 : 0;
+        if (bits)
+            printf("note: optimizer %s runs as AdamW with float32 moments: %d-bit optimizer states are "
+                   "not implemented (8 bytes per trainable parameter instead of about %d; "
+                   "offload_optimizer: true moves them to host memory)\n", value, bits, bits / 4);
         else if (strstr(value, "paged"))
             printf("note: optimizer %s runs as AdamW: paged (unified-memory) optimizer states are not "
                    "implemented; the moments stay in device memory (offload_optimizer: true moves them "
@@ -947,6 +950,21 @@ static void finish_axolotl_keys(Config *cfg, const char *src) {
         if (strcmp(cfg->bf16, "true"))
             printf("note: bf16: %s runs as dtype %s (GPU compute precision with float32 master weights; "
                    "the CPU backend computes in float32)\n", cfg->bf16, want);
+    }
+    // Axolotl's validator turns these into gradient_checkpointing: true and sets
+    // activation_offloading, over any value the config gave it.
+    const char *gc = cfg->gradient_checkpointing;
+    if (!strcmp(gc, "offload") || !strcmp(gc, "offload_disk")) {
+        const char *ao = strcmp(gc, "offload") ? "disk" : "true";
+        if (given(cfg, "activation_offloading") && strcmp(cfg->activation_offloading, ao) &&
+            strcmp(cfg->activation_offloading, "false"))
+            fail("%s: gradient_checkpointing: %s means activation_offloading: %s, but activation_offloading is "
+                 "%s; set only activation_offloading (with gradient_checkpointing: true)", src, gc, ao,
+                 cfg->activation_offloading);
+        printf("note: gradient_checkpointing: %s runs as gradient_checkpointing: true with activation_offloading: "
+               "%s, as Axolotl does\n", gc, ao);
+        snprintf(cfg->activation_offloading, sizeof cfg->activation_offloading, "%s", ao);
+        snprintf(cfg->gradient_checkpointing, sizeof cfg->gradient_checkpointing, "true");
     }
     if (cfg->fsdp_config_given && !cfg->fsdp_given && !given(cfg, "zero_stage")) {
         cfg->fsdp = 1;

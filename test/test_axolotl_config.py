@@ -272,12 +272,14 @@ def bnb_config(e):
 
 def optimizer_family(e):
     for i, name in enumerate(["adamw_torch", "adamw_torch_fused", "adamw_hf", "adamw_bnb_8bit",
-                              "paged_adamw_8bit", "paged_adamw_32bit"]):
+                              "paged_adamw_8bit", "paged_adamw_32bit", "adamw_torch_8bit", "adamw_torch_4bit",
+                              "ao_adamw_8bit", "ao_adamw_4bit"]):
         rc, out, err = e.run("opt%d" % i, e.base("opt%d" % i, optimizer=name))
         ok_run(rc, out, err)
-        if "8bit" in name:
-            check(re.search(r"^note: optimizer %s .*8-bit optimizer states are not implemented" % name, out, re.M),
-                  "no 8-bit note for " + name)
+        bits = "4" if "4bit" in name else "8"
+        if "bit" in name and "32bit" not in name:
+            check(re.search(r"^note: optimizer %s .*%s-bit optimizer states are not implemented" % (name, bits),
+                            out, re.M), "no %s-bit note for %s" % (bits, name))
         elif "paged" in name:
             check(re.search(r"^note: optimizer %s .*paged" % name, out, re.M), "no paged note for " + name)
         else:
@@ -286,6 +288,33 @@ def optimizer_family(e):
     l0 = [r["loss"] for r in e.metrics("opt0") if "loss" in r]
     l3 = [r["loss"] for r in e.metrics("opt3") if "loss" in r]
     check(l0 == l3, "adamw_bnb_8bit trained differently from adamw_torch")
+    l7 = [r["loss"] for r in e.metrics("opt7") if "loss" in r]
+    check(l0 == l7, "adamw_torch_4bit trained differently from adamw_torch")
+
+
+def checkpointing_offload(e):
+    """Axolotl's older gradient_checkpointing: offload / offload_disk are checkpointing with
+    activation_offloading true / disk: the same memory mode line and the same losses."""
+    runs = {}
+    for name, over in (("gc_plain", {"gradient_checkpointing": "true", "activation_offloading": "true"}),
+                       ("gc_off", {"gradient_checkpointing": "offload"}),
+                       ("gc_disk_plain", {"gradient_checkpointing": "true", "activation_offloading": "disk"}),
+                       ("gc_disk", {"gradient_checkpointing": "offload_disk"})):
+        rc, out, err = e.run(name, e.base(name, max_steps=3, **over))
+        ok_run(rc, out, err)
+        mode = re.search(r"^\| memory mode +(.*?) *\|$", out, re.M)
+        check(mode, "%s: no memory mode line" % name)
+        runs[name] = (mode.group(1), [r["loss"] for r in e.metrics(name) if "loss" in r], out)
+    for a, b, ao in (("gc_plain", "gc_off", "true"), ("gc_disk_plain", "gc_disk", "disk")):
+        check(runs[a][0] == runs[b][0], "%s ran as '%s', %s as '%s'" % (b, runs[b][0], a, runs[a][0]))
+        check(runs[a][1] == runs[b][1] and len(runs[a][1]) == 3, "%s: losses differ from %s" % (b, a))
+        check("note: gradient_checkpointing: %s runs as gradient_checkpointing: true with activation_offloading: %s"
+              % (b == "gc_off" and "offload" or "offload_disk", ao) in runs[b][2], "%s: no note" % b)
+    check("on disk" in runs["gc_disk"][0] and "on disk" not in runs["gc_off"][0], "tiers: %s / %s" % (
+        runs["gc_off"][0], runs["gc_disk"][0]))
+    rc, out, err = e.run("gc_clash", e.base("gc_clash", gradient_checkpointing="offload",
+                                            activation_offloading="disk"))
+    one_error(rc, err, "gradient_checkpointing: offload", "activation_offloading: true", "disk")
 
 
 def epochs_and_steps(e):
@@ -473,7 +502,7 @@ def example_configs(e, snap):
 
 CASES = [unknown_keys_listed_together, single_unknown_key_names_line, set_unknown_key_no_far_suggestion,
          notes_for_no_effect_keys, refused_keys, datasets_keys_refused, type_tolerance, precision_keys,
-         fsdp_forms, optimizer_family, epochs_and_steps, lr_schedule, eval_cadence,
+         fsdp_forms, optimizer_family, checkpointing_offload, epochs_and_steps, lr_schedule, eval_cadence,
          save_cadence_and_limit, early_stopping, loss_watchdog, bnb_config, auto_resume]
 
 
