@@ -35,11 +35,15 @@ static int copy_file(const char *src, const char *dst) {
     return ok ? 0 : -1;
 }
 
-static int copy_base_files(const char *base_dir, const char *dir) {
+// The tokenizer files come from tok_dir when there is one (a datasets: run's prepared tokenizer,
+// with the config's special tokens, tokens and chat template, as Axolotl saves it), the rest
+// from the base model.
+static int copy_base_files(const char *base_dir, const char *tok_dir, const char *dir) {
     if (!base_dir || !base_dir[0]) return 0;
     char src[4096], dst[4096];
     for (size_t i = 0; i < sizeof BASE_FILES / sizeof BASE_FILES[0]; i++) {
-        join_path(src, sizeof src, base_dir, BASE_FILES[i]);
+        int tokenizer_file = strcmp(BASE_FILES[i], "generation_config.json") != 0;
+        join_path(src, sizeof src, tok_dir && tokenizer_file ? tok_dir : base_dir, BASE_FILES[i]);
         if (!path_exists(src)) continue;
         join_path(dst, sizeof dst, dir, BASE_FILES[i]);
         if (copy_file(src, dst) != 0) return -1;
@@ -105,16 +109,19 @@ void export_final(const Model *m, const Config *cfg, const char *base_dir) {
     on_fail(remove_final_tmp);
     remove_tree(final_tmp);
     const int lora = m->tab.lora.r > 0;
+    char tok[4096];
+    join_path(tok, sizeof tok, cfg->prepared_dir, "tokenizer");
+    const char *tok_dir = cfg->prepared_dir[0] && path_exists(tok) ? tok : NULL;
     SaveFormat fmt = {st_dtype(cfg->save_dtype, &m->cfg), (uint64_t)cfg->max_shard_size};
     int rc = mkdir_p(final_tmp);
     if (rc == 0 && !lora) rc = save_hf_model(m, final_tmp, 0, &fmt);
     if (rc == 0 && lora) rc = save_adapter(m, final_tmp, cfg->base_model);
-    if (rc == 0 && m->cfg.arch != ARCH_GPT2) rc = copy_base_files(base_dir, final_tmp);
+    if (rc == 0 && m->cfg.arch != ARCH_GPT2) rc = copy_base_files(base_dir, tok_dir, final_tmp);
     if (rc == 0 && lora && cfg->merge_lora) {  // Axolotl's layout: the merged model apart
         join_path(merged, sizeof merged, final_tmp, "merged");
         rc = mkdir_p(merged);
         if (rc == 0) rc = save_hf_model(m, merged, 1, &fmt);
-        if (rc == 0 && m->cfg.arch != ARCH_GPT2) rc = copy_base_files(base_dir, merged);
+        if (rc == 0 && m->cfg.arch != ARCH_GPT2) rc = copy_base_files(base_dir, tok_dir, merged);
         if (rc == 0) rc = fsync_dir_files(merged);
     }
     if (rc == 0) rc = fsync_dir_files(final_tmp);

@@ -255,6 +255,7 @@ static cJSON *make_spec(const Config *cfg, int vocab) {
     cJSON_AddNumberToObject(s, "seed", (double)cfg->seed);
     cJSON_AddStringToObject(s, "prepared_root", root);
     cJSON_AddNumberToObject(s, "vocab_size", vocab);
+    cJSON_AddStringToObject(s, "adapter", cfg->adapter);
     cJSON_AddItemToObject(s, "config", cJSON_Duplicate((const cJSON *)cfg->yaml_json, 1));
     return s;
 }

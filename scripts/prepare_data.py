@@ -22,7 +22,7 @@ import sys
 import tempfile
 from array import array
 
-FORMAT_VERSION = 2  # 2: Axolotl's order (shuffle, length filter, dedup, dataset_shard, split)
+FORMAT_VERSION = 3  # 2: Axolotl's order (shuffle, length filter, dedup, dataset_shard, split); 3: the run's tokenizer in tokenizer/
 MAGIC, ROWS_VERSION, HEADER_INTS = 20241124, 1, 256
 IGNORE = -100
 
@@ -295,6 +295,15 @@ class Tok:
             raise DataError("%s: cannot load the tokenizer: %s" % (d, str(e).splitlines()[0] if str(e) else
                                                                       type(e).__name__))
         self.t, self.vocab = t, int(spec["vocab_size"])
+        # Axolotl's loader (loaders/tokenizer.py, 2026-07) in its order: a Llama tokenizer without
+        # a pad token gets </s>, the special tokens are added as AddedToken(normalized=False), then
+        # `tokens:`; a special token that is new and more than two pieces long needs the embeddings
+        # trained (lora_modules_to_save) in an adapter run, which run() checks (cache hits too).
+        if type(t).__name__ in ("LlamaTokenizer", "LlamaTokenizerFast", "CodeLlamaTokenizer",
+                                "CodeLlamaTokenizerFast") and not t.pad_token:
+            t.pad_token = "</s>"
+        from tokenizers import AddedToken
+        self.needs_embeddings = []
         st = cfg.get("special_tokens") or {}
         if not isinstance(st, dict):
             raise DataError("%s: expected a mapping of bos_token/eos_token/pad_token/unk_token"
@@ -307,14 +316,23 @@ class Tok:
                 continue
             if not isinstance(v, str) or not v:
                 raise DataError("%s.%s: expected a token string" % (where_cfg(spec, "special_tokens"), k))
+            if k != "pad_token" and getattr(t, k) != v and len(t.encode(v, add_special_tokens=False)) > 2:
+                self.needs_embeddings.append("special_tokens.%s %s" % (k, v))
             self._add(spec, "special_tokens." + k, v)
-            t.add_special_tokens({k: v})
+            t.add_special_tokens({k: AddedToken(v, rstrip=False, lstrip=False, normalized=False)})
+        if "bos_token" in st and "eos_token" in st and type(t).__name__ in ("LlamaTokenizerFast",
+                                                                           "CodeLlamaTokenizerFast"):
+            t.update_post_processor()
         toks = cfg.get("tokens") or []
-        if not isinstance(toks, list) or not all(isinstance(x, str) for x in toks):
+        if not isinstance(toks, list) or not all(isinstance(x, str) and x for x in toks):
             raise DataError("%s: expected a list of token strings" % where_cfg(spec, "tokens"))
         for x in toks:
             self._add(spec, "tokens", x)
-            t.add_tokens([x])
+            t.add_tokens([AddedToken(x, rstrip=False, lstrip=False, normalized=False)])
+        if toks:
+            self.needs_embeddings.append("tokens")
+        if t.pad_token is None and t.eos_token is not None:
+            t.pad_token = t.eos_token
         self.bos, self.eos = t.bos_token_id, t.eos_token_id
         self.pad = t.pad_token_id if t.pad_token_id is not None else (self.eos if self.eos is not None else 0)
 
@@ -896,7 +914,7 @@ def valid_cache(d, h):
         with open(os.path.join(d, "meta.json")) as fh:
             meta = json.load(fh)
         ok = meta.get("format_version") == FORMAT_VERSION and meta.get("hash") == h and \
-            os.path.isfile(os.path.join(d, "train.bin")) and \
+            os.path.isfile(os.path.join(d, "train.bin")) and os.path.isdir(os.path.join(d, "tokenizer")) and \
             (not meta.get("eval_rows") or os.path.isfile(os.path.join(d, "eval.bin")))
         return meta if ok else None
     except (OSError, ValueError):
@@ -997,6 +1015,11 @@ def prepare(spec, out_dir, h):
         train = [train[i] for i in permutation(len(train), seed + 1)]
     eval_packed = bool(cfg.get("eval_sample_packing", packed)) if evals else False
     os.makedirs(out_dir, exist_ok=True)
+    # The tokenizer as the run used it (special tokens, tokens, the config's chat template), which
+    # the trainer writes beside the final model as Axolotl does (tokenizer.save_pretrained).
+    if cfg.get("chat_template"):
+        tok.t.chat_template = chat_template_of(spec, tok, cfg, {})
+    tok.t.save_pretrained(os.path.join(out_dir, "tokenizer"))
     tr_rows, tr_tgt, _ = write_rows(os.path.join(out_dir, "train.bin"), train, T, packed, tok.pad, packer)
     ev_rows = ev_tgt = 0
     if evals:
@@ -1006,7 +1029,7 @@ def prepare(spec, out_dir, h):
             "eval_target_tokens": ev_tgt, "dropped_long": dropped + edrop, "duplicates_removed": dups,
             "dataset_shard": [cfg.get("dataset_shard_idx"), cfg.get("dataset_shard_num")] if shard_on(cfg) else None, "first_dropped": first or efirst,
             "sequence_len": T, "packed": packed, "eval_packed": eval_packed, "tokenizer_dir": spec["tokenizer_dir"],
-            "pad_token_id": tok.pad, "datasets": counts}
+            "pad_token_id": tok.pad, "datasets": counts, "needs_embeddings": tok.needs_embeddings}
     with open(os.path.join(out_dir, "meta.json"), "w") as fh:
         json.dump(meta, fh, indent=1)
     if shard_on(cfg) and not cfg.get("pretraining_dataset"):
@@ -1053,6 +1076,14 @@ def run(args):
         print("data: prepared %d samples -> %d rows%s in %s (%d eval samples -> %d rows)" % (
             meta["train_samples"], meta["train_rows"], " (packed)" if meta["packed"] else "", d,
             meta["eval_samples"], meta["eval_rows"]))
+    if spec.get("adapter", "none") != "none" and meta.get("needs_embeddings"):
+        # Axolotl: "lora_modules_to_save not properly set when adding new tokens" (this program
+        # cannot train embed_tokens/lm_head beside an adapter).
+        raise DataError("%s: %s adds tokens the model has not learnt, which an adapter run cannot train here "
+                        "(Axolotl needs lora_modules_to_save: [embed_tokens, lm_head], not supported); train "
+                        "without an adapter or drop them" % (where_cfg(spec, "special_tokens" if "special" in
+                                                                         meta["needs_embeddings"][0] else "tokens"),
+                                                             ", ".join(meta["needs_embeddings"])))
     with open(args.result, "w") as fh:
         fh.write(d + "\n")
 

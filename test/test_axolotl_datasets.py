@@ -58,6 +58,28 @@ def run(binary, work, hf, cfg, *args):
     return p.returncode, p.stdout, p.stderr, time.time() - t0
 
 
+def saved_tokenizer(tag, cfg_path, od):
+    """The final model's tokenizer is the run's: the config's special tokens and chat template."""
+    import yaml
+    from transformers import AutoTokenizer
+    sys.path.insert(0, os.path.join(ROOT, "scripts"))
+    import prepare_data as P
+    cfg = yaml.safe_load(open(cfg_path))
+    final = od  # a LoRA run's adapter directory, or the full model
+    if not os.path.exists(os.path.join(final, "tokenizer_config.json")):
+        check("%s: a tokenizer beside the final model" % tag, False, os.listdir(final))
+        return
+    t = AutoTokenizer.from_pretrained(final)
+    want = {k: v for k, v in (cfg.get("special_tokens") or {}).items() if v}
+    got = {k: str(getattr(t, k)) for k in want}
+    ok = got == want
+    if cfg.get("chat_template") in P.CHAT_TEMPLATES:
+        ok &= t.chat_template == P.CHAT_TEMPLATES[cfg["chat_template"]]
+    check("%s: the saved tokenizer has the config's special tokens %s%s" % (
+        tag, want, " and its chat_template " + cfg["chat_template"] if cfg.get("chat_template") else ""), ok,
+        (got, (t.chat_template or "")[:60]))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--bin", default=os.path.join(ROOT, "build", "train_llama"))
@@ -98,6 +120,7 @@ def main():
                 check("%s: tokenizer_type LlamaTokenizer loads its fast version, with a note" % tag,
                       "note: tokenizer_type LlamaTokenizer cannot load here" in out and
                       "using LlamaTokenizerFast" in out, out[-600:])
+            saved_tokenizer(tag, os.path.join(work, name), od)
             check("%s: prepares its data and trains to a checkpoint (%s; %d steps, first loss %s, %d evals)"
                   % (tag, os.path.basename(ckpts[0]) if ckpts else "none", len(losses),
                      "%.4f" % losses[0] if losses else "-", len(evals)), ok, out[-600:])

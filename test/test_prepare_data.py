@@ -618,7 +618,59 @@ def case_shard_tokenizer_keys(e):
           "dataset_shard_num without dataset_shard_idx" in out.getvalue(), out.getvalue())
 
 
-CASES = [case_alpaca, case_dataset_keys, case_shard_tokenizer_keys, case_chat_llama3, case_chat_chatml, case_input_output, case_completion, case_pretraining,
+def case_tokens_saved_tokenizer(e):
+    """`tokens:` and special_tokens as Axolotl's loader applies them (AddedToken, normalized=False;
+    the ids they get must fit the model's vocab_size), the config's chat template set on the
+    tokenizer, all saved in the prepared tokenizer/ (written beside the final model); an adapter
+    run refuses tokens the embeddings would have to learn, on a cache hit too."""
+    from transformers import AutoTokenizer
+    n = len(e.hf["llama3"])
+    cfg = {"datasets": [{"path": "t.jsonl", "type": "completion"}], "tokens": ["<tool>", "Zz Top", "<|im_start|>", "<|im_end|>"],
+           "special_tokens": {"pad_token": "<PAD>"}, "chat_template": "chatml"}
+    sp = e.spec(dict(cfg), kind="llama3")
+    e.data(sp, "t.jsonl", [{"text": "call <tool> then Zz Top and zz top"}])
+    d, meta = e.run(sp)
+    t = AutoTokenizer.from_pretrained(os.path.join(d, "tokenizer"))
+    ids = t("call <tool> then Zz Top", add_special_tokens=False)["input_ids"]
+    tool, zz = t.convert_tokens_to_ids("<tool>"), t.convert_tokens_to_ids("Zz Top")
+    check("tokens: each added token is one id past the tokenizer's %d (%s, %s), and the text tokenizes to it"
+          % (n, tool, zz), [tool, zz, t.convert_tokens_to_ids("<|im_end|>")] == [n + 1, n + 2, n + 4] and tool in ids and zz in ids, ids)
+    added = t.added_tokens_decoder
+    check("tokens and special tokens are added as Axolotl adds them (normalized=False, no strip)",
+          all(not added[i].normalized and not added[i].lstrip and not added[i].rstrip for i in (n, tool, zz)),
+          [added[i] for i in (n, tool, zz)])
+    check("special_tokens.pad_token <PAD> gets id %d and is the saved tokenizer's pad token" % n,
+          t.pad_token == "<PAD>" and t.pad_token_id == n and meta["pad_token_id"] == n,
+          (t.pad_token, t.pad_token_id, meta["pad_token_id"]))
+    check("chat_template: chatml is the saved tokenizer's template",
+          t.chat_template == P.CHAT_TEMPLATES["chatml"], (t.chat_template or "")[:80])
+    rows = docs_of(os.path.join(d, "train.bin"))[1]
+    check("the prepared rows hold the added ids", any(tool in tk and zz in tk for tk, _ in rows))
+    check("tokens: needs the embeddings trained (meta)", "tokens" in meta["needs_embeddings"],
+          meta["needs_embeddings"])
+    sp2 = dict(sp, adapter="lora")
+    msg = e.err(sp2)  # the same data keys: a cache hit, still refused
+    check("tokens: with an adapter is refused on a cache hit too, as Axolotl refuses it without "
+          "lora_modules_to_save", "tokens" in msg and "adapter" in msg and "lora_modules_to_save" in msg, msg)
+    sp3 = e.spec({"datasets": [{"path": "t.jsonl", "type": "completion"}],
+                  "special_tokens": {"eos_token": "<|my_end|>", "pad_token": "<|my_pad|>"}}, kind="llama3")
+    sp3["adapter"] = "lora"
+    e.data(sp3, "t.jsonl", [{"text": "one two"}])
+    msg = e.err(sp3)
+    check("a new multi-piece special eos_token with an adapter is refused (pad_token alone is not)",
+          "special_tokens.eos_token <|my_end|>" in msg and "my_pad" not in msg, msg)
+    sp4 = e.spec({"datasets": [{"path": "t.jsonl", "type": "completion"}],
+                  "special_tokens": {"pad_token": "<|my_pad|>"}, "adapter": "lora"}, kind="llama3")
+    sp4["adapter"] = "lora"
+    e.data(sp4, "t.jsonl", [{"text": "one two"}])
+    check("a new pad_token with an adapter is fine", e.err(sp4) == "", e.err(sp4))
+    sp5 = e.spec({"datasets": [{"path": "t.jsonl", "type": "completion"}], "tokens": ["<a1>", "<a2>"]},
+                 kind="llama3", vocab=n + 1)
+    e.data(sp5, "t.jsonl", [{"text": "one"}])
+    one_line(e, "tokens: past the model's vocab_size", sp5, "tokens", "'<a2>'", "vocab_size is %d" % (n + 1))
+
+
+CASES = [case_alpaca, case_tokens_saved_tokenizer, case_dataset_keys, case_shard_tokenizer_keys, case_chat_llama3, case_chat_chatml, case_input_output, case_completion, case_pretraining,
          case_packing, case_val_split, case_excess_length, case_formats, case_cache, case_errors]
 
 
