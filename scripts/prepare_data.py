@@ -34,7 +34,8 @@ DATA_KEYS = ("datasets", "test_datasets", "pretraining_dataset", "val_set_size",
              "pretraining_sample_concatenation", "shuffle_merged_datasets", "min_sample_len",
              "dataset_exact_deduplication", "shuffle_before_merging_datasets", "dataset_shard_num",
              "dataset_shard_idx", "tokenizer_type", "tokenizer_use_fast", "tokenizer_legacy",
-             "sample_packing_bin_size", "sample_packing_group_size")
+             "sample_packing_bin_size", "sample_packing_group_size", "resize_token_embeddings_to_32x",
+             "shrink_embeddings", "mean_resizing_embeddings")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
                    "chat_template.jinja", "chat_template.json", "vocab.json", "merges.txt", "added_tokens.json")
 DATA_EXT = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv", ".txt": "text"}
@@ -333,6 +334,23 @@ class Tok:
             self.needs_embeddings.append("tokens")
         if t.pad_token is None and t.eos_token is not None:
             t.pad_token = t.eos_token
+        # Axolotl resizes the embeddings to len(tokenizer) (rounded up to a multiple of 32 with
+        # resize_token_embeddings_to_32x) when they are smaller, or larger with shrink_embeddings;
+        # mean_resizing_embeddings only says how new rows start. Resizing is not implemented here.
+        for k in ("resize_token_embeddings_to_32x", "shrink_embeddings", "mean_resizing_embeddings"):
+            if cfg.get(k) is not None and not isinstance(cfg[k], bool):
+                raise DataError("%s: expected true or false, got %r" % (where_cfg(spec, k), cfg[k]))
+        want = len(t)
+        if cfg.get("resize_token_embeddings_to_32x"):
+            want = -(-want // 32) * 32
+        if want > self.vocab or (want < self.vocab and cfg.get("shrink_embeddings")):
+            key = "resize_token_embeddings_to_32x" if cfg.get("resize_token_embeddings_to_32x") and \
+                len(t) <= self.vocab else "shrink_embeddings" if want < self.vocab else None
+            raise DataError("%s: the tokenizer in %s has %d tokens%s and the model's vocab_size is %d: Axolotl "
+                            "would resize the embeddings to %d, which is not implemented here%s" % (
+                                where_cfg(spec, key) if key else spec["config_path"], d, len(t),
+                                " (%d rounded up to a multiple of 32)" % want if want != len(t) else "",
+                                self.vocab, want, "" if key else " (is the tokenizer the model's?)"))
         self.bos, self.eos = t.bos_token_id, t.eos_token_id
         self.pad = t.pad_token_id if t.pad_token_id is not None else (self.eos if self.eos is not None else 0)
 

@@ -508,7 +508,8 @@ def case_errors(e):
     one_line(e, "a new special token beyond vocab_size", sp, "special_tokens.pad_token", "vocab_size is %d" % n)
     sp = e.spec({"datasets": [{"path": "a.jsonl", "type": "alpaca"}]}, vocab=300)
     e.data(sp, "a.jsonl", F.alpaca_rows(2))
-    one_line(e, "token ids beyond the model's vocab_size", sp, "a.jsonl:1: token id", "vocab_size 300")
+    one_line(e, "a tokenizer larger than the model's vocab_size (Axolotl would resize)", sp, "has %d tokens"
+             % len(e.hf["llama3"]), "vocab_size is 300", "resize the embeddings to %d" % len(e.hf["llama3"]))
     sp = e.spec({"datasets": [{"path": "m.jsonl", "type": "chat_template", "field_messages": "conv"}]}, kind="qwen2")
     e.data(sp, "m.jsonl", F.messages_rows(2))
     one_line(e, "missing field_messages names the field", sp, "m.jsonl:1: conv: expected a non-empty list")
@@ -668,6 +669,25 @@ def case_tokens_saved_tokenizer(e):
                  kind="llama3", vocab=n + 1)
     e.data(sp5, "t.jsonl", [{"text": "one"}])
     one_line(e, "tokens: past the model's vocab_size", sp5, "tokens", "'<a2>'", "vocab_size is %d" % (n + 1))
+    # resize_token_embeddings_to_32x: a no-op when ceil(len / 32) * 32 fits vocab_size (Phi-3:
+    # 32011 tokens, 32064 rows), refused when Axolotl would grow the embeddings to it.
+    up = -(-n // 32) * 32
+    base = {"datasets": [{"path": "t.jsonl", "type": "completion"}]}
+    for vocab, ok in ((up, True), (up - 1, False)):
+        sp6 = e.spec(dict(base, resize_token_embeddings_to_32x=True, mean_resizing_embeddings=True), vocab=vocab)
+        e.data(sp6, "t.jsonl", [{"text": "one"}])
+        if ok:
+            check("resize_token_embeddings_to_32x with %d tokens and vocab_size %d: nothing to resize" % (n, vocab),
+                  e.err(sp6) == "", e.err(sp6))
+        else:
+            one_line(e, "resize_token_embeddings_to_32x past vocab_size", sp6, "resize_token_embeddings_to_32x",
+                     "has %d tokens (%d rounded up to a multiple of 32)" % (n, up), "vocab_size is %d" % vocab)
+    sp7 = e.spec(dict(base, shrink_embeddings=True), vocab=VOCAB)
+    e.data(sp7, "t.jsonl", [{"text": "one"}])
+    one_line(e, "shrink_embeddings with spare rows", sp7, "shrink_embeddings", "resize the embeddings to %d" % n)
+    sp8 = e.spec(dict(base, shrink_embeddings=True), vocab=n)
+    e.data(sp8, "t.jsonl", [{"text": "one"}])
+    check("shrink_embeddings with no spare rows: nothing to resize", e.err(sp8) == "", e.err(sp8))
 
 
 CASES = [case_alpaca, case_tokens_saved_tokenizer, case_dataset_keys, case_shard_tokenizer_keys, case_chat_llama3, case_chat_chatml, case_input_output, case_completion, case_pretraining,
