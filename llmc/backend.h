@@ -205,8 +205,9 @@ struct Backend {
                   float *v_f32, size_t n, float lr, float beta1, float beta2, float eps,
                   float weight_decay, float grad_scale, int t);
 
-    // QLoRA: out[n] (act) = the NF4 weight held in a region (nf4.h's device layout).
-    void (*nf4_dequantize)(Backend *, void *out, const void *region, size_t n);
+    // QLoRA and load_in_8bit: out[n] (act) = the weight held in a region (nf4.h's device
+    // layout; format REGION_NF4 or REGION_INT8, as its header says).
+    void (*dequantize)(Backend *, void *out, const void *region, size_t n, int format);
 
     void (*destroy)(Backend *);
 };

@@ -118,7 +118,7 @@ static void load_params(Model *m, const char *where, const StTensor *(*find)(con
         }
         char name[160];
         snprintf(name, sizeof name, "%s%s", SEL_PREFIX[sel], p->name);
-        if (p->quant) {  // QLoRA: a bitsandbytes 4-bit tensor loads as it is; else quantize
+        if (p->quant == 4) {  // QLoRA: a bitsandbytes 4-bit tensor loads as it is; else quantize
             Nf4Weight q;
             FindCtx fc = {find, src};
             if (nf4_load(&q, name, find_via, &fc)) {
@@ -133,8 +133,12 @@ static void load_params(Model *m, const char *where, const StTensor *(*find)(con
         if (!t) fail("%s: missing tensor '%s'", where, name);
         char qs[200];
         snprintf(qs, sizeof qs, "%s.quant_state.bitsandbytes__nf4", name);
-        if (!p->quant && find(src, qs))
+        if (p->quant != 4 && find(src, qs))
             fail("%s: tensor '%s' is 4-bit (bitsandbytes); set adapter: qlora and load_in_4bit: true", where, name);
+        snprintf(qs, sizeof qs, "%s.SCB", name);
+        if (find(src, qs))
+            fail("%s: tensor '%s' is bitsandbytes' 8-bit (LLM.int8) storage, which is not read here; give the "
+                 "float (bfloat16/float32) model: load_in_8bit: true quantizes it at load", where, name);
         check_shape(t, p, where);
         if (strcmp(t->dtype, "F32") && strcmp(t->dtype, "BF16") && strcmp(t->dtype, "F16"))
             fail("%s: tensor '%s' has dtype %s; expected F32, BF16 or F16", where, name, t->dtype);
@@ -693,6 +697,7 @@ void run_identity(RunIdentity *id, const Config *cfg, const Model *m) {
     id_add(id, "adapter", "%s", lc->r ? cfg->adapter : "none");
     if (lc->r) {
         id_add(id, "load_in_4bit", "%s", cfg->load_in_4bit ? "true" : "false");
+        id_add(id, "load_in_8bit", "%s", cfg->load_in_8bit ? "true" : "false");
         id_add(id, "lora_r", "%d", lc->r);
         id_num(id, "lora_alpha", lc->alpha);
         id_num(id, "lora_dropout", lc->dropout);

@@ -171,6 +171,8 @@ static const KeyDef KEYS[] = {
     NUM("max_shard_size", T_SIZE, max_shard_size, "5GB", 1, 1e18,
         "final model in indexed shards of at most this size"),
     NUM("load_in_4bit", T_BOOL, load_in_4bit, "false", 0, 1, "QLoRA: frozen layer weights in NF4"),
+    NUM("load_in_8bit", T_BOOL, load_in_8bit, "false", 0, 1,
+        "adapter: lora over frozen layer weights in bitsandbytes' int8 storage (products use the dequantized weights)"),
     NUM("layer_offloading", T_BOOL, layer_offloading, "false", 0, 1,
         "stream frozen layer weights from host memory through two device slots"),
     NUM("fsdp", T_BOOL, fsdp, "false", 0, 1,
@@ -278,7 +280,6 @@ static const Rule RULES[] = {
     {"overrides_of_model_kwargs", R_REFUSE, NULL, "model loading options are not implemented"},
     {"revision_of_model", R_REFUSE, NULL, "a hub base_model resolves to refs/main of the local cache; give the snapshot directory of another revision as base_model"},
     // quantization, precision, optimizers, schedules
-    {"load_in_8bit", R_REFUSE, NULL, "8-bit (LLM.int8) weights are not implemented; use adapter: qlora with load_in_4bit: true, or adapter: lora on the bfloat16 base"},
     {"gptq", R_REFUSE, NULL, "GPTQ models are not supported; use a bfloat16/float32 safetensors model (load_in_4bit: true quantizes it to NF4)"},
     {"float16", R_REFUSE, NULL, "float16 compute is not implemented; use bf16: true (dtype: bfloat16)"},
     {"qat", R_REFUSE, NULL, "quantization-aware training is not implemented"},
@@ -690,7 +691,15 @@ static int bnb_config_key(Config *cfg, const char *name, const char *value, int 
     if (!value) value = list_items ? "[...]" : "";  // a list says it is one; a mapping or an empty list says nothing
     const char *v = value;
     int b;
-    if (!value || !*value || !strcmp(name, "llm_int8_threshold") || !strcmp(name, "llm_int8_has_fp16_weight") ||
+    if (!strcmp(name, "llm_int8_has_fp16_weight")) {  // load_in_8bit with 16-bit weights: refused in finish
+        if (*value && !parse_bool(value, &b))
+            fail("%s: bnb_config_kwargs: llm_int8_has_fp16_weight expects true or false, got '%s'", origin, v);
+        cfg->bnb_int8_fp16_weight = *value && b;
+        return 1;
+    }
+    // llm_int8_threshold: which activation columns bitsandbytes keeps in 16 bits; activations are
+    // never rounded to int8 here (int8.h), so it changes nothing.
+    if (!value || !*value || !strcmp(name, "llm_int8_threshold") ||
         !strcmp(name, "llm_int8_enable_fp32_cpu_offload") || !strcmp(name, "bnb_4bit_quant_storage"))
         return 1;  // unset, 8-bit-only options, or how the packed bytes are typed: the values are the same
     if (!strcmp(name, "bnb_4bit_quant_type")) {
@@ -963,6 +972,15 @@ static void finish_axolotl_keys(Config *cfg, const char *src) {
                "%s, as Axolotl does\n", gc, ao);
         snprintf(cfg->activation_offloading, sizeof cfg->activation_offloading, "%s", ao);
         snprintf(cfg->gradient_checkpointing, sizeof cfg->gradient_checkpointing, "true");
+    }
+    if (cfg->load_in_8bit) {
+        if (cfg->bnb_int8_fp16_weight)
+            fail("%s: bnb_config_kwargs: llm_int8_has_fp16_weight: true keeps 16-bit weights beside the 8-bit ones; "
+                 "load_in_8bit here stores int8 weights only (the default, false)", src);
+        printf("note: load_in_8bit: the frozen layer weights are stored as bitsandbytes' int8 (a scale per row) and "
+               "dequantized for every product; bitsandbytes' LLM.int8 forward also rounds activations to int8 "
+               "(outside columns past llm_int8_threshold), which this program does not: losses are the dequantized "
+               "model's\n");
     }
     if (cfg->fsdp_config_given && !cfg->fsdp_given && !given(cfg, "zero_stage")) {
         cfg->fsdp = 1;

@@ -58,7 +58,7 @@ typedef struct {
     char adapter[16], lora_target_modules[4096], lora_model_dir[1024];
     char peft_layers_to_transform[1024], peft_layers_pattern[256];  // comma-joined lists
     char lora_fan_in_fan_out[8];  // auto, true, false (PEFT's fan_in_fan_out: true for Conv1D layers)
-    int lora_r, lora_target_linear, use_rslora, merge_lora, load_in_4bit, layer_offloading;
+    int lora_r, lora_target_linear, use_rslora, merge_lora, load_in_4bit, load_in_8bit, layer_offloading;
     double lora_alpha, lora_dropout;
     // sharding
     int fsdp, zero_stage, offload_optimizer;
@@ -73,6 +73,7 @@ typedef struct {
     char base_model_id[256];       // the hub id base_model was resolved from ("" for a directory)
     unsigned char given[160];      // given[i]: KEYS[i] was set by the YAML or --set
     int fsdp_config_given, fsdp_given;
+    int bnb_int8_fp16_weight;      // bnb_config_kwargs.llm_int8_has_fp16_weight: true
     // Axolotl's rope_scaling mapping as JSON ("" when absent or null): it replaces config.json's
     // rope_scaling (hf_override_rope), so a run can stretch a model's context from the YAML.
     char rope_scaling_json[1024];

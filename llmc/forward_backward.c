@@ -114,7 +114,7 @@ static void weights_acquire(Model *m, int l, int next) {
         m->layer_block[l] = streamer_acquire(m->streamer, l);
         streamer_prefetch(m->streamer, next);
     }
-    // QLoRA: dequantize the layer's matrices into the scratch, unless it already holds them
+    // QLoRA / load_in_8bit: dequantize the layer's matrices into the scratch, unless it already holds them
     // (a recompute followed by the same layer's backward dequantizes once).
     if (!m->tab.qregion || m->deq_layer == l) return;
     const char *region = m->streamer ? (const char *)m->layer_block[l] + quant_base(m)
@@ -123,7 +123,8 @@ static void weights_acquire(Model *m, int l, int next) {
         int i = param_index(&m->tab, l, k);
         if (i < 0 || !m->tab.specs[i].quant) continue;
         const ParamSpec *p = &m->tab.specs[i];
-        m->bk->nf4_dequantize(m->bk, act_at(m->bk, m->deq, p->deq_off), region + p->qoff, p->numel);
+        m->bk->dequantize(m->bk, act_at(m->bk, m->deq, p->deq_off), region + p->qoff, p->numel,
+                          p->quant == 8 ? REGION_INT8 : REGION_NF4);
     }
     m->deq_layer = l;
 }

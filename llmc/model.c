@@ -9,6 +9,7 @@
 #include <unistd.h>
 #include "stb_ds.h"
 #include "actstore.h"
+#include "int8.h"
 #include "nf4.h"
 #include "comm.h"
 #include "seqpar.h"
@@ -232,6 +233,12 @@ size_t unit_shard(const ParamTable *t, int u) {
     return (t->units[u + 1] - t->units[u] + t->world - 1) / t->world;
 }
 
+// Bytes of a quantized tensor's region: NF4 (blocks of 64, double-quantized) or int8 rows.
+static size_t quant_bytes(const ParamSpec *p) {
+    return p->quant == 8 ? int8_region_bytes((size_t)p->shape[0], (size_t)p->shape[1])
+                         : nf4_region_bytes(p->numel, 64, 1);
+}
+
 void param_table_build(ParamTable *t, const ModelConfig *c, const LoraConfig *lora, int stream,
                        int world, int quant, int zero3) {
     memset(t, 0, sizeof *t);
@@ -339,10 +346,10 @@ void param_table_build(ParamTable *t, const ModelConfig *c, const LoraConfig *lo
     for (int i = 0; i < (int)arrlen(t->specs); i++) {
         ParamSpec *p = &t->specs[i];
         p->streamed = stream && p->layer >= 0 && !p->trainable;
-        // QLoRA: the frozen decoder matrices (not norms, biases or adapters) are NF4.
-        p->quant = quant && p->layer >= 0 && !p->trainable && p->ndim == 2;
+        // QLoRA / load_in_8bit: the frozen decoder matrices (not norms, biases or adapters).
+        p->quant = p->layer >= 0 && !p->trainable && p->ndim == 2 ? quant : 0;
         if (p->quant) {
-            p->qoff = qo[p->layer], qo[p->layer] += nf4_region_bytes(p->numel, 64, 1);
+            p->qoff = qo[p->layer], qo[p->layer] += quant_bytes(p);
             p->deq_off = dq[p->layer], dq[p->layer] += p->numel;
         } else if (p->trainable) {
             p->offset = zero3 ? 0 : p->goff;  // ZeRO-3: reached through the unit's gather buffer
@@ -459,7 +466,7 @@ void model_check_memory(const ModelConfig *c, const LoraConfig *lora, const Mode
     const double A = bk->act_bytes, world = mo && mo->comm ? mo->comm->world : 1;
     const int zero = mo ? mo->zero_stage : 0, offload = mo && mo->offload_optimizer;
     const double trainable = s.trainable.d, frozen = s.params.d - trainable;
-    const double frozen_b = frozen * (mo && mo->load_in_4bit ? 0.5 : A);
+    const double frozen_b = frozen * (mo && mo->load_in_4bit ? 0.5 : mo && mo->load_in_8bit ? 1 : A);
     const double train_b = trainable * (A + sizeof(float)) / (zero >= 3 ? world : 1);  // weights, float grads
     const double opt_b = trainable * (8 + (A != 4 || offload ? 4 : 0) + (offload ? 4 : 0)) / (zero >= 1 ? world : 1);
     double host = table;
@@ -480,7 +487,8 @@ void model_create(Model *m, Backend *bk, const ModelConfig *cfg, const LoraConfi
     const int world = m->opt.comm ? m->opt.comm->world : 1, rank = m->opt.comm ? m->opt.comm->rank : 0;
     const int zero3 = m->opt.zero_stage >= 3, L = cfg->num_hidden_layers;
     model_check_memory(cfg, lora, &m->opt, bk);
-    param_table_build(&m->tab, cfg, lora, m->opt.stream, world, m->opt.load_in_4bit, zero3);
+    param_table_build(&m->tab, cfg, lora, m->opt.stream, world,
+                      m->opt.load_in_4bit ? 4 : m->opt.load_in_8bit ? 8 : 0, zero3);
     const ParamTable *t = &m->tab;
     ModelSize s;
     model_size(cfg, cfg->intermediate_size, cfg->padded_vocab, &t->lora, &s);
@@ -517,7 +525,7 @@ void model_create(Model *m, Backend *bk, const ModelConfig *cfg, const LoraConfi
         m->streamer = streamer_create(bk, L, m->tab.block_bytes, m->host_blocks);
         m->layer_block = xcalloc(L, sizeof(void *));
     } else if (m->tab.qregion) {
-        m->qweights = bk->dev_alloc(bk, m->tab.qregion * L, "NF4 frozen weights");
+        m->qweights = bk->dev_alloc(bk, m->tab.qregion * L, m->opt.load_in_8bit ? "int8 frozen weights" : "NF4 frozen weights");
     }
     if (m->tab.qregion) m->deq = bk->dev_alloc(bk, m->tab.deq_elems * bk->act_bytes, "dequantized layer weights");
     // Gradients are float whatever the act precision (backend.h): 4 bytes per trainable
@@ -779,13 +787,33 @@ void model_free(Model *m) {
     memset(m, 0, sizeof *m);
 }
 
+// Puts a host copy of p's region where the model keeps it (its layer's streamed host block or
+// the device), and forgets the dequantized layer.
+static void set_region(Model *m, const ParamSpec *p, const void *r) {
+    size_t bytes = quant_bytes(p);
+    if (m->streamer) {
+        memcpy((char *)m->host_blocks + (size_t)p->layer * m->tab.block_bytes + quant_base(m) + p->qoff, r, bytes);
+    } else {
+        m->bk->copy_h2d(m->bk, (char *)m->qweights + (size_t)p->layer * m->tab.qregion + p->qoff, r, bytes, NULL);
+        m->bk->sync(m->bk);
+    }
+    m->deq_layer = -1;
+}
+
 void model_set_param(Model *m, int i, const float *src) {
     const ParamSpec *p = &m->tab.specs[i];
-    if (p->quant) {
+    if (p->quant == 4) {
         Nf4Weight q;
         nf4_quantize(&q, src, p->ndim, p->shape, 64, 1, "float32", p->name);
         model_set_param_nf4(m, i, &q);
         nf4_free(&q);
+        return;
+    }
+    if (p->quant == 8) {
+        void *r = xmalloc(quant_bytes(p));
+        int8_quantize(src, (size_t)p->shape[0], (size_t)p->shape[1], r, p->name);
+        set_region(m, p, r);
+        free(r);
         return;
     }
     if (p->streamed) {
@@ -905,7 +933,7 @@ void model_get_param(const Model *m, int i, float *dst) {
     size_t loc;
     if (p->quant) {
         // Dequantized on the host from a copy of the region, exactly as the kernel would.
-        size_t bytes = nf4_region_bytes(p->numel, 64, 1);
+        size_t bytes = quant_bytes(p);
         void *r = xmalloc(bytes);
         if (m->streamer) {
             memcpy(r, (const char *)m->host_blocks + (size_t)p->layer * m->tab.block_bytes + quant_base(m) + p->qoff, bytes);
@@ -913,7 +941,8 @@ void model_get_param(const Model *m, int i, float *dst) {
             m->bk->copy_d2h(m->bk, r, (const char *)m->qweights + (size_t)p->layer * m->tab.qregion + p->qoff, bytes, NULL);
             m->bk->sync(m->bk);
         }
-        nf4_region_dequantize(r, dst);
+        if (p->quant == 8) int8_region_dequantize(r, dst);
+        else nf4_region_dequantize(r, dst);
         free(r);
     } else if (p->streamed) {
         const char *blk = (const char *)m->host_blocks + (size_t)p->layer * m->tab.block_bytes;
@@ -1017,20 +1046,14 @@ void model_set_param_nf4(Model *m, int i, const void *nf4_weight) {
     const Nf4Weight *q = nf4_weight;
     const ParamSpec *p = &m->tab.specs[i];
     size_t bytes = nf4_region_bytes(q->n, q->blocksize, q->nested);
-    if (!p->quant || q->n != p->numel || q->blocksize != 64 || !q->nested || q->nested_blocksize != 256 ||
+    if (p->quant != 4 || q->n != p->numel || q->blocksize != 64 || !q->nested || q->nested_blocksize != 256 ||
         bytes != nf4_region_bytes(p->numel, 64, 1))
         fail("%s: 4-bit weight layout (blocksize %d, nested %d) is not the NF4 blocksize 64 with double "
              "quantization this trainer stores", p->name, q->blocksize, q->nested);
-    if (m->streamer) {
-        nf4_region_pack(q, (char *)m->host_blocks + (size_t)p->layer * m->tab.block_bytes + quant_base(m) + p->qoff);
-    } else {
-        void *r = xmalloc(bytes);
-        nf4_region_pack(q, r);
-        m->bk->copy_h2d(m->bk, (char *)m->qweights + (size_t)p->layer * m->tab.qregion + p->qoff, r, bytes, NULL);
-        m->bk->sync(m->bk);
-        free(r);
-    }
-    m->deq_layer = -1;
+    void *r = xmalloc(bytes);
+    nf4_region_pack(q, r);
+    set_region(m, p, r);
+    free(r);
 }
 
 void model_init_lora(Model *m, uint64_t seed) {

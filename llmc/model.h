@@ -125,7 +125,7 @@ typedef struct {
     size_t goff;       // offset in the trainable buffers (grads, moments, master)
     int streamed;      // frozen layer weight streamed from host (offset is then within the
                        // layer's block, not the resident buffer)
-    int quant;         // QLoRA: NF4 in the layer's quant region at byte qoff, dequantized
+    int quant;         // 4 (QLoRA: NF4) or 8 (load_in_8bit: int8): in the layer's quant region at byte qoff, dequantized
     size_t qoff, deq_off;  // before use into the layer scratch at element deq_off
 } ParamSpec;
 
@@ -134,7 +134,7 @@ typedef struct {
     ParamSpec *specs;  // stb_ds array: the parameter table
     size_t num_params, num_trainable, num_resident;
     size_t stream_block;  // elements of one layer's streamed block (0: nothing streamed)
-    size_t qregion;       // bytes of one layer's NF4 weights (0: no quantization)
+    size_t qregion;       // bytes of one layer's quantized weights (0: no quantization)
     size_t deq_elems;     // elements of the dequantization scratch (one layer's linear weights)
     size_t block_bytes;   // streamed block: act tensors, then (aligned) the quant region
     int world;            // the trainable range [0, shard * world) splits into world shards
@@ -180,7 +180,8 @@ void model_fail_size(const ModelConfig *c, int64_t intermediate, int64_t padded_
 // Checks the shape fields; on error fails naming `source` and the field.
 void model_config_validate(const ModelConfig *c, const char *source);
 // stream: frozen per-layer weights go to host blocks (layer_offloading); world: ranks that
-// shard the trainable range; quant: the frozen decoder linear weights are NF4 (QLoRA).
+// shard the trainable range; quant: the frozen decoder linear weights are NF4 (4, QLoRA) or
+// int8 (8, load_in_8bit), 0: float.
 // zero3: trainable tensors are kept as per-unit shards (see units).
 void param_table_build(ParamTable *t, const ModelConfig *c, const LoraConfig *lora, int stream,
                        int world, int quant, int zero3);
@@ -216,6 +217,7 @@ typedef struct {
     int zero_stage;          // 0: all-reduce gradients; 1: shard optimizer state (ZeRO-1)
     int offload_optimizer;   // fp32 master and AdamW moments in host memory, update on the CPU
     int load_in_4bit;        // QLoRA: frozen decoder linear weights stored NF4
+    int load_in_8bit;        // LoRA over bitsandbytes' 8-bit storage (int8.h)
     int seq_parallel;        // sequence_parallel_degree: every rank holds T / n tokens of each
                              // sequence (model_alloc_acts takes that local T); 0 or 1: off
 } ModelOptions;

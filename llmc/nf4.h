@@ -111,10 +111,12 @@ int nf4_load(Nf4Weight *q, const char *name, Nf4FindFn find, void *ctx);
 // --- Device layout ------------------------------------------------------------------------
 // One quantized weight as the trainer keeps it in device (or streamed host) memory: a header,
 // then the 8-bit map (nested) or nothing, the fp32 absmax (plain) or nested absmax, the packed
-// codes, and the 8-bit absmax (nested). Dequantizing it needs nothing else.
+// codes, and the 8-bit absmax (nested). Dequantizing it needs nothing else. The same header
+// starts an 8-bit region (int8.h: format REGION_INT8, nblocks = rows, blocksize = cols).
+enum { REGION_NF4 = 0, REGION_INT8 = 1 };
 typedef struct {
     uint64_t n, nblocks, nested_nblocks;
-    int32_t blocksize, nested, nested_blocksize, pad;
+    int32_t blocksize, nested, nested_blocksize, format;
     float offset, pad2;
 } Nf4RegionHeader;  // 48 bytes, so the arrays after it stay 16-byte aligned
 _Static_assert(sizeof(Nf4RegionHeader) == 48, "Nf4RegionHeader must stay 48 bytes");

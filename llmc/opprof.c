@@ -14,7 +14,7 @@
     X(rmsnorm_fwd) X(rmsnorm_bwd) X(layernorm_fwd) X(layernorm_bwd) X(swiglu_fwd) X(swiglu_bwd)        \
     X(gelu_fwd) X(gelu_bwd) X(rope_fwd) X(rope_bwd) X(embedding_fwd) X(embedding_bwd) X(pos_fwd)       \
     X(pos_bwd) X(add_bias) X(bias_grad) X(add) X(accumulate) X(accumulate_f32) X(dropout) X(scale)    \
-    X(sumsq_many) X(sum_f32) X(adamw) X(nf4_dequantize) X(memzero) X(copy_h2d) X(copy_d2h) X(copy_d2d)      \
+    X(sumsq_many) X(sum_f32) X(adamw) X(dequantize) X(memzero) X(copy_h2d) X(copy_d2h) X(copy_d2d)      \
     X(copy_2d) X(upload_act) X(download_act)
 
 enum {
@@ -138,7 +138,7 @@ TIMED(adamw, 0,
       (Backend *bk, void *p, float *master, const float *g, float *m, float *v, size_t n, float lr, float b1, float b2,
        float eps, float wd, float gs, int t),
       (bk, p, master, g, m, v, n, lr, b1, b2, eps, wd, gs, t))
-TIMED(nf4_dequantize, 0, (Backend *bk, void *out, const void *region, size_t n), (bk, out, region, n))
+TIMED(dequantize, 0, (Backend *bk, void *out, const void *region, size_t n, int format), (bk, out, region, n, format))
 TIMED(memzero, 0, (Backend *bk, void *dst, size_t bytes, Queue *q), (bk, dst, bytes, q))
 TIMED(copy_h2d, 0, (Backend *bk, void *dst, const void *src, size_t bytes, Queue *q), (bk, dst, src, bytes, q))
 TIMED(copy_d2h, 0, (Backend *bk, void *dst, const void *src, size_t bytes, Queue *q), (bk, dst, src, bytes, q))

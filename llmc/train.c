@@ -76,8 +76,9 @@ static void print_box(const Config *cfg, const Model *m, const Backend *bk, size
     if (m->tab.lora.r) {
         char lr[320], names[200];
         peft_target_names(c, m->tab.lora.targets, names, sizeof names);
-        snprintf(lr, sizeof lr, "LoRA r=%d alpha=%g dropout=%g scale=%g on %s%s", m->tab.lora.r, m->tab.lora.alpha,
-                 m->tab.lora.dropout, m->tab.lora_scale, names, m->tab.lora.per_layer ? " (per layer)" : "");
+        snprintf(lr, sizeof lr, "LoRA r=%d alpha=%g dropout=%g scale=%g on %s%s%s", m->tab.lora.r, m->tab.lora.alpha,
+                 m->tab.lora.dropout, m->tab.lora_scale, names, m->tab.lora.per_layer ? " (per layer)" : "",
+                 m->opt.load_in_4bit ? "; base NF4" : m->opt.load_in_8bit ? "; base int8" : "");
         printf("| adapter      %-50s |\n", lr);
     }
     char shape[128];
@@ -433,6 +434,7 @@ int train_main(int argc, char **argv, int arch) {
     const Split split0 = {.n = spn, .rank = rank, .dp = world / spn};
     ModelOptions mo = {.stream = pol.stream_frozen, .comm = comm, .zero_stage = cfg.zero_stage,
                        .offload_optimizer = cfg.offload_optimizer, .load_in_4bit = cfg.load_in_4bit,
+                       .load_in_8bit = cfg.load_in_8bit,
                        .seq_parallel = spn};
     PlanRow rows[32];
     int nrows = 0;
@@ -468,6 +470,10 @@ int train_main(int argc, char **argv, int arch) {
         fail("adapter: qlora needs load_in_4bit: true (the frozen base in NF4)");
     if (cfg.load_in_4bit && !lora.r)
         fail("load_in_4bit: a 4-bit base can only be trained through adapters (adapter: qlora)");
+    if (cfg.load_in_8bit && cfg.load_in_4bit)
+        fail("load_in_8bit and load_in_4bit: set one of them (8-bit with adapter: lora, 4-bit with adapter: qlora)");
+    if (cfg.load_in_8bit && !lora.r)
+        fail("load_in_8bit: an 8-bit base can only be trained through adapters (adapter: lora)");
     if (cfg.layer_offloading && !lora.r)
         fail("layer_offloading streams frozen weights; a full fine-tuning run has none (use adapter: lora)");
     Model model;

@@ -430,6 +430,24 @@ def part_modes(a):
     check("QLoRA: every base memory mode and layer streaming bit-identical to resident QLoRA (losses, adapter)",
           qref.rc == 0 and losses(qref) and not qbad, why(qref) if qref.rc else "\n  ".join(qbad))
     check("QLoRA and LoRA differ (the NF4 base is in use)", losses(qref) != losses(lo), "same losses %s" % losses(qref))
+    # load_in_8bit (int8 base, dequantized per layer by int8.cu): layer streaming gives the
+    # resident run's losses and adapter bit for bit, and the base is not the float one
+    int8 = dict(LORA, load_in_8bit="true")
+    ires = run("c_int8_plain", base_cfg(size, os.path.join(TMP, "c_int8_plain"), device=a.device, **int8),
+               sample=not a.tiny)
+    istr = run("c_int8_stream", base_cfg(size, os.path.join(TMP, "c_int8_stream"), device=a.device,
+                                         **dict(int8, layer_offloading="true")), sample=not a.tiny)
+    iad = file_bytes(ires, "adapter_model.safetensors")
+    check("load_in_8bit: layer streaming bit-identical to the resident run (losses, adapter), both unlike LoRA's",
+          ires.rc == 0 and istr.rc == 0 and losses(ires) and losses(ires) == losses(istr) and iad and
+          iad == file_bytes(istr, "adapter_model.safetensors") and losses(ires) != losses(lo),
+          "%s | %s | %s vs %s (LoRA %s)" % (why(ires), why(istr), losses(istr), losses(ires), losses(lo)))
+    for label, r in (("LoRA int8 base", ires), ("LoRA int8 base + layer_offloading", istr)):
+        rows.append({"mode": label, "bit_identical": r.rc == 0 and losses(r) == losses(ires),
+                     "counted_peak_MiB": round(peak(r, "device_peak_bytes") / 2 ** 20, 2),
+                     "nvidia_smi_peak_MiB": r.gpu_peak_mib, "plan_peak_MiB": -1,
+                     "host_peak_MiB": round(peak(r, "host_peak_bytes") / 2 ** 20, 2), "plan_host_MiB": -1,
+                     "secs": round(r.secs, 2)})
     for m, r in qruns.items():
         rows.append({"mode": "QLoRA + " + m, "bit_identical": r.rc == 0 and losses(r) == losses(qref),
                      "counted_peak_MiB": round(peak(r, "device_peak_bytes") / 2 ** 20, 2),

@@ -39,6 +39,7 @@ def tests(build):
         ("gpt2_lora", [PY, "test/test_gpt2_lora.py", "--bin", os.path.join(build, "train_gpt")]),
         ("lora_ref", [PY, "test/test_lora_ref.py", "--bin", bin_]),
         ("qlora", [PY, "test/test_qlora.py", "--bin", bin_]),
+        ("int8", [PY, "test/test_int8.py", "--bin", bin_]),
         ("nonfinite", [PY, "test/test_nonfinite.py", "--bin", bin_]),
         ("metrics", [PY, "test/test_metrics.py", "--bin", bin_]),
         ("profile", [PY, "test/test_profile.py", "--bin", bin_]),

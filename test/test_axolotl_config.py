@@ -169,7 +169,8 @@ def notes_for_no_effect_keys(e):
 
 
 def refused_keys(e):
-    cases = [({"load_in_8bit": "true"}, ["load_in_8bit", "load_in_4bit"]),
+    cases = [({"gptq": "true"}, ["gptq", "load_in_4bit"]),
+             ({"load_in_8bit": "true"}, ["load_in_8bit", "adapter: lora"]),
              ({"deepspeed": "zero3.json"}, ["deepspeed", "zero_stage"]),
              ({"relora_steps": 100}, ["relora_steps", "adapter: lora"]),
              ({"rl": "dpo"}, ["'rl'", "not implemented"]),
@@ -182,7 +183,7 @@ def refused_keys(e):
         rc, out, err = e.run("refuse%d" % i, e.base("refuse%d" % i, **over))
         one_error(rc, err, *needles)
     # harmless values of refused keys pass silently
-    rc, out, err = e.run("refuse_ok", e.base("refuse_ok", load_in_8bit="false", deepspeed=None,
+    rc, out, err = e.run("refuse_ok", e.base("refuse_ok", load_in_8bit="false", gptq="false", deepspeed=None,
                                              relora_steps=None, sequence_parallel_degree=1, rl=None))
     ok_run(rc, out, err)
 

@@ -226,6 +226,19 @@ def main():
             el = {k: v for k, v in grad_errors(l0[1], l4[1], l1[1]).items() if "lora_B" in k}
             check("(c) LoRA B: 2 identical micro-batches accumulate to one's gradient within 2e-5: %s" % summary(el),
                   len(el) > 0 and max(el.values()) <= 2e-5, "beyond the tolerance")
+            # load_in_8bit: the same LoRA step over an int8 base (dequantized per layer by
+            # int8.cu) against the CPU backend's over the same int8 base; a wrong region format
+            # would dequantize garbage, far past bf16's error.
+            i8 = dict(lora, load_in_8bit="true", gradient_accumulation_steps=1)
+            i8c, whyc, _ = run(binary, tmp, "int8_cpu", "cpu", {k: v for k, v in i8.items() if k != "dtype"})
+            i8g, whyg, _ = run(binary, tmp, "int8_cuda", "cuda", i8)
+            check("(c) load_in_8bit LoRA runs on both backends", i8c is not None and i8g is not None, whyc + whyg)
+            if i8c is not None and i8g is not None:
+                ei = {k: v for k, v in grad_errors(l0[1], i8g[1], i8c[1]).items() if "lora_B" in k}
+                li = abs(i8g[0]["loss"] - i8c[0]["loss"]) / abs(i8c[0]["loss"])
+                check("(c) load_in_8bit: bf16 CUDA vs CPU, B gradients within 1.05e-2 normwise (%s), loss within "
+                      "1e-4 (%.3g)" % (summary(ei), li), len(ei) > 0 and max(ei.values()) <= 1.05e-2 and li <= 1e-4,
+                      "beyond the tolerance")
         # (d) ZeRO-3 (a world of one: its per-unit float gradients, reduce-scatter and
         # accumulate_f32) and offload_optimizer (float gradients copied to the host): the plain
         # run's gradient norm, to the last digit printed.

@@ -12,6 +12,7 @@
 #include "../backend.h"
 #include "../util.h"
 #include "kernels.h"
+#include "../int8.h"
 #include "../nf4.h"
 
 struct Queue { int id; };
@@ -273,9 +274,10 @@ static void cpu_adamw(Backend *bk, void *p, float *master, const float *g, float
     adamw_f32(p, g, m, v, n, lr, b1, b2, eps, wd, gscale, t);
 }
 
-static void cpu_nf4_dequantize(Backend *bk, void *out, const void *region, size_t n) {
+static void cpu_dequantize(Backend *bk, void *out, const void *region, size_t n, int format) {
     (void)bk, (void)n;
-    nf4_region_dequantize(region, out);
+    if (format == REGION_INT8) int8_region_dequantize(region, out);
+    else nf4_region_dequantize(region, out);
 }
 
 static void cpu_destroy(Backend *bk) { free(bk); }
@@ -367,7 +369,7 @@ Backend *backend_cpu_create(int threads) {
     bk->sum_f32 = cpu_sum_f32;
     bk->scale = cpu_scale;
     bk->adamw = cpu_adamw;
-    bk->nf4_dequantize = cpu_nf4_dequantize;
+    bk->dequantize = cpu_dequantize;
     bk->destroy = cpu_destroy;
     return bk;
 }

@@ -514,8 +514,9 @@ static void cu_adamw(Backend *bk, void *p, float *master, const float *g, float 
                      float b1, float b2, float eps, float wd, float gscale, int t) {
     k_adamw(ctx_of(bk), p, master, g, m, v, n, lr, b1, b2, eps, wd, gscale, t);
 }
-static void cu_nf4_dequantize(Backend *bk, void *out, const void *region, size_t n) {
-    k_nf4_dequantize(ctx_of(bk), out, region, n);
+static void cu_dequantize(Backend *bk, void *out, const void *region, size_t n, int format) {
+    if (format == 1) k_int8_dequantize(ctx_of(bk), out, region, n);  // REGION_INT8 (nf4.h)
+    else k_nf4_dequantize(ctx_of(bk), out, region, n);
 }
 
 static void cu_destroy(Backend *bk) {
@@ -644,7 +645,7 @@ extern "C" Backend *backend_cuda_create(int dtype_bf16, int device_index) {
     bk->sum_f32 = cu_sum_f32;
     bk->scale = cu_scale;
     bk->adamw = cu_adamw;
-    bk->nf4_dequantize = cu_nf4_dequantize;
+    bk->dequantize = cu_dequantize;
     bk->destroy = cu_destroy;
     return bk;
 }

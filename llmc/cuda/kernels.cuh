@@ -154,5 +154,7 @@ void k_adamw(CudaCtx *c, void *params, float *master, const float *grads, float 
 
 // ---- nf4.cu ----------------------------------------------------------------------------------
 void k_nf4_dequantize(CudaCtx *c, void *out, const void *region, size_t n);
+// ---- int8.cu: an 8-bit region (llmc/int8.h) -----------------------------------------------
+void k_int8_dequantize(CudaCtx *c, void *out, const void *region, size_t n);
 // Copies the 16 NF4 values into constant memory (once per context).
 void k_nf4_init(void);
