@@ -170,6 +170,8 @@ static const KeyDef KEYS[] = {
          "final model's dtype (auto: the base model's; checkpoints stay float32)"),
     NUM("max_shard_size", T_SIZE, max_shard_size, "5GB", 1, 1e18,
         "final model in indexed shards of at most this size"),
+    NUM("reinit_weights", T_BOOL, reinit_weights, "false", 0, 1,
+        "base_model's architecture with random weights (N(0, initializer_range), as transformers' init), not its weights"),
     NUM("load_in_4bit", T_BOOL, load_in_4bit, "false", 0, 1, "QLoRA: frozen layer weights in NF4"),
     NUM("load_in_8bit", T_BOOL, load_in_8bit, "false", 0, 1,
         "adapter: lora over frozen layer weights in bitsandbytes' int8 storage (products use the dequantized weights)"),
@@ -339,6 +341,10 @@ static const Rule RULES[] = {
     {"dataset_exact_deduplication", R_DATA, NULL, NULL}, {"shuffle_merged_datasets", R_DATA_NOTE, NULL, NOTE_SHARDS_DATA},
     {"shuffle_before_merging_datasets", R_DATA, NULL, NULL}, {"skip_prepare_dataset", R_NOTE, NULL, NOTE_DATASET_OPT},
     {"is_preprocess", R_NOTE, NULL, NOTE_DATASET_OPT}, {"streaming", R_NOTE, NULL, NOTE_DATASET_OPT},
+    {"streaming_multipack_buffer_size", R_NOTE, NULL, "Axolotl shuffles a streamed dataset within a buffer of this "
+     "many samples; here the prepared samples are shuffled whole by seed"},
+    {"remove_unused_columns", R_NOTE, NULL, "the prepared rows have no other columns to keep or remove"},
+    {"pretrain_multipack_attn", R_DATA, "true", NULL},
     {"drop_long_sequences", R_NOTE, NULL, NOTE_DATASET_OPT}, {"excess_length_strategy", R_DATA_NOTE, NULL, NOTE_SHARDS_DATA},
     {"min_sample_len", R_DATA, NULL, NULL},
 };

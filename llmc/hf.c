@@ -275,6 +275,10 @@ void hf_read_config(const char *path, ModelConfig *c) {
     c->num_key_value_heads = opt_int(path, root, "num_key_value_heads", c->num_attention_heads);
     c->head_dim = opt_int(path, root, "head_dim", fam->head_dim ? fam->head_dim : c->hidden_size / c->num_attention_heads);
     c->max_position_embeddings = opt_int(path, root, "max_position_embeddings", 2048);
+    double ir = opt_num(path, root, "initializer_range", 0.02);
+    if (!(isfinite(ir) && ir > 0 && ir <= 1))
+        fail("%s: 'initializer_range' must be a number in (0, 1], got %g", path, ir);
+    c->initializer_range = (float)ir;
     double eps = opt_num(path, root, "rms_norm_eps", 1e-6);
     // Checked as the float the kernels use: 1e-50 would become 0, 1e300 infinity.
     c->rms_norm_eps = (float)eps;
@@ -520,7 +524,7 @@ int hf_write_config(const char *path, const ModelConfig *c) {
     }
     ADD(cJSON_AddStringToObject(o, "hidden_act", "silu"));
     ADD(cJSON_AddStringToObject(o, "torch_dtype", c->torch_dtype[0] ? c->torch_dtype : "float32"));
-    ADD(add_real(o, "initializer_range", 0.02, 0));
+    ADD(add_real(o, "initializer_range", c->initializer_range > 0 ? c->initializer_range : 0.02, 1));
     ADD(cJSON_AddBoolToObject(o, "use_cache", 1));
     if (c->bos_token_id >= 0) ADD(cJSON_AddNumberToObject(o, "bos_token_id", c->bos_token_id));
     // Absent would mean the family's default (Phi-3: 32000), so none is written as null there.

@@ -7,7 +7,7 @@
 
 static size_t align16(size_t x) { return (x + 15) & ~(size_t)15; }
 
-// bitsandbytes multiplies by this Python float, which PyTorch rounds to the tensor's fp32.
+// bitsandbytes multiplies by 1.0 / 127.0, a Python float that PyTorch rounds to fp32.
 static const float INV127 = (float)7.874015718698502e-3;
 
 size_t int8_region_bytes(size_t rows, size_t cols) {
@@ -50,7 +50,8 @@ void int8_quantize(const float *w, size_t rows, size_t cols, void *region, const
         }
         scb[r] = absmax;
         if (absmax == 0.0f) continue;  // an all-zero row: codes 0
-        const float scale = 127.0f / absmax;
+        // PyTorch evaluates bitsandbytes' `127.0 / row_stats` as reciprocal(row_stats) * 127.
+        const float scale = (1.0f / absmax) * 127.0f;
         for (size_t c = 0; c < cols; c++)
             code[r * cols + c] = (int8_t)rintf(int8_round_f16(row[c]) * scale);
     }
@@ -63,9 +64,9 @@ void int8_region_dequantize(const void *region, float *out) {
     const float *scb = (const float *)((const char *)region + sizeof h);
     const int8_t *code = (const int8_t *)((const char *)region + sizeof h + align16(rows * sizeof(float)));
 #pragma omp parallel for schedule(static)
-    for (size_t r = 0; r < rows; r++)
-        for (size_t c = 0; c < cols; c++) {
-            float v = (float)code[r * cols + c] * scb[r];
-            out[r * cols + c] = v * INV127;
-        }
+    for (size_t r = 0; r < rows; r++) {
+        const float f = scb[r] * INV127;
+        for (size_t c = 0; c < cols; c++)
+            out[r * cols + c] = (float)code[r * cols + c] * f;
+    }
 }

@@ -5,17 +5,21 @@
 // Quantization (Int8Params._quantize, bitsandbytes 0.45+, on the weight of a frozen linear
 // layer [rows, cols]): the weight is first cast to float16 (round to nearest even), then per
 // row absmax = max |w| (SCB, fp32), scale = 127 / absmax, code = round_half_even(w * scale)
-// computed in fp32 (its default PyTorch backend; the CUDA kernel divides with __fdividef, an
-// approximate reciprocal, so an element within an ulp of a .5 boundary can round the other
-// way on a GPU-made checkpoint). An all-zero row gets absmax 0 and codes 0.
-// Dequantization (int8_vectorwise_dequant): w' = (code * absmax) * (float)(1/127 as
-// 7.874015718698502e-3), each product rounded to fp32 in that order.
+// computed in fp32 as its default (PyTorch) backend does, which evaluates `127.0 / absmax` as
+// reciprocal(absmax) * 127: checked against bitsandbytes 0.50.2 on a CPU (every code and scale
+// equal, 2026-11-28). Its CUDA kernel divides with __fdividef, an approximate reciprocal, so an
+// element within an ulp of a .5 boundary can round the other way when a GPU quantizes. An
+// all-zero row gets absmax 0 and codes 0.
+// Dequantization as bitsandbytes' training products do it (MatMul8bitFp's forward on a CPU,
+// MatMul8bitLt's input gradient): w' = code * (absmax * (float)(1.0 / 127.0)), each product
+// rounded to fp32 in that order (int8_vectorwise_dequant groups it (code * absmax) / 127,
+// which can differ in the last bit).
 //
-// What bitsandbytes does and this program does not: its Linear8bitLt forward also rounds the
-// activations to int8 per row (outside the columns where some |x| >= llm_int8_threshold, 6 by
-// default, which stay in 16 bits) and multiplies in integers. Here every product uses the
-// dequantized weight in the compute precision (float32 on the CPU, bfloat16 on a GPU), as the
-// backward of Linear8bitLt does: losses are those of the dequantized model.
+// Every product uses the dequantized weight in the compute precision (float32 on the CPU,
+// bfloat16 on a GPU), as bitsandbytes does when it trains on a CPU (MatMul8bitFp) and in every
+// backward. What bitsandbytes does on a GPU and this program does not: its Linear8bitLt forward
+// rounds the activations to int8 per row (outside the columns where some |x| >=
+// llm_int8_threshold, 6 by default, which stay in 16 bits) and multiplies in integers.
 #pragma once
 #include <stddef.h>
 #include <stdint.h>

@@ -1022,14 +1022,16 @@ static void init_normal(float *w, size_t n, size_t live, float std, uint64_t see
 
 void model_init_random(Model *m, uint64_t seed) {
     const int gpt2 = m->cfg.arch == ARCH_GPT2;
-    // GPT-2 (as llm.c initialises it) scales the residual projections by 1/sqrt(2L).
-    const float proj_std = gpt2 ? 0.02f / sqrtf(2.0f * m->cfg.num_hidden_layers) : 0.02f;
+    // transformers' _init_weights: N(0, initializer_range) matrices, the embedding's padding row
+    // zero. GPT-2 (as llm.c initialises it) scales the residual projections by 1/sqrt(2L).
+    const float base_std = !gpt2 && m->cfg.initializer_range > 0 ? m->cfg.initializer_range : 0.02f;
+    const float proj_std = gpt2 ? 0.02f / sqrtf(2.0f * m->cfg.num_hidden_layers) : base_std;
     for (int i = 0; i < (int)arrlen(m->tab.specs); i++) {
         const ParamSpec *p = &m->tab.specs[i];
         if (strstr(p->name, ".lora_")) continue;  // adapters: model_init_lora
         // Vectors are norm weights (ones) or biases (zeros); matrices are N(0, std).
         int is_bias = p->ndim == 1 && strstr(p->name, ".bias") != NULL, is_norm = p->ndim == 1 && !is_bias;
-        float std = gpt2 && (strstr(p->name, "attn.c_proj.weight") || strstr(p->name, "mlp.c_proj.weight")) ? proj_std : 0.02f;
+        float std = gpt2 && (strstr(p->name, "attn.c_proj.weight") || strstr(p->name, "mlp.c_proj.weight")) ? proj_std : base_std;
         // GPT-2's padded vocabulary rows stay zero: they never produce a logit.
         size_t live = i == m->tab.embed && gpt2 ? (size_t)m->cfg.vocab_size * p->shape[1] : p->numel;
         float *w = xmalloc(sizeof(float) * p->numel);
@@ -1037,6 +1039,8 @@ void model_init_random(Model *m, uint64_t seed) {
             for (size_t j = 0; j < p->numel; j++) w[j] = is_norm ? 1.0f : 0.0f;
         else
             init_normal(w, p->numel, live, std, seed, p->name);
+        if (i == m->tab.embed && !gpt2 && m->cfg.pad_token_id >= 0)
+            memset(w + (size_t)m->cfg.pad_token_id * p->shape[1], 0, sizeof(float) * p->shape[1]);
         model_set_param(m, i, w);
         free(w);
     }

@@ -27,6 +27,7 @@ typedef struct {
     int head_dim;             // D; defaults to C / Hq
     int max_position_embeddings;
     float rms_norm_eps;
+    float initializer_range;       // config.json's std of a random init (reinit_weights); 0: 0.02
     double rope_theta;
     int rope_type;            // ROPE_DEFAULT, ROPE_LLAMA3, ROPE_LONGROPE (Phi-3), ROPE_YARN or ROPE_LINEAR
                               // (linear: inv_freq / rope_factor)

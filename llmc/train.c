@@ -478,7 +478,15 @@ int train_main(int argc, char **argv, int arch) {
         fail("layer_offloading streams frozen weights; a full fine-tuning run has none (use adapter: lora)");
     Model model;
     model_create(&model, bk, &mc, &lora, &mo);
-    if (cfg.base_model[0] && arch == ARCH_GPT2) gpt2_load(&model, cfg.base_model);
+    if (cfg.reinit_weights && !cfg.base_model[0])
+        fail("reinit_weights: true needs base_model (its config.json gives the architecture); a model: block "
+             "is a random init already");
+    if (cfg.reinit_weights) {
+        printf("note: reinit_weights: %s's weights are not read; random init N(0, %g) as transformers' "
+               "_init_weights (norms 1, biases 0, the padding row 0)\n", cfg.base_model,
+               mc.initializer_range > 0 ? mc.initializer_range : 0.02);
+        model_init_random(&model, (uint64_t)cfg.seed);
+    } else if (cfg.base_model[0] && arch == ARCH_GPT2) gpt2_load(&model, cfg.base_model);
     else if (cfg.base_model[0]) load_hf_weights(&model, cfg.base_model);
     else model_init_random(&model, (uint64_t)cfg.seed);
     if (lora.r && cfg.lora_model_dir[0]) load_adapter(&model, cfg.lora_model_dir);

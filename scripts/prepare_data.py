@@ -35,7 +35,7 @@ DATA_KEYS = ("datasets", "test_datasets", "pretraining_dataset", "val_set_size",
              "dataset_exact_deduplication", "shuffle_before_merging_datasets", "dataset_shard_num",
              "dataset_shard_idx", "tokenizer_type", "tokenizer_use_fast", "tokenizer_legacy",
              "sample_packing_bin_size", "sample_packing_group_size", "resize_token_embeddings_to_32x",
-             "shrink_embeddings", "mean_resizing_embeddings")
+             "shrink_embeddings", "mean_resizing_embeddings", "pretrain_multipack_attn")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
                    "chat_template.jinja", "chat_template.json", "vocab.json", "merges.txt", "added_tokens.json")
 DATA_EXT = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv", ".txt": "text"}
@@ -973,6 +973,10 @@ def config_checks(spec):
     elif num and cfg.get("pretraining_dataset") and not cfg.get("test_datasets"):
         print("note: dataset_shard_num has no effect on pretraining_dataset (as in Axolotl, which shards "
               "datasets: and test_datasets)")
+    if cfg.get("pretrain_multipack_attn") is False:
+        raise DataError("%s: false (packed documents attending to each other) is not implemented; every document "
+                        "in a packed row attends only to itself (Axolotl's default, true)"
+                        % where_cfg(spec, "pretrain_multipack_attn"))
     if cfg.get("datasets") and cfg.get("pretraining_dataset"):
         raise DataError("%s: set either datasets or pretraining_dataset, not both" % where_cfg(spec, "pretraining_dataset"))
     return cfg

@@ -501,10 +501,43 @@ def example_configs(e, snap):
             check(ev == [8, 16, 24, 31], "%s: evaluated at %s" % (name, ev))
 
 
+def reinit_weights(e):
+    """reinit_weights: base_model's architecture (config.json) with transformers' random init:
+    N(0, initializer_range) matrices, norms 1, the padding row 0; its weights are not read."""
+    rc, out, err = e.run("reinit_src", e.base("reinit_src", max_steps=1))
+    ok_run(rc, out, err)
+    src = e.path("reinit_src", "out")
+    cj = json.load(open(os.path.join(src, "config.json")))
+    cj.update(initializer_range=0.05, pad_token_id=3)
+    json.dump(cj, open(os.path.join(src, "config.json"), "w"))
+    rc, out, err = e.run("reinit", e.base("reinit", model="DROP", base_model=src, reinit_weights="true",
+                                          learning_rate=0.0, max_steps=1))
+    ok_run(rc, out, err)
+    check("note: reinit_weights: %s's weights are not read; random init N(0, 0.05)" % src in out, "no note: " + out[:300])
+    import numpy as np
+    sys.path.insert(0, os.path.join(ROOT, "test"))
+    import llama_ref as R
+    w = R.read_safetensors(os.path.join(e.path("reinit", "out"), "model.safetensors"))
+    base = R.read_safetensors(os.path.join(src, "model.safetensors"))
+    mats = np.concatenate([np.asarray(v, np.float64).ravel() for k, v in w.items() if np.asarray(v).ndim == 2])
+    emb = np.asarray(w["model.embed_tokens.weight"])
+    std = float(np.std(mats))
+    check(abs(std / 0.05 - 1) < 0.08, "matrices' std %.4f, expected initializer_range 0.05" % std)
+    check(not np.any(emb[3]), "the padding row (pad_token_id 3) is not zero")
+    norms = [k for k, v in w.items() if np.asarray(v).ndim == 1 and "norm" in k]
+    check(norms and all(np.all(np.asarray(w[k]) == 1) for k in norms), "norm weights are not all 1")
+    check(all(not np.array_equal(np.asarray(w[k]), np.asarray(base[k])) for k in w if np.asarray(w[k]).ndim == 2),
+          "a matrix equals the base model's")
+    check(json.load(open(e.path("reinit", "out", "config.json")))["initializer_range"] == 0.05,
+          "the saved config.json lost initializer_range")
+    rc, out, err = e.run("reinit_block", e.base("reinit_block", reinit_weights="true"))
+    one_error(rc, err, "reinit_weights", "base_model")
+
+
 CASES = [unknown_keys_listed_together, single_unknown_key_names_line, set_unknown_key_no_far_suggestion,
          notes_for_no_effect_keys, refused_keys, datasets_keys_refused, type_tolerance, precision_keys,
          fsdp_forms, optimizer_family, checkpointing_offload, epochs_and_steps, lr_schedule, eval_cadence,
-         save_cadence_and_limit, early_stopping, loss_watchdog, bnb_config, auto_resume]
+         save_cadence_and_limit, early_stopping, loss_watchdog, bnb_config, auto_resume, reinit_weights]
 
 
 def main():
