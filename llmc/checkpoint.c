@@ -695,6 +695,9 @@ void run_identity(RunIdentity *id, const Config *cfg, const Model *m) {
     else id_add(id, "base_model_id", "random init");
     const LoraConfig *lc = &m->tab.lora;
     id_add(id, "adapter", "%s", lc->r ? cfg->adapter : "none");
+    if (!lc->r && cfg->unfrozen_parameters[0])  // which tensors carry optimizer state
+        id_add(id, "unfrozen_parameters", "%016" PRIx64,
+               fnv1a(14695981039346656037ULL, cfg->unfrozen_parameters, strlen(cfg->unfrozen_parameters)));
     if (lc->r) {
         id_add(id, "load_in_4bit", "%s", cfg->load_in_4bit ? "true" : "false");
         id_add(id, "load_in_8bit", "%s", cfg->load_in_8bit ? "true" : "false");

@@ -1,5 +1,6 @@
 // config.c: the key table and the YAML/--set readers built on it.
 #include "config.h"
+#include "freeze.h"
 #include <dirent.h>
 #include <errno.h>
 #include <math.h>
@@ -170,6 +171,9 @@ static const KeyDef KEYS[] = {
          "final model's dtype (auto: the base model's; checkpoints stay float32)"),
     NUM("max_shard_size", T_SIZE, max_shard_size, "5GB", 1, 1e18,
         "final model in indexed shards of at most this size"),
+    {"unfrozen_parameters", T_LIST, offsetof(Config, unfrozen_parameters),
+     sizeof(((Config *)0)->unfrozen_parameters), "", 0, 0, NULL,
+     "full fine-tune: train only parameters whose name matches one of these regexes (Axolotl's rules)"},
     NUM("reinit_weights", T_BOOL, reinit_weights, "false", 0, 1,
         "base_model's architecture with random weights (N(0, initializer_range), as transformers' init), not its weights"),
     NUM("load_in_4bit", T_BOOL, load_in_4bit, "false", 0, 1, "QLoRA: frozen layer weights in NF4"),
@@ -304,7 +308,6 @@ static const Rule RULES[] = {
     {"peft_init_lora_weights", R_REFUSE, "true", "only PEFT's default (Kaiming A, zero B) initialisation is implemented"},
     {"peft", R_REFUSE, NULL, "LoftQ initialisation is not implemented"},
     {"relora_*", R_REFUSE, NULL, "ReLoRA is not implemented; train a plain adapter (adapter: lora)"},
-    {"unfrozen_parameters", R_REFUSE, NULL, "freezing subsets of a full fine-tune is not implemented; use an adapter or train everything"},
     // distributed
     {"deepspeed", R_REFUSE, NULL, "DeepSpeed is not used; set zero_stage: 1 (optimizer state sharded) or fsdp: true (zero_stage 3), and offload_optimizer: true for ZeRO-Offload"},
     {"fsdp_version", R_NOTE, NULL, "sharding here is one implementation (zero_stage 3)"},
@@ -872,13 +875,15 @@ static void load_mapping(Config *cfg, yaml_document_t *doc, yaml_node_t *map, co
         if (vn->type == YAML_SEQUENCE_NODE && ((kd && kd->type == T_LIST) || !strcmp(key, "fsdp"))) {
             // lora_target_modules keeps its brackets: a list of names, not a regex string.
             const int brackets = !strcmp(key, "lora_target_modules");
-            char joined[8192] = "";
+            // unfrozen_parameters' regexes may hold commas ({1,3}): one per line instead.
+            const char *sep = !strcmp(key, "unfrozen_parameters") ? "\n" : ",";
+            char joined[16384] = "";
             for (yaml_node_item_t *it = vn->data.sequence.items.start; it < vn->data.sequence.items.top; it++) {
                 yaml_node_t *e = yaml_document_get_node(doc, *it);
                 if (e->type != YAML_SCALAR_NODE) fail("%s: key '%s' expects a list of names", origin, key);
                 size_t len = strlen(joined);
                 if (len + strlen(scalar(e)) + 3 >= sizeof joined) fail("%s: key '%s': list too long", origin, key);
-                snprintf(joined + len, sizeof joined - len, "%s%s", len ? "," : brackets ? "[" : "", scalar(e));
+                snprintf(joined + len, sizeof joined - len, "%s%s", len ? sep : brackets ? "[" : "", scalar(e));
             }
             if (brackets) strcat(joined, joined[0] ? "]" : "[]");
             config_set(cfg, key, joined, origin);
@@ -1084,6 +1089,14 @@ void config_finish(Config *cfg) {
     if (cfg->arch == ARCH_GPT2 && !strcmp(cfg->lora_fan_in_fan_out, "false") && strcmp(cfg->adapter, "none"))
         printf("note: lora_fan_in_fan_out: false, but GPT-2's c_attn/c_proj/c_fc are Conv1D layers, for which "
                "PEFT sets fan_in_fan_out to true; so does this run\n");
+    if (cfg->unfrozen_parameters[0]) {  // checked here, so errors name the config
+        if (strcmp(cfg->adapter, "none"))
+            fail("%s: unfrozen_parameters chooses what a full fine-tune trains; with adapter: %s only the "
+                 "adapters train (drop one of them)", src, cfg->adapter);
+        Unfrozen u;
+        unfrozen_compile(&u, cfg->unfrozen_parameters, src);
+        unfrozen_free(&u);
+    }
     if (cfg->fsdp) cfg->zero_stage = 3;
     if (cfg->zero_stage == 2) fail("%s: zero_stage 2 is not supported: use 1 (optimizer state) or 3 (fsdp)", src);
     finish_data_keys(cfg, src);

@@ -60,6 +60,7 @@ typedef struct {
     char lora_fan_in_fan_out[8];  // auto, true, false (PEFT's fan_in_fan_out: true for Conv1D layers)
     int lora_r, lora_target_linear, use_rslora, merge_lora, load_in_4bit, load_in_8bit, layer_offloading;
     int reinit_weights;            // base_model's config.json with a random init
+    char unfrozen_parameters[16384];  // newline-separated patterns (freeze.h); empty: train everything
     double lora_alpha, lora_dropout;
     // sharding
     int fsdp, zero_stage, offload_optimizer;

@@ -9,6 +9,7 @@
 #include <unistd.h>
 #include "stb_ds.h"
 #include "actstore.h"
+#include "freeze.h"
 #include "int8.h"
 #include "nf4.h"
 #include "comm.h"
@@ -239,8 +240,27 @@ static size_t quant_bytes(const ParamSpec *p) {
                          : nf4_region_bytes(p->numel, 64, 1);
 }
 
+// The Hugging Face name a pattern of unfrozen_parameters sees: Phi-3 keeps q/k/v and gate/up
+// fused in its files (self_attn.qkv_proj, mlp.gate_up_proj), so their parts go by that name.
+static void hf_param_name(const ModelConfig *c, const char *name, char *out, size_t cap) {
+    static const char *const parts[][2] = {{"self_attn.q_proj.", "self_attn.qkv_proj."},
+                                           {"self_attn.k_proj.", "self_attn.qkv_proj."},
+                                           {"self_attn.v_proj.", "self_attn.qkv_proj."},
+                                           {"mlp.gate_proj.", "mlp.gate_up_proj."},
+                                           {"mlp.up_proj.", "mlp.gate_up_proj."}};
+    snprintf(out, cap, "%s", name);
+    if (c->arch == ARCH_GPT2 || !family_is_fused(c)) return;
+    for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++) {
+        const char *at = strstr(name, parts[i][0]);
+        if (at) {
+            snprintf(out, cap, "%.*s%s%s", (int)(at - name), name, parts[i][1], at + strlen(parts[i][0]));
+            return;
+        }
+    }
+}
+
 void param_table_build(ParamTable *t, const ModelConfig *c, const LoraConfig *lora, int stream,
-                       int world, int quant, int zero3) {
+                       int world, int quant, int zero3, const char *unfrozen) {
     memset(t, 0, sizeof *t);
     t->cfg = *c;
     if (lora) t->lora = *lora;
@@ -317,11 +337,17 @@ void param_table_build(ParamTable *t, const ModelConfig *c, const LoraConfig *lo
     // inside its unit in table order: linear in the number of tensors.
     t->units = xcalloc((size_t)L + 2, sizeof(size_t));
     size_t *fill = xcalloc((size_t)L + 1, sizeof(size_t));
+    Unfrozen uf = {0};
+    const int some = r == 0 && unfrozen && unfrozen[0];
+    if (some) unfrozen_compile(&uf, unfrozen, "config");
     for (int i = 0; i < (int)arrlen(t->specs); i++) {
         ParamSpec *p = &t->specs[i];
-        p->trainable = r == 0 || strstr(p->name, ".lora_") != NULL;
+        char hf[160];
+        hf_param_name(c, p->name, hf, sizeof hf);
+        p->trainable = r == 0 ? !some || unfrozen_match(&uf, hf) : strstr(p->name, ".lora_") != NULL;
         if (p->trainable) t->units[p->layer + 2] += p->numel;  // unit p->layer + 1, shifted
     }
+    if (some) unfrozen_free(&uf);
     for (int u = 1; u <= L + 1; u++) t->units[u] += t->units[u - 1];
     memcpy(fill, t->units, ((size_t)L + 1) * sizeof(size_t));
     for (int i = 0; i < (int)arrlen(t->specs); i++) {
@@ -465,7 +491,14 @@ void model_check_memory(const ModelConfig *c, const LoraConfig *lora, const Mode
     // fp32 master weights; ZeRO divides the optimizer state (stage 3: everything) by the ranks.
     const double A = bk->act_bytes, world = mo && mo->comm ? mo->comm->world : 1;
     const int zero = mo ? mo->zero_stage : 0, offload = mo && mo->offload_optimizer;
-    const double trainable = s.trainable.d, frozen = s.params.d - trainable;
+    double trainable = s.trainable.d;
+    if ((!lora || !lora->r) && mo && mo->unfrozen && mo->unfrozen[0]) {  // unfrozen_parameters: count them
+        ParamTable t;
+        param_table_build(&t, c, lora, 0, 1, 0, 0, mo->unfrozen);
+        trainable = (double)t.num_trainable;
+        param_table_free(&t);
+    }
+    const double frozen = s.params.d - trainable;
     const double frozen_b = frozen * (mo && mo->load_in_4bit ? 0.5 : mo && mo->load_in_8bit ? 1 : A);
     const double train_b = trainable * (A + sizeof(float)) / (zero >= 3 ? world : 1);  // weights, float grads
     const double opt_b = trainable * (8 + (A != 4 || offload ? 4 : 0) + (offload ? 4 : 0)) / (zero >= 1 ? world : 1);
@@ -488,12 +521,14 @@ void model_create(Model *m, Backend *bk, const ModelConfig *cfg, const LoraConfi
     const int zero3 = m->opt.zero_stage >= 3, L = cfg->num_hidden_layers;
     model_check_memory(cfg, lora, &m->opt, bk);
     param_table_build(&m->tab, cfg, lora, m->opt.stream, world,
-                      m->opt.load_in_4bit ? 4 : m->opt.load_in_8bit ? 8 : 0, zero3);
+                      m->opt.load_in_4bit ? 4 : m->opt.load_in_8bit ? 8 : 0, zero3, m->opt.unfrozen);
     const ParamTable *t = &m->tab;
+    if (!t->num_trainable) fail("unfrozen_parameters matches none of the model's parameters: nothing would train");
     ModelSize s;
     model_size(cfg, cfg->intermediate_size, cfg->padded_vocab, &t->lora, &s);
+    const int subset = !t->lora.r && m->opt.unfrozen && m->opt.unfrozen[0];  // model_size counts all
     if (s.params.n != (int64_t)t->num_params || s.tensors.n != (int64_t)arrlen(t->specs) ||
-        s.trainable.n != (int64_t)t->num_trainable)
+        (!subset && s.trainable.n != (int64_t)t->num_trainable))
         fail("internal: model_size (%lld tensors, %lld parameters) disagrees with the table (%d, %zu)",
              (long long)s.tensors.n, (long long)s.params.n, (int)arrlen(t->specs), t->num_params);
     const size_t n = t->num_resident, full = t->shard * world;

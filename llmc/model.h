@@ -184,8 +184,10 @@ void model_config_validate(const ModelConfig *c, const char *source);
 // shard the trainable range; quant: the frozen decoder linear weights are NF4 (4, QLoRA) or
 // int8 (8, load_in_8bit), 0: float.
 // zero3: trainable tensors are kept as per-unit shards (see units).
+// unfrozen: a full fine-tune trains only the tensors these patterns match (freeze.h; NULL or
+// "": all of them).
 void param_table_build(ParamTable *t, const ModelConfig *c, const LoraConfig *lora, int stream,
-                       int world, int quant, int zero3);
+                       int world, int quant, int zero3, const char *unfrozen);
 // Elements of this rank's piece of unit u under ZeRO-3.
 size_t unit_shard(const ParamTable *t, int u);
 void param_table_free(ParamTable *t);
@@ -219,6 +221,7 @@ typedef struct {
     int offload_optimizer;   // fp32 master and AdamW moments in host memory, update on the CPU
     int load_in_4bit;        // QLoRA: frozen decoder linear weights stored NF4
     int load_in_8bit;        // LoRA over bitsandbytes' 8-bit storage (int8.h)
+    const char *unfrozen;    // full fine-tune: newline-separated name patterns that train (freeze.h); NULL/"": all
     int seq_parallel;        // sequence_parallel_degree: every rank holds T / n tokens of each
                              // sequence (model_alloc_acts takes that local T); 0 or 1: off
 } ModelOptions;

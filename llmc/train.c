@@ -434,7 +434,7 @@ int train_main(int argc, char **argv, int arch) {
     const Split split0 = {.n = spn, .rank = rank, .dp = world / spn};
     ModelOptions mo = {.stream = pol.stream_frozen, .comm = comm, .zero_stage = cfg.zero_stage,
                        .offload_optimizer = cfg.offload_optimizer, .load_in_4bit = cfg.load_in_4bit,
-                       .load_in_8bit = cfg.load_in_8bit,
+                       .load_in_8bit = cfg.load_in_8bit, .unfrozen = cfg.unfrozen_parameters,
                        .seq_parallel = spn};
     PlanRow rows[32];
     int nrows = 0;
@@ -475,7 +475,8 @@ int train_main(int argc, char **argv, int arch) {
     if (cfg.load_in_8bit && !lora.r)
         fail("load_in_8bit: an 8-bit base can only be trained through adapters (adapter: lora)");
     if (cfg.layer_offloading && !lora.r)
-        fail("layer_offloading streams frozen weights; a full fine-tuning run has none (use adapter: lora)");
+        fail("layer_offloading streams the frozen weights of adapter runs; a full fine-tune keeps its weights "
+             "resident%s (use adapter: lora)", cfg.unfrozen_parameters[0] ? ", unfrozen_parameters or not" : "");
     Model model;
     model_create(&model, bk, &mc, &lora, &mo);
     if (cfg.reinit_weights && !cfg.base_model[0])

@@ -52,6 +52,7 @@ use_rslora; dropout is not modelled, so compare only with lora_dropout 0):
     step_batches(tokens, B, T, accum, step) -> the (x, y) micro-batches of 1-based step `step`
 """
 import json
+import re
 import math
 import os
 import struct
@@ -800,6 +801,15 @@ class RefTrainer:
         self.accum = int(tc.get("gradient_accumulation_steps", 1))
         self.loader = DataLoader(tokens, self.B, self.T)
         named = self.model.named_trainable_parameters()
+        if tc.get("unfrozen_parameters"):
+            # Axolotl's freeze_layers_except: re.match after every '.' not before '+' is made literal;
+            # the rest is frozen (no gradient, so no clipping share, no optimizer state, no decay).
+            pats = [re.compile(re.sub(r"\.(?!\+)", "\\.", p)) for p in tc["unfrozen_parameters"]]
+            keep = [(n, p) for n, p in named if any(r.match(n) for r in pats)]
+            for n, p in named:
+                if not any(r.match(n) for r in pats):
+                    p.requires_grad_(False)
+            named = keep
         decay = [p for n, p in named if is_decay_param(n)]
         nodecay = [p for n, p in named if not is_decay_param(n)]
         self.all_params = [p for _, p in named]

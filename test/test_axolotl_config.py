@@ -534,10 +534,37 @@ def reinit_weights(e):
     one_error(rc, err, "reinit_weights", "base_model")
 
 
+def unfrozen_parameters(e):
+    """unfrozen_parameters trains the matching tensors only (checked against the PyTorch
+    reference in test_torch_ref k); what it cannot do is refused in one line."""
+    rc, out, err = e.run("unf_all", e.base("unf_all"))
+    ok_run(rc, out, err)
+    total = int(re.search(r"\(trainable (\d+)\)", out).group(1))
+    rc, out, err = e.run("unf", yaml_text(e.base("unf")) + "unfrozen_parameters:\n  - model.layers.0.mlp.+\n"
+                         "  - \"^model.norm.weight$\"\n")
+    ok_run(rc, out, err)
+    m = MODEL
+    want = 3 * m["hidden_size"] * m["intermediate_size"] + m["hidden_size"]
+    got = int(re.search(r"\(trainable (\d+)\)", out).group(1))
+    check(got == want and got < total, "trainable %d, expected %d of %d" % (got, want, total))
+    for i, (pats, needles) in enumerate(((["model.embed_tokens.weight$[:100]"], ("row range",)),
+                                         (["model.layers.\\d+.mlp"], ("\\d", "Python")),
+                                         (["(?:model).norm"], ("(?",)),
+                                         (["nothing.matches"], ("matches none",)))):
+        text = yaml_text(e.base("unf_bad%d" % i)) + "unfrozen_parameters:\n" + "".join(
+            "  - '%s'\n" % p for p in pats)
+        rc, out, err = e.run("unf_bad%d" % i, text)
+        one_error(rc, err, "unfrozen_parameters", *needles)
+    rc, out, err = e.run("unf_lora", yaml_text(e.base("unf_lora", adapter="lora", lora_target_linear="true")) +
+                         "unfrozen_parameters: [model.norm]\n")
+    one_error(rc, err, "unfrozen_parameters", "adapter: lora")
+
+
 CASES = [unknown_keys_listed_together, single_unknown_key_names_line, set_unknown_key_no_far_suggestion,
          notes_for_no_effect_keys, refused_keys, datasets_keys_refused, type_tolerance, precision_keys,
          fsdp_forms, optimizer_family, checkpointing_offload, epochs_and_steps, lr_schedule, eval_cadence,
-         save_cadence_and_limit, early_stopping, loss_watchdog, bnb_config, auto_resume, reinit_weights]
+         save_cadence_and_limit, early_stopping, loss_watchdog, bnb_config, auto_resume, reinit_weights,
+         unfrozen_parameters]
 
 
 def main():

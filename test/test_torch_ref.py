@@ -161,6 +161,20 @@ def cases():
                           warmup_steps=1, weight_decay=0.1, max_grad_norm=1.0),
         shard_version=1, n_tokens=1200, expect_clip=False,
         contrast=dict(use_sliding_window=False)))
+    # (k) unfrozen_parameters, Axolotl's rules (the reference applies them with Python's re):
+    # only the matching tensors train, and the grad norm, clipping and AdamW cover them alone;
+    # a '.' before '+' stays a wildcard, the others are literal; a match is anchored at the start.
+    tc = R.train_config(sequence_len=16, micro_batch_size=2, gradient_accumulation_steps=2,
+                        max_steps=4, learning_rate=5e-3, lr_scheduler="cosine",
+                        warmup_steps=1, weight_decay=0.1, max_grad_norm=1.0)
+    tc["unfrozen_parameters"] = ["^model.layers.[02].self_attn.(q|v)_proj", "model.layers.1.+norm",
+                                 "lm_head.weight$", "model.norm", "layers.2.mlp.up_proj.weight"]
+    out.append(dict(
+        name="k_unfrozen_parameters",
+        cfg=R.make_config(vocab_size=64, hidden_size=32, intermediate_size=64,
+                          num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+                          attention_bias=True),
+        tc=tc, shard_version=1, n_tokens=1000, expect_clip=False))
     return out
 
 
