@@ -1,5 +1,6 @@
 // config.c: the key table and the YAML/--set readers built on it.
 #include "config.h"
+#include "deepspeed.h"
 #include "freeze.h"
 #include <dirent.h>
 #include <errno.h>
@@ -171,6 +172,9 @@ static const KeyDef KEYS[] = {
          "final model's dtype (auto: the base model's; checkpoints stay float32)"),
     NUM("max_shard_size", T_SIZE, max_shard_size, "5GB", 1, 1e18,
         "final model in indexed shards of at most this size"),
+    STR("deepspeed", deepspeed, "",
+        "a DeepSpeed JSON config (Axolotl's deepspeed_configs/*.json): its ZeRO stage and optimizer offload "
+        "become zero_stage and offload_optimizer"),
     {"unfrozen_parameters", T_LIST, offsetof(Config, unfrozen_parameters),
      sizeof(((Config *)0)->unfrozen_parameters), "", 0, 0, NULL,
      "full fine-tune: train only parameters whose name matches one of these regexes (Axolotl's rules)"},
@@ -309,7 +313,6 @@ static const Rule RULES[] = {
     {"peft", R_REFUSE, NULL, "LoftQ initialisation is not implemented"},
     {"relora_*", R_REFUSE, NULL, "ReLoRA is not implemented; train a plain adapter (adapter: lora)"},
     // distributed
-    {"deepspeed", R_REFUSE, NULL, "DeepSpeed is not used; set zero_stage: 1 (optimizer state sharded) or fsdp: true (zero_stage 3), and offload_optimizer: true for ZeRO-Offload"},
     {"fsdp_version", R_NOTE, NULL, "sharding here is one implementation (zero_stage 3)"},
     {"tensor_parallel_size", R_REFUSE, "1", "tensor parallelism is not implemented; use fsdp: true"},
     {"heads_k_stride", R_NOTE, NULL, "sequence parallelism here moves all key/value heads in one all-to-all"},
@@ -953,6 +956,38 @@ static int given(const Config *cfg, const char *key) {
     return k && cfg->given[k - KEYS];
 }
 
+// deepspeed: a DeepSpeed JSON file onto zero_stage and offload_optimizer; the values it shares
+// with the trainer ("auto" in Axolotl's files) must agree with the config's.
+static void finish_deepspeed(Config *cfg, const char *src) {
+    DeepSpeedConfig ds;
+    deepspeed_read(cfg->deepspeed, src, &ds);
+    const int stage = ds.stage == 2 ? 1 : ds.stage;
+    if (cfg->fsdp || cfg->fsdp_config_given)
+        fail("%s: set deepspeed or fsdp/fsdp_config, not both", src);
+    if (given(cfg, "zero_stage") && cfg->zero_stage != stage)
+        fail("%s: deepspeed %s is ZeRO stage %d, but zero_stage is %d; set one of them", src, ds.path, ds.stage,
+             cfg->zero_stage);
+    if (ds.bf16 >= 0 && ds.bf16 != !strcmp(cfg->precision, "bfloat16"))
+        fail("%s: deepspeed %s has bf16.enabled %s, but this run's dtype is %s (bf16: %s); make them agree "
+             "(\"auto\" follows the config)", src, ds.path, ds.bf16 ? "true" : "false", cfg->precision,
+             cfg->bf16[0] ? cfg->bf16 : "unset");
+    if (ds.gradient_clipping >= 0 && ds.gradient_clipping != cfg->max_grad_norm)
+        fail("%s: deepspeed %s has gradient_clipping %g, but max_grad_norm is %g; make them agree (\"auto\" "
+             "follows max_grad_norm)", src, ds.path, ds.gradient_clipping, cfg->max_grad_norm);
+    if (ds.micro_batch && ds.micro_batch != cfg->micro_batch_size)
+        fail("%s: deepspeed %s has train_micro_batch_size_per_gpu %d, but micro_batch_size is %d", src, ds.path,
+             ds.micro_batch, cfg->micro_batch_size);
+    if (ds.accum && ds.accum != cfg->gradient_accumulation_steps)
+        fail("%s: deepspeed %s has gradient_accumulation_steps %d, but the config has %d", src, ds.path, ds.accum,
+             cfg->gradient_accumulation_steps);
+    cfg->zero_stage = stage;
+    if (ds.offload_optimizer) cfg->offload_optimizer = 1;
+    printf("note: deepspeed %s: ZeRO stage %d runs as zero_stage %d%s%s\n", ds.path, ds.stage, stage,
+           ds.stage == 2 ? " (the same numbers: optimizer state sharded, but every rank keeps all the gradients)"
+                         : "",
+           ds.offload_optimizer ? " with offload_optimizer: true" : "");
+}
+
 // Axolotl's keys that combine with others: precision, FSDP options, schedule and cadence
 // conflicts, auto-resume, and a hub id as base_model.
 static void finish_axolotl_keys(Config *cfg, const char *src) {
@@ -993,6 +1028,7 @@ static void finish_axolotl_keys(Config *cfg, const char *src) {
                "(outside columns past llm_int8_threshold), which this program does not: losses are the dequantized "
                "model's\n");
     }
+    if (cfg->deepspeed[0]) finish_deepspeed(cfg, src);
     if (cfg->fsdp_config_given && !cfg->fsdp_given && !given(cfg, "zero_stage")) {
         cfg->fsdp = 1;
         printf("note: fsdp_config without fsdp: sharding parameters, gradients and optimizer state (zero_stage 3)\n");

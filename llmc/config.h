@@ -64,6 +64,7 @@ typedef struct {
     double lora_alpha, lora_dropout;
     // sharding
     int fsdp, zero_stage, offload_optimizer;
+    char deepspeed[1024];          // a DeepSpeed JSON config (deepspeed.h), read in config_finish
     int sequence_parallel_degree;  // ranks that share each sequence (Ulysses); 1: off
     // runtime
     char device[16], precision[16];

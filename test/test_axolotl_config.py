@@ -171,7 +171,6 @@ def notes_for_no_effect_keys(e):
 def refused_keys(e):
     cases = [({"gptq": "true"}, ["gptq", "load_in_4bit"]),
              ({"load_in_8bit": "true"}, ["load_in_8bit", "adapter: lora"]),
-             ({"deepspeed": "zero3.json"}, ["deepspeed", "zero_stage"]),
              ({"relora_steps": 100}, ["relora_steps", "adapter: lora"]),
              ({"rl": "dpo"}, ["'rl'", "not implemented"]),
              ({"lora_modules_to_save": "[embed_tokens]"}, ["lora_modules_to_save"]),
@@ -560,11 +559,63 @@ def unfrozen_parameters(e):
     one_error(rc, err, "unfrozen_parameters", "adapter: lora")
 
 
+def deepspeed_files(e):
+    """deepspeed: a DeepSpeed JSON file (the keys of Axolotl's deepspeed_configs/) onto
+    zero_stage and offload_optimizer; the rest refused or noted by name."""
+    def ds(name, d):
+        path = e.path("ds_" + name + ".json")
+        with open(path, "w") as f:
+            json.dump(d, f)
+        return path
+    auto = {"bf16": {"enabled": "auto"}, "fp16": {"enabled": "auto", "loss_scale": 0},
+            "gradient_accumulation_steps": "auto", "gradient_clipping": "auto", "train_batch_size": "auto",
+            "train_micro_batch_size_per_gpu": "auto", "wall_clock_breakdown": False}
+    rc, out, err = e.run("ds_plain", e.base("ds_plain"))
+    ok_run(rc, out, err)
+    plain = [r["loss"] for r in e.metrics("ds_plain") if "loss" in r]
+    for stage, extra, want in ((1, {"overlap_comm": True}, "runs as zero_stage 1"),
+                               (2, {"offload_optimizer": {"device": "cpu", "pin_memory": True}},
+                                "ZeRO stage 2 runs as zero_stage 1 (the same numbers"),
+                               (3, {"stage3_prefetch_bucket_size": "auto", "sub_group_size": 0},
+                                "runs as zero_stage 3")):
+        name = "ds_z%d" % stage
+        path = ds(name, dict(auto, zero_optimization=dict({"stage": stage}, **extra)))
+        rc, out, err = e.run(name, e.base(name, deepspeed=path))
+        ok_run(rc, out, err)
+        check(want in out, "%s: no mapping note: %s" % (name, out[:400]))
+        check(re.search(r"^note: deepspeed .*(overlap_comm|stage3_prefetch_bucket_size|pin_memory).* have no "
+                        r"effect here", out, re.M), "%s: no note for the tuning keys" % name)
+        got = [r["loss"] for r in e.metrics(name) if "loss" in r]
+        check(got == plain, "%s: losses %s differ from the plain run's %s" % (name, got, plain))
+        if stage == 2:
+            check("with offload_optimizer: true" in out and re.search(r"host [1-9][0-9.]* [KM]iB", out),
+                  "stage 2: the optimizer state did not go to the host: " + out[-300:])
+    bad = ((dict(auto, zero_optimization={"stage": 3, "offload_param": {"device": "cpu"}}),
+            ("offload_param.device cpu",)),
+           (dict(auto, zero_optimization={"stage": 1, "offload_optimizer": {"device": "nvme"}}), ("nvme",)),
+           (dict(auto, bf16={"enabled": False}), ("bf16.enabled false", "bfloat16")),
+           (dict(auto, fp16={"enabled": True}), ("fp16.enabled",)),
+           (dict(auto, gradient_clipping=0.5), ("gradient_clipping 0.5", "max_grad_norm")),
+           (dict(auto, train_micro_batch_size_per_gpu=4), ("train_micro_batch_size_per_gpu 4",)),
+           (dict(auto, optimizer={"type": "AdamW"}), ("optimizer", "lr_scheduler")),
+           (dict(auto, zero_optimization={"stage": 3, "frobnicate": 1}), ("zero_optimization.frobnicate",)),
+           (dict(auto, frobnicate=1), ("frobnicate",)))
+    for i, (d, needles) in enumerate(bad):
+        name = "ds_bad%d" % i
+        rc, out, err = e.run(name, e.base(name, deepspeed=ds(name, d)))
+        one_error(rc, err, *needles)
+    rc, out, err = e.run("ds_clash", e.base("ds_clash", deepspeed=ds("clash", dict(auto, zero_optimization={"stage": 3})),
+                                            zero_stage=1))
+    one_error(rc, err, "ZeRO stage 3", "zero_stage is 1")
+    rc, out, err = e.run("ds_missing", e.base("ds_missing", deepspeed="deepspeed_configs/zero9.json"))
+    one_error(rc, err, "deepspeed", "zero9.json", "not a file")
+
+
 CASES = [unknown_keys_listed_together, single_unknown_key_names_line, set_unknown_key_no_far_suggestion,
          notes_for_no_effect_keys, refused_keys, datasets_keys_refused, type_tolerance, precision_keys,
          fsdp_forms, optimizer_family, checkpointing_offload, epochs_and_steps, lr_schedule, eval_cadence,
          save_cadence_and_limit, early_stopping, loss_watchdog, bnb_config, auto_resume, reinit_weights,
-         unfrozen_parameters]
+         unfrozen_parameters, deepspeed_files]
 
 
 def main():

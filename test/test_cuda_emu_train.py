@@ -236,8 +236,12 @@ def main():
             if i8c is not None and i8g is not None:
                 ei = {k: v for k, v in grad_errors(l0[1], i8g[1], i8c[1]).items() if "lora_B" in k}
                 li = abs(i8g[0]["loss"] - i8c[0]["loss"]) / abs(i8c[0]["loss"])
-                check("(c) load_in_8bit: bf16 CUDA vs CPU, B gradients within 1.05e-2 normwise (%s), loss within "
-                      "1e-4 (%.3g)" % (summary(ei), li), len(ei) > 0 and max(ei.values()) <= 1.05e-2 and li <= 1e-4,
+                # bf16 activations alone: measured worst 1.21e-2, median 7.4e-3 (2026-11-28); an int8
+                # region read as NF4, or a scale off by a row or by 127, moves them by 0.2 and more.
+                vals = sorted(ei.values())
+                check("(c) load_in_8bit: bf16 CUDA vs CPU, B gradients within 1.5e-2 normwise, median 9e-3 (%s), "
+                      "loss within 1e-4 (%.3g)" % (summary(ei), li),
+                      len(ei) > 0 and vals[-1] <= 1.5e-2 and vals[len(vals) // 2] <= 9e-3 and li <= 1e-4,
                       "beyond the tolerance")
         # (d) ZeRO-3 (a world of one: its per-unit float gradients, reduce-scatter and
         # accumulate_f32) and offload_optimizer (float gradients copied to the host): the plain
