@@ -290,6 +290,7 @@ static const Rule RULES[] = {
     {"overrides_of_model_kwargs", R_REFUSE, NULL, "model loading options are not implemented"},
     {"revision_of_model", R_REFUSE, NULL, "a hub base_model resolves to refs/main of the local cache; give the snapshot directory of another revision as base_model"},
     // quantization, precision, optimizers, schedules
+    {"gptq_*", R_NOTE, NULL, "GPTQ options (gptq: true is refused: GPTQ models are not supported)"},
     {"gptq", R_REFUSE, NULL, "GPTQ models are not supported; use a bfloat16/float32 safetensors model (load_in_4bit: true quantizes it to NF4)"},
     {"float16", R_REFUSE, NULL, "float16 compute is not implemented; use bf16: true (dtype: bfloat16)"},
     {"qat", R_REFUSE, NULL, "quantization-aware training is not implemented"},
@@ -324,7 +325,6 @@ static const Rule RULES[] = {
     {"kto_*", R_REFUSE, NULL, REFUSE_RL}, {"cpo_alpha", R_REFUSE, NULL, REFUSE_RL}, {"simpo_gamma", R_REFUSE, NULL, REFUSE_RL},
     {"reward_model", R_REFUSE, NULL, REFUSE_RL}, {"process_reward_model", R_REFUSE, NULL, REFUSE_RL},
     {"s2_attention", R_REFUSE, NULL, "shifted-sparse attention is not implemented (attention is full causal)"},
-    {"curriculum_sampling", R_REFUSE, NULL, "use shuffle: false to visit train_data in order"},
     {"image_size", R_REFUSE, NULL, "multimodal models are not supported"},
     {"image_resize_algorithm", R_REFUSE, NULL, "multimodal models are not supported"},
     // the datasets pipeline: passed to scripts/prepare_data.py (prepare.h)
@@ -519,6 +519,15 @@ static int special_set(Config *cfg, const char *key, const char *value, const ch
                      "auto_wrap, no_shard)", origin, w);
         }
         if (!any) fail("%s: key 'fsdp' expects true, false or a list such as [full_shard, auto_wrap]", origin);
+        return 1;
+    }
+    if (!strcmp(key, "curriculum_sampling")) {  // Axolotl: a sequential sampler, batches in data order
+        int b;
+        if (!parse_bool(value, &b)) fail("%s: key 'curriculum_sampling' expects true or false, got '%s'", origin, value);
+        if (b) {
+            config_set(cfg, "shuffle", "false", origin);
+            printf("note: curriculum_sampling: true runs as shuffle: false (batches in the data's order)\n");
+        }
         return 1;
     }
     if (!strcmp(key, "gpu_memory_limit")) {
@@ -807,7 +816,7 @@ static int load_options(Config *cfg, yaml_document_t *doc, yaml_node_t *vn, cons
 static int is_known(const char *key) {
     for (size_t i = 0; i < sizeof ALIASES / sizeof ALIASES[0]; i++)
         if (!strcmp(key, ALIASES[i][0])) return 1;
-    return find_key(key) || find_rule(key) || !strcmp(key, "gpu_memory_limit");
+    return find_key(key) || find_rule(key) || !strcmp(key, "gpu_memory_limit") || !strcmp(key, "curriculum_sampling");
 }
 
 static void load_mapping(Config *cfg, yaml_document_t *doc, yaml_node_t *map, const char *prefix,

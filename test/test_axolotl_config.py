@@ -611,11 +611,24 @@ def deepspeed_files(e):
     one_error(rc, err, "deepspeed", "zero9.json", "not a file")
 
 
+def curriculum_sampling(e):
+    """curriculum_sampling: true (Axolotl's sequential sampler) is shuffle: false."""
+    rc, out, err = e.run("cs_off", e.base("cs_off", shuffle="false", max_steps=4))
+    ok_run(rc, out, err)
+    rc, out, err = e.run("cs", e.base("cs", curriculum_sampling="true", max_steps=4))
+    ok_run(rc, out, err)
+    check("note: curriculum_sampling: true runs as shuffle: false" in out, "no note: " + out[:300])
+    rc2, out2, err2 = e.run("cs_on", e.base("cs_on", max_steps=4))
+    ok_run(rc2, out2, err2)
+    a, b, c = ([r["loss"] for r in e.metrics(n) if "loss" in r] for n in ("cs", "cs_off", "cs_on"))
+    check(a == b and a != c, "curriculum_sampling %s, shuffle false %s, shuffled %s" % (a, b, c))
+
+
 CASES = [unknown_keys_listed_together, single_unknown_key_names_line, set_unknown_key_no_far_suggestion,
          notes_for_no_effect_keys, refused_keys, datasets_keys_refused, type_tolerance, precision_keys,
          fsdp_forms, optimizer_family, checkpointing_offload, epochs_and_steps, lr_schedule, eval_cadence,
          save_cadence_and_limit, early_stopping, loss_watchdog, bnb_config, auto_resume, reinit_weights,
-         unfrozen_parameters, deepspeed_files]
+         unfrozen_parameters, deepspeed_files, curriculum_sampling]
 
 
 def main():
