@@ -60,9 +60,11 @@ static int write_json(const char *path, cJSON *o) {
 enum { SEL_BASE, SEL_ADAPTER, SEL_EXP_AVG, SEL_EXP_AVG_SQ };
 static const char *const SEL_PREFIX[] = {"", "base_model.model.", "exp_avg.", "exp_avg_sq."};
 
+// An adapter file holds the adapters and, in an adapter run, the modules_to_save tensors (the
+// only other trainable ones), under PEFT's names: base_model.model.lm_head.weight.
 static int selected(const ParamSpec *p, int sel) {
     int lora = strstr(p->name, ".lora_") != NULL;
-    return sel == SEL_BASE ? !lora : sel == SEL_ADAPTER ? lora : p->trainable;
+    return sel == SEL_BASE ? !lora : sel == SEL_ADAPTER ? lora || p->trainable : p->trainable;
 }
 
 static float *moment(const Model *m, int sel) { return sel == SEL_EXP_AVG ? m->adam_m : m->adam_v; }
@@ -412,6 +414,11 @@ void load_adapter(Model *m, const char *dir) {
              lc->rslora ? "true" : "false");
     LoraConfig got = *lc;
     peft_read_targets(path, o, &m->cfg, &got);
+    if (got.save_embed != lc->save_embed || got.save_head != lc->save_head)
+        fail("%s: the adapter's modules_to_save (%s%s%s) differ from the run's lora_modules_to_save (%s%s%s)", path,
+             got.save_embed ? "embed_tokens " : "", got.save_head ? "lm_head" : "",
+             got.save_embed || got.save_head ? "" : "none", lc->save_embed ? "embed_tokens " : "",
+             lc->save_head ? "lm_head" : "", lc->save_embed || lc->save_head ? "" : "none");
     char diff[256];
     peft_describe_difference(&got, lc, &m->cfg, diff, sizeof diff);
     if (diff[0])
@@ -702,6 +709,8 @@ void run_identity(RunIdentity *id, const Config *cfg, const Model *m) {
         id_add(id, "load_in_4bit", "%s", cfg->load_in_4bit ? "true" : "false");
         id_add(id, "load_in_8bit", "%s", cfg->load_in_8bit ? "true" : "false");
         id_add(id, "lora_r", "%d", lc->r);
+        if (lc->save_embed || lc->save_head)
+            id_add(id, "modules_to_save", "%s%s", lc->save_embed ? "embed_tokens," : "", lc->save_head ? "lm_head" : "");
         id_num(id, "lora_alpha", lc->alpha);
         id_num(id, "lora_dropout", lc->dropout);
         char tm[256];

@@ -175,6 +175,9 @@ static const KeyDef KEYS[] = {
     STR("deepspeed", deepspeed, "",
         "a DeepSpeed JSON config (Axolotl's deepspeed_configs/*.json): its ZeRO stage and optimizer offload "
         "become zero_stage and offload_optimizer"),
+    {"lora_modules_to_save", T_LIST, offsetof(Config, lora_modules_to_save),
+     sizeof(((Config *)0)->lora_modules_to_save), "", 0, 0, NULL,
+     "embed_tokens and/or lm_head: trained whole beside the adapters and saved with them (PEFT's modules_to_save)"},
     {"unfrozen_parameters", T_LIST, offsetof(Config, unfrozen_parameters),
      sizeof(((Config *)0)->unfrozen_parameters), "", 0, 0, NULL,
      "full fine-tune: train only parameters whose name matches one of these regexes (Axolotl's rules)"},
@@ -307,7 +310,6 @@ static const Rule RULES[] = {
     {"embedding_lr*", R_REFUSE, NULL, "per-module learning rates are not implemented"},
     {"neftune_noise_alpha", R_REFUSE, NULL, "NEFTune embedding noise is not implemented"},
     // adapters
-    {"lora_modules_to_save", R_REFUSE, NULL, "training embed_tokens/lm_head beside the adapter is not implemented"},
     {"peft_use_dora", R_REFUSE, NULL, "DoRA is not implemented; " REFUSE_PEFT_VARIANT},
     {"peft_layer_replication", R_REFUSE, NULL, REFUSE_PEFT_VARIANT},
     {"peft_init_lora_weights", R_REFUSE, "true", "only PEFT's default (Kaiming A, zero B) initialisation is implemented"},
@@ -1134,6 +1136,9 @@ void config_finish(Config *cfg) {
     if (cfg->arch == ARCH_GPT2 && !strcmp(cfg->lora_fan_in_fan_out, "false") && strcmp(cfg->adapter, "none"))
         printf("note: lora_fan_in_fan_out: false, but GPT-2's c_attn/c_proj/c_fc are Conv1D layers, for which "
                "PEFT sets fan_in_fan_out to true; so does this run\n");
+    if (cfg->lora_modules_to_save[0] && !strcmp(cfg->adapter, "none") && strcmp(cfg->lora_modules_to_save, "[]"))
+        fail("%s: lora_modules_to_save (%s) trains modules beside an adapter, and this run has none (adapter: lora "
+             "or qlora)", src, cfg->lora_modules_to_save);
     if (cfg->unfrozen_parameters[0]) {  // checked here, so errors name the config
         if (strcmp(cfg->adapter, "none"))
             fail("%s: unfrozen_parameters chooses what a full fine-tune trains; with adapter: %s only the "
@@ -1366,6 +1371,22 @@ static cJSON *csv_array(const char *src, const char *key, const char *csv, int i
     return a;
 }
 
+void config_modules_to_save(const char *list, const ModelConfig *mc, const char *src, const char *key,
+                            LoraConfig *lora) {
+    char copy[512];
+    snprintf(copy, sizeof copy, "%s", list);
+    for (char *sv, *w = strtok_r(copy, ", []", &sv); w; w = strtok_r(NULL, ", []", &sv)) {
+        if (mc->arch == ARCH_GPT2)
+            fail("%s: %s (%s): training GPT-2's embeddings beside the adapters is not implemented", src, key, w);
+        if (!strcmp(w, "embed_tokens")) lora->save_embed = 1;
+        else if (!strcmp(w, "lm_head")) lora->save_head = 1;
+        else fail("%s: %s: '%s' is not supported (embed_tokens and lm_head are)", src, key, w);
+        if (mc->tie_word_embeddings)
+            fail("%s: %s: this model ties lm_head to embed_tokens, and PEFT would train a separate copy of %s, "
+                 "untying them; that is not supported here", src, key, w);
+    }
+}
+
 void config_lora(const Config *cfg, const ModelConfig *mc, LoraConfig *lora) {
     memset(lora, 0, sizeof *lora);
     if (!strcmp(cfg->adapter, "none")) return;
@@ -1374,6 +1395,7 @@ void config_lora(const Config *cfg, const ModelConfig *mc, LoraConfig *lora) {
     lora->alpha = (float)cfg->lora_alpha;
     lora->dropout = (float)cfg->lora_dropout;
     lora->rslora = cfg->use_rslora;
+    config_modules_to_save(cfg->lora_modules_to_save, mc, src, "lora_modules_to_save", lora);
     const char *tm = cfg->lora_target_modules;
     if (!tm[0] && !cfg->lora_target_linear)
         fail("%s: adapter: %s needs lora_target_modules or lora_target_linear: true", src, cfg->adapter);

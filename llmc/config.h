@@ -55,7 +55,7 @@ typedef struct {
     int plan_only;  // --plan
     int profile;    // --profile: per-op times of the steps (opprof.h)
     // adapters
-    char adapter[16], lora_target_modules[4096], lora_model_dir[1024];
+    char adapter[16], lora_target_modules[4096], lora_model_dir[1024], lora_modules_to_save[256];
     char peft_layers_to_transform[1024], peft_layers_pattern[256];  // comma-joined lists
     char lora_fan_in_fan_out[8];  // auto, true, false (PEFT's fan_in_fan_out: true for Conv1D layers)
     int lora_r, lora_target_linear, use_rslora, merge_lora, load_in_4bit, load_in_8bit, layer_offloading;
@@ -108,5 +108,9 @@ void config_prune_checkpoints(const Config *cfg, int keep_step);
 // The LoRA settings the keys describe (r = 0 without an adapter); fails on a bad target list.
 // The adapter settings of the run for the model mc (its layers: the targets may select some).
 void config_lora(const Config *cfg, const ModelConfig *mc, LoraConfig *lora);
+// A modules_to_save list (embed_tokens, lm_head) into lora's save_embed / save_head; fails
+// naming key on another name, GPT-2, or tied embeddings.
+void config_modules_to_save(const char *list, const ModelConfig *mc, const char *src, const char *key,
+                            LoraConfig *lora);
 // The memory policy the keys describe (activation_offloading: auto is resolved by the planner).
 void config_mem_policy(const Config *cfg, MemPolicy *p);

@@ -97,7 +97,13 @@ void model_size(const ModelConfig *c, int64_t I, int64_t Vp, const LoraConfig *l
 #undef LAYER_ADAPTERS
     s->layer_params = count_add(layer, most);
     s->params = count_add(outside, count_add(count_mul(L, layer), adapters));
-    s->trainable = lora_r > 0 ? adapters : s->params;
+    s->trainable = s->params;
+    if (lora_r > 0) {  // adapters, and modules_to_save's embedding / untied head
+        const Count VC = count_mul(count_of(c->arch == ARCH_GPT2 ? Vp : c->vocab_size), count_of(C));
+        s->trainable = adapters;
+        if (lora->save_embed) s->trainable = count_add(s->trainable, VC);
+        if (lora->save_head && !c->tie_word_embeddings) s->trainable = count_add(s->trainable, VC);
+    }
     s->tensors = count_add(count_add(tensors, count_mul(L, count_of(layer_tensors))), ltens);
 }
 
@@ -344,7 +350,9 @@ void param_table_build(ParamTable *t, const ModelConfig *c, const LoraConfig *lo
         ParamSpec *p = &t->specs[i];
         char hf[160];
         hf_param_name(c, p->name, hf, sizeof hf);
-        p->trainable = r == 0 ? !some || unfrozen_match(&uf, hf) : strstr(p->name, ".lora_") != NULL;
+        p->trainable = r == 0 ? !some || unfrozen_match(&uf, hf)
+                              : strstr(p->name, ".lora_") != NULL || (i == t->embed && t->lora.save_embed) ||
+                                    (i == t->lm_head && i != t->embed && t->lora.save_head);
         if (p->trainable) t->units[p->layer + 2] += p->numel;  // unit p->layer + 1, shifted
     }
     if (some) unfrozen_free(&uf);

@@ -98,6 +98,9 @@ typedef struct {
     // and targets is their union; otherwise every layer adapts targets.
     int per_layer;
     unsigned char layer_targets[LORA_MAX_LAYERS];
+    // PEFT's modules_to_save (Axolotl's lora_modules_to_save): the embedding and/or the untied
+    // head train whole beside the adapters and are saved in the adapter file.
+    int save_embed, save_head;
 } LoraConfig;
 
 // GPT-2's c_attn (a Conv1D) and Phi-3's self_attn.qkv_proj are one module over q, k and v, and

@@ -365,8 +365,8 @@ static void refuse_unsupported(const char *path, const cJSON *o, const ModelConf
     if (c->arch != ARCH_GPT2 && cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(o, "fan_in_fan_out")))
         fail("%s: 'fan_in_fan_out': true is not supported (this model's projections are nn.Linear-layout "
              "weights; true is for Conv1D layers such as GPT-2's)", path);
-    static const char *const nonempty_refused[] = {"alpha_pattern", "rank_pattern", "modules_to_save",
-                                                  "layer_replication", "target_parameters"};
+    static const char *const nonempty_refused[] = {"alpha_pattern", "rank_pattern", "layer_replication",
+                                                  "target_parameters"};
     for (size_t i = 0; i < sizeof nonempty_refused / sizeof *nonempty_refused; i++) {
         v = cJSON_GetObjectItemCaseSensitive(o, nonempty_refused[i]);
         if (v && !cJSON_IsNull(v) && !((cJSON_IsObject(v) || cJSON_IsArray(v)) && !v->child))
@@ -380,6 +380,21 @@ static void refuse_unsupported(const char *path, const cJSON *o, const ModelConf
 
 void peft_read_targets(const char *path, const cJSON *o, const ModelConfig *c, LoraConfig *lc) {
     refuse_unsupported(path, o, c);
+    // modules_to_save: whole modules trained beside the adapters (PEFT matches the names as
+    // suffixes of module paths); this program can hold the embedding and an untied head.
+    lc->save_embed = lc->save_head = 0;
+    const cJSON *ms = cJSON_GetObjectItemCaseSensitive(o, "modules_to_save"), *e;
+    if (ms && !cJSON_IsNull(ms) && !cJSON_IsArray(ms))
+        fail("%s: 'modules_to_save' must be a list of module names or null", path);
+    cJSON_ArrayForEach(e, ms) {
+        const char *n = cJSON_IsString(e) ? e->valuestring : "";
+        if (!strcmp(n, "embed_tokens") || !strcmp(n, "model.embed_tokens")) lc->save_embed = 1;
+        else if (!strcmp(n, "lm_head")) lc->save_head = 1;
+        else fail("%s: 'modules_to_save' entry '%s' is not supported (embed_tokens and lm_head are)", path, n);
+        if (c->arch == ARCH_GPT2 || c->tie_word_embeddings)
+            fail("%s: 'modules_to_save' (%s) is not supported for %s", path, n,
+                 c->arch == ARCH_GPT2 ? "GPT-2" : "a model whose lm_head is tied to embed_tokens");
+    }
     const PeftKeys k = {path, "target_modules", "layers_to_transform", "layers_pattern", 0};
     peft_select(&k, cJSON_GetObjectItemCaseSensitive(o, "target_modules"),
                 cJSON_GetObjectItemCaseSensitive(o, "layers_to_transform"),
@@ -467,7 +482,14 @@ cJSON *peft_adapter_config(const LoraConfig *lc, const ModelConfig *c, const cha
     ADD(cJSON_AddBoolToObject(o, "fan_in_fan_out", c->arch == ARCH_GPT2));  // Conv1D: [in, out] weights
     ADD(cJSON_AddStringToObject(o, "bias", "none"));
     ADD(cJSON_AddBoolToObject(o, "use_rslora", lc->rslora));
-    ADD(cJSON_AddNullToObject(o, "modules_to_save"));
+    if (lc->save_embed || lc->save_head) {
+        cJSON *ms = cJSON_AddArrayToObject(o, "modules_to_save");
+        ADD(ms);
+        if (ms && lc->save_embed) ADD(cJSON_AddItemToArray(ms, cJSON_CreateString("embed_tokens")));
+        if (ms && lc->save_head) ADD(cJSON_AddItemToArray(ms, cJSON_CreateString("lm_head")));
+    } else {
+        ADD(cJSON_AddNullToObject(o, "modules_to_save"));
+    }
     ADD(cJSON_AddBoolToObject(o, "init_lora_weights", 1));
     if (lc->per_layer && same) {
         cJSON *ltt = cJSON_AddArrayToObject(o, "layers_to_transform");

@@ -256,6 +256,7 @@ static cJSON *make_spec(const Config *cfg, int vocab) {
     cJSON_AddStringToObject(s, "prepared_root", root);
     cJSON_AddNumberToObject(s, "vocab_size", vocab);
     cJSON_AddStringToObject(s, "adapter", cfg->adapter);
+    cJSON_AddStringToObject(s, "lora_modules_to_save", cfg->lora_modules_to_save);
     cJSON_AddItemToObject(s, "config", cJSON_Duplicate((const cJSON *)cfg->yaml_json, 1));
     return s;
 }

@@ -1098,14 +1098,15 @@ def run(args):
         print("data: prepared %d samples -> %d rows%s in %s (%d eval samples -> %d rows)" % (
             meta["train_samples"], meta["train_rows"], " (packed)" if meta["packed"] else "", d,
             meta["eval_samples"], meta["eval_rows"]))
-    if spec.get("adapter", "none") != "none" and meta.get("needs_embeddings"):
-        # Axolotl: "lora_modules_to_save not properly set when adding new tokens" (this program
-        # cannot train embed_tokens/lm_head beside an adapter).
-        raise DataError("%s: %s adds tokens the model has not learnt, which an adapter run cannot train here "
-                        "(Axolotl needs lora_modules_to_save: [embed_tokens, lm_head], not supported); train "
-                        "without an adapter or drop them" % (where_cfg(spec, "special_tokens" if "special" in
-                                                                         meta["needs_embeddings"][0] else "tokens"),
-                                                             ", ".join(meta["needs_embeddings"])))
+    mts = re.split(r"[\s,\[\]]+", spec.get("lora_modules_to_save") or "")
+    if spec.get("adapter", "none") != "none" and meta.get("needs_embeddings") and not (
+            "embed_tokens" in mts and "lm_head" in mts):
+        # Axolotl: "lora_modules_to_save not properly set when adding new tokens".
+        raise DataError("%s: %s adds tokens the model has not learnt, which an adapter run trains only with "
+                        "lora_modules_to_save: [embed_tokens, lm_head] (Axolotl's rule); add it, or train "
+                        "without an adapter" % (where_cfg(spec, "special_tokens" if "special" in
+                                                          meta["needs_embeddings"][0] else "tokens"),
+                                                ", ".join(meta["needs_embeddings"])))
     with open(args.result, "w") as fh:
         fh.write(d + "\n")
 

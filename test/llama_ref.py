@@ -801,6 +801,14 @@ class RefTrainer:
         self.accum = int(tc.get("gradient_accumulation_steps", 1))
         self.loader = DataLoader(tokens, self.B, self.T)
         named = self.model.named_trainable_parameters()
+        if lora is not None and tc.get("lora_modules_to_save"):
+            # PEFT's modules_to_save: the whole module trains beside the adapters (a copy of it,
+            # with the same initial values; its name in the optimizer still decays it)
+            names = {"embed_tokens": "model.embed_tokens.weight", "lm_head": "lm_head.weight"}
+            for m in tc["lora_modules_to_save"]:
+                p = self.model.p(names[m])
+                p.requires_grad_(True)
+                named = list(named) + [(names[m], p)]
         if tc.get("unfrozen_parameters"):
             # Axolotl's freeze_layers_except: re.match after every '.' not before '+' is made literal;
             # the rest is frozen (no gradient, so no clipping share, no optimizer state, no decay).

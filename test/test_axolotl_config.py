@@ -173,7 +173,6 @@ def refused_keys(e):
              ({"load_in_8bit": "true"}, ["load_in_8bit", "adapter: lora"]),
              ({"relora_steps": 100}, ["relora_steps", "adapter: lora"]),
              ({"rl": "dpo"}, ["'rl'", "not implemented"]),
-             ({"lora_modules_to_save": "[embed_tokens]"}, ["lora_modules_to_save"]),
              ({"fp16": "true"}, ["fp16", "bf16"]),
              ({"optimizer": "lion_8bit"}, ["lion_8bit", "adamw_torch"]),
              ({"lr_scheduler_kwargs": "{a: 1}"}, ["lr_scheduler_kwargs"]),
@@ -624,11 +623,32 @@ def curriculum_sampling(e):
     check(a == b and a != c, "curriculum_sampling %s, shuffle false %s, shuffled %s" % (a, b, c))
 
 
+def modules_to_save_refusals(e):
+    """lora_modules_to_save (checked against the PyTorch reference in test_lora_ref): what it
+    cannot do is refused in one line."""
+    lora = dict(adapter="lora", lora_target_linear="true")
+    rc, out, err = e.run("mts_ok", e.base("mts_ok", lora_modules_to_save="[embed_tokens, lm_head]", **lora))
+    ok_run(rc, out, err)
+    m = MODEL
+    lora_n = int(re.search(r"\(trainable (\d+)\)", out).group(1))
+    rc, out, err = e.run("mts_none", e.base("mts_none", **lora))
+    ok_run(rc, out, err)
+    base_n = int(re.search(r"\(trainable (\d+)\)", out).group(1))
+    check(lora_n - base_n == 2 * m["vocab_size"] * m["hidden_size"], "trainable %d vs %d" % (lora_n, base_n))
+    tied = dict(MODEL, tie_word_embeddings="true")
+    for i, (over, needles) in enumerate(((dict(lora_modules_to_save="[norm]", **lora), ("'norm'", "embed_tokens")),
+                                         (dict(lora_modules_to_save="[lm_head]", model=tied, **lora), ("ties",)),
+                                         (dict(lora_modules_to_save="[lm_head]"), ("adapter",)))):
+        rc, out, err = e.run("mts_bad%d" % i, e.base("mts_bad%d" % i, **over))
+        one_error(rc, err, "lora_modules_to_save", *needles)
+
+
 CASES = [unknown_keys_listed_together, single_unknown_key_names_line, set_unknown_key_no_far_suggestion,
          notes_for_no_effect_keys, refused_keys, datasets_keys_refused, type_tolerance, precision_keys,
          fsdp_forms, optimizer_family, checkpointing_offload, epochs_and_steps, lr_schedule, eval_cadence,
          save_cadence_and_limit, early_stopping, loss_watchdog, bnb_config, auto_resume, reinit_weights,
-         unfrozen_parameters, deepspeed_files, curriculum_sampling]
+         unfrozen_parameters, deepspeed_files, curriculum_sampling,
+         modules_to_save_refusals]
 
 
 def main():

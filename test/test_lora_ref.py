@@ -262,6 +262,57 @@ def case_all_linear_untied(root):
                   + ", ".join(notes))
 
 
+def case_modules_to_save(root):
+    """lora_modules_to_save [embed_tokens, lm_head] (PEFT's modules_to_save): both train whole
+    beside the adapters (grad norm, clipping, AdamW with decay), saved in the adapter file
+    under PEFT's names; resuming from lora_model_dir with them continues the reference."""
+    work = os.path.join(root, "modules_to_save")
+    cfg = R.make_config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                        num_attention_heads=4, num_key_value_heads=2)
+    model_dir, shard, tokens, weights = setup(work, cfg, 1000, seed=13)
+    spec = R.lora_spec(cfg, r=4, alpha=8, targets=["q_proj", "v_proj", "down_proj"], seed=13, b_std=0.05)
+    # The start adapter as PEFT saves one with modules_to_save: their weights (here the base's)
+    # beside the adapters, the list in adapter_config.json.
+    start = dict(spec, weights=dict(spec["weights"]))
+    for k in ("model.embed_tokens.weight", "lm_head.weight"):
+        start["weights"][k] = weights[k]
+    ain = os.path.join(work, "adapter_in")
+    R.save_adapter_dir(ain, start, target_order=spec["target_modules"])
+    conf = json.load(open(os.path.join(ain, "adapter_config.json")))
+    conf["modules_to_save"] = ["embed_tokens", "lm_head"]
+    json.dump(conf, open(os.path.join(ain, "adapter_config.json"), "w"))
+    tc = R.train_config(sequence_len=16, micro_batch_size=2, gradient_accumulation_steps=2,
+                        max_steps=5, learning_rate=5e-3, lr_scheduler="cosine", warmup_steps=2,
+                        weight_decay=0.1, max_grad_norm=1.0)
+    tc.update(base_model=model_dir, train_data=shard, output_dir=os.path.join(work, "out"))
+    tc.update(lora_keys(spec, model_dir=ain))
+    tc["lora_modules_to_save"] = ["embed_tokens", "lm_head"]
+    ref = R.train_reference(cfg, weights, tokens, tc, lora=spec)
+    errs = []
+    run_trainer(work, perturbed(tc))
+    out = tc["output_dir"]
+    wl = compare_rows(rows_by_step(out), ref, range(1, 6), errs)
+    got = read_trainer_adapter(out, errs, spec)
+    if got["config"].get("modules_to_save") != ["embed_tokens", "lm_head"]:
+        errs.append("adapter_config.json modules_to_save %r" % got["config"].get("modules_to_save"))
+    raw = R.read_safetensors(os.path.join(out, "adapter_model.safetensors"))
+    saved = {}
+    for k in ("model.embed_tokens.weight", "lm_head.weight"):
+        v = raw.get("base_model.model." + k)
+        if v is None:
+            errs.append("adapter_model.safetensors lacks base_model.model." + k)
+        else:
+            saved[k] = v
+    ww = compare_tensors({k: v for k, v in got["weights"].items() if ".lora_" in k}, ref["adapter"], errs,
+                         "final adapter")
+    if saved:
+        compare_tensors(saved, {k: ref["weights"][k] for k in saved}, errs, "final embed_tokens/lm_head")
+    d = max(float(np.max(np.abs(ref["weights"][k] - weights[k]))) for k in saved) if saved else 0
+    if d < 100 * W_TOL:
+        errs.append(f"test setup: embed_tokens/lm_head moved only {d:.2e}")
+    return errs, f"loss rel {wl:.1e}, adapter worst {ww:.2f} of tol, embed/head moved {d:.1e}"
+
+
 def case_subset_rslora_qwen2(root):
     work = os.path.join(root, "subset")
     cfg = R.make_config(vocab_size=80, hidden_size=48, intermediate_size=96, num_hidden_layers=2,
@@ -617,6 +668,7 @@ def main():
     root = tempfile.mkdtemp(prefix="test_lora_ref_")
     cases = [("all_linear_untied", case_all_linear_untied),
              ("subset_rslora_qwen2", case_subset_rslora_qwen2),
+             ("modules_to_save", case_modules_to_save),
              ("merge_lora", case_merge_lora),
              ("fresh_adapter_eval", case_fresh_adapter_eval),
              ("resume_adapter", case_resume_adapter),

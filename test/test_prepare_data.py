@@ -653,6 +653,9 @@ def case_tokens_saved_tokenizer(e):
     msg = e.err(sp2)  # the same data keys: a cache hit, still refused
     check("tokens: with an adapter is refused on a cache hit too, as Axolotl refuses it without "
           "lora_modules_to_save", "tokens" in msg and "adapter" in msg and "lora_modules_to_save" in msg, msg)
+    check("tokens: with an adapter and lora_modules_to_save [embed_tokens, lm_head] is accepted",
+          e.err(dict(sp2, lora_modules_to_save="embed_tokens,lm_head")) == "" and
+          "lora_modules_to_save" in e.err(dict(sp2, lora_modules_to_save="lm_head")), "")
     sp3 = e.spec({"datasets": [{"path": "t.jsonl", "type": "completion"}],
                   "special_tokens": {"eos_token": "<|my_end|>", "pad_token": "<|my_pad|>"}}, kind="llama3")
     sp3["adapter"] = "lora"
