@@ -47,6 +47,8 @@ void unfrozen_compile(Unfrozen *u, const char *patterns, const char *src) {
         if (why)
             fail("%s: unfrozen_parameters: '%s' uses %s, Python regex syntax that this program's POSIX regexes "
                  "do not read the same way; write it with [0-9], [a-z_] and plain groups", src, p, why);
+        why = regex_too_complex(p);
+        if (why) fail("%s: unfrozen_parameters: '%s' has %s, which this program does not compile", src, p, why);
         // "^(" + the pattern with Axolotl's dot rewrite + ")": re.match anchors at the start only.
         size_t n = strlen(p);
         char *ere = xmalloc(2 * n + 4), *o = ere;

@@ -244,6 +244,8 @@ static void sel_init(Sel *s, const PeftKeys *k, const ModuleTree *mt, const cJSO
         char posix[4096], anchored[4200];
         const char *why = py_to_posix(tm->valuestring, posix, sizeof posix);
         if (why) fail("%s: %s regex '%s' has %s, which this trainer cannot match", k->src, k->tm, tm->valuestring, why);
+        why = regex_too_complex(posix);
+        if (why) fail("%s: %s regex '%s' has %s, which this trainer does not compile", k->src, k->tm, tm->valuestring, why);
         snprintf(anchored, sizeof anchored, "^(%s)$", posix);
         if (regcomp(&s->re, anchored, REG_EXTENDED | REG_NOSUB) != 0)
             fail("%s: %s regex '%s' is not a regular expression this trainer reads (POSIX extended with "

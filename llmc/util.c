@@ -189,3 +189,51 @@ float rng_normal(Rng *r) {
     double u2 = (rng_next(r) >> 11) * (1.0 / 9007199254740992.0);
     return (float)(sqrt(-2.0 * log(u1)) * cos(2.0 * M_PI * u2));
 }
+
+// glibc's regcomp copies a group's tree once per repetition and multiplies nested repetitions,
+// so a short hostile pattern can take gigabytes (fuzz/regressions/adapter_config); backrefs
+// make matching exponential. Patterns that name model tensors need none of that.
+const char *regex_too_complex(const char *p) {
+    if (strlen(p) > 1024) return "more than 1024 characters";
+    int depth = 0, maxdepth = 0, quants = 0, prev_quant = 0;
+    double copies = 1;
+    for (const char *c = p; *c; c++) {
+        int quant = 0;
+        if (*c == '\\') {
+            if (c[1] >= '0' && c[1] <= '9') return "a backreference";
+            if (c[1]) c++;
+        } else if (*c == '[') {  // a bracket expression: ']' first (or after '^') is a member
+            const char *e = c + 1;
+            if (*e == '^') e++;
+            if (*e == ']') e++;
+            while (*e && *e != ']') e++;
+            if (!*e) return "an unclosed [";
+            c = e;
+        } else if (*c == '(') {
+            if (++depth > maxdepth) maxdepth = depth;
+        } else if (*c == ')') {
+            depth--;
+        } else if (*c == '*' || *c == '+' || *c == '?') {
+            quant = 1;
+            if (*c == '+' && c > p && c[-1] == ')') copies *= 2;  // x+ is compiled as x x*
+        } else if (*c == '{') {
+            char *end;
+            long lo = strtol(c + 1, &end, 10), hi = lo;
+            if (*end == ',') hi = end[1] == '}' ? lo : strtol(end + 1, &end, 10);
+            if (lo > 255 || hi > 255 || lo < 0 || hi < 0) return "a repetition count above 255";
+            copies *= (hi > 1 ? hi : 1);
+            const char *close = strchr(c, '}');
+            if (!close) return "an unclosed {";
+            c = close;
+            quant = 1;
+        }
+        if (quant) {
+            if (prev_quant) return "a quantifier on a quantifier";
+            if (++quants > 64) return "more than 64 quantifiers";
+        }
+        prev_quant = quant;
+    }
+    if (maxdepth > 8) return "groups nested more than 8 deep";
+    if (copies > 4096) return "counted repetitions that multiply past 4096 copies";
+    return NULL;
+}

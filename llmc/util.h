@@ -24,6 +24,9 @@ int path_exists(const char *path);
 int mkdir_p(const char *path);           // 0 on success
 int remove_tree(const char *path);       // rm -rf; 0 on success
 void join_path(char *out, size_t cap, const char *dir, const char *name);
+// Why a POSIX extended regex is refused before regcomp (it could take unbounded memory or
+// time: nested or counted repetitions, deep groups, backreferences), or NULL.
+const char *regex_too_complex(const char *p);
 // Index of the first NaN or infinity in x[0..n), or -1: guards every weight file we write.
 long long first_nonfinite(const float *x, size_t n);
 // Parse "2GiB", "512MiB", "100000" into bytes; -1 if malformed.

@@ -548,7 +548,11 @@ def unfrozen_parameters(e):
     for i, (pats, needles) in enumerate(((["model.embed_tokens.weight$[:100]"], ("row range",)),
                                          (["model.layers.\\d+.mlp"], ("\\d", "Python")),
                                          (["(?:model).norm"], ("(?",)),
-                                         (["nothing.matches"], ("matches none",)))):
+                                         (["nothing.matches"], ("matches none",)),
+                                         (["model.layers.1++"], ("quantifier on a quantifier",)),
+                                         (["(m)(o)\\1"], ("backreference",)),
+                                         (["((((((((((model))))))))).norm"], ("nested more than 8",)),
+                                         (["(model.layers.[0-9]{200}){100}"], ("4096 copies",)))):
         text = yaml_text(e.base("unf_bad%d" % i)) + "unfrozen_parameters:\n" + "".join(
             "  - '%s'\n" % p for p in pats)
         rc, out, err = e.run("unf_bad%d" % i, text)
