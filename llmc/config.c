@@ -1371,22 +1371,6 @@ static cJSON *csv_array(const char *src, const char *key, const char *csv, int i
     return a;
 }
 
-void config_modules_to_save(const char *list, const ModelConfig *mc, const char *src, const char *key,
-                            LoraConfig *lora) {
-    char copy[512];
-    snprintf(copy, sizeof copy, "%s", list);
-    for (char *sv, *w = strtok_r(copy, ", []", &sv); w; w = strtok_r(NULL, ", []", &sv)) {
-        if (mc->arch == ARCH_GPT2)
-            fail("%s: %s (%s): training GPT-2's embeddings beside the adapters is not implemented", src, key, w);
-        if (!strcmp(w, "embed_tokens")) lora->save_embed = 1;
-        else if (!strcmp(w, "lm_head")) lora->save_head = 1;
-        else fail("%s: %s: '%s' is not supported (embed_tokens and lm_head are)", src, key, w);
-        if (mc->tie_word_embeddings)
-            fail("%s: %s: this model ties lm_head to embed_tokens, and PEFT would train a separate copy of %s, "
-                 "untying them; that is not supported here", src, key, w);
-    }
-}
-
 void config_lora(const Config *cfg, const ModelConfig *mc, LoraConfig *lora) {
     memset(lora, 0, sizeof *lora);
     if (!strcmp(cfg->adapter, "none")) return;
@@ -1395,7 +1379,12 @@ void config_lora(const Config *cfg, const ModelConfig *mc, LoraConfig *lora) {
     lora->alpha = (float)cfg->lora_alpha;
     lora->dropout = (float)cfg->lora_dropout;
     lora->rslora = cfg->use_rslora;
-    config_modules_to_save(cfg->lora_modules_to_save, mc, src, "lora_modules_to_save", lora);
+    char mts[sizeof cfg->lora_modules_to_save];
+    snprintf(mts, sizeof mts, "%s", cfg->lora_modules_to_save);
+    for (char *sv, *w = strtok_r(mts, ", []", &sv); w; w = strtok_r(NULL, ", []", &sv)) {
+        const char *why = peft_module_to_save(lora, mc, w);
+        if (why) fail("%s: lora_modules_to_save: '%s': %s", src, w, why);
+    }
     const char *tm = cfg->lora_target_modules;
     if (!tm[0] && !cfg->lora_target_linear)
         fail("%s: adapter: %s needs lora_target_modules or lora_target_linear: true", src, cfg->adapter);

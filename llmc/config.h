@@ -108,9 +108,5 @@ void config_prune_checkpoints(const Config *cfg, int keep_step);
 // The LoRA settings the keys describe (r = 0 without an adapter); fails on a bad target list.
 // The adapter settings of the run for the model mc (its layers: the targets may select some).
 void config_lora(const Config *cfg, const ModelConfig *mc, LoraConfig *lora);
-// A modules_to_save list (embed_tokens, lm_head) into lora's save_embed / save_head; fails
-// naming key on another name, GPT-2, or tied embeddings.
-void config_modules_to_save(const char *list, const ModelConfig *mc, const char *src, const char *key,
-                            LoraConfig *lora);
 // The memory policy the keys describe (activation_offloading: auto is resolved by the planner).
 void config_mem_policy(const Config *cfg, MemPolicy *p);

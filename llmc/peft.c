@@ -380,6 +380,17 @@ static void refuse_unsupported(const char *path, const cJSON *o, const ModelConf
         fail("%s: 'bias' must be \"none\" (trained biases, lora_only or all, are not supported)", path);
 }
 
+const char *peft_module_to_save(LoraConfig *lc, const ModelConfig *c, const char *name) {
+    if (c->arch == ARCH_GPT2) return "training GPT-2's embeddings beside the adapters is not implemented";
+    if (!strcmp(name, "embed_tokens")) lc->save_embed = 1;
+    else if (!strcmp(name, "lm_head")) lc->save_head = 1;
+    else return "not supported (embed_tokens and lm_head are)";
+    if (c->tie_word_embeddings)
+        return "this model ties lm_head to embed_tokens, and PEFT would train a separate copy, untying them; "
+               "that is not supported here";
+    return NULL;
+}
+
 void peft_read_targets(const char *path, const cJSON *o, const ModelConfig *c, LoraConfig *lc) {
     refuse_unsupported(path, o, c);
     // modules_to_save: whole modules trained beside the adapters (PEFT matches the names as
@@ -390,12 +401,8 @@ void peft_read_targets(const char *path, const cJSON *o, const ModelConfig *c, L
         fail("%s: 'modules_to_save' must be a list of module names or null", path);
     cJSON_ArrayForEach(e, ms) {
         const char *n = cJSON_IsString(e) ? e->valuestring : "";
-        if (!strcmp(n, "embed_tokens") || !strcmp(n, "model.embed_tokens")) lc->save_embed = 1;
-        else if (!strcmp(n, "lm_head")) lc->save_head = 1;
-        else fail("%s: 'modules_to_save' entry '%s' is not supported (embed_tokens and lm_head are)", path, n);
-        if (c->arch == ARCH_GPT2 || c->tie_word_embeddings)
-            fail("%s: 'modules_to_save' (%s) is not supported for %s", path, n,
-                 c->arch == ARCH_GPT2 ? "GPT-2" : "a model whose lm_head is tied to embed_tokens");
+        const char *why = peft_module_to_save(lc, c, strcmp(n, "model.embed_tokens") ? n : "embed_tokens");
+        if (why) fail("%s: 'modules_to_save' entry '%s': %s", path, n, why);
     }
     const PeftKeys k = {path, "target_modules", "layers_to_transform", "layers_pattern", 0};
     peft_select(&k, cJSON_GetObjectItemCaseSensitive(o, "target_modules"),

@@ -32,6 +32,10 @@ void peft_select(const PeftKeys *k, const cJSON *tm, const cJSON *ltt, const cJS
 // Reads adapter_config.json (already parsed, from path): refuses what cannot be loaded exactly,
 // then resolves its selection into lc as peft_select does.
 void peft_read_targets(const char *path, const cJSON *config, const ModelConfig *c, LoraConfig *lc);
+// One name of PEFT's modules_to_save (Axolotl's lora_modules_to_save): embed_tokens or lm_head
+// set lc's save_embed / save_head. NULL when taken, else why it is refused (another name,
+// GPT-2, tied embeddings), for the caller's one-line error.
+const char *peft_module_to_save(LoraConfig *lc, const ModelConfig *c, const char *name);
 // "layer 1: q_proj,v_proj vs none" style description of the first layer where two selections
 // differ, or "" when they are the same; out has cap bytes.
 void peft_describe_difference(const LoraConfig *a, const LoraConfig *b, const ModelConfig *c, char *out, size_t cap);
