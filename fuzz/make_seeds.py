@@ -76,6 +76,12 @@ put("hf_config", "near_string_int", json.dumps(dict(llama, num_hidden_layers="2"
 put("hf_config", "near_mlp_bias", json.dumps(dict(llama, mlp_bias=True, hidden_act="gelu")))
 put("hf_config", "near_rope_linear", json.dumps(dict(llama, rope_scaling={"type": "linear", "factor": 2.0})))
 put("hf_config", "near_heads", json.dumps(dict(llama, num_key_value_heads=3, head_dim=-1)))
+# config.json, the line //model_config, then Axolotl's overrides as JSON (fuzz_hf_config.c)
+put("hf_config", "valid_model_config", json.dumps(llama) + "\n//model_config\n" +
+    json.dumps({"rope_theta": 500000.0, "rope_scaling": {"rope_type": "linear", "factor": 2.0},
+                "max_position_embeddings": 4096, "use_cache": False}))
+put("hf_config", "near_model_config", json.dumps(l3) + "\n//model_config\n" +
+    json.dumps({"hidden_size": 64, "rope_scaling": {"rope_type": "llama3", "factor": -1}, "sliding_window": None}))
 put("hf_config", "near_dup_key", '{"vocab_size": 128, "vocab_size": 4294967296, "hidden_size": 1e400}')
 
 # ---- YAML run configuration -----------------------------------------------------------------

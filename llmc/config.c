@@ -61,6 +61,8 @@ static const KeyDef KEYS[] = {
     NUM("micro_batch_size", T_INT, micro_batch_size, "1", 1, 65536, "rows per micro-batch (B)"),
     NUM("gradient_accumulation_steps", T_INT, gradient_accumulation_steps, "1", 1, 65536,
         "micro-batches per optimizer step"),
+    NUM("batch_size", T_INT, batch_size, "0", 0, BIG,
+        "rows per optimizer step (Axolotl's): gradient_accumulation_steps = batch_size / micro_batch_size; 0: unset"),
     NUM("max_steps", T_INT, max_steps, "0", 0, BIG, "optimizer steps; 0: num_epochs over train_data"),
     NUM("num_epochs", T_FLOAT, num_epochs, "0", 0, 1e6,
         "passes over train_data (max_steps overrides); unset: 1"),
@@ -288,8 +290,6 @@ static const Rule RULES[] = {
     {"processor_type", R_NOTE, NULL, "a multimodal processor class; the models here are text-only and use the tokenizer alone"},
     {"added_tokens_overrides", R_REFUSE, NULL, "tokenizer edits are not implemented"},
     {"random_init_weights", R_REFUSE, NULL, "for a random-init model give a model: block (hidden_size, num_hidden_layers, ...) instead of base_model"},
-    {"model_config", R_REFUSE, NULL, "overriding the model's config.json is not implemented; edit a copy of the model directory"},
-    {"overrides_of_model_config", R_REFUSE, NULL, "overriding the model's config.json is not implemented; edit a copy of the model directory"},
     {"overrides_of_model_kwargs", R_REFUSE, NULL, "model loading options are not implemented"},
     {"revision_of_model", R_REFUSE, NULL, "a hub base_model resolves to refs/main of the local cache; give the snapshot directory of another revision as base_model"},
     // quantization, precision, optimizers, schedules
@@ -844,6 +844,18 @@ static void load_mapping(Config *cfg, yaml_document_t *doc, yaml_node_t *map, co
             cfg->has_model_block = 1;
             continue;
         }
+        if (!*prefix && (!strcmp(key, "model_config") || !strcmp(key, "overrides_of_model_config"))) {
+            // Axolotl's overrides of config.json (its alias and its field name): the mapping is
+            // read from the config's JSON (yaml_json) when the model's config is loaded.
+            if (vn->type == YAML_SCALAR_NODE && is_null(vn)) continue;
+            if (vn->type != YAML_MAPPING_NODE)
+                fail("%s: key '%s' expects a mapping of config.json keys (rope_theta: 1000000, ...) or null", origin, key);
+            if (cfg->model_config_key[0])
+                fail("%s: '%s' and '%s' are the same setting; give one", origin, key, cfg->model_config_key);
+            snprintf(cfg->model_config_key, sizeof cfg->model_config_key, "%s", !strcmp(key, "model_config") ? "model_config" : "overrides_of_model_config");
+            cfg->model_config_line = (int)kn->start_mark.line + 1;
+            continue;
+        }
         if (!*prefix && !strcmp(key, "rope_scaling")) {  // Axolotl's: config.json's rope_scaling, replaced
             if (vn->type == YAML_SCALAR_NODE && is_null(vn)) continue;
             if (vn->type != YAML_MAPPING_NODE)
@@ -1002,6 +1014,28 @@ static void finish_deepspeed(Config *cfg, const char *src) {
 // Axolotl's keys that combine with others: precision, FSDP options, schedule and cadence
 // conflicts, auto-resume, and a hub id as base_model.
 static void finish_axolotl_keys(Config *cfg, const char *src) {
+    // Axolotl derives gradient_accumulation_steps from batch_size when it is unset (floor
+    // division), and sizes its schedule by batch_size: a remainder, or both keys disagreeing,
+    // would train one batch and schedule another, so those are refused.
+    if (cfg->batch_size) {
+        const int mbs = cfg->micro_batch_size;
+        if (given(cfg, "total_batch_size") && cfg->total_batch_size)
+            fail("%s: batch_size and total_batch_size both set the accumulation; give one", src);
+        if (given(cfg, "gradient_accumulation_steps")) {
+            if ((long long)mbs * cfg->gradient_accumulation_steps != cfg->batch_size)
+                fail("%s: batch_size %d is not micro_batch_size %d x gradient_accumulation_steps %d; give one of "
+                     "batch_size and gradient_accumulation_steps", src, cfg->batch_size, mbs,
+                     cfg->gradient_accumulation_steps);
+        } else {
+            if (cfg->batch_size % mbs)
+                fail("%s: batch_size %d is not a multiple of micro_batch_size %d (it sets gradient_accumulation_steps "
+                     "= batch_size / micro_batch_size)", src, cfg->batch_size, mbs);
+            if (cfg->batch_size / mbs > 65536)
+                fail("%s: batch_size %d / micro_batch_size %d is more than 65536 accumulation steps", src,
+                     cfg->batch_size, mbs);
+            cfg->gradient_accumulation_steps = cfg->batch_size / mbs;
+        }
+    }
     if (!strcmp(cfg->fp16, "true"))
         fail("%s: fp16: true: float16 compute is not implemented; use bf16: true (dtype bfloat16 with "
              "float32 master weights) or bf16: false (float32)", src);
@@ -1117,6 +1151,20 @@ void config_finish(Config *cfg) {
     if (!cfg->base_model[0] && !cfg->has_model_block)
         fail("%s: no model: set base_model (a Hugging Face directory) or a model: block", src);
     finish_axolotl_keys(cfg, src);
+    if (cfg->model_config_key[0]) {
+        const char *mk = cfg->model_config_key;
+        const int line = cfg->model_config_line;
+        if (cfg->arch == ARCH_GPT2)
+            fail("%s:%d: %s: train_gpt reads llm.c's GPT-2 model files, which have no config.json to override", src,
+                 line, mk);
+        if (!cfg->base_model[0])
+            fail("%s:%d: %s overrides base_model's config.json; a model: block sets the fields itself", src, line, mk);
+        const cJSON *o = cfg->yaml_json ? cJSON_GetObjectItemCaseSensitive((const cJSON *)cfg->yaml_json, mk) : NULL;
+        if (!cJSON_IsObject(o)) fail("%s:%d: %s must be a mapping of config.json keys", src, line, mk);
+        if (cfg->rope_scaling_json[0] && cJSON_GetObjectItemCaseSensitive(o, "rope_scaling"))
+            fail("%s:%d: rope_scaling is given twice, at the top level (line %d) and under %s; give it once (Axolotl "
+                 "reads it under %s)", src, line, cfg->rope_scaling_line, mk, mk);
+    }
     // The optimizer runs in float32: a beta that rounds to 1 makes the bias correction 0/0 and
     // an epsilon of 0 divides 0 by 0 for every weight whose gradient is 0.
     const char *beta_key[2] = {"adam_beta1", "adam_beta2"};

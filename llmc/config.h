@@ -29,6 +29,7 @@ typedef struct {
     // peak (-1: unset), warmup convention (hf: s/w, llmc: (s+1)/w), HellaSwag eval file,
     // training on the first val batch again and again
     int total_batch_size;
+    int batch_size;               // Axolotl's rows per optimizer step (a rank's); 0: unset
     double final_lr_fraction;
     char warmup_style[8];
     char hellaswag_data[1024];
@@ -81,6 +82,10 @@ typedef struct {
     // rope_scaling (hf_override_rope), so a run can stretch a model's context from the YAML.
     char rope_scaling_json[1024];
     int rope_scaling_line;
+    // Axolotl's model_config (or overrides_of_model_config): the key as written ("" when absent
+    // or null) and its line; the mapping itself is read from yaml_json (hf_read_config_overridden).
+    char model_config_key[32];
+    int model_config_line;
     // prepared data (prepare.h): datasets:/pretraining_dataset: instead of train_data shards
     void *yaml_json;               // the whole config as JSON (cJSON *; --set applied) for the script
     int datasets_run;              // the config asks for prepared data

@@ -238,10 +238,8 @@ static void read_phi3_keys(const char *path, const cJSON *root, ModelConfig *c) 
     if (rs) read_longrope(path, rs, c);
 }
 
-void hf_read_config(const char *path, ModelConfig *c) {
-    cJSON *root = json_read_file(path);
-    if (!cJSON_IsObject(root)) fail("%s: not a JSON object", path);
-
+// Reads *c from a parsed config.json; `path` names it in messages.
+static void read_root(const char *path, const cJSON *root, ModelConfig *c) {
     memset(c, 0, sizeof *c);
     const cJSON *mt = get(root, "model_type");
     if (mt && !cJSON_IsString(mt)) fail("%s: key 'model_type' must be a string", path);
@@ -389,7 +387,104 @@ void hf_read_config(const char *path, ModelConfig *c) {
         fail("%s: phi3 takes no llama3 rope scaling (only longrope or none)", path);
     if (!(isfinite(c->rope_theta) && c->rope_theta > 0))
         fail("%s: 'rope_theta' must be a positive finite number, got %g", path, c->rope_theta);
+}
+
+void hf_read_config(const char *path, ModelConfig *c) {
+    cJSON *root = json_read_file(path);
+    if (!cJSON_IsObject(root)) fail("%s: not a JSON object", path);
+    read_root(path, root, c);
     cJSON_Delete(root);
+}
+
+// Axolotl sets each model_config key on the config object transformers built from config.json
+// (setattr), then builds the model from it. Keys the model reads when it is built take effect;
+// keys transformers' config derives from others in its constructor do not follow an override
+// (Qwen2's layer_types from use_sliding_window), and keys that fix the weights' shapes would
+// not load the checkpoint. So each key is one of: applied (read_root reads it, as from the
+// file), without effect on training (noted), or refused.
+static const char *const OVERRIDE_APPLIED[] = {
+    "max_position_embeddings", "rope_theta", "rope_scaling", "rope_parameters", "rms_norm_eps", "initializer_range",
+    "sliding_window", "bos_token_id", "eos_token_id", "pad_token_id", "attention_dropout", "partial_rotary_factor",
+    "hidden_act", "mlp_bias", "original_max_position_embeddings", "resid_pdrop", "embd_pdrop"};
+static const char *const OVERRIDE_SHAPE[] = {
+    "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+    "num_key_value_heads", "head_dim", "tie_word_embeddings", "attention_bias", "model_type", "architectures"};
+static const char *const OVERRIDE_DERIVED[] = {"use_sliding_window", "max_window_layers", "layer_types"};
+// Keys of transformers' configs that do not change what training computes, and why.
+static const char *const OVERRIDE_NO_EFFECT[][2] = {
+    {"use_cache", "the key/value cache serves generation"},
+    {"output_router_logits", "a mixture-of-experts router setting; the families here are dense"},
+    {"router_aux_loss_coef", "a mixture-of-experts router setting; the families here are dense"},
+    {"output_attentions", "an output training does not ask for"},
+    {"output_hidden_states", "an output training does not ask for"},
+    {"return_dict", "the form of the model's outputs in PyTorch"},
+    {"torch_dtype", "the dtype comes from this run's dtype (bf16) keys"},
+    {"dtype", "the dtype comes from this run's dtype (bf16) keys"},
+    {"pretraining_tp", "transformers' Llama modeling no longer reads it (4.57)"},
+    {"attn_implementation", "a kernel choice of the PyTorch stack"},
+    {"_attn_implementation", "a kernel choice of the PyTorch stack"},
+    {"transformers_version", "bookkeeping"},
+    {"_name_or_path", "bookkeeping"}};
+
+static int listed(const char *const *list, size_t n, const char *key) {
+    for (size_t i = 0; i < n; i++)
+        if (!strcmp(list[i], key)) return 1;
+    return 0;
+}
+#define LISTED(list, key) listed(list, sizeof list / sizeof *list, key)
+
+void hf_read_config_overridden(const char *path, const cJSON *over, const char *where, const char *key, int notes,
+                               ModelConfig *c) {
+    if (!cJSON_IsObject(over)) fail("%s: %s must be a mapping of config.json keys", where, key);
+    cJSON *root = json_read_file(path);
+    if (!cJSON_IsObject(root)) fail("%s: not a JSON object", path);
+    ModelConfig before;
+    read_root(path, root, &before);
+    char applied[1024] = "";
+    const cJSON *e;
+    cJSON_ArrayForEach(e, over) {
+        const char *k = e->string;
+        size_t ne = 0;
+        while (ne < sizeof OVERRIDE_NO_EFFECT / sizeof *OVERRIDE_NO_EFFECT && strcmp(OVERRIDE_NO_EFFECT[ne][0], k)) ne++;
+        if (ne < sizeof OVERRIDE_NO_EFFECT / sizeof *OVERRIDE_NO_EFFECT) {
+            if (notes) printf("note: %s: %s.%s has no effect on training here: %s\n", where, key, k, OVERRIDE_NO_EFFECT[ne][1]);
+            continue;
+        }
+        const cJSON *was = cJSON_GetObjectItemCaseSensitive(root, k);
+        if (LISTED(OVERRIDE_SHAPE, k)) {
+            if (was && cJSON_Compare(was, e, 1)) continue;  // the value config.json has: nothing changes
+            fail("%s: %s.%s: changes the model's shape or family, which the weights of %s fix; give a "
+                 "model directory with that config", where, key, k, path);
+        }
+        if (LISTED(OVERRIDE_DERIVED, k))
+            fail("%s: %s.%s: transformers derives which layers use a sliding window when it builds the "
+                 "config, so an override does not change it there; edit config.json in a copy of the model", where, key, k);
+        if (!LISTED(OVERRIDE_APPLIED, k))
+            fail("%s: %s.%s is not a config.json key this program reads (it reads: max_position_embeddings, "
+                 "rope_theta, rope_scaling, rope_parameters, rms_norm_eps, initializer_range, sliding_window, "
+                 "bos/eos/pad_token_id, and the dropout and activation keys at their only supported values)",
+                 where, key, k);
+        cJSON *dup = cJSON_Duplicate(e, 1);
+        if (!dup) fail("out of memory");
+        if (was) cJSON_ReplaceItemInObjectCaseSensitive(root, k, dup);
+        else if (!cJSON_AddItemToObject(root, k, dup)) fail("out of memory");
+        snprintf(applied + strlen(applied), sizeof applied - strlen(applied), "%s%s", applied[0] ? ", " : "", k);
+    }
+    char label[2600];
+    snprintf(label, sizeof label, "%s with %s (%s)", path, key, where);
+    read_root(label, root, c);
+    cJSON_Delete(root);
+    // A shape key read through another (head_dim's default follows hidden_size) cannot change
+    // here, since those keys are refused above; this keeps it so if the list ever grows.
+    if (c->vocab_size != before.vocab_size || c->hidden_size != before.hidden_size ||
+        c->intermediate_size != before.intermediate_size || c->num_hidden_layers != before.num_hidden_layers ||
+        c->num_attention_heads != before.num_attention_heads || c->num_key_value_heads != before.num_key_value_heads ||
+        c->head_dim != before.head_dim || c->tie_word_embeddings != before.tie_word_embeddings ||
+        c->attention_bias != before.attention_bias)
+        fail("%s: %s changes the model's shape, which the weights of %s fix", where, key, path);
+    if (applied[0] && notes)
+        printf("note: %s: %s sets %s on %s before the model is built (the saved config.json has them)\n", where, key,
+               applied, path);
 }
 
 void hf_override_rope(const char *where, const char *json, ModelConfig *c) {

@@ -8,6 +8,15 @@
 // this trainer does not implement (a model_type or architecture outside family.h, rope scaling
 // other than llama3, mlp_bias, non-silu act, a layer_types pattern its keys do not give).
 void hf_read_config(const char *path, ModelConfig *c);
+// hf_read_config with Axolotl's model_config (overrides_of_model_config, a JSON object) set on
+// the config first, as transformers' setattr before the model is built: keys read from
+// config.json take the new values; keys without effect on training are noted; keys that change
+// the weights' shapes or that transformers derives at construction are refused. `where` (file:line)
+// and `key` (model_config or overrides_of_model_config) name the YAML in messages; notes: print
+// the notes (what was set, what has no effect).
+struct cJSON;
+void hf_read_config_overridden(const char *path, const struct cJSON *over, const char *where, const char *key,
+                               int notes, ModelConfig *c);
 // Replaces c's rope scaling with the rope_scaling object in json (Axolotl's YAML key), read as
 // config.json's would be for c's family; `where` names the YAML in messages.
 void hf_override_rope(const char *where, const char *json, ModelConfig *c);

@@ -13,6 +13,7 @@
 #include <string.h>
 #include <sys/file.h>
 #include <unistd.h>
+#include <cjson/cJSON.h>
 #include "actstore.h"
 #include "checkpoint.h"
 #include "comm.h"
@@ -42,6 +43,21 @@ enum { MAX_BAD_STEPS = 3 };  // consecutive non-finite steps that stop a run
 
 // device: cuda, or auto when a usable GPU is present, runs the CUDA backend (which has not yet
 // run on a real GPU; see README), with NCCL between ranks; otherwise the CPU backend (MPI).
+// base_model's config.json, with the config's model_config overrides when it has them (notes:
+// say what they set, once a run).
+static void load_base_config(const Config *cfg, int notes, ModelConfig *mc) {
+    if (!cfg->model_config_key[0]) {
+        load_hf_config(cfg->base_model, mc);
+        return;
+    }
+    char path[4096], where[1200];
+    join_path(path, sizeof path, cfg->base_model, "config.json");
+    snprintf(where, sizeof where, "%s:%d", cfg->path, cfg->model_config_line);
+    hf_read_config_overridden(path, cJSON_GetObjectItemCaseSensitive((const cJSON *)cfg->yaml_json, cfg->model_config_key),
+                              where, cfg->model_config_key, notes, mc);
+    model_config_validate(mc, where);
+}
+
 static Backend *make_backend(const Config *cfg, Comm **comm) {
     char why[256] = "";
     const int want = !strcmp(cfg->device, "cuda");
@@ -362,7 +378,7 @@ int train_main(int argc, char **argv, int arch) {
     if (cfg.datasets_run && !cfg.plan_only) {  // Axolotl datasets: prepared (or found in its cache) by scripts/prepare_data.py
         ModelConfig vc = cfg.model;
         if (cfg.base_model[0] && arch == ARCH_GPT2) gpt2_read_config(cfg.base_model, &vc);
-        else if (cfg.base_model[0]) load_hf_config(cfg.base_model, &vc);
+        else if (cfg.base_model[0]) load_base_config(&cfg, 0, &vc);
         prepare_data(&cfg, vc.vocab_size, comm);
         if (cfg.preprocess_only) {
             printf("--preprocess: prepared data in %s\n", cfg.prepared_dir);
@@ -387,7 +403,7 @@ int train_main(int argc, char **argv, int arch) {
     // ---- model
     ModelConfig mc = cfg.model;
     if (cfg.base_model[0] && arch == ARCH_GPT2) gpt2_read_config(cfg.base_model, &mc);
-    else if (cfg.base_model[0]) load_hf_config(cfg.base_model, &mc);
+    else if (cfg.base_model[0]) load_base_config(&cfg, 1, &mc);
     if (cfg.rope_scaling_json[0]) {  // Axolotl's rope_scaling: replaces the model's
         char where[1200];
         snprintf(where, sizeof where, "%s:%d", cfg.path, cfg.rope_scaling_line);

@@ -72,6 +72,7 @@ class Env:
         return cfg
 
     def run(self, name, cfg, *sets, env=None):
+        """--set for each of sets, except "--plan", which is passed as it is."""
         d = self.path(name)
         os.makedirs(d, exist_ok=True)
         p = os.path.join(d, "cfg.yaml")
@@ -79,7 +80,7 @@ class Env:
             f.write(cfg if isinstance(cfg, str) else yaml_text(cfg))
         args = [self.bin, "-c", p]
         for s in sets:
-            args += ["--set", s]
+            args += [s] if s == "--plan" else ["--set", s]
         r = subprocess.run(args, cwd=d, env=dict(self.env, **(env or {})), capture_output=True,
                            text=True, timeout=120)
         return r.returncode, r.stdout, r.stderr
@@ -647,12 +648,95 @@ def modules_to_save_refusals(e):
         one_error(rc, err, "lora_modules_to_save", *needles)
 
 
+def model_config_overrides(e):
+    """model_config (Axolotl's overrides_of_model_config): keys set on base_model's config before
+    the model is built train exactly as the same keys written into config.json, and the saved
+    config.json has them; keys without effect are noted; shape keys, keys transformers derives,
+    unknown keys and a second rope_scaling are refused."""
+    rc, out, err = e.run("mc_src", e.base("mc_src", max_steps=1))
+    ok_run(rc, out, err)
+    src = e.path("mc_src", "out")
+    edit = e.path("mc_edit_model")
+    shutil.copytree(src, edit)
+    over = {"rope_theta": 500000.0, "rms_norm_eps": 1e-6, "max_position_embeddings": 128,
+            "rope_scaling": {"rope_type": "linear", "factor": 2.0}}
+    cj = json.load(open(os.path.join(edit, "config.json")))
+    cj.update(over)
+    json.dump(cj, open(os.path.join(edit, "config.json"), "w"))
+
+    def cfg_text(name, base, extra=""):
+        c = e.base(name, model="DROP", base_model=base, max_steps=3)
+        return yaml_text(c) + extra
+
+    block = ("model_config:\n  rope_theta: 500000.0\n  rms_norm_eps: 1.0e-6\n  max_position_embeddings: 128\n"
+             "  rope_scaling:\n    rope_type: linear\n    factor: 2.0\n  use_cache: false\n")
+    rc, out, err = e.run("mc_over", cfg_text("mc_over", src, block))
+    ok_run(rc, out, err)
+    check("model_config sets rope_theta, rms_norm_eps, max_position_embeddings, rope_scaling on" in out,
+          "no note of the keys set: " + out[:600])
+    check("model_config.use_cache has no effect" in out, "no note for use_cache")
+    rc, out, err = e.run("mc_edit", cfg_text("mc_edit", edit))
+    ok_run(rc, out, err)
+    rc, out, err = e.run("mc_plain", cfg_text("mc_plain", src))
+    ok_run(rc, out, err)
+    a, b, c = (e.metrics(n) for n in ("mc_over", "mc_edit", "mc_plain"))
+    la, lb, lc = ([r["loss"] for r in m if "loss" in r] for m in (a, b, c))
+    check(la and la == lb, "losses with model_config %s differ from the edited config.json's %s" % (la, lb))
+    check(la[1:] != lc[1:], "model_config changed nothing: %s vs %s" % (la, lc))
+    saved = json.load(open(e.path("mc_over", "out", "config.json")))
+    for k, v in over.items():
+        got = saved.get(k)
+        if k == "rope_scaling":
+            got = {kk: got.get(kk) for kk in v} if isinstance(got, dict) else got
+        check(got == v, "saved config.json has %s = %r, expected %r" % (k, got, v))
+    # the long spelling, and a shape key at the file's own value, are accepted (--plan)
+    rc, out, err = e.run("mc_long", cfg_text("mc_long", src, "overrides_of_model_config:\n  hidden_size: 16\n"), "--plan")
+    ok_run(rc, out, err)
+    refusals = (("model_config:\n  hidden_size: 32\n", ("model_config.hidden_size", "shape")),
+                ("model_config:\n  num_hidden_layers: 2\n", ("model_config.num_hidden_layers", "shape")),
+                ("model_config:\n  rope_thetta: 1\n", ("model_config.rope_thetta", "not a config.json key")),
+                ("model_config:\n  use_sliding_window: true\n", ("model_config.use_sliding_window", "derives")),
+                ("model_config:\n  rope_theta: -1\n", ("with model_config", "rope_theta")),
+                ("model_config: 5\n", ("'model_config' expects a mapping",)),
+                ("model_config:\n  rope_theta: 1.0e6\noverrides_of_model_config:\n  rope_theta: 1.0e6\n",
+                 ("same setting",)),
+                ("rope_scaling:\n  rope_type: linear\n  factor: 2.0\nmodel_config:\n  rope_scaling:\n"
+                 "    rope_type: linear\n    factor: 2.0\n", ("rope_scaling is given twice",)))
+    for i, (extra, needles) in enumerate(refusals):
+        rc, out, err = e.run("mc_bad%d" % i, cfg_text("mc_bad%d" % i, src, extra), "--plan")
+        one_error(rc, err, *needles)
+    rc, out, err = e.run("mc_block", yaml_text(e.base("mc_block")) + "model_config:\n  rope_theta: 1.0e6\n", "--plan")
+    one_error(rc, err, "model_config", "model: block")
+
+
+def batch_size_key(e):
+    """batch_size (Axolotl's rows per step) sets gradient_accumulation_steps = batch_size /
+    micro_batch_size: the same losses as the accumulation written out; a remainder or a
+    disagreeing gradient_accumulation_steps is refused."""
+    rc, out, err = e.run("bs_key", e.base("bs_key", batch_size=6, max_steps=3))
+    ok_run(rc, out, err)
+    rc, out, err = e.run("bs_gas", e.base("bs_gas", gradient_accumulation_steps=3, max_steps=3))
+    ok_run(rc, out, err)
+    rc, out, err = e.run("bs_one", e.base("bs_one", max_steps=3))
+    ok_run(rc, out, err)
+    la, lb, lc = ([r["loss"] for r in e.metrics(n) if "loss" in r] for n in ("bs_key", "bs_gas", "bs_one"))
+    check(la and la == lb, "batch_size 6 gave %s, gradient_accumulation_steps 3 %s" % (la, lb))
+    check(la != lc, "batch_size changed nothing")
+    rc, out, err = e.run("bs_both", e.base("bs_both", batch_size=6, gradient_accumulation_steps=3), "--plan")
+    ok_run(rc, out, err)
+    for i, (over, needles) in enumerate(((dict(batch_size=5), ("batch_size 5", "multiple of micro_batch_size 2")),
+                                         (dict(batch_size=6, gradient_accumulation_steps=2),
+                                          ("batch_size 6", "gradient_accumulation_steps 2")))):
+        rc, out, err = e.run("bs_bad%d" % i, e.base("bs_bad%d" % i, **over), "--plan")
+        one_error(rc, err, *needles)
+
+
 CASES = [unknown_keys_listed_together, single_unknown_key_names_line, set_unknown_key_no_far_suggestion,
          notes_for_no_effect_keys, refused_keys, datasets_keys_refused, type_tolerance, precision_keys,
          fsdp_forms, optimizer_family, checkpointing_offload, epochs_and_steps, lr_schedule, eval_cadence,
          save_cadence_and_limit, early_stopping, loss_watchdog, bnb_config, auto_resume, reinit_weights,
          unfrozen_parameters, deepspeed_files, curriculum_sampling,
-         modules_to_save_refusals]
+         modules_to_save_refusals, model_config_overrides, batch_size_key]
 
 
 def main():
