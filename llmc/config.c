@@ -510,9 +510,7 @@ static int special_set(Config *cfg, const char *key, const char *value, const ch
             else if (!strcmp(w, "auto_wrap")) printf("note: fsdp: auto_wrap has no effect here: sharding is always per decoder layer\n");
             else if (!strcmp(w, "no_shard")) cfg->fsdp = 0;
             else if (!strcmp(w, "offload"))
-                fail("%s: key 'fsdp': 'offload' (parameters and gradients in host memory) is not supported; "
-                     "use offload_optimizer: true (fp32 master and AdamW moments on the host) and/or "
-                     "layer_offloading: true (frozen weights streamed from the host)", origin);
+                snprintf(cfg->offload_params, sizeof cfg->offload_params, "%s: fsdp: offload", origin);
             else if (!strcmp(w, "shard_grad_op") || !strncmp(w, "hybrid_shard", 12))
                 fail("%s: key 'fsdp': '%s' is not supported; use full_shard (zero_stage 3) or "
                      "zero_stage: 1 (optimizer state sharded)", origin, w);
@@ -753,10 +751,9 @@ static int fsdp_config_key(Config *cfg, const char *name, const char *value, int
         "cpu_ram_efficient_loading", "limit_all_gathers", "forward_prefetch", "backward_prefetch",
         "min_num_params", "version", "cpu_offload_pin_memory", "mixed_precision_policy"};
     if (!strcmp(n, "offload_params")) {
-        if (on || (value && !is_bool && !harmless(value)))
-            fail("%s: fsdp_config: %s: %s is not supported (parameters and gradients in host memory); use "
-                 "offload_optimizer: true (fp32 master and AdamW moments on the host) and/or "
-                 "layer_offloading: true", origin, name, v);
+        if (value && !is_bool && !harmless(value))
+            fail("%s: fsdp_config: %s expects true or false, got '%s'", origin, name, v);
+        if (on) snprintf(cfg->offload_params, sizeof cfg->offload_params, "%s: fsdp_config: %s: true", origin, name);
     } else if (!strcmp(n, "sharding_strategy")) {
         if (!strcmp(v, "FULL_SHARD") || !strcmp(v, "1")) cfg->fsdp = 1, cfg->fsdp_given = 1;
         else if (!strcmp(v, "NO_SHARD") || !strcmp(v, "3")) cfg->fsdp = 0, cfg->fsdp_given = 1;
@@ -1005,6 +1002,7 @@ static void finish_deepspeed(Config *cfg, const char *src) {
              cfg->gradient_accumulation_steps);
     cfg->zero_stage = stage;
     if (ds.offload_optimizer) cfg->offload_optimizer = 1;
+    if (ds.offload_param) snprintf(cfg->offload_params, sizeof cfg->offload_params, "%s: deepspeed %s: offload_param", src, ds.path);
     printf("note: deepspeed %s: ZeRO stage %d runs as zero_stage %d%s%s\n", ds.path, ds.stage, stage,
            ds.stage == 2 ? " (the same numbers: optimizer state sharded, but every rank keeps all the gradients)"
                          : "",
@@ -1144,6 +1142,29 @@ static void finish_data_keys(Config *cfg, const char *src) {
     }
 }
 
+// Parameters in host memory (FSDP's and DeepSpeed's parameter offload). In an adapter run the
+// parameters are the frozen base, which layer_offloading keeps in host memory and streams to
+// the device a layer at a time, and the adapters, whose AdamW state offload_optimizer keeps on
+// the host; the adapters' own weights and gradients (a small fraction) stay on the device. The
+// numbers are those of the run without it (every placement trains the same bits). A full
+// fine-tune would need its trainable weights and gradients streamed, which is not implemented.
+static void finish_offload_params(Config *cfg) {
+    const char *what = cfg->offload_params;
+    if (!strcmp(cfg->adapter, "none"))
+        fail("%s: parameters in host memory are implemented for adapter runs (adapter: lora or qlora, whose frozen "
+             "base streams from the host); a full fine-tune keeps its weights on the device: use offload_optimizer: "
+             "true (fp32 master and AdamW moments on the host), and --plan for what fits", what);
+    if ((given(cfg, "layer_offloading") && !cfg->layer_offloading) ||
+        (given(cfg, "offload_optimizer") && !cfg->offload_optimizer))
+        fail("%s means layer_offloading: true and offload_optimizer: true, but the config sets %s: false", what,
+             given(cfg, "layer_offloading") && !cfg->layer_offloading ? "layer_offloading" : "offload_optimizer");
+    cfg->layer_offloading = 1;
+    cfg->offload_optimizer = 1;
+    printf("note: %s runs as layer_offloading: true (the frozen base weights in host memory, streamed to the device "
+           "a layer at a time) and offload_optimizer: true (the adapters' fp32 master and AdamW moments on the "
+           "host); the adapters' own weights and gradients stay on the device\n", what);
+}
+
 void config_finish(Config *cfg) {
     const char *src = cfg->path[0] ? cfg->path : "config";
     if (cfg->base_model[0] && cfg->has_model_block)
@@ -1151,6 +1172,7 @@ void config_finish(Config *cfg) {
     if (!cfg->base_model[0] && !cfg->has_model_block)
         fail("%s: no model: set base_model (a Hugging Face directory) or a model: block", src);
     finish_axolotl_keys(cfg, src);
+    if (cfg->offload_params[0]) finish_offload_params(cfg);
     if (cfg->model_config_key[0]) {
         const char *mk = cfg->model_config_key;
         const int line = cfg->model_config_line;

@@ -65,6 +65,9 @@ typedef struct {
     double lora_alpha, lora_dropout;
     // sharding
     int fsdp, zero_stage, offload_optimizer;
+    // Parameters in host memory (FSDP's offload_params, fsdp: offload, DeepSpeed's offload_param):
+    // where it was asked for ("" when not); adapter runs only (config_finish)
+    char offload_params[2600];
     char deepspeed[1024];          // a DeepSpeed JSON config (deepspeed.h), read in config_finish
     int sequence_parallel_degree;  // ranks that share each sequence (Ulysses); 1: off
     // runtime

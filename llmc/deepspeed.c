@@ -47,11 +47,9 @@ static void offload(const cJSON *o, const char *path, const char *key, int *to_c
         if (!strcmp(e->string, "device")) {
             const char *d = cJSON_IsString(e) ? e->valuestring : "";
             if (!strcmp(d, "none")) continue;
-            if (strcmp(d, "cpu") || !to_cpu)
-                fail("%s: zero_optimization.%s.device %s is not supported: %s", path, key, d[0] ? d : "(not a string)",
-                     to_cpu ? "the optimizer state goes to host memory (cpu) or stays on the device"
-                            : "parameters stay in device memory here (adapter runs: layer_offloading: true "
-                              "streams the frozen weights from the host)");
+            if (strcmp(d, "cpu"))
+                fail("%s: zero_optimization.%s.device %s is not supported: host memory (cpu) or the device (none); "
+                     "nvme is not implemented", path, key, d[0] ? d : "(not a string)");
             *to_cpu = 1;
         } else if (is_tuning(e->string)) {
             note_tuning(noted, cap, e->string);
@@ -102,7 +100,7 @@ void deepspeed_read(const char *value, const char *src, DeepSpeedConfig *ds) {
                 } else if (!strcmp(z->string, "offload_optimizer")) {
                     offload(z, path, "offload_optimizer", &ds->offload_optimizer, noted, sizeof noted);
                 } else if (!strcmp(z->string, "offload_param")) {
-                    offload(z, path, "offload_param", NULL, noted, sizeof noted);
+                    offload(z, path, "offload_param", &ds->offload_param, noted, sizeof noted);
                 } else if (is_tuning(z->string)) {
                     note_tuning(noted, sizeof noted, z->string);
                 } else {

@@ -242,11 +242,29 @@ def fsdp_forms(e):
     rc, out, err = e.run("fsdp_str", e.base("fsdp_str", fsdp="full_shard auto_wrap"))
     ok_run(rc, out, err)
     rc, out, err = e.run("fsdp_off", yaml_text(e.base("fsdp_off")) + "fsdp:\n  - full_shard\n  - offload\n")
-    one_error(rc, err, "offload", "offload_optimizer")
+    one_error(rc, err, "fsdp: offload", "adapter runs", "offload_optimizer")
     rc, out, err = e.run("fsdp_sgo", e.base("fsdp_sgo", fsdp="[shard_grad_op]"))
     one_error(rc, err, "shard_grad_op", "zero_stage")
     rc, out, err = e.run("fsdp_cfg_off", yaml_text(e.base("fsdp_cfg_off")) + "fsdp_config:\n  fsdp_offload_params: true\n")
-    one_error(rc, err, "offload_params", "offload_optimizer")
+    one_error(rc, err, "fsdp_offload_params: true", "adapter runs", "offload_optimizer")
+    # In an adapter run, parameters in host memory are the frozen base streamed from the host
+    # (layer_offloading) and the adapters' optimizer state there (offload_optimizer): the
+    # same losses as the run without, host memory in use.
+    lora = dict(adapter="lora", lora_r=4, lora_alpha=8, lora_target_linear="true", max_steps=3)
+    rc, out, err = e.run("fsdp_lora", e.base("fsdp_lora", **lora))
+    ok_run(rc, out, err)
+    plain = [r["loss"] for r in e.metrics("fsdp_lora") if "loss" in r]
+    for name, extra in (("fsdp_lora_cfg", "fsdp:\n  - full_shard\n  - auto_wrap\nfsdp_config:\n  fsdp_offload_params: true\n"),
+                        ("fsdp_lora_list", "fsdp:\n  - full_shard\n  - offload\n")):
+        rc, out, err = e.run(name, yaml_text(e.base(name, **lora)) + extra)
+        ok_run(rc, out, err)
+        check("runs as layer_offloading: true" in out and "offload_optimizer: true" in out, "%s: no note: %s" % (name, out[:500]))
+        check(re.search(r"host [1-9][0-9.]* [KM]iB", out), "%s: nothing in host memory: %s" % (name, out[-300:]))
+        got = [r["loss"] for r in e.metrics(name) if "loss" in r]
+        check(got == plain, "%s: losses %s differ from the plain adapter run's %s" % (name, got, plain))
+    rc, out, err = e.run("fsdp_lora_clash", yaml_text(e.base("fsdp_lora_clash", layer_offloading="false", **lora)) +
+                         "fsdp_config:\n  fsdp_offload_params: true\n")
+    one_error(rc, err, "fsdp_offload_params: true means layer_offloading: true", "layer_offloading: false")
     rc, out, err = e.run("fsdp_cfg_unk", yaml_text(e.base("fsdp_cfg_unk")) + "fsdp_config:\n  fsdp_frobnicate: 1\n")
     one_error(rc, err, "fsdp_config.fsdp_frobnicate")
 
@@ -594,8 +612,20 @@ def deepspeed_files(e):
         if stage == 2:
             check("with offload_optimizer: true" in out and re.search(r"host [1-9][0-9.]* [KM]iB", out),
                   "stage 2: the optimizer state did not go to the host: " + out[-300:])
+    name = "ds_param"
+    lora = dict(adapter="lora", lora_r=4, lora_alpha=8, lora_target_linear="true")
+    rc, out, err = e.run("ds_lora", e.base("ds_lora", **lora))
+    ok_run(rc, out, err)
+    path = ds(name, dict(auto, zero_optimization={"stage": 3, "offload_param": {"device": "cpu", "pin_memory": True},
+                                                  "offload_optimizer": {"device": "cpu"}}))
+    rc, out, err = e.run(name, e.base(name, deepspeed=path, **lora))
+    ok_run(rc, out, err)
+    check("offload_param runs as layer_offloading: true" in out, "offload_param: no note: " + out[:500])
+    check([r["loss"] for r in e.metrics(name) if "loss" in r] == [r["loss"] for r in e.metrics("ds_lora") if "loss" in r],
+          "offload_param: the losses differ from the plain adapter run's")
     bad = ((dict(auto, zero_optimization={"stage": 3, "offload_param": {"device": "cpu"}}),
-            ("offload_param.device cpu",)),
+            ("offload_param", "adapter runs")),
+           (dict(auto, zero_optimization={"stage": 3, "offload_param": {"device": "nvme"}}), ("offload_param.device nvme",)),
            (dict(auto, zero_optimization={"stage": 1, "offload_optimizer": {"device": "nvme"}}), ("nvme",)),
            (dict(auto, bf16={"enabled": False}), ("bf16.enabled false", "bfloat16")),
            (dict(auto, fp16={"enabled": True}), ("fp16.enabled",)),
