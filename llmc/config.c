@@ -39,6 +39,8 @@ typedef struct {
 
 static const KeyDef KEYS[] = {
     STR("base_model", base_model, "", "Hugging Face model directory (config.json + safetensors)"),
+    STR("revision_of_model", revision_of_model, "",
+        "a hub id base_model's (and tokenizer_config's) revision in the local cache: branch, tag or commit; \"\": main"),
     NUM("model.vocab_size", T_INT, model.vocab_size, "256", 1, BIG, "random-init model: vocabulary"),
     NUM("model.hidden_size", T_INT, model.hidden_size, NULL, 1, BIG, "random-init model: width"),
     NUM("model.intermediate_size", T_INT, model.intermediate_size, NULL, 1, BIG, "MLP width"),
@@ -291,7 +293,6 @@ static const Rule RULES[] = {
     {"added_tokens_overrides", R_REFUSE, NULL, "tokenizer edits are not implemented"},
     {"random_init_weights", R_REFUSE, NULL, "for a random-init model give a model: block (hidden_size, num_hidden_layers, ...) instead of base_model"},
     {"overrides_of_model_kwargs", R_REFUSE, NULL, "model loading options are not implemented"},
-    {"revision_of_model", R_REFUSE, NULL, "a hub base_model resolves to refs/main of the local cache; give the snapshot directory of another revision as base_model"},
     // quantization, precision, optimizers, schedules
     {"gptq_*", R_NOTE, NULL, "GPTQ options (gptq: true is refused: GPTQ models are not supported)"},
     {"gptq", R_REFUSE, NULL, "GPTQ models are not supported; use a bfloat16/float32 safetensors model (load_in_4bit: true quantizes it to NF4)"},
@@ -361,7 +362,7 @@ static const Rule RULES[] = {
 // Aliases: Axolotl's other names for keys of the table.
 static const char *const ALIASES[][2] = {
     {"logging_steps", "log_steps"}, {"peft_use_rslora", "use_rslora"}, {"bfloat16", "bf16"},
-    {"context_parallel_size", "sequence_parallel_degree"},
+    {"context_parallel_size", "sequence_parallel_degree"}, {"model_revision", "revision_of_model"},
 };
 
 static const Rule *find_rule(const char *name) {
@@ -1103,14 +1104,27 @@ static void finish_axolotl_keys(Config *cfg, const char *src) {
     if (cfg->auto_resume_from_checkpoints && !cfg->resume_from_checkpoint[0])
         snprintf(cfg->resume_from_checkpoint, sizeof cfg->resume_from_checkpoint, "auto");
     // A hub id that is not a local path resolves in the local Hugging Face cache (never the network).
+    // revision_of_model picks the snapshot (Axolotl passes it to from_pretrained, which ignores it
+    // for a local directory).
+    const char *rev = cfg->revision_of_model;
+    for (const char *c = rev; *c; c++)
+        if (!((*c >= 'a' && *c <= 'z') || (*c >= 'A' && *c <= 'Z') || (*c >= '0' && *c <= '9') || strchr("-_./", *c)) ||
+            (c == rev && *c == '/') || !strncmp(c, "..", 2))
+            fail("%s: revision_of_model '%s' is not a branch, tag or commit name (letters, digits, '-', '_', '.', '/', "
+                 "no '..')", src, rev);
     if (cfg->base_model[0] && !path_exists(cfg->base_model) &&
         hf_is_hub_id(cfg->base_model)) {
         char dir[1024], why[2048];
-        if (hf_resolve(cfg->base_model, NULL, dir, sizeof dir, why, sizeof why))
+        if (hf_resolve(cfg->base_model, rev, dir, sizeof dir, why, sizeof why))
             fail("%s: base_model: %s", src, why);
         snprintf(cfg->base_model_id, sizeof cfg->base_model_id, "%.255s", cfg->base_model);
         snprintf(cfg->base_model, sizeof cfg->base_model, "%s", dir);
-        printf("base_model %s: %s (Hugging Face cache)\n", cfg->base_model_id, dir);
+        printf("base_model %s%s%s: %s (Hugging Face cache)\n", cfg->base_model_id, rev[0] ? " at revision " : "", rev,
+               dir);
+    } else if (rev[0]) {
+        printf("note: revision_of_model (%s) has no effect here: base_model %s is a local directory, whose files are "
+               "the ones read (transformers ignores a revision for a local directory too)\n", rev,
+               cfg->base_model[0] ? cfg->base_model : "(none)");
     }
 }
 

@@ -78,6 +78,7 @@ typedef struct {
     char path[1024];
     int arch;
     char base_model_id[256];       // the hub id base_model was resolved from ("" for a directory)
+    char revision_of_model[256];   // the hub revision (branch, tag or commit) base_model resolves at ("": main)
     unsigned char given[160];      // given[i]: KEYS[i] was set by the YAML or --set
     int fsdp_config_given, fsdp_given;
     int bnb_int8_fp16_weight;      // bnb_config_kwargs.llm_int8_has_fp16_weight: true

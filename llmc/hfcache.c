@@ -47,6 +47,7 @@ int hf_resolve(const char *id, const char *revision, char *out, size_t cap, char
     snprintf(snaps, sizeof snaps, "%s/snapshots", repo);
     size_t len;
     char *text = read_file(ref, &len);
+    const int has_ref = text != NULL;
     if (text) {
         size_t n = strcspn(text, " \t\r\n");
         snprintf(rev, sizeof rev, "%.*s", (int)(n < sizeof rev ? n : sizeof rev - 1), text);
@@ -62,6 +63,13 @@ int hf_resolve(const char *id, const char *revision, char *out, size_t cap, char
     if (rev[0] && !strchr(rev, '/') && path_exists(cfgjson)) {
         snprintf(out, cap, "%s", snap);
         return 0;
+    }
+    if (revision && *revision && !has_ref) {
+        snprintf(why, why_cap,
+                 "'%s' at revision '%s' is not in the Hugging Face cache (no %s and no %s with config.json); this "
+                 "program never downloads: run `huggingface-cli download %s --revision %s` first, or give a local "
+                 "model directory", id, revision, ref, snap, id, revision);
+        return -1;
     }
     snprintf(why, why_cap,
              "'%s' is not a local directory and is not in the Hugging Face cache (looked for %s%s%s "

@@ -486,6 +486,37 @@ def hub_id(e, snap):
                          env=env)
     one_error(rc, err, "nobody/no-such-model", "models--nobody--no-such-model",
               "huggingface-cli download nobody/no-such-model")
+    # revision_of_model (alias model_revision): a tag through refs/, or a commit's snapshot.
+    repo = os.path.dirname(os.path.dirname(snap))
+    rev2 = "fedcba9876543210fedcba9876543210fedcba98"
+    snap2 = os.path.join(repo, "snapshots", rev2)
+    os.makedirs(snap2)
+    cj = json.load(open(os.path.join(snap, "config.json")))
+    cj["rope_theta"] = 123456.0
+    with open(os.path.join(repo, "blobs", "blob_v2"), "w") as f:
+        json.dump(cj, f)
+    os.symlink(os.path.join("..", "..", "blobs", "blob_v2"), os.path.join(snap2, "config.json"))
+    os.symlink(os.path.join(snap, "model.safetensors"), os.path.join(snap2, "model.safetensors"))
+    with open(os.path.join(repo, "refs", "v2"), "w") as f:
+        f.write(rev2 + "\n")
+    for name, over in (("hub_tag", dict(revision_of_model="v2")), ("hub_commit", dict(model_revision=rev2))):
+        rc, out, err = e.run(name, e.base(name, model="DROP", base_model=HUB_ID, max_steps=1, **over), env=env)
+        ok_run(rc, out, err)
+        r = over.get("revision_of_model") or over.get("model_revision")
+        check("base_model %s at revision %s: %s (Hugging Face cache)" % (HUB_ID, r, snap2) in out,
+              "%s: not resolved to the revision's snapshot: %s" % (name, out[:400]))
+        saved = json.load(open(e.path(name, "out", "config.json")))
+        check(saved.get("rope_theta") == 123456.0, "%s: trained from another snapshot's config.json" % name)
+    rc, out, err = e.run("hub_norev", e.base("hub_norev", model="DROP", base_model=HUB_ID, revision_of_model="v9"),
+                         env=env)
+    one_error(rc, err, "refs/v9", "--revision v9")
+    rc, out, err = e.run("hub_badrev", e.base("hub_badrev", model="DROP", base_model=HUB_ID,
+                                              revision_of_model="../../x"), env=env)
+    one_error(rc, err, "revision_of_model '../../x'", "no '..'")
+    rc, out, err = e.run("hub_localrev", e.base("hub_localrev", model="DROP", base_model=snap, revision_of_model="v2",
+                                                max_steps=1), env=env)
+    ok_run(rc, out, err)
+    check("note: revision_of_model (v2) has no effect here" in out, "no note for a local base_model's revision")
 
 
 def example_configs(e, snap):
