@@ -743,6 +743,7 @@ void run_identity(RunIdentity *id, const Config *cfg, const Model *m) {
     id_add(id, "lr_scheduler", "%s", cfg->lr_scheduler);
     id_num(id, "cosine_min_lr_ratio", cfg->cosine_min_lr_ratio);
     id_add(id, "warmup_steps", "%d", cfg->warmup_steps);
+    id_add(id, "lr_quadratic_warmup", "%s", cfg->lr_quadratic_warmup ? "true" : "false");
     id_num(id, "weight_decay", cfg->weight_decay);
     id_num(id, "max_grad_norm", cfg->max_grad_norm);
     id_num(id, "adam_beta1", cfg->adam_beta1);

@@ -12,7 +12,7 @@
 // strings in a fixed order. Written into every checkpoint's trainer_state.json ("run") and
 // compared on resume: the first key that differs stops the run. max_steps is not one of them
 // (a run may be extended or shortened).
-enum { RUN_KEYS = 48 };
+enum { RUN_KEYS = 56 };
 typedef struct {
     int n;
     char key[RUN_KEYS][32];

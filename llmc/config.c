@@ -81,6 +81,8 @@ static const KeyDef KEYS[] = {
          "adamw_torch_8bit|adamw_torch_4bit|ao_adamw_8bit|ao_adamw_4bit",
          "all run this program's AdamW (float32 moments)"),
     NUM("warmup_steps", T_INT, warmup_steps, "0", 0, BIG, "linear warmup steps"),
+    NUM("lr_quadratic_warmup", T_BOOL, lr_quadratic_warmup, "false", 0, 1,
+        "with lr_scheduler cosine: warmup lr = lr (s / warmup_steps)^2 and no cosine_min_lr_ratio (Axolotl's)"),
     NUM("warmup_ratio", T_FLOAT, warmup_ratio, "0", 0, 1, "warmup as a fraction of all steps (not with warmup_steps)"),
     NUM("cosine_min_lr_ratio", T_FLOAT, cosine_min_lr_ratio, "0", 0, 1,
         "cosine decays to this fraction of learning_rate"),
@@ -303,7 +305,6 @@ static const Rule RULES[] = {
     {"optim_target_modules", R_REFUSE, NULL, "GaLore/APOLLO optimizers are not implemented"},
     {"adam_beta3", R_NOTE, NULL, "used only by the CAME optimizer"}, {"adam_epsilon2", R_NOTE, NULL, "used only by the CAME optimizer"},
     {"lr_scheduler_kwargs", R_REFUSE, NULL, "schedules take warmup_steps/warmup_ratio and cosine_min_lr_ratio"},
-    {"lr_quadratic_warmup", R_REFUSE, NULL, "warmup is linear"},
     {"cosine_constant_lr_ratio", R_REFUSE, NULL, "not implemented; use cosine_min_lr_ratio"},
     {"lr_div_factor", R_REFUSE, NULL, "the one_cycle schedule is not implemented (constant, linear, cosine)"},
     {"lr_groups", R_REFUSE, NULL, "per-module learning rates are not implemented"},
@@ -1079,6 +1080,22 @@ static void finish_axolotl_keys(Config *cfg, const char *src) {
     }
     if (cfg->warmup_ratio > 0 && cfg->warmup_steps > 0)
         fail("%s: set warmup_steps (%d) or warmup_ratio (%g), not both", src, cfg->warmup_steps, cfg->warmup_ratio);
+    // Axolotl applies the quadratic warmup to the cosine schedule only, and there without the
+    // minimum (it warns that the quadratic warmup wins).
+    if (cfg->lr_quadratic_warmup) {
+        if (strcmp(cfg->lr_scheduler, "cosine")) {
+            printf("note: lr_quadratic_warmup has no effect with lr_scheduler %s (Axolotl applies it to cosine only); "
+                   "the warmup is linear\n", cfg->lr_scheduler);
+            cfg->lr_quadratic_warmup = 0;
+        } else if (!strcmp(cfg->warmup_style, "llmc")) {
+            fail("%s: lr_quadratic_warmup: true and warmup_style: llmc are two warmups; give one", src);
+        } else if (cfg->cosine_min_lr_ratio > 0 || cfg->final_lr_fraction > 0) {
+            printf("note: lr_quadratic_warmup: the cosine decays to 0, not to %s %g, as in Axolotl (whose quadratic "
+                   "warmup schedule has no minimum)\n", cfg->final_lr_fraction > 0 ? "final_lr_fraction" : "cosine_min_lr_ratio",
+                   cfg->final_lr_fraction > 0 ? cfg->final_lr_fraction : cfg->cosine_min_lr_ratio);
+            cfg->cosine_min_lr_ratio = 0, cfg->final_lr_fraction = -1;
+        }
+    }
     if (cfg->cosine_min_lr_ratio > 0 && strcmp(cfg->lr_scheduler, "cosine"))
         fail("%s: cosine_min_lr_ratio needs lr_scheduler: cosine (it is %s)", src, cfg->lr_scheduler);
     if (cfg->final_lr_fraction >= 0) {  // llm.c's -q: the decay's end for cosine, linear and wsd

@@ -29,6 +29,7 @@ typedef struct {
     // peak (-1: unset), warmup convention (hf: s/w, llmc: (s+1)/w), HellaSwag eval file,
     // training on the first val batch again and again
     int total_batch_size;
+    int lr_quadratic_warmup;      // Axolotl's: warmup lr = lr (s / warmup_steps)^2 (cosine only)
     int batch_size;               // Axolotl's rows per optimizer step (a rank's); 0: unset
     double final_lr_fraction;
     char warmup_style[8];

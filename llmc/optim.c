@@ -19,6 +19,10 @@ int schedule_from_name(const char *name) {
 double lr_at(const OptimConfig *oc, int s) {
     const int w = oc->warmup_steps, total = oc->max_steps;
     const double r = oc->min_lr_ratio;
+    if (s < w && oc->warmup_quadratic) {
+        const double f = (double)s / (double)w;
+        return oc->lr * (f * f);
+    }
     if (s < w) return oc->lr * (double)(s + (oc->warmup_plus_one != 0)) / (double)w;
     double rest = (double)(total - w > 1 ? total - w : 1);
     switch (oc->schedule) {

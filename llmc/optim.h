@@ -9,6 +9,7 @@ typedef struct {
     double min_lr_ratio;  // cosine decays to lr * min_lr_ratio (Axolotl's cosine_min_lr_ratio);
                           // linear and wsd too (llm.c's final fraction, -q)
     int warmup_plus_one;  // llm.c's warmup: lr * (s + 1) / warmup instead of lr * s / warmup
+    int warmup_quadratic; // Axolotl's lr_quadratic_warmup: lr * (s / warmup)^2
 } OptimConfig;
 
 enum { SCHED_CONSTANT, SCHED_LINEAR, SCHED_COSINE, SCHED_WSD };

@@ -603,7 +603,7 @@ int train_main(int argc, char **argv, int arch) {
     OptimConfig oc = {cfg.learning_rate, cfg.adam_beta1, cfg.adam_beta2, cfg.adam_epsilon,
                       cfg.weight_decay, cfg.max_grad_norm, cfg.warmup_steps, cfg.max_steps,
                       schedule_from_name(cfg.lr_scheduler), cfg.cosine_min_lr_ratio,
-                      !strcmp(cfg.warmup_style, "llmc")};
+                      !strcmp(cfg.warmup_style, "llmc"), cfg.lr_quadratic_warmup};
     const size_t BT = (size_t)B * T, GBT = BT * split0.dp;  // this rank's rows, the global batch
     Split split = split0;
     if (spn > 1) split.tok = xmalloc(sizeof(int32_t) * BT / spn), split.tgt = xmalloc(sizeof(int32_t) * BT / spn);

@@ -371,6 +371,21 @@ def lr_schedule(e):
     one_error(rc, err, "warmup_steps", "warmup_ratio")
     rc, out, err = e.run("lr_lin", e.base("lr_lin", cosine_min_lr_ratio=0.1, lr_scheduler="linear"))
     one_error(rc, err, "cosine_min_lr_ratio", "cosine")
+    # lr_quadratic_warmup: Axolotl's get_cosine_schedule_with_quadratic_warmup, (s / w)^2 then a
+    # cosine to 0 (a cosine_min_lr_ratio beside it is dropped, with a note, as Axolotl warns)
+    rc, out, err = e.run("lr_quad", e.base("lr_quad", max_steps=12, warmup_steps=5, learning_rate=0.001,
+                                           lr_scheduler="cosine", lr_quadratic_warmup="true", cosine_min_lr_ratio=0.1))
+    ok_run(rc, out, err)
+    check("note: lr_quadratic_warmup: the cosine decays to 0, not to cosine_min_lr_ratio 0.1" in out,
+          "no note for the dropped minimum: " + out[:400])
+    lrs = [r["lr"] for r in e.metrics("lr_quad") if "loss" in r]
+    w, total, base = 5, 12, 0.001
+    for s, got in enumerate(lrs):
+        want = base * (s / w) ** 2 if s < w else base * max(0.0, 0.5 * (1 + math.cos(math.pi * (s - w) / (total - w))))
+        check(abs(got - want) <= 1e-12 + 1e-6 * want, "quadratic warmup: lr at step %d: %g, want %g" % (s, got, want))
+    rc, out, err = e.run("lr_quad_lin", e.base("lr_quad_lin", lr_scheduler="linear", lr_quadratic_warmup="true"))
+    ok_run(rc, out, err)
+    check("note: lr_quadratic_warmup has no effect with lr_scheduler linear" in out, "no note for linear")
 
 
 def eval_cadence(e):
