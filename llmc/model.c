@@ -265,6 +265,24 @@ static void hf_param_name(const ModelConfig *c, const char *name, char *out, siz
     }
 }
 
+// unfrozen_parameters' row ranges: the rows of p outside them, as intervals to zero. A part
+// of Phi-3's fused qkv_proj/gate_up_proj, or a GPT-2 Conv1D weight (stored [in, out]), would
+// need its rows mapped through the fusion or the transpose: refused.
+static void freeze_rows(ParamSpec *p, const ModelConfig *c, const Unfrozen *uf, const char *hf) {
+    RowRange keep[UNFROZEN_MAX_RANGES];
+    const int n = unfrozen_rows(uf, hf, p->shape[0], keep, "config");
+    if (!n) return;
+    if (c->arch == ARCH_GPT2 || strcmp(hf, p->name))
+        fail("config: unfrozen_parameters: a row range on %s is not implemented (%s); name the whole tensor", hf,
+             c->arch == ARCH_GPT2 ? "GPT-2's Conv1D weights are stored transposed" : "a fused Phi-3 tensor");
+    int64_t at = 0;
+    for (int k = 0; k < n; k++) {
+        if (keep[k].start > at) p->frozen[p->nfrozen][0] = at, p->frozen[p->nfrozen][1] = keep[k].start, p->nfrozen++;
+        at = keep[k].end;
+    }
+    if (at < p->shape[0]) p->frozen[p->nfrozen][0] = at, p->frozen[p->nfrozen][1] = p->shape[0], p->nfrozen++;
+}
+
 void param_table_build(ParamTable *t, const ModelConfig *c, const LoraConfig *lora, int stream,
                        int world, int quant, int zero3, const char *unfrozen) {
     memset(t, 0, sizeof *t);
@@ -353,6 +371,7 @@ void param_table_build(ParamTable *t, const ModelConfig *c, const LoraConfig *lo
         p->trainable = r == 0 ? !some || unfrozen_match(&uf, hf)
                               : strstr(p->name, ".lora_") != NULL || (i == t->embed && t->lora.save_embed) ||
                                     (i == t->lm_head && i != t->embed && t->lora.save_head);
+        if (some && p->trainable) freeze_rows(p, c, &uf, hf);
         if (p->trainable) t->units[p->layer + 2] += p->numel;  // unit p->layer + 1, shifted
     }
     if (some) unfrozen_free(&uf);

@@ -131,6 +131,8 @@ typedef struct {
                        // layer's block, not the resident buffer)
     int quant;         // 4 (QLoRA: NF4) or 8 (load_in_8bit: int8): in the layer's quant region at byte qoff, dequantized
     size_t qoff, deq_off;  // before use into the layer scratch at element deq_off
+    int nfrozen;       // unfrozen_parameters' row ranges: rows [frozen[k][0], frozen[k][1]) of this
+    int64_t frozen[9][2];  // trainable tensor get a zero gradient (optim.c's grad_norm)
 } ParamSpec;
 
 typedef struct {

@@ -64,6 +64,19 @@ double grad_norm(Model *m) {
         if (m->opt.zero_stage >= 1) c->reduce_scatter_sum(c, m->grads, m->grads, m->tab.shard);
         else c->all_reduce_sum(c, m->grads, full);
     }
+    // unfrozen_parameters' row ranges: the rows outside them get a zero gradient before the
+    // norm, as Axolotl's gradient hook leaves them (AdamW then only decays them).
+    for (int i = 0; i < (int)arrlen(m->tab.specs); i++) {
+        const ParamSpec *p = &m->tab.specs[i];
+        size_t a, b, loc;
+        if (!p->nfrozen || !model_owned_part(m, p, &a, &b, &loc)) continue;
+        const size_t cols = p->numel / (size_t)p->shape[0];
+        for (int k = 0; k < p->nfrozen; k++) {
+            size_t lo = p->goff + (size_t)p->frozen[k][0] * cols, hi = p->goff + (size_t)p->frozen[k][1] * cols;
+            lo = lo > a ? lo : a, hi = hi < b ? hi : b;
+            if (lo < hi) m->bk->memzero(m->bk, m->grads + loc + (lo - a), (hi - lo) * sizeof(float), NULL);
+        }
+    }
     // Per tensor, in table order; a tied head is one entry, so each gradient counts once. The
     // backend sums the list with one wait; the host adds the sums in order.
     const int nspec = (int)arrlen(m->tab.specs);

@@ -472,6 +472,41 @@ def _yaml_scalar(v):
     return json.dumps(str(v))  # a double-quoted string is valid YAML
 
 
+def unfrozen_pattern(p):
+    """An unfrozen_parameters entry as Axolotl reads it: (compiled name regex, row range or None)."""
+    m = re.match(r"^(.+)\[([0-9]*)(?::([0-9]*))?\]$", p)
+    rng = None
+    if m:
+        p, a, b = m.groups()
+        rng = (int(a), int(a) + 1) if b is None and a else (int(a) if a else 0, int(b) if b else None)
+    return re.compile(re.sub(r"\.(?!\+)", "\\.", p)), rng
+
+
+def frozen_rows(ranges, rows):
+    """The rows outside the union of ranges (end None: the last row), as [start, end) pairs;
+    [] when there are no ranges."""
+    if not ranges:
+        return []
+    ranges = sorted((a, rows if b is None else b) for a, b in ranges)
+    for a, b in ranges:
+        assert 0 <= a < b <= rows, (a, b, rows)
+    out, at = [], 0
+    for a, b in ranges:
+        if a > at:
+            out.append((at, a))
+        at = max(at, b)
+    if at < rows:
+        out.append((at, rows))
+    return out
+
+
+def zero_rows(g, frozen):
+    g = g.clone()
+    for a, b in frozen:
+        g[a:b] = 0
+    return g
+
+
 def write_yaml(path, d):
     """key: value lines; a list or tuple value is written as a YAML flow list [a, b]."""
     with open(path, "w") as f:
@@ -812,11 +847,19 @@ class RefTrainer:
         if tc.get("unfrozen_parameters"):
             # Axolotl's freeze_layers_except: re.match after every '.' not before '+' is made literal;
             # the rest is frozen (no gradient, so no clipping share, no optimizer state, no decay).
-            pats = [re.compile(re.sub(r"\.(?!\+)", "\\.", p)) for p in tc["unfrozen_parameters"]]
-            keep = [(n, p) for n, p in named if any(r.match(n) for r in pats)]
+            # A trailing row range ([N], [a:b], [:b], [a:]) keeps the tensor trainable but zeroes the
+            # gradient of the rows outside the union of the ranges of the patterns that match it.
+            pats = [unfrozen_pattern(p) for p in tc["unfrozen_parameters"]]
+            keep = []
             for n, p in named:
-                if not any(r.match(n) for r in pats):
+                hits = [rng for rx, rng in pats if rx.match(n)]
+                if not hits:
                     p.requires_grad_(False)
+                    continue
+                keep.append((n, p))
+                frozen = frozen_rows([r for r in hits if r is not None], p.shape[0])
+                if frozen:
+                    p.register_hook(lambda g, fr=frozen: zero_rows(g, fr))
             named = keep
         decay = [p for n, p in named if is_decay_param(n)]
         nodecay = [p for n, p in named if not is_decay_param(n)]

@@ -175,6 +175,18 @@ def cases():
                           num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
                           attention_bias=True),
         tc=tc, shard_version=1, n_tokens=1000, expect_clip=False))
+    # (l) unfrozen_parameters with Axolotl's row ranges: a range keeps the tensor trainable but
+    # only its rows inside the union of the matching patterns' ranges get a gradient (the rest
+    # zero, so AdamW only decays them); ranges of two patterns merge; a vector takes one too.
+    tc = dict(tc)
+    tc["unfrozen_parameters"] = ["model.embed_tokens.weight$[:40]", "model.layers.1.mlp.down_proj.weight[4:12]",
+                                 "model.layers.1.mlp.down_proj.weight[10:20]", "^model.layers.0.self_attn.q_proj.weight[3]",
+                                 "model.norm.weight$[8:]", "lm_head.weight$", "model.layers.2.mlp.up_proj"]
+    out.append(dict(
+        name="l_unfrozen_rows",
+        cfg=R.make_config(vocab_size=64, hidden_size=32, intermediate_size=64,
+                          num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2),
+        tc=tc, shard_version=1, n_tokens=1000, expect_clip=False))
     return out
 
 
