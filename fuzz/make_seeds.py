@@ -102,6 +102,12 @@ put("yaml_config", "valid_base_model", "base_model: models/tiny\ntrain_data: a.b
 put("yaml_config", "valid_gpt2", "# gpt2\nmodel:\n  vocab_size: 50257\n  hidden_size: 64\n"
     "  num_hidden_layers: 2\n  num_attention_heads: 4\n  max_position_embeddings: 128\n"
     "train_data: a.bin\n")
+put("yaml_config", "valid_axolotl_more", "base_model: models/tiny\ntrain_data: a.bin\nmodel_config:\n"
+    "  rope_theta: 1.0e6\n  rope_scaling:\n    rope_type: linear\n    factor: 2.0\n  use_cache: false\n"
+    "batch_size: 8\nmicro_batch_size: 2\nrevision_of_model: v1.0\nlr_quadratic_warmup: true\nwarmup_steps: 3\n"
+    "adapter: lora\nfsdp:\n  - full_shard\n  - offload\nfsdp_config:\n  fsdp_offload_params: true\n")
+put("yaml_config", "near_unfrozen_rows", base + "unfrozen_parameters:\n  - model.embed_tokens.weight$[:100]\n"
+    "  - model.norm.weight[3]\n  - 'model.layers.0.mlp.down_proj.weight[9:2]'\nbatch_size: 5\n")
 put("yaml_config", "near_unknown_key", base + "learning_rat: 1e-3\n")
 put("yaml_config", "near_two_docs", base + "---\nmax_steps: 3\n")
 put("yaml_config", "near_both_models", base + "base_model: x\n")
