@@ -551,6 +551,12 @@ def example_configs(e, snap):
         rc, out, err = e.run(case, text, *sets, env=env)
         ok_run(rc, out, err)
         check(os.path.isfile(e.path(case, "out", "metrics.jsonl")), name + ": no metrics")
+        if name == "llama-3-qlora-fsdp.yaml":
+            for needle in ("fsdp_offload_params: true runs as layer_offloading: true",
+                           "model_config sets rope_theta on", "model_config.use_cache has no effect"):
+                check(needle in out, "%s: output lacks %r" % (name, needle))
+            check(re.search(r"host [1-9][0-9.]* [KM]iB", out), name + ": nothing in host memory")
+            check(json.load(open(e.path(case, "out", "adapter_config.json"))) is not None, name + ": no adapter")
         if name == "llama-3-lora.yaml":
             for needle in ("note: wandb_project has no effect here", "note: flash_attention has no effect here",
                            "note: optimizer adamw_bnb_8bit", "note: bf16: auto",
