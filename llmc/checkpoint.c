@@ -828,12 +828,7 @@ static void load_model_checkpoint(Model *m, const char *dir) {
     ModelConfig saved;
     load_hf_config(dir, &saved);
     const ModelConfig *c = &m->cfg;
-    if (saved.vocab_size != c->vocab_size || saved.hidden_size != c->hidden_size ||
-        saved.intermediate_size != c->intermediate_size ||
-        saved.num_hidden_layers != c->num_hidden_layers ||
-        saved.num_attention_heads != c->num_attention_heads ||
-        saved.num_key_value_heads != c->num_key_value_heads || saved.head_dim != c->head_dim ||
-        saved.tie_word_embeddings != c->tie_word_embeddings || saved.attention_bias != c->attention_bias)
+    if (!model_config_same_shape(&saved, c))
         fail("%s: checkpoint's model shape differs from the configured model", dir);
     load_hf_weights(m, dir);
 }

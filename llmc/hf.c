@@ -476,11 +476,7 @@ void hf_read_config_overridden(const char *path, const cJSON *over, const char *
     cJSON_Delete(root);
     // A shape key read through another (head_dim's default follows hidden_size) cannot change
     // here, since those keys are refused above; this keeps it so if the list ever grows.
-    if (c->vocab_size != before.vocab_size || c->hidden_size != before.hidden_size ||
-        c->intermediate_size != before.intermediate_size || c->num_hidden_layers != before.num_hidden_layers ||
-        c->num_attention_heads != before.num_attention_heads || c->num_key_value_heads != before.num_key_value_heads ||
-        c->head_dim != before.head_dim || c->tie_word_embeddings != before.tie_word_embeddings ||
-        c->attention_bias != before.attention_bias)
+    if (!model_config_same_shape(c, &before))
         fail("%s: %s changes the model's shape, which the weights of %s fix", where, key, path);
     if (applied[0] && notes)
         printf("note: %s: %s sets %s on %s before the model is built (the saved config.json has them)\n", where, key,

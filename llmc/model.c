@@ -118,6 +118,14 @@ void model_fail_size(const ModelConfig *c, int64_t I, int64_t Vp, const char *sr
          c->hidden_size, why);
 }
 
+int model_config_same_shape(const ModelConfig *a, const ModelConfig *b) {
+    return a->vocab_size == b->vocab_size && a->hidden_size == b->hidden_size &&
+           a->intermediate_size == b->intermediate_size && a->num_hidden_layers == b->num_hidden_layers &&
+           a->num_attention_heads == b->num_attention_heads && a->num_key_value_heads == b->num_key_value_heads &&
+           a->head_dim == b->head_dim && a->tie_word_embeddings == b->tie_word_embeddings &&
+           a->attention_bias == b->attention_bias;
+}
+
 void model_config_validate(const ModelConfig *c, const char *src) {
     struct { const char *name; int v; } pos[] = {
         {"vocab_size", c->vocab_size}, {"hidden_size", c->hidden_size},

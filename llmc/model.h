@@ -185,6 +185,9 @@ void model_fail_size(const ModelConfig *c, int64_t intermediate, int64_t padded_
                      const char *src, const char *why) __attribute__((noreturn));
 // Checks the shape fields; on error fails naming `source` and the field.
 void model_config_validate(const ModelConfig *c, const char *source);
+// 1 if a and b give parameter tensors of the same names and shapes (sizes, heads, tied head,
+// attention biases): a checkpoint or a config override must not change them.
+int model_config_same_shape(const ModelConfig *a, const ModelConfig *b);
 // stream: frozen per-layer weights go to host blocks (layer_offloading); world: ranks that
 // shard the trainable range; quant: the frozen decoder linear weights are NF4 (4, QLoRA) or
 // int8 (8, load_in_8bit), 0: float.

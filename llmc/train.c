@@ -41,8 +41,6 @@
 
 enum { MAX_BAD_STEPS = 3 };  // consecutive non-finite steps that stop a run
 
-// device: cuda, or auto when a usable GPU is present, runs the CUDA backend (which has not yet
-// run on a real GPU; see README), with NCCL between ranks; otherwise the CPU backend (MPI).
 // base_model's config.json, with the config's model_config overrides when it has them (notes:
 // say what they set, once a run).
 static void load_base_config(const Config *cfg, int notes, ModelConfig *mc) {
@@ -58,6 +56,8 @@ static void load_base_config(const Config *cfg, int notes, ModelConfig *mc) {
     model_config_validate(mc, where);
 }
 
+// device: cuda, or auto when a usable GPU is present, runs the CUDA backend (which has not yet
+// run on a real GPU; see README), with NCCL between ranks; otherwise the CPU backend (MPI).
 static Backend *make_backend(const Config *cfg, Comm **comm) {
     char why[256] = "";
     const int want = !strcmp(cfg->device, "cuda");
