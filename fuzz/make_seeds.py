@@ -106,6 +106,8 @@ put("yaml_config", "valid_axolotl_more", "base_model: models/tiny\ntrain_data: a
     "  rope_theta: 1.0e6\n  rope_scaling:\n    rope_type: linear\n    factor: 2.0\n  use_cache: false\n"
     "batch_size: 8\nmicro_batch_size: 2\nrevision_of_model: v1.0\nlr_quadratic_warmup: true\nwarmup_steps: 3\n"
     "adapter: lora\nfsdp:\n  - full_shard\n  - offload\nfsdp_config:\n  fsdp_offload_params: true\n")
+put("yaml_config", "valid_offload_params", base + "offload_params: true\ndeepspeed: ds.json\nfsdp_config:\n"
+    "  fsdp_offload_params: true\nzero_stage: 3\noffload_optimizer: false\n")
 put("yaml_config", "near_unfrozen_rows", base + "unfrozen_parameters:\n  - model.embed_tokens.weight$[:100]\n"
     "  - model.norm.weight[3]\n  - 'model.layers.0.mlp.down_proj.weight[9:2]'\nbatch_size: 5\n")
 put("yaml_config", "near_unknown_key", base + "learning_rat: 1e-3\n")

@@ -27,6 +27,7 @@
 #pragma once
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 typedef struct Backend Backend;
 typedef struct Queue Queue;  // an in-order stream of work (a CUDA stream; immediate on the CPU)
@@ -230,6 +231,13 @@ void backend_cpu_preinit(char **argv);
 static inline void *dev_alloc_zero(Backend *bk, size_t bytes, const char *what) {
     void *p = bk->dev_alloc(bk, bytes, what);
     bk->memzero(bk, p, bytes, NULL);
+    return p;
+}
+// Host memory from host_alloc, zeroed (the planner's counting backend hands out fake
+// addresses: nothing to zero there).
+static inline void *host_alloc_zero(Backend *bk, size_t bytes, const char *what) {
+    void *p = bk->host_alloc(bk, bytes, what);
+    if (!bk->dry_run) memset(p, 0, bytes);
     return p;
 }
 // Pointer to element i of an act tensor.

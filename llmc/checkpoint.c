@@ -152,8 +152,7 @@ static void load_params(Model *m, const char *where, const StTensor *(*find)(con
         if (sel == SEL_BASE || sel == SEL_ADAPTER) {
             model_set_param(m, i, buf);
         } else {
-            m->bk->copy_h2d(m->bk, moment(m, sel) + p->goff, buf, p->numel * sizeof(float), NULL);
-            m->bk->sync(m->bk);
+            model_state_put(m, moment(m, sel) + p->goff, buf, p->numel);
         }
     }
     free(buf);
@@ -312,8 +311,7 @@ static size_t tensor_fill(void *ctx, size_t first, size_t n, void *dst) {
         if (s->merge) model_get_param_merged(m, s->spec, buf);
         else model_get_param(m, s->spec, buf);
     } else {
-        m->bk->copy_d2h(m->bk, buf, moment(m, s->sel) + m->tab.specs[s->spec].goff + first, n * sizeof(float), NULL);
-        m->bk->sync(m->bk);
+        model_state_get(m, buf, moment(m, s->sel) + m->tab.specs[s->spec].goff + first, n);
     }
     long long bad = first_nonfinite(buf, n);
     if (bad >= 0)  // never publish NaN weights; the last good checkpoint stays as it is
@@ -513,13 +511,12 @@ static void shard_file(const Model *m, const char *dir, char *out, size_t cap) {
 // A rank's flat slice of one moment (StWriteItem.fill's ctx).
 typedef struct {
     const Model *m;
-    const float *dev;
+    const float *state;  // adam_m or adam_v, wherever they live
 } MomentSlice;
 
 static size_t slice_fill(void *ctx, size_t first, size_t n, void *dst) {
     const MomentSlice *s = ctx;
-    s->m->bk->copy_d2h(s->m->bk, dst, s->dev + first, n * sizeof(float), NULL);
-    s->m->bk->sync(s->m->bk);
+    model_state_get(s->m, dst, s->state + first, n);
     return n * sizeof(float);
 }
 
@@ -543,9 +540,8 @@ static void read_shard(Model *m, const char *path) {
         if (!t || st_numel(t) != n || strcmp(t->dtype, "F32"))
             fail("%s: tensor '%s' missing or not F32 [%zu]", path, names[k], n);
         st_to_f32(t, buf);
-        m->bk->copy_h2d(m->bk, dst[k], buf, n * sizeof(float), NULL);
+        model_state_put(m, dst[k], buf, n);
     }
-    m->bk->sync(m->bk);
     free(buf);
     st_close(f);
 }

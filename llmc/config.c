@@ -201,6 +201,9 @@ static const KeyDef KEYS[] = {
         "ranks that split each sequence (Ulysses all-to-all around attention); must equal the rank count"),
     NUM("offload_optimizer", T_BOOL, offload_optimizer, "false", 0, 1,
         "fp32 master and AdamW moments in host memory, updated on the CPU"),
+    NUM("offload_params", T_BOOL, offload_params, "false", 0, 1,
+        "weights in host memory: a full fine-tune keeps its ZeRO-3 pieces and their gradients there (zero_stage 3 "
+        "and offload_optimizer follow); an adapter run streams its frozen base (layer_offloading)"),
     ENUM("device", device, "auto", "auto|cpu|cuda",
          "backend; auto = CUDA when a GPU is present ($LLMC_DEVICE sets the default)"),
     ENUM("dtype", precision, "bfloat16", "bfloat16|float32",
@@ -512,7 +515,7 @@ static int special_set(Config *cfg, const char *key, const char *value, const ch
             else if (!strcmp(w, "auto_wrap")) printf("note: fsdp: auto_wrap has no effect here: sharding is always per decoder layer\n");
             else if (!strcmp(w, "no_shard")) cfg->fsdp = 0;
             else if (!strcmp(w, "offload"))
-                snprintf(cfg->offload_params, sizeof cfg->offload_params, "%s: fsdp: offload", origin);
+                snprintf(cfg->offload_params_from, sizeof cfg->offload_params_from, "%s: fsdp: offload", origin);
             else if (!strcmp(w, "shard_grad_op") || !strncmp(w, "hybrid_shard", 12))
                 fail("%s: key 'fsdp': '%s' is not supported; use full_shard (zero_stage 3) or "
                      "zero_stage: 1 (optimizer state sharded)", origin, w);
@@ -755,7 +758,7 @@ static int fsdp_config_key(Config *cfg, const char *name, const char *value, int
     if (!strcmp(n, "offload_params")) {
         if (value && !is_bool && !harmless(value))
             fail("%s: fsdp_config: %s expects true or false, got '%s'", origin, name, v);
-        if (on) snprintf(cfg->offload_params, sizeof cfg->offload_params, "%s: fsdp_config: %s: true", origin, name);
+        if (on) snprintf(cfg->offload_params_from, sizeof cfg->offload_params_from, "%s: fsdp_config: %s: true", origin, name);
     } else if (!strcmp(n, "sharding_strategy")) {
         if (!strcmp(v, "FULL_SHARD") || !strcmp(v, "1")) cfg->fsdp = 1, cfg->fsdp_given = 1;
         else if (!strcmp(v, "NO_SHARD") || !strcmp(v, "3")) cfg->fsdp = 0, cfg->fsdp_given = 1;
@@ -1004,7 +1007,7 @@ static void finish_deepspeed(Config *cfg, const char *src) {
              cfg->gradient_accumulation_steps);
     cfg->zero_stage = stage;
     if (ds.offload_optimizer) cfg->offload_optimizer = 1;
-    if (ds.offload_param) snprintf(cfg->offload_params, sizeof cfg->offload_params, "%s: deepspeed %s: offload_param", src, ds.path);
+    if (ds.offload_param) snprintf(cfg->offload_params_from, sizeof cfg->offload_params_from, "%s: deepspeed %s: offload_param", src, ds.path);
     printf("note: deepspeed %s: ZeRO stage %d runs as zero_stage %d%s%s\n", ds.path, ds.stage, stage,
            ds.stage == 2 ? " (the same numbers: optimizer state sharded, but every rank keeps all the gradients)"
                          : "",
@@ -1173,27 +1176,47 @@ static void finish_data_keys(Config *cfg, const char *src) {
     }
 }
 
-// Parameters in host memory (FSDP's and DeepSpeed's parameter offload). In an adapter run the
-// parameters are the frozen base, which layer_offloading keeps in host memory and streams to
-// the device a layer at a time, and the adapters, whose AdamW state offload_optimizer keeps on
-// the host; the adapters' own weights and gradients (a small fraction) stay on the device. The
-// numbers are those of the run without it (every placement trains the same bits). A full
-// fine-tune would need its trainable weights and gradients streamed, which is not implemented.
+// Parameters in host memory (the key offload_params, FSDP's and DeepSpeed's parameter
+// offload). In an adapter run the parameters are the frozen base, which layer_offloading keeps
+// in host memory and streams to the device a layer at a time, and the adapters, whose AdamW
+// state offload_optimizer keeps on the host; the adapters' own weights and gradients (a small
+// fraction) stay on the device. A full fine-tune runs ZeRO-3 with its pieces of the weights
+// and their float gradients in host memory: each unit is copied up and gathered for use, and
+// its reduced gradient piece is added into host memory as the backward finishes it; the update
+// then runs on the host (offload_optimizer), where the gradients are. Every placement trains
+// the same bits as the run without it.
 static void finish_offload_params(Config *cfg) {
-    const char *what = cfg->offload_params;
-    if (!strcmp(cfg->adapter, "none"))
-        fail("%s: parameters in host memory are implemented for adapter runs (adapter: lora or qlora, whose frozen "
-             "base streams from the host); a full fine-tune keeps its weights on the device: use offload_optimizer: "
-             "true (fp32 master and AdamW moments on the host), and --plan for what fits", what);
-    if ((given(cfg, "layer_offloading") && !cfg->layer_offloading) ||
-        (given(cfg, "offload_optimizer") && !cfg->offload_optimizer))
-        fail("%s means layer_offloading: true and offload_optimizer: true, but the config sets %s: false", what,
-             given(cfg, "layer_offloading") && !cfg->layer_offloading ? "layer_offloading" : "offload_optimizer");
-    cfg->layer_offloading = 1;
+    const char *what = cfg->offload_params_from;
+    if (given(cfg, "offload_params") && !cfg->offload_params)
+        fail("%s asks for the weights in host memory, but the config sets offload_params: false", what);
+    if (given(cfg, "offload_optimizer") && !cfg->offload_optimizer)
+        fail("%s means offload_optimizer: true (the update runs where the offloaded state is), but the config "
+             "sets offload_optimizer: false", what);
+    const int had_optimizer = cfg->offload_optimizer;
     cfg->offload_optimizer = 1;
-    printf("note: %s runs as layer_offloading: true (the frozen base weights in host memory, streamed to the device "
-           "a layer at a time) and offload_optimizer: true (the adapters' fp32 master and AdamW moments on the "
-           "host); the adapters' own weights and gradients stay on the device\n", what);
+    if (strcmp(cfg->adapter, "none")) {
+        if (given(cfg, "layer_offloading") && !cfg->layer_offloading)
+            fail("%s means layer_offloading: true and offload_optimizer: true, but the config sets "
+                 "layer_offloading: false", what);
+        cfg->layer_offloading = 1;
+        cfg->offload_params = 0;  // done by the two above
+        printf("note: %s runs as layer_offloading: true (the frozen base weights in host memory, streamed to the "
+               "device a layer at a time) and offload_optimizer: true (the adapters' fp32 master and AdamW moments "
+               "on the host); the adapters' own weights and gradients stay on the device\n", what);
+        return;
+    }
+    const int z3 = cfg->fsdp || cfg->zero_stage == 3;
+    if (!z3 && (given(cfg, "zero_stage") || cfg->deepspeed[0]))
+        fail("%s: a full fine-tune keeps its weights in host memory as ZeRO-3 pieces (each layer gathered to the "
+             "device for its use), but this run has zero_stage %d; use zero_stage: 3 (DeepSpeed stage 3, fsdp: "
+             "full_shard)", what, cfg->zero_stage);
+    cfg->zero_stage = 3;
+    cfg->offload_params = 1;
+    printf("note: %s: the full fine-tune runs as zero_stage 3%s with its pieces of the weights and their float "
+           "gradients in host memory (each layer's weights copied to the device and gathered for its forward and "
+           "backward, its gradients reduced on the device and added into host memory) and offload_optimizer: "
+           "true%s\n", what, z3 ? "" : " (set by it)",
+           had_optimizer ? "" : " (set by it: the update runs on the host, where the gradients are)");
 }
 
 void config_finish(Config *cfg) {
@@ -1203,7 +1226,9 @@ void config_finish(Config *cfg) {
     if (!cfg->base_model[0] && !cfg->has_model_block)
         fail("%s: no model: set base_model (a Hugging Face directory) or a model: block", src);
     finish_axolotl_keys(cfg, src);
-    if (cfg->offload_params[0]) finish_offload_params(cfg);
+    if (cfg->offload_params && !cfg->offload_params_from[0])
+        snprintf(cfg->offload_params_from, sizeof cfg->offload_params_from, "%s: offload_params: true", src);
+    if (cfg->offload_params_from[0]) finish_offload_params(cfg);
     if (cfg->model_config_key[0]) {
         const char *mk = cfg->model_config_key;
         const int line = cfg->model_config_line;

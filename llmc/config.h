@@ -66,9 +66,12 @@ typedef struct {
     double lora_alpha, lora_dropout;
     // sharding
     int fsdp, zero_stage, offload_optimizer;
-    // Parameters in host memory (FSDP's offload_params, fsdp: offload, DeepSpeed's offload_param):
-    // where it was asked for ("" when not); adapter runs only (config_finish)
-    char offload_params[2600];
+    // Parameters in host memory (the key offload_params, FSDP's offload_params, fsdp: offload,
+    // DeepSpeed's offload_param): where it was asked for ("" when not). config_finish maps an
+    // adapter run onto layer_offloading + offload_optimizer (offload_params then 0) and a full
+    // fine-tune onto zero_stage 3 + offload_optimizer + offload_params 1.
+    int offload_params;
+    char offload_params_from[2600];
     char deepspeed[1024];          // a DeepSpeed JSON config (deepspeed.h), read in config_finish
     int sequence_parallel_degree;  // ranks that share each sequence (Ulysses); 1: off
     // runtime

@@ -10,6 +10,7 @@
 #include "actstore.h"
 #include "nf4.h"
 #include "comm.h"
+#include "cpu/kernels.h"
 #include "seqpar.h"
 #include "weights.h"
 #include "util.h"
@@ -145,26 +146,45 @@ static float *G(const Model *m, int i) {
     return m->grads + p->goff;
 }
 
-// ZeRO-3: all-gather unit u (every rank's piece) into buf.
+// ZeRO-3: all-gather unit u (every rank's piece) into buf. Under offload_params the piece
+// comes up from host memory.
 static void z3_gather(Model *m, int u, void *buf) {
     Comm *c = m->opt.comm;
+    Backend *bk = m->bk;
     size_t s = unit_shard(&m->tab, u), loc = 0;
     for (int v = 0; v < u; v++) loc += unit_shard(&m->tab, v);
     if (!s) return;
-    m->bk->copy_d2d(m->bk, act_at(m->bk, buf, (size_t)c->rank * s), act_at(m->bk, m->params, loc),
-                    s * m->bk->act_bytes, NULL);
-    c->all_gather(c, buf, act_at(m->bk, buf, (size_t)c->rank * s), s);
+    void *mine = act_at(bk, buf, (size_t)c->rank * s);
+    if (m->opt.offload_params) bk->copy_h2d(bk, mine, act_at(bk, m->pieces, loc), s * bk->act_bytes, NULL);
+    else bk->copy_d2d(bk, mine, act_at(bk, m->pieces, loc), s * bk->act_bytes, NULL);
+    c->all_gather(c, buf, mine, s);
 }
 
 // ZeRO-3: sum unit u's full gradients over ranks into this rank's piece of the gradients.
 static void z3_reduce(Model *m, int u, float *full) {
     Comm *c = m->opt.comm;
+    Backend *bk = m->bk;
     size_t s = unit_shard(&m->tab, u), loc = 0;
     for (int v = 0; v < u; v++) loc += unit_shard(&m->tab, v);
     if (!s) return;
     // Padding past the unit's end is zero in every rank's buffer, so it reduces to zero.
     c->reduce_scatter_sum(c, full, full, s);
-    m->bk->accumulate_f32(m->bk, m->grads + loc, full, s);
+    if (!m->opt.offload_params) {
+        bk->accumulate_f32(bk, m->grads + loc, full, s);
+        return;
+    }
+    // offload_params: the piece goes down and is added on the host, one float add per element
+    // as accumulate_f32 makes (the same bits). The wait keeps `full` from being overwritten by
+    // the next unit's backward before the copy has read it.
+    bk->copy_d2h(bk, m->z3_host_grad, full, s * sizeof(float), NULL);
+    bk->sync(bk);
+    accumulate_f32(m->grads + loc, m->z3_host_grad, s);  // the CPU's kernel, on host memory
+}
+
+void model_zero_grads(Model *m) {
+    const size_t n = m->opt.zero_stage >= 3 ? m->local_n : m->tab.shard * m->tab.world;
+    if (m->opt.offload_params) memset(m->grads, 0, n * sizeof(float));
+    else m->bk->memzero(m->bk, m->grads, n * sizeof(float), NULL);
 }
 
 // Gathered copies are valid until the next optimizer step; a pass starts with none.

@@ -395,14 +395,15 @@ void param_table_build(ParamTable *t, const ModelConfig *c, const LoraConfig *lo
     // Streaming: frozen layer tensors move to per-layer blocks; the rest pack the resident buffer.
     // The resident buffer starts with the trainable tensors in gradient order (so sharding
     // can gather and scatter one contiguous range, padded to a multiple of the world size),
-    // then the frozen resident ones. Every layer has the same tensors in the same order, so
+    // then the frozen resident ones. ZeRO-3 keeps its pieces in a buffer of their own (which
+    // offload_params puts in host memory), so the resident buffer holds only frozen tensors. Every layer has the same tensors in the same order, so
     // streamed block offsets agree across layers.
     t->world = world > 0 ? world : 1;
     t->shard = (g + t->world - 1) / t->world;
     // ZeRO-3 keeps only this rank's piece of every unit: ceil(unit / world) elements each.
     t->local3 = 0;
     for (int u = 0; u <= L; u++) t->local3 += unit_shard(t, u);
-    size_t res = zero3 ? t->local3 : t->shard * t->world, *blk = xcalloc(L, sizeof(size_t));
+    size_t res = zero3 ? 0 : t->shard * t->world, *blk = xcalloc(L, sizeof(size_t));
     size_t *qo = xcalloc(L, sizeof(size_t)), *dq = xcalloc(L, sizeof(size_t));
     for (int i = 0; i < (int)arrlen(t->specs); i++) {
         ParamSpec *p = &t->specs[i];
@@ -526,6 +527,7 @@ void model_check_memory(const ModelConfig *c, const LoraConfig *lora, const Mode
     // fp32 master weights; ZeRO divides the optimizer state (stage 3: everything) by the ranks.
     const double A = bk->act_bytes, world = mo && mo->comm ? mo->comm->world : 1;
     const int zero = mo ? mo->zero_stage : 0, offload = mo && mo->offload_optimizer;
+    const int offload_params = mo && mo->offload_params;
     double trainable = s.trainable.d;
     if ((!lora || !lora->r) && mo && mo->unfrozen && mo->unfrozen[0]) {  // unfrozen_parameters: count them
         ParamTable t;
@@ -536,10 +538,13 @@ void model_check_memory(const ModelConfig *c, const LoraConfig *lora, const Mode
     const double frozen = s.params.d - trainable;
     const double frozen_b = frozen * (mo && mo->load_in_4bit ? 0.5 : mo && mo->load_in_8bit ? 1 : A);
     const double train_b = trainable * (A + sizeof(float)) / (zero >= 3 ? world : 1);  // weights, float grads
-    const double opt_b = trainable * (8 + (A != 4 || offload ? 4 : 0) + (offload ? 4 : 0)) / (zero >= 1 ? world : 1);
+    // (offload_optimizer's host copy of the gradients is the gradients themselves under
+    // offload_params)
+    const double opt_b = trainable * (8 + (A != 4 || offload ? 4 : 0) + (offload && !offload_params ? 4 : 0)) /
+                         (zero >= 1 ? world : 1);
     double host = table;
     if (backend_is_host(bk)) host += frozen_b + train_b + opt_b;  // "device" memory is host memory
-    else host += (mo && mo->stream ? frozen_b : 0) + (offload ? opt_b : 0);
+    else host += (mo && mo->stream ? frozen_b : 0) + (offload ? opt_b : 0) + (offload_params ? train_b : 0);
     if (host > have) fail_memory(c, &s, host, have, "its weights, gradients and optimizer state");
 }
 
@@ -554,6 +559,8 @@ void model_create(Model *m, Backend *bk, const ModelConfig *cfg, const LoraConfi
     if (opt) m->opt = *opt;
     const int world = m->opt.comm ? m->opt.comm->world : 1, rank = m->opt.comm ? m->opt.comm->rank : 0;
     const int zero3 = m->opt.zero_stage >= 3, L = cfg->num_hidden_layers;
+    if (m->opt.offload_params && (!zero3 || !m->opt.offload_optimizer))
+        fail("internal: offload_params needs zero_stage 3 and offload_optimizer");
     model_check_memory(cfg, lora, &m->opt, bk);
     param_table_build(&m->tab, cfg, lora, m->opt.stream, world,
                       m->opt.load_in_4bit ? 4 : m->opt.load_in_8bit ? 8 : 0, zero3, m->opt.unfrozen);
@@ -571,12 +578,13 @@ void model_create(Model *m, Backend *bk, const ModelConfig *cfg, const LoraConfi
     m->owned = xcalloc((size_t)L + 1, sizeof(*m->owned));
     m->nowned = rank_ranges(t, m->opt.zero_stage, rank, m->owned, &m->local_n);
     const size_t g = m->local_n;
-    m->params = dev_alloc_zero(bk, n * bk->act_bytes, "parameters");
+    m->params = dev_alloc_zero(bk, (n ? n : 1) * bk->act_bytes, zero3 ? "frozen parameters" : "parameters");
     if (zero3) {
         // Gathered copies of the unit in use, and its full-size gradients before they are
         // reduce-scattered to their owners.
         size_t maxu = 0, A = bk->act_bytes;
         for (int u = 1; u <= L; u++) maxu = unit_shard(t, u) > maxu ? unit_shard(t, u) : maxu;
+        const size_t max_piece = maxu > unit_shard(t, 0) ? maxu : unit_shard(t, 0);
         maxu *= world;
         size_t nl = unit_shard(t, 0) * world;
         m->z3_nl = dev_alloc_zero(bk, (nl ? nl : 1) * A, "gathered embedding/head");
@@ -586,6 +594,17 @@ void model_create(Model *m, Backend *bk, const ModelConfig *cfg, const LoraConfi
             m->z3_slot_layer[i] = -1;
         }
         m->z3_layer_grad = dev_alloc_zero(bk, (maxu ? maxu : 1) * sizeof(float), "layer gradients (full)");
+        // This rank's pieces: the weights between optimizer steps (gathered per unit for use)
+        // and, under offload_params, their gradients too, each unit's reduced piece copied
+        // out of the device through z3_host_grad as the backward finishes it.
+        const size_t np = t->local3 ? t->local3 : 1;
+        if (m->opt.offload_params) {
+            m->pieces = host_alloc_zero(bk, np * A, "trainable weights' pieces (host)");
+            m->z3_host_grad = host_alloc_zero(bk, (max_piece ? max_piece : 1) * sizeof(float),
+                                              "a unit's gradient piece (host)");
+        } else {
+            m->pieces = dev_alloc_zero(bk, np * A, "trainable weights' pieces");
+        }
     }
     m->deq_layer = -1;
     if (m->opt.stream && (m->tab.stream_block || m->tab.qregion)) {
@@ -600,13 +619,17 @@ void model_create(Model *m, Backend *bk, const ModelConfig *cfg, const LoraConfi
     if (m->tab.qregion) m->deq = bk->dev_alloc(bk, m->tab.deq_elems * bk->act_bytes, "dequantized layer weights");
     // Gradients are float whatever the act precision (backend.h): 4 bytes per trainable
     // parameter, 2 more than bf16 would take, so that accumulation never rounds to bf16.
-    m->grads = dev_alloc_zero(bk, (zero3 ? (g ? g : 1) : (full ? full : 1)) * sizeof(float), "gradients");
+    if (m->opt.offload_params)
+        m->grads = host_alloc_zero(bk, (g ? g : 1) * sizeof(float), "gradients' pieces (host)");
+    else
+        m->grads = dev_alloc_zero(bk, (zero3 ? (g ? g : 1) : (full ? full : 1)) * sizeof(float), "gradients");
     if (m->opt.offload_optimizer) {
         // ZeRO-Offload: the optimizer's fp32 state lives on the host and the update runs there.
         m->adam_m = bk->host_alloc(bk, g * sizeof(float), "AdamW first moments (host)");
         m->adam_v = bk->host_alloc(bk, g * sizeof(float), "AdamW second moments (host)");
         m->master = bk->host_alloc(bk, g * sizeof(float), "fp32 master weights (host)");
-        m->host_grads = bk->host_alloc(bk, g * sizeof(float), "gradients (host)");
+        // offload_params: the gradients are in host memory already
+        m->host_grads = m->opt.offload_params ? m->grads : bk->host_alloc(bk, g * sizeof(float), "gradients (host)");
         if (!bk->dry_run) {  // the planner's counting backend hands out fake addresses
             memset(m->adam_m, 0, g * sizeof(float));
             memset(m->adam_v, 0, g * sizeof(float));
@@ -836,7 +859,15 @@ void model_free(Model *m) {
     bk->dev_free(bk, m->qweights);
     bk->dev_free(bk, m->deq);
     bk->dev_free(bk, m->params);
-    bk->dev_free(bk, m->grads);
+    if (m->opt.offload_params) {
+        bk->host_free(bk, m->pieces);
+        bk->host_free(bk, m->z3_host_grad);
+        bk->host_free(bk, m->grads);  // also host_grads
+        m->host_grads = NULL;
+    } else {
+        bk->dev_free(bk, m->pieces);
+        bk->dev_free(bk, m->grads);
+    }
     bk->dev_free(bk, m->z3_nl);
     bk->dev_free(bk, m->z3_nl_grad);
     bk->dev_free(bk, m->z3_slot[0]);
@@ -894,12 +925,31 @@ void model_set_param(Model *m, int i, const float *src) {
     size_t a, b, loc;
     int own = model_owned_part(m, p, &a, &b, &loc);
     if (p->trainable && m->opt.zero_stage >= 3) {  // only this rank's piece is kept
-        if (own) m->bk->upload_act(m->bk, act_at(m->bk, m->params, loc), src + (a - p->goff), b - a);
+        void *dst = act_at(m->bk, m->pieces, loc);
+        if (own && m->opt.offload_params) m->bk->host_from_f32(m->bk, dst, src + (a - p->goff), b - a);
+        else if (own) m->bk->upload_act(m->bk, dst, src + (a - p->goff), b - a);
     } else {
         m->bk->upload_act(m->bk, act_at(m->bk, m->params, p->offset), src, p->numel);
     }
-    if (m->master && own)
-        m->bk->copy_h2d(m->bk, m->master + loc, src + (a - p->goff), (b - a) * sizeof(float), NULL);
+    if (m->master && own) model_state_put(m, m->master + loc, src + (a - p->goff), b - a);
+}
+
+void model_state_put(const Model *m, float *state, const float *src, size_t n) {
+    if (m->opt.offload_optimizer) {
+        memcpy(state, src, n * sizeof(float));
+        return;
+    }
+    m->bk->copy_h2d(m->bk, state, src, n * sizeof(float), NULL);
+    m->bk->sync(m->bk);
+}
+
+void model_state_get(const Model *m, float *dst, const float *state, size_t n) {
+    if (m->opt.offload_optimizer) {
+        memcpy(dst, state, n * sizeof(float));
+        return;
+    }
+    m->bk->copy_d2h(m->bk, dst, state, n * sizeof(float), NULL);
+    m->bk->sync(m->bk);
 }
 
 // ---- reading a sharded model's tensors (saving) ------------------------------------------
@@ -931,16 +981,14 @@ static int whole_here(const Model *m, const ParamSpec *p, size_t *loc) {
 }
 
 // n float32 values of this rank's piece from local index loc: the fp32 master (host memory
-// under offload_optimizer), else the act weights.
+// under offload_optimizer), else the act weights (without a master a piece is ZeRO-3's, and
+// offload_params always has a master).
 static void read_piece(const Model *m, size_t loc, size_t n, float *dst) {
     Backend *bk = m->bk;
-    if (m->master && m->opt.offload_optimizer) {
-        memcpy(dst, m->master + loc, n * sizeof(float));
-    } else if (m->master) {
-        bk->copy_d2h(bk, dst, m->master + loc, n * sizeof(float), NULL);
-        bk->sync(bk);
+    if (m->master) {
+        model_state_get(m, dst, m->master + loc, n);
     } else {
-        bk->download_act(bk, dst, act_at(bk, m->params, loc), n);
+        bk->download_act(bk, dst, act_at(bk, m->opt.zero_stage >= 3 ? m->pieces : m->params, loc), n);
     }
 }
 

@@ -227,6 +227,9 @@ typedef struct {
     struct Comm *comm;       // NULL: one process
     int zero_stage;          // 0: all-reduce gradients; 1: shard optimizer state (ZeRO-1)
     int offload_optimizer;   // fp32 master and AdamW moments in host memory, update on the CPU
+    int offload_params;      // ZeRO-3 with this rank's pieces of the trainable weights and their
+                             // float gradients in host memory (needs zero_stage 3 and
+                             // offload_optimizer): DeepSpeed's offload_param for a full fine-tune
     int load_in_4bit;        // QLoRA: frozen decoder linear weights stored NF4
     int load_in_8bit;        // LoRA over bitsandbytes' 8-bit storage (int8.h)
     const char *unfrozen;    // full fine-tune: newline-separated name patterns that train (freeze.h); NULL/"": all
@@ -239,13 +242,17 @@ typedef struct {
     ModelConfig cfg;
     ParamTable tab;
     // Flat buffers laid out by the parameter table: params holds every resident tensor
-    // (trainable ones first, at their goff), grads every trainable one. The optimizer state
+    // (trainable ones first, at their goff, except under ZeRO-3, whose pieces are in `pieces`),
+    // grads every trainable one. The optimizer state
     // covers this rank's range [opt_lo, opt_hi) of trainable indices: all of them unless
     // zero_stage >= 1. With offload_optimizer it lives in host memory.
     ModelOptions opt;
     void *params;                 // act precision
+    void *pieces;                 // ZeRO-3: this rank's pieces of every unit (local3 elements, act
+                                  // precision); in host memory under offload_params
     float *grads;                 // float on every backend (backend.h: sums over micro-batches,
-                                  // tiles and chunks must not round to bf16)
+                                  // tiles and chunks must not round to bf16); host memory under
+                                  // offload_params
     float *master, *adam_m, *adam_v;  // fp32; master NULL when act precision is fp32 (and no offload)
     float *host_grads;            // offload_optimizer: gradients copied for the CPU update
     // The trainable indices whose optimizer state this rank keeps: each range [g0, g1) maps to
@@ -260,6 +267,7 @@ typedef struct {
     // trainable tensors ask the other ranks for their pieces (model_get_param).
     int gathering;
     float *z3_nl_grad, *z3_layer_grad;
+    float *z3_host_grad;          // offload_params: a unit's reduced piece on its way to grads
     int z3_slot_layer[2], z3_last;
     void *lora_tmp, *lora_dtmp, *lora_xd, *lora_dxd;  // LoRA scratch: [N, r] and [N, max in]
     // layer_offloading: frozen layer weights in pinned host blocks, two device slots.
@@ -321,6 +329,10 @@ void model_get_param(const Model *m, int i, float *dst);
 // The same with the adapters merged in: an adapted weight reads W + scale * B A (its rows of B
 // for GPT-2's k and v); any other tensor as model_get_param.
 void model_get_param_merged(const Model *m, int i, float *dst);
+// n floats into / out of the optimizer state (adam_m, adam_v, master), which is host memory
+// under offload_optimizer and device memory otherwise; both return with the copy done.
+void model_state_put(const Model *m, float *state, const float *src, size_t n);
+void model_state_get(const Model *m, float *dst, const float *state, size_t n);
 // ZeRO-3 keeps only pieces of the trainable weights, and under ZeRO >= 1 with an fp32 master
 // the master is spread over the ranks: to read whole tensors (saving), every rank calls
 // model_gather_all (collective); rank 0 returns at once and reads what it wants with
@@ -342,5 +354,8 @@ void model_set_batch(Model *m, const int32_t *tokens, const int32_t *targets,
 // Forward pass of the current batch. With loss_scale > 0 it also runs backward, accumulating
 // loss_scale * d(sum of token losses) into m->grads. Returns the sum of the token losses.
 double model_forward_backward(Model *m, int B, int T, float loss_scale);
+// Zeroes the gradients model_forward_backward accumulates into (a step's start), wherever
+// they live.
+void model_zero_grads(Model *m);
 // Logits of the last position of row 0 after a forward of (1, T); returns host pointer [V].
 void model_last_logits(Model *m, int T, float *out);

@@ -51,7 +51,7 @@ static int sharded(const Model *m) { return m->opt.comm && m->opt.comm->world > 
 // After the gradient exchange, gradients and optimizer state are indexed locally (see
 // Model.owned); the weights too under ZeRO-3, which keeps only its pieces.
 static void *param_at(const Model *m, size_t a, size_t local) {
-    return act_at(m->bk, m->params, m->opt.zero_stage >= 3 ? local : a);
+    return m->opt.zero_stage >= 3 ? act_at(m->bk, m->pieces, local) : act_at(m->bk, m->params, a);
 }
 
 double grad_norm(Model *m) {
@@ -74,7 +74,9 @@ double grad_norm(Model *m) {
         for (int k = 0; k < p->nfrozen; k++) {
             size_t lo = p->goff + (size_t)p->frozen[k][0] * cols, hi = p->goff + (size_t)p->frozen[k][1] * cols;
             lo = lo > a ? lo : a, hi = hi < b ? hi : b;
-            if (lo < hi) m->bk->memzero(m->bk, m->grads + loc + (lo - a), (hi - lo) * sizeof(float), NULL);
+            if (lo >= hi) continue;
+            if (m->opt.offload_params) memset(m->grads + loc + (lo - a), 0, (hi - lo) * sizeof(float));
+            else m->bk->memzero(m->bk, m->grads + loc + (lo - a), (hi - lo) * sizeof(float), NULL);
         }
     }
     // Per tensor, in table order; a tied head is one entry, so each gradient counts once. The
@@ -88,7 +90,11 @@ double grad_norm(Model *m) {
         size_t a, b, loc;
         if (model_owned_part(m, &m->tab.specs[i], &a, &b, &loc)) x[k] = m->grads + loc, len[k++] = b - a;
     }
-    m->bk->sumsq_many(m->bk, x, len, k, each);
+    if (m->opt.offload_params) {  // host memory: the CPU backend's own sums (the same bits there)
+        for (int i = 0; i < k; i++) each[i] = sumsq_f32(x[i], len[i]);
+    } else {
+        m->bk->sumsq_many(m->bk, x, len, k, each);
+    }
     double ss = 0;
     for (int i = 0; i < k; i++) ss += each[i];
     free(x);
@@ -107,7 +113,7 @@ float optim_step(Model *m, const OptimConfig *oc, double lr, double norm, int st
         if (c < 1.0) clip = (float)c;
     }
     const size_t n = m->local_n;
-    if (m->opt.offload_optimizer && n) {  // the float gradients, as they are
+    if (m->opt.offload_optimizer && !m->opt.offload_params && n) {  // the float gradients, as they are
         bk->copy_d2h(bk, m->host_grads, m->grads, n * sizeof(float), NULL);
         bk->sync(bk);
     }
@@ -120,7 +126,8 @@ float optim_step(Model *m, const OptimConfig *oc, double lr, double norm, int st
             // ZeRO-Offload: the update runs on the host's threads on the fp32 master.
             adamw_f32(m->master + loc, m->host_grads + loc, m->adam_m + loc, m->adam_v + loc, b - a,
                       (float)lr, (float)oc->beta1, (float)oc->beta2, (float)oc->eps, wd, clip, step);
-            bk->upload_act(bk, param_at(m, a, loc), m->master + loc, b - a);
+            if (m->opt.offload_params) bk->host_from_f32(bk, param_at(m, a, loc), m->master + loc, b - a);
+            else bk->upload_act(bk, param_at(m, a, loc), m->master + loc, b - a);
         } else {
             bk->adamw(bk, param_at(m, a, loc), m->master ? m->master + loc : NULL,
                       m->grads + loc, m->adam_m + loc, m->adam_v + loc, b - a, (float)lr,

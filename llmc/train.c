@@ -449,7 +449,8 @@ int train_main(int argc, char **argv, int arch) {
     }
     const Split split0 = {.n = spn, .rank = rank, .dp = world / spn};
     ModelOptions mo = {.stream = pol.stream_frozen, .comm = comm, .zero_stage = cfg.zero_stage,
-                       .offload_optimizer = cfg.offload_optimizer, .load_in_4bit = cfg.load_in_4bit,
+                       .offload_optimizer = cfg.offload_optimizer, .offload_params = cfg.offload_params,
+                       .load_in_4bit = cfg.load_in_4bit,
                        .load_in_8bit = cfg.load_in_8bit, .unfrozen = cfg.unfrozen_parameters,
                        .seq_parallel = spn};
     PlanRow rows[32];
@@ -609,7 +610,6 @@ int train_main(int argc, char **argv, int arch) {
     if (spn > 1) split.tok = xmalloc(sizeof(int32_t) * BT / spn), split.tgt = xmalloc(sizeof(int32_t) * BT / spn);
     int32_t *tok = xmalloc(sizeof(int32_t) * GBT * accum), *tgt = xmalloc(sizeof(int32_t) * GBT * accum);
     int32_t *dst = prepared ? xmalloc(sizeof(int32_t) * GBT * accum) : NULL;  // document starts
-    const size_t grad_bytes = (cfg.zero_stage >= 3 ? model.local_n : model.tab.shard * model.tab.world) * sizeof(float);
 
     int bad_in_row = 0;  // consecutive skipped (non-finite) steps
     int stopped = stop_requested(comm), last_saved = -1;  // a signal: stop after this step
@@ -643,7 +643,7 @@ int train_main(int argc, char **argv, int arch) {
         }
         for (size_t i = 0; i < GBT * accum; i++) count += tgt[i] >= 0;
         float scale = count ? (float)(1.0 / (double)count) : 0.0f;
-        bk->memzero(bk, model.grads, grad_bytes, NULL);
+        model_zero_grads(&model);
         double loss_sum = 0;
         int ran = 0;  // micro-batches computed
         for (int a = 0; a < accum; a++) {

@@ -241,12 +241,30 @@ def fsdp_forms(e):
     check("note: fsdp: auto_wrap" in out, "no note for auto_wrap")
     rc, out, err = e.run("fsdp_str", e.base("fsdp_str", fsdp="full_shard auto_wrap"))
     ok_run(rc, out, err)
-    rc, out, err = e.run("fsdp_off", yaml_text(e.base("fsdp_off")) + "fsdp:\n  - full_shard\n  - offload\n")
-    one_error(rc, err, "fsdp: offload", "adapter runs", "offload_optimizer")
     rc, out, err = e.run("fsdp_sgo", e.base("fsdp_sgo", fsdp="[shard_grad_op]"))
     one_error(rc, err, "shard_grad_op", "zero_stage")
-    rc, out, err = e.run("fsdp_cfg_off", yaml_text(e.base("fsdp_cfg_off")) + "fsdp_config:\n  fsdp_offload_params: true\n")
-    one_error(rc, err, "fsdp_offload_params: true", "adapter runs", "offload_optimizer")
+    # A full fine-tune's parameters in host memory: ZeRO-3 with its pieces of the weights and
+    # their gradients on the host and the update there (test_sharding's offload_params_* check
+    # the memory and the bits); the same losses as the fsdp run above.
+    fsdp_losses = [r["loss"] for r in e.metrics("fsdp") if "loss" in r]
+    for name, extra in (("fsdp_off", "fsdp:\n  - full_shard\n  - offload\n"),
+                        ("fsdp_cfg_off", "fsdp_config:\n  fsdp_offload_params: true\n")):
+        rc, out, err = e.run(name, yaml_text(e.base(name)) + extra)
+        ok_run(rc, out, err)
+        check("the full fine-tune runs as zero_stage 3" in out and "in host memory" in out and
+              "offload_optimizer: true (set by it" in out, "%s: no note: %s" % (name, out[:600]))
+        check(re.search(r"host [1-9][0-9.]* [KM]iB", out), "%s: nothing in host memory: %s" % (name, out[-300:]))
+        got = [r["loss"] for r in e.metrics(name) if "loss" in r]
+        check(got == fsdp_losses, "%s: losses %s differ from the fsdp run's %s" % (name, got, fsdp_losses))
+    rc, out, err = e.run("fsdp_off_z1", yaml_text(e.base("fsdp_off_z1", zero_stage=1)) +
+                         "fsdp_config:\n  fsdp_offload_params: true\n")
+    one_error(rc, err, "fsdp_offload_params: true", "zero_stage 1", "zero_stage: 3")
+    rc, out, err = e.run("fsdp_off_noopt", yaml_text(e.base("fsdp_off_noopt", offload_optimizer="false")) +
+                         "fsdp:\n  - full_shard\n  - offload\n")
+    one_error(rc, err, "fsdp: offload", "offload_optimizer: false")
+    rc, out, err = e.run("op_clash", yaml_text(e.base("op_clash", offload_params="false")) +
+                         "fsdp_config:\n  fsdp_offload_params: true\n")
+    one_error(rc, err, "fsdp_offload_params: true", "offload_params: false")
     # In an adapter run, parameters in host memory are the frozen base streamed from the host
     # (layer_offloading) and the adapters' optimizer state there (offload_optimizer): the
     # same losses as the run without, host memory in use.
@@ -678,8 +696,18 @@ def deepspeed_files(e):
     check("offload_param runs as layer_offloading: true" in out, "offload_param: no note: " + out[:500])
     check([r["loss"] for r in e.metrics(name) if "loss" in r] == [r["loss"] for r in e.metrics("ds_lora") if "loss" in r],
           "offload_param: the losses differ from the plain adapter run's")
-    bad = ((dict(auto, zero_optimization={"stage": 3, "offload_param": {"device": "cpu"}}),
-            ("offload_param", "adapter runs")),
+    # A full fine-tune: ZeRO-3 with the weights' pieces in host memory; without
+    # offload_optimizer in the file the update moves to the host too (noted)
+    name = "ds_param_full"
+    path = ds(name, dict(auto, zero_optimization={"stage": 3, "offload_param": {"device": "cpu", "pin_memory": True}}))
+    rc, out, err = e.run(name, e.base(name, deepspeed=path))
+    ok_run(rc, out, err)
+    check("offload_param: the full fine-tune runs as zero_stage 3 with its pieces" in out and
+          "offload_optimizer: true (set by it" in out, "offload_param (full): no note: " + out[:600])
+    check([r["loss"] for r in e.metrics(name) if "loss" in r] == plain,
+          "offload_param (full): the losses differ from the plain run's")
+    bad = ((dict(auto, zero_optimization={"stage": 2, "offload_param": {"device": "cpu"}}),
+            ("offload_param", "zero_stage 1", "zero_stage: 3")),
            (dict(auto, zero_optimization={"stage": 3, "offload_param": {"device": "nvme"}}), ("offload_param.device nvme",)),
            (dict(auto, zero_optimization={"stage": 1, "offload_optimizer": {"device": "nvme"}}), ("nvme",)),
            (dict(auto, bf16={"enabled": False}), ("bf16.enabled false", "bfloat16")),

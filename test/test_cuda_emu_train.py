@@ -23,8 +23,9 @@ lr * g / (|g| + 1): the step's change measures its gradient g, element by elemen
       normwise (bf16 sums: 1.14e-2 and 8.3e-3); held to 1.05e-2 and 7.5e-3.
   (c) LoRA: the adapters' B gradients (matmul_dw) over 2 identical micro-batches against one,
       2e-5 (measured 2.2e-7; bf16 sums 7.2e-3: the chunks and tiles round differently).
-  (d) ZeRO-3 at a world of one (per-unit float gradients, reduce-scatter, accumulate_f32) and
-      offload_optimizer (float gradients copied to the host) give the plain run's gradient
+  (d) ZeRO-3 at a world of one (per-unit float gradients, reduce-scatter, accumulate_f32),
+      offload_optimizer (float gradients copied to the host) and offload_params (ZeRO-3's
+      pieces and gradients in pinned host memory) give the plain run's gradient
       norm to all 9 printed digits (with bf16 sums ZeRO-3's differed in the 5th), and save the
       plain run's fp32 master weights bit for bit (ZeRO-3 used to save its bf16 gathered copy:
       3.0e-3 off).
@@ -244,9 +245,11 @@ def main():
                       len(ei) > 0 and vals[-1] <= 1.5e-2 and vals[len(vals) // 2] <= 9e-3 and li <= 1e-4,
                       "beyond the tolerance")
         # (d) ZeRO-3 (a world of one: its per-unit float gradients, reduce-scatter and
-        # accumulate_f32) and offload_optimizer (float gradients copied to the host): the plain
-        # run's gradient norm, to the last digit printed.
-        for key, val in (("zero_stage", 3), ("zero_stage", 1), ("offload_optimizer", "true")):
+        # accumulate_f32), offload_optimizer (float gradients copied to the host) and
+        # offload_params (ZeRO-3's pieces in pinned host memory: copied up for each gather,
+        # each unit's reduced gradient copied down and added on the host, the norm summed
+        # there): the plain run's gradient norm, to the last digit printed.
+        for key, val in (("zero_stage", 3), ("zero_stage", 1), ("offload_optimizer", "true"), ("offload_params", "true")):
             r, w, _ = run(binary, tmp, "cuda_" + key, "cuda", {"dtype": "bfloat16", key: val})
             check("(d) %s %s: the plain run's gradient norm (%s)" % (key, val, r and r[0]["grad_norm"]),
                   r is not None and r[0]["grad_norm"] == g1[0]["grad_norm"],
@@ -255,6 +258,16 @@ def main():
                 diff = max(max(abs(a - b) for a, b in zip(r[1][k], g1[1][k])) for k in g1[1])
                 check("(d) %s %s: the saved weights are the plain run's fp32 master weights (max diff %.3g)"
                       % (key, val, diff), diff == 0, "they differ")
+        # (d) offload_params across a resume: checkpoint-1's moments and master come out of and
+        # go back into pinned host memory (model_state_get/put); step 2 resumed from it gives
+        # the unbroken run's weights bit for bit
+        op = {"dtype": "bfloat16", "offload_params": "true", "max_steps": 2, "save_steps": 1}
+        r, w, _ = run(binary, tmp, "cuda_op_unbroken", "cuda", op)
+        r2, w2, _ = run(binary, tmp, "cuda_op_resumed", "cuda",
+                        dict(op, resume_from_checkpoint=os.path.join(tmp, "cuda_op_unbroken", "checkpoint-1")))
+        check("(d) offload_params: resumed from checkpoint-1, step 2 gives the unbroken run's loss and weights",
+              r is not None and r2 is not None and r2[0]["loss"] == r[0]["loss"] and
+              all(r2[1][k] == r[1][k] for k in r[1]), w or w2 or "they differ")
         # (e) the NCCL path at a world of one (LLMC_FORCE_NCCL=1: the emulator's NCCL) runs to
         # the end and gives the plain run's numbers. Its teardown once destroyed the backend's
         # stream before the comm's last barrier used it: a segfault at exit on the first GPU

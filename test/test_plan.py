@@ -11,7 +11,9 @@
     modes that fit both budgets, or stops with an error when none does;
   * the Llama-3.1-8B shape (config.json only: planning loads no weights) with QLoRA r16 at 131K
     tokens on an 80 GB GPU has a fitting mode, and at 524,288 tokens hidden_states + tiled MLP
-    fits 80 GiB device + 128 GiB host with no disk.
+    fits 80 GiB device + 128 GiB host with no disk; with 8 ranks of sequence parallelism a full
+    fine-tune at 524,288 tokens (Axolotl's ALST example) fits 80 GiB a rank with offload_params,
+    which moves each rank's pieces and float gradients (6 B a parameter / 8) off the device.
 Usage: /usr/bin/python3 test/test_plan.py --bin build/train_llama
 """
 import argparse
@@ -162,6 +164,29 @@ def main():
                   "and 128 GiB host per rank (%s)" % ", ".join("%s %.1f GiB" % (k, v[0] / 2 ** 30) for k, v in fit.items()),
                   p.returncode == 0 and fit and all(v[0] <= 80 * 2 ** 30 and v[1] <= 128 * 2 ** 30 for v in fit.values()),
                   p.stdout[-2000:] + p.stderr[-500:])
+            # A full fine-tune of the 8B shape at 524,288 tokens over 8 ranks (Axolotl's ALST
+            # example: ZeRO-3 with everything offloaded): offload_params takes each rank's
+            # pieces (bf16) and their float gradients off the device, 6 B x 8.03e9 / 8, and puts
+            # the pieces on the host; with checkpointing + tiled MLP a rank then fits 80 GiB.
+            ft = os.path.join(root, "c8ft.yaml")
+            with open(ft, "w") as f:
+                f.write("base_model: %s\ntrain_data: %s\nsequence_len: 524288\nmicro_batch_size: 1\n"
+                        "sequence_parallel_degree: 8\ndtype: bfloat16\ndevice: cuda\ndevice_memory_limit: 80GiB\n"
+                        "host_memory_limit: 128GiB\noutput_dir: %s\n" % (d8, data, os.path.join(root, "o8ft")))
+            got = {}
+            for how in (("zero_stage=3", "offload_optimizer=true"), ("offload_params=true",)):
+                sets = sum((["--set", x] for x in how), [])
+                p = subprocess.run(["mpirun", "-np", "8", "--oversubscribe", "--bind-to", "none", binary, "-c", ft] + sets +
+                                   ["--plan"], capture_output=True, text=True, timeout=300, env=env)
+                got[how[0]] = (p.returncode, rows(p.stdout).get("checkpointing + tiled MLP"), p.stdout[-1500:] + p.stderr[-500:])
+            (ra, a, oa), (rb, b, ob) = got["zero_stage=3"], got["offload_params=true"]
+            pieces = 8.03e9 / 8
+            check("8B full fine-tune at 524,288 tokens over 8 ranks, checkpointing + tiled MLP: offload_params takes "
+                  ">= 6 B x 8.03e9 / 8 off each rank's device (%s) and puts >= 2 B x that on its host (%s), and fits "
+                  "80 GiB" % ("%.1f -> %.1f GiB" % (a[0] / 2 ** 30, b[0] / 2 ** 30) if a and b else "?",
+                              "%.1f -> %.1f GiB" % (a[1] / 2 ** 30, b[1] / 2 ** 30) if a and b else "?"),
+                  ra == 0 and rb == 0 and a and b and a[0] - b[0] >= 6 * pieces and b[1] - a[1] >= 2 * pieces and b[2],
+                  oa + ob)
     finally:
         shutil.rmtree(root, ignore_errors=True)
     finish()

@@ -14,6 +14,12 @@ warmup + cosine, weight decay, validation every 2 steps, num_threads 1 per rank.
                  activation_offloading: hidden_states, plus an odd-sized tied model (shards that
                  do not divide evenly): per-step loss, grad_norm, val_loss (1e-6 rel), lr
                  (exact) and the final weights (per tensor max|a-b| <= 1e-6 * max|b|).
+  offload_params_full  offload_params: true on 1 process (a full fine-tune: ZeRO-3 with its
+                 pieces of the weights and their float gradients in host memory): losses and
+                 final weights bit-identical to the resident run; device peak below ZeRO-3 +
+                 offload_optimizer's by at least the pieces and gradients (8 B x trainable),
+                 host peak above it by at least the pieces; offload_params_z3_2ranks: 2 ranks
+                 match 1 process to 1e-6 (as offload_z3_2ranks).
   offload_*      offload_optimizer on 1 process: losses and final weights bit-identical to the
                  resident optimizer; device_peak_bytes lower by at least the AdamW moments
                  (2 x 4 B x trainable params) and host_peak_bytes higher by at least that;
@@ -414,15 +420,7 @@ def offload_single_case(variant):
         b_tc = under_test(train_cfg(name + "_offload", micro=4, offload_optimizer=True, **extra))
         rb = run(b_tc)
         ok_or_raise(rb, "offload run")
-        compare_metrics(b_tc["output_dir"], a_tc["output_dir"], errs, exact=True)
-        wf = weights_file(a_tc)
-        for sub in ("", "checkpoint-2"):
-            fa = open(os.path.join(a_tc["output_dir"], sub, wf), "rb").read()
-            fb = open(os.path.join(b_tc["output_dir"], sub, wf), "rb").read()
-            if fa != fb:
-                errs.append("%s/%s not bit-identical (max rel diff %.2e)" % (
-                    sub or "final", wf, compare_tensors(os.path.join(b_tc["output_dir"], sub, wf),
-                                                        os.path.join(a_tc["output_dir"], sub, wf), [], tol=1)))
+        bit_identical(a_tc, b_tc, errs)
         n = trainable_count(ra.out)
         moments = 2 * 4 * n
         (da, ha), (db, hb) = peaks(a_tc["output_dir"]), peaks(b_tc["output_dir"])
@@ -438,13 +436,61 @@ def offload_single_case(variant):
     body()
 
 
-def offload_sharded_case(layout, variant="full"):
-    name = "offload_%s%s_2ranks" % ("" if variant == "full" else variant + "_", layout)
+def bit_identical(a_tc, b_tc, errs):
+    """b's per-step metrics and its final and checkpoint-2 weight files exactly a's."""
+    compare_metrics(b_tc["output_dir"], a_tc["output_dir"], errs, exact=True)
+    wf = weights_file(a_tc)
+    for sub in ("", "checkpoint-2"):
+        fa = open(os.path.join(a_tc["output_dir"], sub, wf), "rb").read()
+        fb = open(os.path.join(b_tc["output_dir"], sub, wf), "rb").read()
+        if fa != fb:
+            errs.append("%s/%s not bit-identical (max rel diff %.2e)" % (
+                sub or "final", wf, compare_tensors(os.path.join(b_tc["output_dir"], sub, wf),
+                                                    os.path.join(a_tc["output_dir"], sub, wf), [], tol=1)))
+
+
+@case("offload_params_full")
+def offload_params_single(errs):
+    """offload_params: true, one process, a full fine-tune. ZeRO-3 sums each micro-batch's unit
+    gradients apart before adding them (the resident run adds into its sums), so the run with
+    the same bits is ZeRO-3 + offload_optimizer with its pieces on the device; what
+    offload_params moves to the host is those pieces and their float gradients (8 B a
+    parameter here), so device memory drops by that and host memory grows by the pieces (the
+    gradients replace offload_optimizer's host copy of them)."""
+    extra = dict(adam_epsilon=1e-8)
+    a_tc = train_cfg("op_resident", micro=4, **extra)
+    ra = run(a_tc)
+    ok_or_raise(ra, "resident run")
+    z_tc = train_cfg("op_z3", micro=4, zero_stage=3, offload_optimizer=True, **extra)
+    ok_or_raise(run(z_tc), "zero_stage 3 + offload_optimizer run")
+    b_tc = under_test(train_cfg("op_offload", micro=4, offload_params=True, **extra))
+    rb = run(b_tc)
+    ok_or_raise(rb, "offload_params run")
+    if "runs as zero_stage 3 (set by it)" not in rb.out or "offload_optimizer: true (set by it" not in rb.out:
+        errs.append("no note that offload_params runs as zero_stage 3 with offload_optimizer")
+    bit_identical(z_tc, b_tc, errs)
+    compare_metrics(b_tc["output_dir"], a_tc["output_dir"], errs)  # to 1e-6
+    n = trainable_count(ra.out)
+    (dz, hz), (db, hb) = peaks(z_tc["output_dir"]), peaks(b_tc["output_dir"])
+    if dz - db < 8 * n:
+        errs.append("device_peak_bytes %d with the pieces on the device, %d with offload_params: lower by %d, "
+                    "expected >= %d (4 B weight + 4 B gradient x %d trainable)" % (dz, db, dz - db, 8 * n, n))
+    if hb - hz < 4 * n:
+        errs.append("host_peak_bytes %d -> %d with offload_params: higher by %d, expected >= %d (the pieces)" %
+                    (hz, hb, hb - hz, 4 * n))
+    if ARGS.verbose:
+        print("   offload_params_full: trainable %d; ZeRO-3 + offload_optimizer device %d host %d; offload_params "
+              "device %d host %d" % (n, dz, hz, db, hb))
+
+
+def offload_sharded_case(layout, variant="full", params=False):
+    name = "offload_%s%s%s_2ranks" % ("params_" if params else "", "" if variant == "full" else variant + "_", layout)
 
     @case(name)
     def body(errs):
         ref_tc, _ = reference(variant + "_plain", **VARIANTS[variant])
-        tc = under_test(train_cfg(name, micro=2, offload_optimizer=True, **VARIANTS[variant], **LAYOUTS[layout]))
+        how = dict(offload_params=True) if params else dict(offload_optimizer=True)
+        tc = under_test(train_cfg(name, micro=2, **how, **VARIANTS[variant], **LAYOUTS[layout]))
         # the fp32 master reaches rank 0 for saving in chunks of 1000 floats (the LoRA
         # variant's adapters: of 100): several per piece
         chunk = "1000" if variant == "full" else "100"
@@ -457,7 +503,7 @@ def offload_sharded_case(layout, variant="full"):
         for sub in ("checkpoint-2", ""):
             compare_tensors(os.path.join(tc["output_dir"], sub, wf), os.path.join(ref_tc["output_dir"], sub, wf),
                             errs, what="%s%s: " % (sub + "/" if sub else "", wf))
-        if variant != "full":
+        if variant != "full" or params:
             return
         # Rank 0's host peak holds only its half of the moments (+ master + grads), so it must
         # be below what one process holds for all of them.
@@ -850,8 +896,10 @@ def main():
         layout_case("z1", "lora_dropout", "plain")
         offload_single_case("full")
         offload_single_case("lora")
+        offload_params_single()
         offload_sharded_case("z1")
         offload_sharded_case("z3")
+        offload_sharded_case("z3", params=True)
         offload_sharded_case("z3", "lora")
         zero1_memory()
         zero3_memory()

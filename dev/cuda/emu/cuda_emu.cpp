@@ -581,6 +581,20 @@ static void copy_op(void *d, const void *s, cudaStream_t st, const char *what, b
     bool host_done = sync_call ? !(wd == emu::W_DEVICE && ws != emu::W_PINNED) : wd == emu::W_PAGEABLE;
     if (host_done) emu::host_join_stream(emu::stream_id(st));
 }
+// The direction a copy names must be the pointers' (CUDA documents a mismatch as undefined
+// behaviour; cudaMemcpyDefault infers it): a copy "to the device" into pinned host memory
+// works on some drivers and fails on others, so the emulator stops at it.
+static void check_kind(void *d, const void *s, enum cudaMemcpyKind k, const char *what) {
+    if (k == cudaMemcpyDefault) return;
+    const bool dd = emu::where(d) == emu::W_DEVICE, sd = emu::where(s) == emu::W_DEVICE;
+    const bool want_dd = k == cudaMemcpyHostToDevice || k == cudaMemcpyDeviceToDevice;
+    const bool want_sd = k == cudaMemcpyDeviceToHost || k == cudaMemcpyDeviceToDevice;
+    static const char *const names[] = {"cudaMemcpyHostToHost", "cudaMemcpyHostToDevice", "cudaMemcpyDeviceToHost",
+                                        "cudaMemcpyDeviceToDevice"};
+    if (dd != want_dd || sd != want_sd)
+        emu::fatal("emu: %s with %s copies from %s memory at %p to %s memory at %p", what, (unsigned)k < 4 ? names[k] : "?",
+              sd ? "device" : "host", s, dd ? "device" : "host", d);
+}
 cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes *a, const void *p) {
     memset(a, 0, sizeof *a);
     emu::Where w = emu::where(p);
@@ -590,21 +604,19 @@ cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes *a, const void
     return cudaSuccess;
 }
 cudaError_t cudaMemcpy(void *d, const void *s, size_t n, enum cudaMemcpyKind k) {
-    (void)k;
-    if (n) copy_op(d, s, nullptr, "cudaMemcpy", true);
+    if (n) check_kind(d, s, k, "cudaMemcpy"), copy_op(d, s, nullptr, "cudaMemcpy", true);
     memmove(d, s, n);
     return cudaSuccess;
 }
 cudaError_t cudaMemcpyAsync(void *d, const void *s, size_t n, enum cudaMemcpyKind k, cudaStream_t st) {
-    (void)k;
-    if (n) copy_op(d, s, st, "cudaMemcpyAsync", false);
+    if (n) check_kind(d, s, k, "cudaMemcpyAsync"), copy_op(d, s, st, "cudaMemcpyAsync", false);
     memmove(d, s, n);
     return cudaSuccess;
 }
 cudaError_t cudaMemcpy2DAsync(void *d, size_t dpitch, const void *s, size_t spitch, size_t width, size_t rows,
                               enum cudaMemcpyKind k, cudaStream_t st) {
-    (void)k;
     if (width > dpitch || width > spitch) return cudaErrorInvalidPitchValue;
+    if (width && rows) check_kind(d, s, k, "cudaMemcpy2DAsync");
     for (size_t r = 0; r < rows && width; r++) {
         copy_op((char *)d + r * dpitch, (const char *)s + r * spitch, st, "cudaMemcpy2DAsync", false);
         memmove((char *)d + r * dpitch, (const char *)s + r * spitch, width);
