@@ -144,6 +144,17 @@ static void print_box(const Config *cfg, const Model *m, const Backend *bk, size
     char mem[192];
     snprintf(mem, sizeof mem, "params+grads %s, optimizer %s, activations %s", a, b, d);
     printf("| memory       %-50s |\n", mem);
+    // Where the parameter state lives: sharding, and what sits in host memory.
+    const int world = m->opt.comm ? m->opt.comm->world : 1, z = m->opt.zero_stage;
+    char st[160];
+    int k = z ? snprintf(st, sizeof st, "ZeRO-%d over %d rank%s", z, world, world > 1 ? "s" : "")
+              : snprintf(st, sizeof st, world > 1 ? "replicated on %d ranks" : "one process", world);
+    const char *host[3] = {m->opt.offload_params ? "weights+grads" : NULL,
+                           m->opt.offload_optimizer ? "AdamW+master" : NULL, m->streamer ? "frozen layers" : NULL};
+    int any = 0;
+    for (int i = 0; i < 3; i++)
+        if (host[i]) k += snprintf(st + k, sizeof st - k, "%s%s", any++ ? ", " : "; on host: ", host[i]);
+    printf("| state        %-50s |\n", st);
     char pol[160];
     mem_policy_describe(&m->pol, pol, sizeof pol);
     printf("| memory mode  %-50s |\n", pol);

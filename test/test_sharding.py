@@ -468,6 +468,9 @@ def offload_params_single(errs):
     ok_or_raise(rb, "offload_params run")
     if "runs as zero_stage 3 (set by it)" not in rb.out or "offload_optimizer: true (set by it" not in rb.out:
         errs.append("no note that offload_params runs as zero_stage 3 with offload_optimizer")
+    if "| state        ZeRO-3 over 1 rank; on host: weights+grads, AdamW+master" not in rb.out:
+        errs.append("the config box does not say where the state is: %s" %
+                    [l for l in rb.out.splitlines() if l.startswith("| state")])
     bit_identical(z_tc, b_tc, errs)
     compare_metrics(b_tc["output_dir"], a_tc["output_dir"], errs)  # to 1e-6
     n = trainable_count(ra.out)
