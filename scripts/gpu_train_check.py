@@ -9,7 +9,9 @@
   gpu_train_check.py modes     --bin B --json J   (c) every memory mode (16, and layer streaming
                                                       with LoRA; QLoRA's 8 base modes and
                                                       streaming) bit-identical to the plain run;
-                                                      device peak: counted, nvidia-smi, --plan
+                                                      device peak: counted, nvidia-smi, --plan;
+                                                      offload_params bit-identical to ZeRO-3 +
+                                                      offload_optimizer, 6 B a parameter less
   gpu_train_check.py sanitizer --bin B --json J   (d) compute-sanitizer memcheck + racecheck on a
                                                       short run of each base mode (+ synccheck plain)
   gpu_train_check.py nccl      --bin B --json J   (e) LLMC_FORCE_NCCL=1 (world 1) bit-identical to
@@ -30,6 +32,7 @@ import json
 import math
 import os
 import random
+import re
 import shutil
 import struct
 import subprocess
@@ -415,6 +418,30 @@ def part_modes(a):
                  "nvidia_smi_peak_MiB": ls.gpu_peak_mib, "plan_peak_MiB": -1,
                  "host_peak_MiB": round(peak(ls, "host_peak_bytes") / 2 ** 20, 2), "plan_host_MiB": -1,
                  "secs": round(ls.secs, 2)})
+    # A full fine-tune's parameters in host memory (offload_params: ZeRO-3 whose pieces and
+    # their float gradients live in pinned host memory, the update on the host): ZeRO-3 +
+    # offload_optimizer's losses and weights bit for bit (the same arithmetic; only where the
+    # pieces live differs), and a device peak lower by the pieces and their gradients (6 bytes a
+    # parameter in bf16, 8 in fp32)
+    z3 = run("c_z3_offload", base_cfg(size, os.path.join(TMP, "c_z3_offload"), device=a.device, zero_stage="3",
+                                      offload_optimizer="true"))
+    op = run("c_offload_params", base_cfg(size, os.path.join(TMP, "c_offload_params"), device=a.device,
+                                          offload_params="true"), sample=not a.tiny)
+    npar = re.search(r"\| parameters +\d+ \(trainable (\d+)\)", op.stdout or "")
+    npar = int(npar.group(1)) if npar else 0
+    dz, dop = peak(z3, "device_peak_bytes"), peak(op, "device_peak_bytes")
+    zw = file_bytes(z3, "model.safetensors")
+    check("offload_params: losses and weights bit-identical to ZeRO-3 + offload_optimizer's, device peak lower by "
+          ">= 6 B x %d trainable parameters (%.2f -> %.2f MiB)" % (npar, dz / 2 ** 20, dop / 2 ** 20),
+          z3.rc == 0 and op.rc == 0 and losses(z3) and losses(op) == losses(z3) and zw and
+          file_bytes(op, "model.safetensors") == zw and npar > 0 and dz - dop >= 6 * npar,
+          "%s | %s | losses %s vs %s" % (why(z3), why(op), losses(op), losses(z3)))
+    for label, r in (("ZeRO-3 + offload_optimizer", z3), ("offload_params", op)):
+        rows.append({"mode": label, "bit_identical": r.rc == 0 and losses(r) == losses(z3),
+                     "counted_peak_MiB": round(peak(r, "device_peak_bytes") / 2 ** 20, 2),
+                     "nvidia_smi_peak_MiB": r.gpu_peak_mib, "plan_peak_MiB": -1,
+                     "host_peak_MiB": round(peak(r, "host_peak_bytes") / 2 ** 20, 2), "plan_host_MiB": -1,
+                     "secs": round(r.secs, 2)})
     # QLoRA (NF4 base, dequantized per layer on the GPU): every base mode and layer streaming
     # give the resident QLoRA run's losses and adapter bit for bit
     qruns = {}
