@@ -396,8 +396,9 @@ void param_table_build(ParamTable *t, const ModelConfig *c, const LoraConfig *lo
     // The resident buffer starts with the trainable tensors in gradient order (so sharding
     // can gather and scatter one contiguous range, padded to a multiple of the world size),
     // then the frozen resident ones. ZeRO-3 keeps its pieces in a buffer of their own (which
-    // offload_params puts in host memory), so the resident buffer holds only frozen tensors. Every layer has the same tensors in the same order, so
-    // streamed block offsets agree across layers.
+    // offload_params puts in host memory), so there the resident buffer holds only frozen
+    // tensors. Every layer has the same tensors in the same order, so streamed block offsets
+    // agree across layers.
     t->world = world > 0 ? world : 1;
     t->shard = (g + t->world - 1) / t->world;
     // ZeRO-3 keeps only this rank's piece of every unit: ceil(unit / world) elements each.

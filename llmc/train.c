@@ -461,9 +461,8 @@ int train_main(int argc, char **argv, int arch) {
     const Split split0 = {.n = spn, .rank = rank, .dp = world / spn};
     ModelOptions mo = {.stream = pol.stream_frozen, .comm = comm, .zero_stage = cfg.zero_stage,
                        .offload_optimizer = cfg.offload_optimizer, .offload_params = cfg.offload_params,
-                       .load_in_4bit = cfg.load_in_4bit,
-                       .load_in_8bit = cfg.load_in_8bit, .unfrozen = cfg.unfrozen_parameters,
-                       .seq_parallel = spn};
+                       .load_in_4bit = cfg.load_in_4bit, .load_in_8bit = cfg.load_in_8bit,
+                       .unfrozen = cfg.unfrozen_parameters, .seq_parallel = spn};
     PlanRow rows[32];
     int nrows = 0;
     char fitting[1024] = "";
