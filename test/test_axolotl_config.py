@@ -566,6 +566,9 @@ def example_configs(e, snap):
             sets.append("lora_r=4")
         with open(os.path.join(ROOT, "configs", "axolotl", name)) as f:
             text = f.read()
+        ds = re.search(r"^deepspeed: (\S+)", text, re.M)  # beside the config, which e.run copies away
+        if ds:
+            sets.append("deepspeed=" + os.path.join(ROOT, "configs", "axolotl", ds.group(1)))
         rc, out, err = e.run(case, text, *sets, env=env)
         ok_run(rc, out, err)
         check(os.path.isfile(e.path(case, "out", "metrics.jsonl")), name + ": no metrics")
@@ -575,6 +578,12 @@ def example_configs(e, snap):
                 check(needle in out, "%s: output lacks %r" % (name, needle))
             check(re.search(r"host [1-9][0-9.]* [KM]iB", out), name + ": nothing in host memory")
             check(json.load(open(e.path(case, "out", "adapter_config.json"))) is not None, name + ": no adapter")
+        if name == "llama-3-fft-offload.yaml":
+            check("offload_param: the full fine-tune runs as zero_stage 3 with its pieces" in out,
+                  "%s: no offload_params note" % name)
+            check("| state        ZeRO-3 over 1 rank; on host: weights+grads, AdamW+master" in out,
+                  "%s: the config box does not show the state in host memory" % name)
+            check(os.path.isfile(e.path(case, "out", "model.safetensors")), name + ": no model")
         if name == "llama-3-lora.yaml":
             for needle in ("note: wandb_project has no effect here", "note: flash_attention has no effect here",
                            "note: optimizer adamw_bnb_8bit", "note: bf16: auto",
