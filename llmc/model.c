@@ -926,9 +926,10 @@ void model_set_param(Model *m, int i, const float *src) {
     size_t a, b, loc;
     int own = model_owned_part(m, p, &a, &b, &loc);
     if (p->trainable && m->opt.zero_stage >= 3) {  // only this rank's piece is kept
-        void *dst = act_at(m->bk, m->pieces, loc);
-        if (own && m->opt.offload_params) m->bk->host_from_f32(m->bk, dst, src + (a - p->goff), b - a);
-        else if (own) m->bk->upload_act(m->bk, dst, src + (a - p->goff), b - a);
+        if (own && m->opt.offload_params)
+            m->bk->host_from_f32(m->bk, act_at(m->bk, m->pieces, loc), src + (a - p->goff), b - a);
+        else if (own)
+            m->bk->upload_act(m->bk, act_at(m->bk, m->pieces, loc), src + (a - p->goff), b - a);
     } else {
         m->bk->upload_act(m->bk, act_at(m->bk, m->params, p->offset), src, p->numel);
     }
