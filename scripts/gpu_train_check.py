@@ -362,6 +362,14 @@ def gpu_total_gib():
         return 80
 
 
+def unplanned_row(mode, r, same):
+    """A table row for a run the plan has no row for (its plan columns -1)."""
+    return {"mode": mode, "bit_identical": same, "counted_peak_MiB": round(peak(r, "device_peak_bytes") / 2 ** 20, 2),
+            "nvidia_smi_peak_MiB": r.gpu_peak_mib, "plan_peak_MiB": -1,
+            "host_peak_MiB": round(peak(r, "host_peak_bytes") / 2 ** 20, 2), "plan_host_MiB": -1,
+            "secs": round(r.secs, 2)}
+
+
 def part_modes(a):
     size = "tiny" if a.tiny else "medium"
     lim = "%dGiB" % gpu_total_gib()
@@ -413,11 +421,7 @@ def part_modes(a):
     check("layer_offloading (LoRA): losses and adapter bit-identical to resident LoRA",
           lo.rc == 0 and ls.rc == 0 and losses(lo) == losses(ls) and ad and ad == file_bytes(ls, "adapter_model.safetensors"),
           "%s | %s | %s vs %s" % (why(lo), why(ls), losses(ls), losses(lo)))
-    rows.append({"mode": "LoRA + layer_offloading", "bit_identical": losses(lo) == losses(ls),
-                 "counted_peak_MiB": round(peak(ls, "device_peak_bytes") / 2 ** 20, 2),
-                 "nvidia_smi_peak_MiB": ls.gpu_peak_mib, "plan_peak_MiB": -1,
-                 "host_peak_MiB": round(peak(ls, "host_peak_bytes") / 2 ** 20, 2), "plan_host_MiB": -1,
-                 "secs": round(ls.secs, 2)})
+    rows.append(unplanned_row("LoRA + layer_offloading", ls, losses(lo) == losses(ls)))
     # A full fine-tune's parameters in host memory (offload_params: ZeRO-3 whose pieces and
     # their float gradients live in pinned host memory, the update on the host): ZeRO-3 +
     # offload_optimizer's losses and weights bit for bit (the same arithmetic; only where the
@@ -437,11 +441,7 @@ def part_modes(a):
           file_bytes(op, "model.safetensors") == zw and npar > 0 and dz - dop >= 6 * npar,
           "%s | %s | losses %s vs %s" % (why(z3), why(op), losses(op), losses(z3)))
     for label, r in (("ZeRO-3 + offload_optimizer", z3), ("offload_params", op)):
-        rows.append({"mode": label, "bit_identical": r.rc == 0 and losses(r) == losses(z3),
-                     "counted_peak_MiB": round(peak(r, "device_peak_bytes") / 2 ** 20, 2),
-                     "nvidia_smi_peak_MiB": r.gpu_peak_mib, "plan_peak_MiB": -1,
-                     "host_peak_MiB": round(peak(r, "host_peak_bytes") / 2 ** 20, 2), "plan_host_MiB": -1,
-                     "secs": round(r.secs, 2)})
+        rows.append(unplanned_row(label, r, r.rc == 0 and losses(r) == losses(z3)))
     # QLoRA (NF4 base, dequantized per layer on the GPU): every base mode and layer streaming
     # give the resident QLoRA run's losses and adapter bit for bit
     qruns = {}
@@ -470,17 +470,9 @@ def part_modes(a):
           iad == file_bytes(istr, "adapter_model.safetensors") and losses(ires) != losses(lo),
           "%s | %s | %s vs %s (LoRA %s)" % (why(ires), why(istr), losses(istr), losses(ires), losses(lo)))
     for label, r in (("LoRA int8 base", ires), ("LoRA int8 base + layer_offloading", istr)):
-        rows.append({"mode": label, "bit_identical": r.rc == 0 and losses(r) == losses(ires),
-                     "counted_peak_MiB": round(peak(r, "device_peak_bytes") / 2 ** 20, 2),
-                     "nvidia_smi_peak_MiB": r.gpu_peak_mib, "plan_peak_MiB": -1,
-                     "host_peak_MiB": round(peak(r, "host_peak_bytes") / 2 ** 20, 2), "plan_host_MiB": -1,
-                     "secs": round(r.secs, 2)})
+        rows.append(unplanned_row(label, r, r.rc == 0 and losses(r) == losses(ires)))
     for m, r in qruns.items():
-        rows.append({"mode": "QLoRA + " + m, "bit_identical": r.rc == 0 and losses(r) == losses(qref),
-                     "counted_peak_MiB": round(peak(r, "device_peak_bytes") / 2 ** 20, 2),
-                     "nvidia_smi_peak_MiB": r.gpu_peak_mib, "plan_peak_MiB": -1,
-                     "host_peak_MiB": round(peak(r, "host_peak_bytes") / 2 ** 20, 2), "plan_host_MiB": -1,
-                     "secs": round(r.secs, 2)})
+        rows.append(unplanned_row("QLoRA + " + m, r, r.rc == 0 and losses(r) == losses(qref)))
     TABLES["memory modes on the GPU"] = rows
 
 

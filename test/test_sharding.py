@@ -16,7 +16,8 @@ warmup + cosine, weight decay, validation every 2 steps, num_threads 1 per rank.
                  (exact) and the final weights (per tensor max|a-b| <= 1e-6 * max|b|).
   offload_params_full  offload_params: true on 1 process (a full fine-tune: ZeRO-3 with its
                  pieces of the weights and their float gradients in host memory): losses and
-                 final weights bit-identical to the resident run; device peak below ZeRO-3 +
+                 final weights bit-identical to ZeRO-3 + offload_optimizer's (the same sums;
+                 the resident run's to 1e-6); device peak below ZeRO-3 +
                  offload_optimizer's by at least the pieces and gradients (8 B x trainable),
                  host peak above it by at least the pieces; offload_params_z3_2ranks: 2 ranks
                  match 1 process to 1e-6 (as offload_z3_2ranks).

@@ -592,8 +592,8 @@ static void check_kind(void *d, const void *s, enum cudaMemcpyKind k, const char
     static const char *const names[] = {"cudaMemcpyHostToHost", "cudaMemcpyHostToDevice", "cudaMemcpyDeviceToHost",
                                         "cudaMemcpyDeviceToDevice"};
     if (dd != want_dd || sd != want_sd)
-        emu::fatal("emu: %s with %s copies from %s memory at %p to %s memory at %p", what, (unsigned)k < 4 ? names[k] : "?",
-              sd ? "device" : "host", s, dd ? "device" : "host", d);
+        emu::fatal("emu: %s with %s copies from %s memory at %p to %s memory at %p", what,
+                   (unsigned)k < 4 ? names[k] : "?", sd ? "device" : "host", s, dd ? "device" : "host", d);
 }
 cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes *a, const void *p) {
     memset(a, 0, sizeof *a);
