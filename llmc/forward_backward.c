@@ -181,10 +181,13 @@ static void z3_reduce(Model *m, int u, float *full) {
     accumulate_f32(m->grads + loc, m->z3_host_grad, s);  // the CPU's kernel, on host memory
 }
 
+void model_zero_grad_range(Model *m, float *g, size_t n) {
+    if (m->opt.offload_params) memset(g, 0, n * sizeof(float));  // host memory
+    else m->bk->memzero(m->bk, g, n * sizeof(float), NULL);
+}
+
 void model_zero_grads(Model *m) {
-    const size_t n = m->opt.zero_stage >= 3 ? m->local_n : m->tab.shard * m->tab.world;
-    if (m->opt.offload_params) memset(m->grads, 0, n * sizeof(float));
-    else m->bk->memzero(m->bk, m->grads, n * sizeof(float), NULL);
+    model_zero_grad_range(m, m->grads, m->opt.zero_stage >= 3 ? m->local_n : m->tab.shard * m->tab.world);
 }
 
 // Gathered copies are valid until the next optimizer step; a pass starts with none.

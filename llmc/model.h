@@ -355,7 +355,8 @@ void model_set_batch(Model *m, const int32_t *tokens, const int32_t *targets,
 // loss_scale * d(sum of token losses) into m->grads. Returns the sum of the token losses.
 double model_forward_backward(Model *m, int B, int T, float loss_scale);
 // Zeroes the gradients model_forward_backward accumulates into (a step's start), wherever
-// they live.
+// they live; the _range form n of them from g, a pointer into m->grads.
 void model_zero_grads(Model *m);
+void model_zero_grad_range(Model *m, float *g, size_t n);
 // Logits of the last position of row 0 after a forward of (1, T); returns host pointer [V].
 void model_last_logits(Model *m, int T, float *out);

@@ -74,9 +74,7 @@ double grad_norm(Model *m) {
         for (int k = 0; k < p->nfrozen; k++) {
             size_t lo = p->goff + (size_t)p->frozen[k][0] * cols, hi = p->goff + (size_t)p->frozen[k][1] * cols;
             lo = lo > a ? lo : a, hi = hi < b ? hi : b;
-            if (lo >= hi) continue;
-            if (m->opt.offload_params) memset(m->grads + loc + (lo - a), 0, (hi - lo) * sizeof(float));
-            else m->bk->memzero(m->bk, m->grads + loc + (lo - a), (hi - lo) * sizeof(float), NULL);
+            if (lo < hi) model_zero_grad_range(m, m->grads + loc + (lo - a), hi - lo);
         }
     }
     // Per tensor, in table order; a tied head is one entry, so each gradient counts once. The
