@@ -37,7 +37,22 @@ static void only_snapshot(const char *snaps, char *rev, size_t cap) {
     if (n != 1) rev[0] = 0;
 }
 
-int hf_resolve(const char *id, const char *revision, char *out, size_t cap, char *why, size_t why_cap) {
+// True when dir holds one of the files of `need` (NULL-terminated).
+static int holds_any(const char *dir, const char *const *need) {
+    for (; *need; need++) {
+        char p[4096];
+        if ((size_t)snprintf(p, sizeof p, "%s/%s", dir, *need) < sizeof p && path_exists(p)) return 1;
+    }
+    return 0;
+}
+
+// A snapshot name that stays inside snapshots/: no '/', not "." or "..".
+static int snapshot_name_ok(const char *rev) {
+    return rev[0] && !strchr(rev, '/') && strcmp(rev, ".") && strcmp(rev, "..");
+}
+
+int hf_resolve_files(const char *id, const char *revision, const char *const *need, const char *what, char *out,
+                     size_t cap, char *why, size_t why_cap) {
     char cache[2048], repo[3072], ref[4096], rev[256] = "", snaps[4096];
     hf_cache_dir(cache, sizeof cache);
     const char *slash = strchr(id, '/');
@@ -45,8 +60,9 @@ int hf_resolve(const char *id, const char *revision, char *out, size_t cap, char
     const char *want = revision && *revision ? revision : "main";
     snprintf(ref, sizeof ref, "%s/refs/%s", repo, want);
     snprintf(snaps, sizeof snaps, "%s/snapshots", repo);
-    size_t len;
-    char *text = read_file(ref, &len);
+    // refs/REVISION names the commit of a branch or tag (refs/pr/1 too: a nested path); a
+    // revision with ".." in it is not looked up (config.c refuses one for base_model).
+    char *text = strstr(want, "..") ? NULL : read_file(ref, NULL);
     const int has_ref = text != NULL;
     if (text) {
         size_t n = strcspn(text, " \t\r\n");
@@ -57,26 +73,31 @@ int hf_resolve(const char *id, const char *revision, char *out, size_t cap, char
     } else {
         only_snapshot(snaps, rev, sizeof rev);
     }
-    char snap[4608], cfgjson[4700];
+    char snap[4608];
     snprintf(snap, sizeof snap, "%s/%s", snaps, rev);
-    snprintf(cfgjson, sizeof cfgjson, "%s/config.json", snap);
-    if (rev[0] && !strchr(rev, '/') && path_exists(cfgjson)) {
-        snprintf(out, cap, "%s", snap);
-        return 0;
+    if (snapshot_name_ok(rev) && holds_any(snap, need)) {
+        if ((size_t)snprintf(out, cap, "%s", snap) < cap) return 0;
+        snprintf(why, why_cap, "'%s': the cache path %s is longer than %zu bytes", id, snap, cap - 1);
+        return -1;
     }
     if (revision && *revision && !has_ref) {
         snprintf(why, why_cap,
-                 "'%s' at revision '%s' is not in the Hugging Face cache (no %s and no %s with config.json); this "
+                 "'%s' at revision '%s' is not in the Hugging Face cache (no %s and no %s with %s); this "
                  "program never downloads: run `huggingface-cli download %s --revision %s` first, or give a local "
-                 "model directory", id, revision, ref, snap, id, revision);
+                 "directory", id, revision, ref, snap, what, id, revision);
         return -1;
     }
     snprintf(why, why_cap,
-             "'%s' is not a local directory and is not in the Hugging Face cache (looked for %s%s%s "
-             "with config.json; the cache is $HF_HUB_CACHE, else $HF_HOME/hub, else "
+             "'%s' is not a local directory and is not in the Hugging Face cache (looked for %s%s "
+             "with %s; the cache is $HF_HUB_CACHE, else $HF_HOME/hub, else "
              "~/.cache/huggingface/hub); this program never downloads: run "
-             "`huggingface-cli download %s%s%s` first, or give a local model directory",
-             id, rev[0] ? snap : ref, rev[0] ? "" : " -> snapshots/", rev[0] ? "" : "",
+             "`huggingface-cli download %s%s%s` first, or give a local directory",
+             id, rev[0] ? snap : ref, rev[0] ? "" : " -> snapshots/", what,
              id, revision && *revision ? " --revision " : "", revision && *revision ? revision : "");
     return -1;
+}
+
+int hf_resolve(const char *id, const char *revision, char *out, size_t cap, char *why, size_t why_cap) {
+    static const char *const need[] = {"config.json", NULL};
+    return hf_resolve_files(id, revision, need, "config.json", out, cap, why, why_cap);
 }

@@ -113,11 +113,13 @@ int prepare_wants_data(const Config *cfg) {
 
 // ---- the tokenizer
 
+// The files that make a directory a tokenizer's (any one of them).
+static const char *const TOKENIZER_FILES[] = {"tokenizer.json", "tokenizer_config.json", "tokenizer.model", NULL};
+
 static int has_tokenizer(const char *dir) {
-    static const char *const files[] = {"tokenizer.json", "tokenizer_config.json", "tokenizer.model"};
-    for (int i = 0; i < 3; i++) {
+    for (const char *const *f = TOKENIZER_FILES; *f; f++) {
         char p[2048];
-        join_path(p, sizeof p, dir, files[i]);
+        join_path(p, sizeof p, dir, *f);
         if (path_exists(p)) return 1;
     }
     return 0;
@@ -126,34 +128,6 @@ static int has_tokenizer(const char *dir) {
 static int is_dir(const char *p) {
     struct stat st;
     return stat(p, &st) == 0 && S_ISDIR(st.st_mode);
-}
-
-// A hub id's snapshot in the local cache (refs/REVISION, a commit's snapshot, or the only
-// snapshot) holding tokenizer files (a tokenizer-only repository has no config.json, so
-// hf_resolve's test does not apply). revision: "" for main.
-static int hub_tokenizer(const char *id, const char *revision, char *out, size_t cap, char *why, size_t why_cap) {
-    if (hf_resolve(id, revision, out, cap, why, why_cap) == 0 && has_tokenizer(out)) return 0;
-    char cache[1024], repo[1536], ref[1900], rev[256] = "";
-    const char *want = revision[0] ? revision : "main";
-    hf_cache_dir(cache, sizeof cache);
-    const char *slash = strchr(id, '/');
-    snprintf(repo, sizeof repo, "%s/models--%.*s--%s", cache, (int)(slash - id), id, slash + 1);
-    snprintf(ref, sizeof ref, "%s/refs/%s", repo, want);
-    char *text = strchr(want, '/') ? NULL : read_file(ref, NULL);
-    if (text) {
-        snprintf(rev, sizeof rev, "%.*s", (int)strcspn(text, " \t\r\n"), text);
-        free(text);
-    } else if (revision[0]) {
-        snprintf(rev, sizeof rev, "%s", revision);  // a commit names its snapshot
-    }
-    if (rev[0] && !strchr(rev, '/') && strcmp(rev, ".") && strcmp(rev, "..")) {
-        if ((size_t)snprintf(out, cap, "%s/snapshots/%s", repo, rev) < cap && has_tokenizer(out)) return 0;
-    }
-    snprintf(why, why_cap, "'%s' is not a local directory and has no tokenizer in the Hugging Face cache "
-             "(looked in %s/snapshots/<refs/%s>); this program never downloads: run "
-             "`huggingface-cli download %s%s%s` first, or give a local directory", id, repo, want, id,
-             revision[0] ? " --revision " : "", revision);
-    return -1;
 }
 
 void prepare_resolve_tokenizer(Config *cfg) {
@@ -167,7 +141,9 @@ void prepare_resolve_tokenizer(Config *cfg) {
         const char *v = tc->valuestring;
         if (is_dir(v)) snprintf(dir, sizeof dir, "%s", v);
         else if (!path_exists(v) && hf_is_hub_id(v)) {
-            if (hub_tokenizer(v, cfg->revision_of_model, dir, sizeof dir, why, sizeof why))
+            // a tokenizer-only repository has no config.json: the snapshot needs tokenizer files
+            if (hf_resolve_files(v, cfg->revision_of_model, TOKENIZER_FILES, "tokenizer files (tokenizer.json, "
+                                 "tokenizer_config.json or tokenizer.model)", dir, sizeof dir, why, sizeof why))
                 fail("%s: tokenizer_config: %s", src, why);
         } else {
             fail("%s: tokenizer_config: '%s' is not a directory (a Hugging Face tokenizer directory or hub id)", src, v);

@@ -490,6 +490,32 @@ def case_spec(e):
     rc2, out2, err2 = e.run(cfgp, "tokenizer_config=acme/other", env={"HF_HUB_CACHE": hub})
     one_error("spec: tokenizer_config hub id not in the cache -> one line", rc2, out2, err2, "tokenizer_config",
               "acme/other", "huggingface-cli download")
+    # The same resolution as base_model's (hfcache.c), with tokenizer files instead of config.json:
+    # a commit's snapshot by revision, the only snapshot of a cache copied without refs/, and a
+    # snapshot with config.json alone refused by name.
+    snap2 = os.path.join(hub, "models--acme--tok", "snapshots", "rev2")
+    os.makedirs(snap2)
+    open(os.path.join(snap2, "tokenizer.json"), "w").write("{}\n")
+    rc2, out2, err2 = e.run(cfgp, "tokenizer_config=acme/tok", "revision_of_model=rev2",
+                            env={"FAKE_PREP_LOG": log, "HF_HUB_CACHE": hub})
+    s2 = json.loads(open(log).read().splitlines()[-1]) if rc2 == 0 else {}
+    check("spec: tokenizer_config hub id at a commit -> that snapshot", s2.get("tokenizer_dir") == os.path.realpath(snap2),
+          "rc %d %s: %s" % (rc2, tail(err2), s2.get("tokenizer_dir")))
+    snap3 = os.path.join(hub, "models--acme--copied", "snapshots", "abc")
+    os.makedirs(snap3)
+    open(os.path.join(snap3, "tokenizer.model"), "wb").write(b"\0")
+    rc2, out2, err2 = e.run(cfgp, "tokenizer_config=acme/copied", env={"FAKE_PREP_LOG": log, "HF_HUB_CACHE": hub})
+    s2 = json.loads(open(log).read().splitlines()[-1]) if rc2 == 0 else {}
+    check("spec: tokenizer_config hub id without refs/ -> its only snapshot",
+          s2.get("tokenizer_dir") == os.path.realpath(snap3), "rc %d %s: %s" % (rc2, tail(err2), s2.get("tokenizer_dir")))
+    snap4 = os.path.join(hub, "models--acme--notok", "snapshots", "r1")
+    os.makedirs(snap4)
+    os.makedirs(os.path.join(hub, "models--acme--notok", "refs"))
+    open(os.path.join(hub, "models--acme--notok", "refs", "main"), "w").write("r1")
+    open(os.path.join(snap4, "config.json"), "w").write("{}\n")
+    rc2, out2, err2 = e.run(cfgp, "tokenizer_config=acme/notok", env={"HF_HUB_CACHE": hub})
+    one_error("spec: tokenizer_config hub id whose snapshot has no tokenizer -> one line", rc2, out2, err2,
+              "tokenizer_config", "acme/notok", "tokenizer files", snap4)
     notes = [l for l in out.splitlines() if l.startswith("note:") and
              re.search(r"special_tokens|pad_to_sequence_len|excess_length|tokenizer_config|chat_template", l)]
     check("spec: data keys of a datasets run are used, not noted", not notes, notes)
