@@ -436,6 +436,10 @@ static int write_state(const LoopState *ls, const Model *m, const char *path) {
     cJSON_AddNumberToObject(o, "skipped_steps", ls->skipped);
     cJSON_AddNumberToObject(o, "world_size", m->opt.comm ? m->opt.comm->world : 1);
     cJSON_AddNumberToObject(o, "zero_stage", m->opt.zero_stage);
+    // ZeRO-3's optimizer shards hold each rank's piece of every unit: their layout
+    // depends on the units (ParamTable.units), which changed once (the head became a unit of
+    // its own); resuming checks the count.
+    if (m->opt.zero_stage >= 3) cJSON_AddNumberToObject(o, "zero3_units", m->tab.nunits);
     if (ls->model_only) cJSON_AddTrueToObject(o, "save_only_model");
     snprintf(buf, sizeof buf, "%" PRIu64, ls->data_epoch);
     cJSON_AddStringToObject(o, "data_epoch", buf);
@@ -855,6 +859,18 @@ static void load_state(LoopState *ls, const Model *m, const char *dir) {
             fail("%s: checkpoint was written by %d rank(s) with zero_stage %d; this run has %d with "
                  "zero_stage %d (resume with the same layout)", path, saved_world, saved_zero, world,
                  m->opt.zero_stage);
+    if (m->opt.zero_stage >= 3 && world > 1) {
+        // Written before the key existed: one unit for the embedding, norm and head, one a layer.
+        cJSON *zu = cJSON_GetObjectItemCaseSensitive(o, "zero3_units");
+        if (zu && (!cJSON_IsNumber(zu) || zu->valuedouble != (double)zu->valueint))
+            fail("%s: key 'zero3_units' must be an integer", path);
+        const int saved_units = zu ? zu->valueint : m->cfg.num_hidden_layers + 1;
+        if (saved_units != m->tab.nunits)
+            fail("%s: the ZeRO-3 optimizer shards were written with %d units (an older build: the embedding "
+                 "and an untied head in one unit); this build has %d, so the pieces are not the same numbers; "
+                 "resume with the build that wrote it, or start a new run from the checkpoint's weights "
+                 "(base_model: %s)", path, saved_units, m->tab.nunits, dir);
+    }
     check_run(o, ls->run, dir);
     ls->data_epoch = json_u64(o, "data_epoch", path);
     ls->data_next = json_u64(o, "data_next", path);

@@ -76,24 +76,24 @@ static void attend_bwd(Model *m, void *dq, void *dk, void *dv, const void *dout,
                       ds ? ds + (size_t)s.b0 * T : NULL, s.t0 > 0, fk ? fk + kv : NULL, fv ? fv + kv : NULL);
 }
 
-// The ZeRO-3 unit of a tensor: 0 for the embedding, final norm and head, l + 1 for layer l's.
-static int unit_of(const ParamSpec *p) { return p->layer + 1; }
-
 // A parameter on the device; a streamed one lives in its layer's slot while acquired.
 // ZeRO-3: the gathered buffer that holds unit u now.
 static void *z3_unit_buf(const Model *m, int u) {
-    if (u == 0) return m->z3_nl;
+    const int nl = m->tab.nl_units;
+    if (u < nl) {
+        if (m->z3_nl_unit != u) fail("internal: unit %d (embedding/head) used while unit %d is gathered", u, m->z3_nl_unit);
+        return m->z3_nl;
+    }
     for (int k = 0; k < 2; k++)
-        if (m->z3_slot_layer[k] == u - 1) return m->z3_slot[k];
-    fail("internal: layer %d used before it was gathered", u - 1);
+        if (m->z3_slot_layer[k] == u - nl) return m->z3_slot[k];
+    fail("internal: layer %d used before it was gathered", u - nl);
 }
 
 static void *P(const Model *m, int i) {
     const ParamSpec *p = &m->tab.specs[i];
     if (p->quant) return act_at(m->bk, m->deq, p->deq_off);
     if (p->trainable && m->opt.zero_stage >= 3) {
-        int u = unit_of(p);
-        return act_at(m->bk, z3_unit_buf(m, u), p->goff - m->tab.units[u]);
+        return act_at(m->bk, z3_unit_buf(m, p->unit), p->goff - m->tab.units[p->unit]);
     }
     return act_at(m->bk, p->streamed ? m->layer_block[p->layer] : m->params, p->offset);
 }
@@ -132,17 +132,15 @@ static void weights_acquire(Model *m, int l, int next) {
 // After layer l's backward (grads != 0) its full gradients go to their owners (ZeRO-3).
 static void weights_release(Model *m, int l, int grads) {
     if (m->streamer) streamer_release(m->streamer, l);
-    if (grads && m->opt.zero_stage >= 3) z3_reduce(m, l + 1, m->z3_layer_grad);
+    if (grads && m->opt.zero_stage >= 3) z3_reduce(m, m->tab.nl_units + l, m->z3_layer_grad);
 }
 // Gradient (float) of a trainable tensor; NULL for a frozen one (its backward skips the weight
 // grad).
 static float *G(const Model *m, int i) {
     const ParamSpec *p = &m->tab.specs[i];
     if (!p->trainable) return NULL;
-    if (m->opt.zero_stage >= 3) {  // full-size gradients of the unit being back-propagated
-        int u = unit_of(p);
-        return (u == 0 ? m->z3_nl_grad : m->z3_layer_grad) + (p->goff - m->tab.units[u]);
-    }
+    if (m->opt.zero_stage >= 3)  // full-size gradients of the unit being back-propagated
+        return (p->unit < m->tab.nl_units ? m->z3_nl_grad : m->z3_layer_grad) + (p->goff - m->tab.units[p->unit]);
     return m->grads + p->goff;
 }
 
@@ -190,18 +188,35 @@ void model_zero_grads(Model *m) {
     model_zero_grad_range(m, m->grads, m->opt.zero_stage >= 3 ? m->local_n : m->tab.shard * m->tab.world);
 }
 
+// The embedding's or the head's unit (u < nl_units) into z3_nl, unless it holds it already.
+static void z3_nl_gather(Model *m, int u) {
+    if (m->z3_nl_unit == u) return;
+    z3_gather(m, u, m->z3_nl);
+    m->z3_nl_unit = u;
+}
+
 // Gathered copies are valid until the next optimizer step; a pass starts with none.
 static void z3_begin_pass(Model *m) {
     m->z3_slot_layer[0] = m->z3_slot_layer[1] = -1;
-    z3_gather(m, 0, m->z3_nl);
+    m->z3_nl_unit = -1;
+    z3_nl_gather(m, 0);
 }
 
 static void z3_layer(Model *m, int l) {
     for (int k = 0; k < 2; k++)
         if (m->z3_slot_layer[k] == l) return;
     int k = m->z3_slot_layer[0] == m->z3_last ? 1 : 0;  // never the slot just in use
-    z3_gather(m, l + 1, m->z3_slot[k]);
+    z3_gather(m, m->tab.nl_units + l, m->z3_slot[k]);
     m->z3_slot_layer[k] = l;
+}
+
+// ZeRO-3 with an untied head: the head's unit replaces the embedding's in z3_nl for the final
+// norm and the classifier, and (training) its gradients start from zero in z3_nl_grad.
+static void z3_head_begin(Model *m, int train) {
+    if (m->opt.zero_stage < 3 || m->tab.nl_units < 2) return;
+    z3_nl_gather(m, 1);
+    if (train)
+        m->bk->memzero(m->bk, m->z3_nl_grad, unit_shard(&m->tab, 1) * m->opt.comm->world * sizeof(float), NULL);
 }
 
 static void *LP(const Model *m, int l, int k) { return P(m, param_index(&m->tab, l, k)); }
@@ -619,7 +634,8 @@ static void backward_layers(Model *m, int B, int T) {
             weights_acquire(m, j, j > s ? j - 1 : after);
             if (m->pol.recompute == RC_SELECTIVE) recompute_cheap(m, j, &a, B * T);
             if (m->opt.zero_stage >= 3)
-                m->bk->memzero(m->bk, m->z3_layer_grad, (unit_shard(&m->tab, j + 1) * m->opt.comm->world) * sizeof(float), NULL);
+                m->bk->memzero(m->bk, m->z3_layer_grad,
+                               (unit_shard(&m->tab, m->tab.nl_units + j) * m->opt.comm->world) * sizeof(float), NULL);
             layer_backward(m, j, &a, B, T, act_tile_rows(st), act_att_rows(st));
             weights_release(m, j, 1);
         }
@@ -647,11 +663,15 @@ double model_forward_backward(Model *m, int B, int T, float loss_scale) {
     const int N = B * T, C = c->hidden_size;
     if (B != m->B || T != m->T) fail("internal: batch %dx%d differs from the activations' %dx%d", B, T, m->B, m->T);
     int train = loss_scale > 0;
-    if (m->opt.zero_stage >= 3) {  // the embedding/norm/head unit stays gathered for the pass
+    // ZeRO-3: the embedding's unit is gathered for the lookup (tied, it holds the head too and
+    // stays for the pass; its gradients start from zero here and are reduced at the end).
+    if (m->opt.zero_stage >= 3) {
         z3_begin_pass(m);
-        if (train) bk->memzero(bk, m->z3_nl_grad, unit_shard(t, 0) * m->opt.comm->world * sizeof(float), NULL);
+        if (train && t->nl_units == 1)
+            bk->memzero(bk, m->z3_nl_grad, unit_shard(t, 0) * m->opt.comm->world * sizeof(float), NULL);
     }
     forward_layers(m, m->store, B, T, train);
+    z3_head_begin(m, train);
     void *res = act_final_residual(m->store);
     // The final norm and the fused classifier (which produces d(final_ln) and the head's
     // gradient in the same pass) run over the MLP's row chunks, so the norm's output exists
@@ -674,7 +694,12 @@ double model_forward_backward(Model *m, int B, int T, float loss_scale) {
                       opt_grad_global(m, t->final_norm_bias), act_at(bk, m->d_ln, (size_t)r0 * C),
                       act_at(bk, res, (size_t)r0 * C), P(m, t->final_norm), m->final_rstd, N, r0, n);
     }
+    // An untied head's gradients are complete: reduced now, and z3_nl_grad is the embedding's
+    // after the layers' backward.
+    const int split = m->opt.zero_stage >= 3 && t->nl_units == 2;
+    if (split) z3_reduce(m, 1, m->z3_nl_grad);
     backward_layers(m, B, T);
+    if (split) bk->memzero(bk, m->z3_nl_grad, unit_shard(t, 0) * m->opt.comm->world * sizeof(float), NULL);
     if (G(m, t->embed)) embedding_bwd(m, N);
     if (t->pos_embed >= 0 && G(m, t->pos_embed)) bk->pos_bwd(bk, G(m, t->pos_embed), m->d_res, B, T, C);
     if (m->opt.zero_stage >= 3) z3_reduce(m, 0, m->z3_nl_grad);
@@ -696,6 +721,7 @@ void model_last_logits(Model *m, int T, float *out) {
     }
     if (m->opt.zero_stage >= 3) z3_begin_pass(m);
     forward_layers(m, m->sample_store, 1, T, 0);
+    z3_head_begin(m, 0);
     void *res = act_final_residual(m->sample_store);
     // Only the last position's logits are needed: its row alone is normalized.
     norm_fwd_rows(m, m->final_ln, m->final_rstd, T, T - 1, act_at(bk, res, (size_t)(T - 1) * C),

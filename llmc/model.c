@@ -363,12 +363,17 @@ void param_table_build(ParamTable *t, const ModelConfig *c, const LoraConfig *lo
     }
     t->num_params = off;
     // Full fine-tuning trains everything; an adapter run trains only the adapters. Gradient
-    // order groups the trainable tensors into units, each contiguous: the non-layer ones
-    // (embedding, final norm, head), then each layer's. ZeRO-3 shards and gathers by unit.
-    // One pass sizes the units, a prefix sum places them, a second pass places each tensor
-    // inside its unit in table order: linear in the number of tensors.
-    t->units = xcalloc((size_t)L + 2, sizeof(size_t));
-    size_t *fill = xcalloc((size_t)L + 1, sizeof(size_t));
+    // order groups the trainable tensors into units, each contiguous: the embedding, the final
+    // norm and head, then each layer's. ZeRO-3 shards and gathers by unit. The embedding and an
+    // untied head are units of their own so that each is gathered only around its use (the
+    // lookup, the classifier) into one buffer the size of the larger; tied, they are one unit
+    // (the table order embedding, layers, norm, head keeps the gradient order the same either
+    // way). One pass sizes the units, a prefix sum places them, a second pass places each
+    // tensor inside its unit in table order: linear in the number of tensors.
+    t->nl_units = t->lm_head != t->embed ? 2 : 1;
+    t->nunits = t->nl_units + L;
+    t->units = xcalloc((size_t)t->nunits + 1, sizeof(size_t));
+    size_t *fill = xcalloc((size_t)t->nunits, sizeof(size_t));
     Unfrozen uf = {0};
     const int some = r == 0 && unfrozen && unfrozen[0];
     if (some) unfrozen_compile(&uf, unfrozen, "config");
@@ -380,17 +385,19 @@ void param_table_build(ParamTable *t, const ModelConfig *c, const LoraConfig *lo
                               : strstr(p->name, ".lora_") != NULL || (i == t->embed && t->lora.save_embed) ||
                                     (i == t->lm_head && i != t->embed && t->lora.save_head);
         if (some && p->trainable) freeze_rows(p, c, &uf, hf);
-        if (p->trainable) t->units[p->layer + 2] += p->numel;  // unit p->layer + 1, shifted
+        p->unit = p->layer >= 0 ? t->nl_units + p->layer
+                                : t->nl_units == 2 && (i == t->final_norm || i == t->lm_head) ? 1 : 0;
+        if (p->trainable) t->units[p->unit + 1] += p->numel;  // shifted: the prefix sum below
     }
     if (some) unfrozen_free(&uf);
-    for (int u = 1; u <= L + 1; u++) t->units[u] += t->units[u - 1];
-    memcpy(fill, t->units, ((size_t)L + 1) * sizeof(size_t));
+    for (int u = 1; u <= t->nunits; u++) t->units[u] += t->units[u - 1];
+    memcpy(fill, t->units, (size_t)t->nunits * sizeof(size_t));
     for (int i = 0; i < (int)arrlen(t->specs); i++) {
         ParamSpec *p = &t->specs[i];
-        if (p->trainable) p->goff = fill[p->layer + 1], fill[p->layer + 1] += p->numel;
+        if (p->trainable) p->goff = fill[p->unit], fill[p->unit] += p->numel;
     }
     free(fill);
-    const size_t g = t->units[L + 1];
+    const size_t g = t->units[t->nunits];
     t->num_trainable = g;
     // Streaming: frozen layer tensors move to per-layer blocks; the rest pack the resident buffer.
     // The resident buffer starts with the trainable tensors in gradient order (so sharding
@@ -403,7 +410,7 @@ void param_table_build(ParamTable *t, const ModelConfig *c, const LoraConfig *lo
     t->shard = (g + t->world - 1) / t->world;
     // ZeRO-3 keeps only this rank's piece of every unit: ceil(unit / world) elements each.
     t->local3 = 0;
-    for (int u = 0; u <= L; u++) t->local3 += unit_shard(t, u);
+    for (int u = 0; u < t->nunits; u++) t->local3 += unit_shard(t, u);
     size_t res = zero3 ? 0 : t->shard * t->world, *blk = xcalloc(L, sizeof(size_t));
     size_t *qo = xcalloc(L, sizeof(size_t)), *dq = xcalloc(L, sizeof(size_t));
     for (int i = 0; i < (int)arrlen(t->specs); i++) {
@@ -576,19 +583,22 @@ void model_create(Model *m, Backend *bk, const ModelConfig *cfg, const LoraConfi
              (long long)s.tensors.n, (long long)s.params.n, (int)arrlen(t->specs), t->num_params);
     const size_t n = t->num_resident, full = t->shard * world;
     // Which trainable indices this rank optimizes (see Model.owned).
-    m->owned = xcalloc((size_t)L + 1, sizeof(*m->owned));
+    m->owned = xcalloc((size_t)t->nunits, sizeof(*m->owned));
     m->nowned = rank_ranges(t, m->opt.zero_stage, rank, m->owned, &m->local_n);
     const size_t g = m->local_n;
     m->params = dev_alloc_zero(bk, (n ? n : 1) * bk->act_bytes, zero3 ? "frozen parameters" : "parameters");
     if (zero3) {
         // Gathered copies of the unit in use, and its full-size gradients before they are
-        // reduce-scattered to their owners.
-        size_t maxu = 0, A = bk->act_bytes;
-        for (int u = 1; u <= L; u++) maxu = unit_shard(t, u) > maxu ? unit_shard(t, u) : maxu;
-        const size_t max_piece = maxu > unit_shard(t, 0) ? maxu : unit_shard(t, 0);
+        // reduce-scattered to their owners: two layer slots, and one buffer for the embedding
+        // or the head, whichever is in use.
+        size_t maxu = 0, nl = 0, A = bk->act_bytes;
+        for (int u = t->nl_units; u < t->nunits; u++) maxu = unit_shard(t, u) > maxu ? unit_shard(t, u) : maxu;
+        for (int u = 0; u < t->nl_units; u++) nl = unit_shard(t, u) > nl ? unit_shard(t, u) : nl;
+        const size_t max_piece = maxu > nl ? maxu : nl;
         maxu *= world;
-        size_t nl = unit_shard(t, 0) * world;
+        nl *= world;
         m->z3_nl = dev_alloc_zero(bk, (nl ? nl : 1) * A, "gathered embedding/head");
+        m->z3_nl_unit = -1;
         m->z3_nl_grad = dev_alloc_zero(bk, (nl ? nl : 1) * sizeof(float), "embedding/head gradients");
         for (int i = 0; i < 2; i++) {
             m->z3_slot[i] = dev_alloc_zero(bk, (maxu ? maxu : 1) * A, "gathered layer weights");
@@ -645,13 +655,13 @@ void model_create(Model *m, Backend *bk, const ModelConfig *cfg, const LoraConfi
 
 // The trainable indices rank `rank` optimizes (Model.owned): under ZeRO-3 its piece of every
 // unit (the rank-th unit_shard of each, clipped to the unit), under ZeRO-1 its flat shard, else
-// all of them. out has room for L + 1 ranges; returns how many, and the local count in *local_n.
+// all of them. out has room for nunits ranges; returns how many, and the local count in *local_n.
 // Every rank computes any rank's ranges alike (saving a sharded model relies on it).
 static int rank_ranges(const ParamTable *t, int zero_stage, int rank, OwnedRange *out, size_t *local_n) {
     int n = 0;
     if (zero_stage >= 3) {
         size_t local = 0;
-        for (int u = 0; u <= t->cfg.num_hidden_layers; u++) {
+        for (int u = 0; u < t->nunits; u++) {
             size_t s = unit_shard(t, u), g0 = t->units[u] + rank * s, g1 = g0 + s;
             if (g1 > t->units[u + 1]) g1 = t->units[u + 1];
             if (g0 < g1) out[n++] = (OwnedRange){g0, g1, local};
@@ -688,7 +698,7 @@ int model_owned_part(const Model *m, const ParamSpec *p, size_t *a, size_t *b, s
 // The same for any rank of the run.
 static int rank_part(const Model *m, const ParamSpec *p, int rank, size_t *a, size_t *b, size_t *local) {
     if (!m->opt.comm || rank == m->opt.comm->rank) return model_owned_part(m, p, a, b, local);
-    OwnedRange *r = xcalloc((size_t)m->cfg.num_hidden_layers + 1, sizeof *r);
+    OwnedRange *r = xcalloc((size_t)m->tab.nunits, sizeof *r);
     size_t n_local;
     int got = part_in(r, rank_ranges(&m->tab, m->opt.zero_stage, rank, r, &n_local), p, a, b, local);
     free(r);

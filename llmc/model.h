@@ -124,6 +124,7 @@ typedef struct {
     size_t offset;     // in elements from the start of the flat parameter buffer
     size_t numel;
     int layer;         // -1 for embedding, final norm, head
+    int unit;          // ZeRO-3's unit (ParamTable.units): a layer's, the embedding's or the head's
     int decay;         // weight decay applies (not to norms or biases)
     int trainable;     // has a gradient, optimizer state and (if needed) a master copy
     size_t goff;       // offset in the trainable buffers (grads, moments, master)
@@ -145,8 +146,11 @@ typedef struct {
     size_t block_bytes;   // streamed block: act tensors, then (aligned) the quant region
     int world;            // the trainable range [0, shard * world) splits into world shards
     size_t shard;
-    size_t *units;        // [L + 2]: unit u covers trainable indices [units[u], units[u+1]);
-                          // unit 0 = embedding/final norm/head, unit 1 + l = layer l
+    size_t *units;        // [nunits + 1]: unit u covers trainable indices [units[u], units[u+1]);
+                          // unit 0 = the embedding, unit 1 = final norm and untied head
+                          // (nl_units 2), or unit 0 = all three (nl_units 1: a tied head);
+                          // unit nl_units + l = layer l
+    int nl_units, nunits; // nunits = nl_units + L
     size_t local3;        // ZeRO-3: elements of this rank's pieces of all units
     LoraConfig lora;
     float lora_scale;
@@ -269,6 +273,7 @@ typedef struct {
     float *z3_nl_grad, *z3_layer_grad;
     float *z3_host_grad;          // offload_params: a unit's reduced piece on its way to grads
     int z3_slot_layer[2], z3_last;
+    int z3_nl_unit;               // the unit z3_nl holds now (embedding or head), -1: none
     void *lora_tmp, *lora_dtmp, *lora_xd, *lora_dxd;  // LoRA scratch: [N, r] and [N, max in]
     // layer_offloading: frozen layer weights in pinned host blocks, two device slots.
     void *host_blocks;

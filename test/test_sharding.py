@@ -560,6 +560,30 @@ def zero3_memory(errs):
         print("   zero3_shards_device_memory: N %d, device %d -> %d (-%.2f N)" % (n, d1, d3, (d1 - d3) / n))
 
 
+@case("zero3_head_unit_memory")
+def zero3_head_unit(errs):
+    """ZeRO-3 gathers the embedding and an untied head one at a time into one buffer (and their
+    full gradients likewise): untying the head of a vocabulary-heavy model (V x C = H elements
+    each) adds only the head's own state, its pieces, gradient piece and AdamW moments (8 H
+    bytes a rank of 2, float), not a second gathered copy and gradient (8 H more)."""
+    model = dict(MODEL, vocab_size=1024, hidden_size=64, intermediate_size=64)
+    peak = {}
+    for tied in (True, False):
+        tc = train_cfg("z3head_%s" % ("tied" if tied else "untied"), model=dict(model, tie_word_embeddings=tied),
+                       micro=2, zero_stage=3, save_steps=0, eval_steps=0, max_steps=2)
+        r = run(tc, ranks=2)
+        ok_or_raise(r, "zero_stage 3 run (%s head)" % ("tied" if tied else "untied"))
+        peak[tied] = peaks(tc["output_dir"])[0]
+    h = model["vocab_size"] * model["hidden_size"]
+    extra = peak[False] - peak[True]
+    if not 6 * h <= extra <= 11 * h:
+        errs.append("untying the head added %d B of device peak (%.2f H, H = %d): expected ~8 H, the head's "
+                    "own state (16 H when it also had a gathered copy and gradient of its own)" % (extra, extra / h, h))
+    if ARGS.verbose:
+        print("   zero3_head_unit_memory: H %d, device %d (tied) -> %d (untied): +%.2f H" %
+              (h, peak[True], peak[False], extra / h))
+
+
 @case("zero3_save_within_budget")
 def zero3_save_budget(errs):
     """Saving a ZeRO-3 model must not need more device memory than training it: rank 0 writes
@@ -684,6 +708,22 @@ def ckpt_case(stage):
                 os.path.join(bad_tc["output_dir"], "metrics.jsonl")) else {}
             if rows:
                 errs.append("%s trained steps %s before refusing" % (what, sorted(rows)))
+        if stage == 3:
+            # The shards' layout follows the units (the untied head is a unit of its own since
+            # zero3_units was written): a checkpoint without the key had one unit fewer here.
+            if st.get("zero3_units") != 2 + MODEL["num_hidden_layers"]:
+                errs.append("trainer_state.json zero3_units %r, expected %d (embedding, head, layers)" %
+                            (st.get("zero3_units"), 2 + MODEL["num_hidden_layers"]))
+            old_ck = os.path.join(ARGS.work, name + "_old_layout")
+            shutil.copytree(ck, old_ck)
+            st.pop("zero3_units", None)
+            with open(os.path.join(old_ck, "trainer_state.json"), "w") as f:
+                json.dump(st, f)
+            old_tc = train_cfg(name + "_old_layout_run", micro=2, zero_stage=stage, resume_from_checkpoint=old_ck)
+            ro = run(old_tc, ranks=2, timeout=60)
+            elines = error_lines(ro.err)[1]
+            if ro.rc == 0 or not elines or "zero3" not in elines[0] and "units" not in elines[0]:
+                errs.append("a ZeRO-3 checkpoint of the older unit layout was not refused by name (%s)" % ro.tail())
     body()
 
 
@@ -860,7 +900,7 @@ def main():
     cases = ["layout_%s_%s_%s" % (v, l, m) for v in ("full", "lora") for l in LAYOUTS for m in MEMORY]
     cases += ["layout_odd_tied_%s_plain" % l for l in ("z1", "z3")] + ["layout_lora_dropout_z1_plain"]
     cases += ["offload_single_full", "offload_single_lora", "offload_z1_2ranks", "offload_z3_2ranks", "offload_lora_z3_2ranks",
-              "zero1_shards_device_memory", "zero3_shards_device_memory", "zero3_save_within_budget", "ckpt_z1", "ckpt_z3", "rank_dies", "rank_hangs", "rank_hangs_ddp_timeout",
+              "zero1_shards_device_memory", "zero3_shards_device_memory", "zero3_head_unit_memory", "zero3_save_within_budget", "ckpt_z1", "ckpt_z3", "rank_dies", "rank_hangs", "rank_hangs_ddp_timeout",
               "shuffle_z0", "shuffle_z1"]
     if not shutil.which("mpirun"):
         for c in cases:
@@ -907,6 +947,7 @@ def main():
         offload_sharded_case("z3", "lora")
         zero1_memory()
         zero3_memory()
+        zero3_head_unit()
         zero3_save_budget()
         ckpt_case(1)
         ckpt_case(3)
