@@ -1385,9 +1385,30 @@ static void test_backend_alloc(void) {
     bk->destroy(bk);
 }
 
+// The backend's memzero: a clear of 64 MiB or more goes through non-temporal stores in 1 MiB
+// chunks (each with a head to 16 bytes and a tail), a smaller one through memset; both clear
+// exactly their range, here starting 3 bytes past an alignment, with the bytes around intact.
+static void test_backend_memzero(void) {
+    Backend *bk = backend_cpu_create(2);
+    const size_t sizes[] = {((size_t)64 << 20) + 13, ((size_t)3 << 20) + 5, 100};
+    for (int k = 0; k < 3; k++) {
+        const size_t n = sizes[k];
+        unsigned char *buf = malloc(n + 64);
+        memset(buf, 0xff, n + 64);
+        bk->memzero(bk, buf + 3, n, NULL);
+        size_t bad = 0;
+        for (size_t i = 0; i < n + 64; i++) bad += buf[i] != (i >= 3 && i < 3 + n ? 0 : 0xff);
+        check(bad == 0, "", "backend memzero of %zu bytes at an odd address: exactly its range cleared (%zu bytes wrong)",
+              n, bad);
+        free(buf);
+    }
+    bk->destroy(bk);
+}
+
 int main(void) {
     rng_seed(&rng, 1234);
     test_backend_alloc();
+    test_backend_memzero();
     test_matmul_fwd();
     test_linear_bwd();
     test_bias();
