@@ -515,6 +515,15 @@ def hub_id(e, snap):
     env2 = {"HF_HUB_CACHE": e.path("hf_home", "hub")}
     rc, out, err = e.run("hub2", e.base("hub2", model="DROP", base_model=HUB_ID), env=env2)
     ok_run(rc, out, err)
+    # A cache copied by hand without refs/: the repository's only snapshot.
+    hub = os.path.dirname(os.path.dirname(os.path.dirname(snap)))
+    copied = os.path.join(hub, "models--acme--copied", "snapshots", "abc123")
+    os.makedirs(copied)
+    for name in ("config.json", "model.safetensors"):
+        os.symlink(os.path.realpath(os.path.join(snap, name)), os.path.join(copied, name))
+    rc, out, err = e.run("hub_copied", e.base("hub_copied", model="DROP", base_model="acme/copied", max_steps=1), env=env)
+    ok_run(rc, out, err)
+    check("base_model acme/copied: %s (Hugging Face cache)" % copied in out, "no only-snapshot resolution: " + out[:400])
     rc, out, err = e.run("hub_missing", e.base("hub_missing", model="DROP", base_model="nobody/no-such-model"),
                          env=env)
     one_error(rc, err, "nobody/no-such-model", "models--nobody--no-such-model",
