@@ -1144,7 +1144,25 @@ void config_plan_steps(Config *cfg, size_t windows) {
                cfg->num_epochs > 0 ? " (max_steps overrides num_epochs)" : "");
     }
     const int S = cfg->max_steps;
-    if (cfg->warmup_ratio > 0) {
+    // Warmup as Axolotl's trainer builder sets it (HF-style schedules only; llm.c's warmup_style
+    // keeps its own): int(warmup_ratio x steps); neither key given: 3% of the steps, at most
+    // 100. The products are the same doubles as Python's. Axolotl also turns a warmup of 1 into
+    // 2; that one is noted, not copied (a run asks for 1 step on purpose).
+    if (!strcmp(cfg->warmup_style, "hf")) {
+        if (cfg->warmup_ratio > 0) {
+            cfg->warmup_steps = (int)(cfg->warmup_ratio * S);
+            printf("warmup_ratio %g: %d warmup steps\n", cfg->warmup_ratio, cfg->warmup_steps);
+        } else if (!given(cfg, "warmup_steps") && !given(cfg, "warmup_ratio")) {
+            const int w = (int)(0.03 * S);
+            cfg->warmup_steps = w < 100 ? w : 100;
+            if (cfg->warmup_steps)
+                printf("warmup: %d steps (neither warmup_steps nor warmup_ratio given: Axolotl's default, 3%% of the "
+                       "%d steps, at most 100; warmup_steps: 0 for none)\n", cfg->warmup_steps, S);
+        }
+        if (cfg->warmup_steps == 1)
+            printf("note: a warmup of 1 step: Axolotl's trainer builder turns 1 into 2; this run warms up for 1 step as "
+                   "written (warmup_steps: 2 for Axolotl's)\n");
+    } else if (cfg->warmup_ratio > 0) {
         cfg->warmup_steps = (int)ceil(cfg->warmup_ratio * S - 1e-9);
         printf("warmup_ratio %g: %d warmup steps\n", cfg->warmup_ratio, cfg->warmup_steps);
     }

@@ -385,6 +385,24 @@ def lr_schedule(e):
             want = base * (ratio + (1 - ratio) * 0.5 * (1 + math.cos(math.pi * prog)))
         check(abs(got - want) <= 1e-9 + 1e-6 * want, "lr at step %d: %g, want %g" % (s, got, want))
     check(min(lrs[w:]) >= base * ratio - 1e-12, "cosine went below the floor")
+    # Axolotl's trainer builder: neither key -> int(0.03 x steps) capped at 100; int() of the
+    # ratio's product (0.29 x 100 is 28.999... in doubles: 28, as in Python); its 1 -> 2 is noted.
+    for name, over, want_w, line in (
+            ("lr_default", dict(max_steps=70), 2, "warmup: 2 steps (neither warmup_steps nor warmup_ratio given"),
+            ("lr_default_small", dict(max_steps=20), 0, None),
+            ("lr_ratio_floor", dict(max_steps=100, warmup_ratio=0.29), 28, "warmup_ratio 0.29: 28 warmup steps"),
+            ("lr_one", dict(max_steps=6, warmup_steps=1), 1, "note: a warmup of 1 step: Axolotl's trainer builder turns 1 into 2"),
+            ("lr_ratio_one", dict(max_steps=10, warmup_ratio=0.1), 1, "note: a warmup of 1 step: Axolotl"),
+            ("lr_zero", dict(max_steps=70, warmup_steps=0), 0, None)):
+        cfg = e.base(name, learning_rate=0.001, lr_scheduler="constant_with_warmup", sequence_len=8, micro_batch_size=1,
+                     **over)
+        rc, out, err = e.run(name, cfg)
+        ok_run(rc, out, err)
+        lrs = [r["lr"] for r in e.metrics(name) if "loss" in r][:5]
+        want = [0.001 * min(1.0, st / want_w) if want_w else 0.001 for st in range(len(lrs))]
+        check(all(abs(a - b) <= 1e-12 for a, b in zip(lrs, want)) and (line is None or line in out)
+              and (line is not None or "warmup:" not in out),
+              "%s: lr %s, want a %d-step warmup %s; out: %s" % (name, lrs, want_w, want, out[:300]))
     rc, out, err = e.run("lr_both", e.base("lr_both", warmup_ratio=0.1, warmup_steps=2))
     one_error(rc, err, "warmup_steps", "warmup_ratio")
     rc, out, err = e.run("lr_lin", e.base("lr_lin", cosine_min_lr_ratio=0.1, lr_scheduler="linear"))
