@@ -81,7 +81,8 @@ static const KeyDef KEYS[] = {
          "adamw_torch|adamw_torch_fused|adamw_hf|adamw_bnb_8bit|adamw_8bit|paged_adamw_8bit|paged_adamw_32bit|"
          "adamw_torch_8bit|adamw_torch_4bit|ao_adamw_8bit|ao_adamw_4bit",
          "all run this program's AdamW (float32 moments)"),
-    NUM("warmup_steps", T_INT, warmup_steps, "0", 0, BIG, "linear warmup steps"),
+    NUM("warmup_steps", T_INT, warmup_steps, "0", 0, BIG,
+        "linear warmup steps (neither it nor warmup_ratio given: 3% of the steps, at most 100, Axolotl's)"),
     NUM("lr_quadratic_warmup", T_BOOL, lr_quadratic_warmup, "false", 0, 1,
         "with lr_scheduler cosine: warmup lr = lr (s / warmup_steps)^2 and no cosine_min_lr_ratio (Axolotl's)"),
     NUM("warmup_ratio", T_FLOAT, warmup_ratio, "0", 0, 1, "warmup as a fraction of all steps (not with warmup_steps)"),
