@@ -1156,7 +1156,7 @@ void config_plan_steps(Config *cfg, size_t windows) {
         } else if (!given(cfg, "warmup_steps") && !given(cfg, "warmup_ratio")) {
             const int w = (int)(0.03 * S);
             cfg->warmup_steps = w < 100 ? w : 100;
-            if (cfg->warmup_steps)
+            if (cfg->warmup_steps && strcmp(cfg->lr_scheduler, "constant"))
                 printf("warmup: %d steps (neither warmup_steps nor warmup_ratio given: Axolotl's default, 3%% of the "
                        "%d steps, at most 100; warmup_steps: 0 for none)\n", cfg->warmup_steps, S);
         }
@@ -1166,6 +1166,14 @@ void config_plan_steps(Config *cfg, size_t windows) {
     } else if (cfg->warmup_ratio > 0) {
         cfg->warmup_steps = (int)ceil(cfg->warmup_ratio * S - 1e-9);
         printf("warmup_ratio %g: %d warmup steps\n", cfg->warmup_ratio, cfg->warmup_steps);
+    }
+    // Hugging Face's "constant" (get_constant_schedule) and llm.c's have no warmup, whatever
+    // warmup_steps says; "constant_with_warmup" has one.
+    if (!strcmp(cfg->lr_scheduler, "constant") && cfg->warmup_steps > 0) {
+        if (given(cfg, "warmup_steps") || given(cfg, "warmup_ratio"))
+            printf("note: lr_scheduler constant has no warmup (as in Hugging Face and llm.c): the %d warmup steps are "
+                   "not used; lr_scheduler: constant_with_warmup for them\n", cfg->warmup_steps);
+        cfg->warmup_steps = 0;
     }
     // Evaluation: Hugging Face rounds a fraction of all steps up; per epoch rounds down (at least 1).
     const int have_val = cfg->val_data[0] != 0 || cfg->has_eval_rows;

@@ -789,10 +789,13 @@ class RefLlama(torch.nn.Module):
 
 
 def lr_factor(s, scheduler, warmup, total):
-    """LR multiplier for 0-based optimizer step s (HF get_*_schedule_with_warmup)."""
+    """LR multiplier for 0-based optimizer step s (HF get_*_schedule_with_warmup; "constant" is
+    get_constant_schedule, which has no warmup)."""
+    if scheduler == "constant":
+        return 1.0
     if s < warmup:
         return s / max(1, warmup)
-    if scheduler == "constant":
+    if scheduler == "constant_with_warmup":
         return 1.0
     if scheduler == "linear":
         return max(0.0, (total - s) / max(1, total - warmup))

@@ -403,6 +403,16 @@ def lr_schedule(e):
         check(all(abs(a - b) <= 1e-12 for a, b in zip(lrs, want)) and (line is None or line in out)
               and (line is not None or "warmup:" not in out),
               "%s: lr %s, want a %d-step warmup %s; out: %s" % (name, lrs, want_w, want, out[:300]))
+    # lr_scheduler constant is Hugging Face's get_constant_schedule (and llm.c's): no warmup at all,
+    # said when warmup_steps asks for one; constant_with_warmup (above) has it.
+    for name, over, line in (("lr_const", dict(warmup_steps=3), "note: lr_scheduler constant has no warmup"),
+                             ("lr_const_default", {}, None)):
+        rc, out, err = e.run(name, e.base(name, learning_rate=0.001, lr_scheduler="constant", max_steps=70,
+                                          sequence_len=8, micro_batch_size=1, **over))
+        ok_run(rc, out, err)
+        lrs = [r["lr"] for r in e.metrics(name) if "loss" in r][:4]
+        check(lrs == [0.001] * 4 and (line in out if line else "warmup:" not in out and "note: lr_sched" not in out),
+              "%s: lr %s, want 0.001 from the first step; out: %s" % (name, lrs, out[:300]))
     rc, out, err = e.run("lr_both", e.base("lr_both", warmup_ratio=0.1, warmup_steps=2))
     one_error(rc, err, "warmup_steps", "warmup_ratio")
     rc, out, err = e.run("lr_lin", e.base("lr_lin", cosine_min_lr_ratio=0.1, lr_scheduler="linear"))

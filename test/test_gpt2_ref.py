@@ -100,7 +100,7 @@ def cases():
              cfg=G.make_config(vocab_size=97, hidden_size=40, num_layers=2, num_heads=4,
                                max_seq_len=32),
              tc=train_config(sequence_len=16, micro_batch_size=2, gradient_accumulation_steps=1,
-                             max_steps=4, learning_rate=5e-3, lr_scheduler="constant",
+                             max_steps=4, learning_rate=5e-3, lr_scheduler="constant_with_warmup",
                              warmup_steps=1, weight_decay=0.1, max_grad_norm=1.0),
              version=3, shard_version=1, n_tokens=1000, expect_clip=False, modes=True),
     ]

@@ -422,7 +422,7 @@ def case_fresh_adapter_eval(root):
     # constant after a 1-step warmup: the first N steps do not depend on max_steps, and the
     # first step's lr is 0, so checkpoint-1 holds the initial adapter
     tc = R.train_config(sequence_len=T, micro_batch_size=B, gradient_accumulation_steps=accum,
-                        max_steps=N, learning_rate=5e-3, lr_scheduler="constant", warmup_steps=1,
+                        max_steps=N, learning_rate=5e-3, lr_scheduler="constant_with_warmup", warmup_steps=1,
                         weight_decay=0.1, max_grad_norm=1.0, save_steps=1, seed=7)
     tc.update(base_model=model_dir, train_data=shard, output_dir=os.path.join(work, "out3"))
     tc.update({"adapter": "lora", "lora_r": 4, "lora_alpha": 4, "lora_dropout": 0.0,

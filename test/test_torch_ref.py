@@ -97,7 +97,7 @@ def cases():
                                         "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                                         "original_max_position_embeddings": 32}),
         tc=R.train_config(sequence_len=20, micro_batch_size=2, gradient_accumulation_steps=2,
-                          max_steps=5, learning_rate=5e-3, lr_scheduler="constant",
+                          max_steps=5, learning_rate=5e-3, lr_scheduler="constant_with_warmup",
                           warmup_steps=2, weight_decay=0.1, max_grad_norm=1.0),
         shard_version=2, n_tokens=1500, expect_clip=False))
     # Families (test/llama_ref.py's family(): plain-PyTorch equations of transformers' modeling
@@ -132,7 +132,7 @@ def cases():
                           model_type="qwen2", rms_norm_eps=1e-6, use_sliding_window=False,
                           sliding_window=3, max_window_layers=0),
         tc=R.train_config(sequence_len=20, micro_batch_size=2, gradient_accumulation_steps=1,
-                          max_steps=3, learning_rate=5e-3, lr_scheduler="constant",
+                          max_steps=3, learning_rate=5e-3, lr_scheduler="constant_with_warmup",
                           warmup_steps=1, weight_decay=0.1, max_grad_norm=1.0),
         shard_version=1, n_tokens=1200, expect_clip=False,
         contrast=dict(use_sliding_window=True)))
