@@ -188,6 +188,11 @@ void model_zero_grads(Model *m) {
     model_zero_grad_range(m, m->grads, m->opt.zero_stage >= 3 ? m->local_n : m->tab.shard * m->tab.world);
 }
 
+// ZeRO-3: unit u's full-size gradients in `full` start from zero.
+static void z3_zero_grad(Model *m, int u, float *full) {
+    m->bk->memzero(m->bk, full, unit_shard(&m->tab, u) * m->opt.comm->world * sizeof(float), NULL);
+}
+
 // The embedding's or the head's unit (u < nl_units) into z3_nl, unless it holds it already.
 static void z3_nl_gather(Model *m, int u) {
     if (m->z3_nl_unit == u) return;
@@ -216,7 +221,7 @@ static void z3_head_begin(Model *m, int train) {
     if (m->opt.zero_stage < 3 || m->tab.nl_units < 2) return;
     z3_nl_gather(m, 1);
     if (train)
-        m->bk->memzero(m->bk, m->z3_nl_grad, unit_shard(&m->tab, 1) * m->opt.comm->world * sizeof(float), NULL);
+        z3_zero_grad(m, 1, m->z3_nl_grad);
 }
 
 static void *LP(const Model *m, int l, int k) { return P(m, param_index(&m->tab, l, k)); }
@@ -634,8 +639,7 @@ static void backward_layers(Model *m, int B, int T) {
             weights_acquire(m, j, j > s ? j - 1 : after);
             if (m->pol.recompute == RC_SELECTIVE) recompute_cheap(m, j, &a, B * T);
             if (m->opt.zero_stage >= 3)
-                m->bk->memzero(m->bk, m->z3_layer_grad,
-                               (unit_shard(&m->tab, m->tab.nl_units + j) * m->opt.comm->world) * sizeof(float), NULL);
+                z3_zero_grad(m, m->tab.nl_units + j, m->z3_layer_grad);
             layer_backward(m, j, &a, B, T, act_tile_rows(st), act_att_rows(st));
             weights_release(m, j, 1);
         }
@@ -667,8 +671,7 @@ double model_forward_backward(Model *m, int B, int T, float loss_scale) {
     // stays for the pass; its gradients start from zero here and are reduced at the end).
     if (m->opt.zero_stage >= 3) {
         z3_begin_pass(m);
-        if (train && t->nl_units == 1)
-            bk->memzero(bk, m->z3_nl_grad, unit_shard(t, 0) * m->opt.comm->world * sizeof(float), NULL);
+        if (train && t->nl_units == 1) z3_zero_grad(m, 0, m->z3_nl_grad);
     }
     forward_layers(m, m->store, B, T, train);
     z3_head_begin(m, train);
@@ -699,7 +702,7 @@ double model_forward_backward(Model *m, int B, int T, float loss_scale) {
     const int split = m->opt.zero_stage >= 3 && t->nl_units == 2;
     if (split) z3_reduce(m, 1, m->z3_nl_grad);
     backward_layers(m, B, T);
-    if (split) bk->memzero(bk, m->z3_nl_grad, unit_shard(t, 0) * m->opt.comm->world * sizeof(float), NULL);
+    if (split) z3_zero_grad(m, 0, m->z3_nl_grad);
     if (G(m, t->embed)) embedding_bwd(m, N);
     if (t->pos_embed >= 0 && G(m, t->pos_embed)) bk->pos_bwd(bk, G(m, t->pos_embed), m->d_res, B, T, C);
     if (m->opt.zero_stage >= 3) z3_reduce(m, 0, m->z3_nl_grad);

@@ -37,11 +37,11 @@ static void only_snapshot(const char *snaps, char *rev, size_t cap) {
     if (n != 1) rev[0] = 0;
 }
 
-// True when dir holds one of the files of `need` (NULL-terminated).
-static int holds_any(const char *dir, const char *const *need) {
+int hf_dir_holds_any(const char *dir, const char *const *need) {
     for (; *need; need++) {
         char p[4096];
-        if ((size_t)snprintf(p, sizeof p, "%s/%s", dir, *need) < sizeof p && path_exists(p)) return 1;
+        join_path(p, sizeof p, dir, *need);
+        if (path_exists(p)) return 1;
     }
     return 0;
 }
@@ -75,7 +75,7 @@ int hf_resolve_files(const char *id, const char *revision, const char *const *ne
     }
     char snap[4608];
     snprintf(snap, sizeof snap, "%s/%s", snaps, rev);
-    if (snapshot_name_ok(rev) && holds_any(snap, need)) {
+    if (snapshot_name_ok(rev) && hf_dir_holds_any(snap, need)) {
         if ((size_t)snprintf(out, cap, "%s", snap) < cap) return 0;
         snprintf(why, why_cap, "'%s': the cache path %s is longer than %zu bytes", id, snap, cap - 1);
         return -1;

@@ -12,6 +12,8 @@ void hf_cache_dir(char *out, size_t cap);
 // Resolves id at revision (NULL or "": main) to its snapshot directory. 0 on success; otherwise
 // -1 with a one-line reason (where it looked, how to download) in why.
 int hf_resolve(const char *id, const char *revision, char *out, size_t cap, char *why, size_t why_cap);
+// True when dir holds one of the files named in need (NULL-terminated).
+int hf_dir_holds_any(const char *dir, const char *const *need);
 // The same for a snapshot that holds any of the files in need (NULL-terminated; `what` names
 // them in the reason): refs/REVISION's commit, else the revision as a commit, else (no
 // revision, no refs/main: a cache copied by hand) the only snapshot there is.

@@ -116,15 +116,6 @@ int prepare_wants_data(const Config *cfg) {
 // The files that make a directory a tokenizer's (any one of them).
 static const char *const TOKENIZER_FILES[] = {"tokenizer.json", "tokenizer_config.json", "tokenizer.model", NULL};
 
-static int has_tokenizer(const char *dir) {
-    for (const char *const *f = TOKENIZER_FILES; *f; f++) {
-        char p[2048];
-        join_path(p, sizeof p, dir, *f);
-        if (path_exists(p)) return 1;
-    }
-    return 0;
-}
-
 static int is_dir(const char *p) {
     struct stat st;
     return stat(p, &st) == 0 && S_ISDIR(st.st_mode);
@@ -158,7 +149,7 @@ void prepare_resolve_tokenizer(Config *cfg) {
         fail("%s: datasets: need a tokenizer: set tokenizer_config (a Hugging Face tokenizer directory or hub "
              "id) or base_model (a model directory with its tokenizer)", src);
     }
-    if (!has_tokenizer(dir))
+    if (!hf_dir_holds_any(dir, TOKENIZER_FILES))
         fail("%s: %s: %s has no tokenizer (tokenizer.json, tokenizer_config.json or tokenizer.model); set "
              "tokenizer_config to a directory that has one", src, key, dir);
     char abs[PATH_MAX];
