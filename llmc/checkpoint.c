@@ -441,6 +441,10 @@ static int write_state(const LoopState *ls, const Model *m, const char *path) {
     // its own); resuming checks the count.
     if (m->opt.zero_stage >= 3) cJSON_AddNumberToObject(o, "zero3_units", m->tab.nunits);
     if (ls->model_only) cJSON_AddTrueToObject(o, "save_only_model");
+    if (m->lisa) {  // LISA: each layer's AdamW update count (its bias correction)
+        cJSON *u = cJSON_AddArrayToObject(o, "lisa_layer_updates");
+        for (int l = 0; l < m->lisa->L; l++) cJSON_AddItemToArray(u, cJSON_CreateNumber(m->lisa->updates[l]));
+    }
     snprintf(buf, sizeof buf, "%" PRIu64, ls->data_epoch);
     cJSON_AddStringToObject(o, "data_epoch", buf);
     snprintf(buf, sizeof buf, "%" PRIu64, ls->data_next);
@@ -728,6 +732,8 @@ void run_identity(RunIdentity *id, const Config *cfg, const Model *m) {
         }
         id_add(id, "use_rslora", "%s", lc->rslora ? "true" : "false");
     }
+    if (cfg->lisa_n_layers)  // which layers train when (with the seed)
+        id_add(id, "lisa", "%d layers every %d steps", cfg->lisa_n_layers, cfg->lisa_step_interval);
     id_add(id, "seed", "%lld", cfg->seed);
     id_add(id, "data_seed", "%lld", config_data_seed(cfg));  // the order the data was visited in
     id_add(id, "sequence_len", "%d", cfg->sequence_len);
@@ -872,6 +878,24 @@ static void load_state(LoopState *ls, const Model *m, const char *dir) {
                  "(base_model: %s)", path, saved_units, m->tab.nunits, dir);
     }
     check_run(o, ls->run, dir);
+    cJSON *lu = cJSON_GetObjectItemCaseSensitive(o, "lisa_layer_updates");
+    if (lu && !m->lisa)
+        fail("%s: checkpoint was written by a LISA run (its layers' AdamW counts differ from the step's); resume "
+             "with its lisa_n_layers and lisa_step_interval, or start a new run from its weights (base_model: %s)",
+             path, dir);
+    if (m->lisa && !lu)
+        fail("%s: checkpoint was written without LISA; resume it without lisa_n_layers, or start a new run from "
+             "its weights (base_model: %s)", path, dir);
+    if (m->lisa) {
+        if (!cJSON_IsArray(lu) || cJSON_GetArraySize(lu) != m->lisa->L)
+            fail("%s: key 'lisa_layer_updates' must be a list of %d counts (one per layer)", path, m->lisa->L);
+        for (int l = 0; l < m->lisa->L; l++) {
+            cJSON *e = cJSON_GetArrayItem(lu, l);
+            if (!cJSON_IsNumber(e) || e->valuedouble != (double)e->valueint || e->valueint < 0 || e->valueint > ls->step)
+                fail("%s: key 'lisa_layer_updates': entry %d must be an integer in [0, step %d]", path, l, ls->step);
+            m->lisa->updates[l] = e->valueint;
+        }
+    }
     ls->data_epoch = json_u64(o, "data_epoch", path);
     ls->data_next = json_u64(o, "data_next", path);
     cJSON *r = cJSON_GetObjectItemCaseSensitive(o, "sample_rng");

@@ -189,6 +189,12 @@ static const KeyDef KEYS[] = {
     {"unfrozen_parameters", T_LIST, offsetof(Config, unfrozen_parameters),
      sizeof(((Config *)0)->unfrozen_parameters), "", 0, 0, NULL,
      "full fine-tune: train only parameters whose name matches one of these regexes (Axolotl's rules)"},
+    NUM("lisa_n_layers", T_INT, lisa_n_layers, "0", 0, BIG,
+        "LISA: full fine-tune training this many decoder layers at a time, drawn at random (with lisa_step_interval)"),
+    NUM("lisa_step_interval", T_INT, lisa_step_interval, "0", 0, BIG,
+        "LISA: draw the training layers again every this many optimizer steps (and at step 1)"),
+    STR("lisa_layers_attribute", lisa_layers_attribute, "model.layers",
+        "LISA: the module list drawn from (model.layers; transformer.h for GPT-2)"),
     NUM("reinit_weights", T_BOOL, reinit_weights, "false", 0, 1,
         "base_model's architecture with random weights (N(0, initializer_range), as transformers' init), not its weights"),
     NUM("load_in_4bit", T_BOOL, load_in_4bit, "false", 0, 1, "QLoRA: frozen layer weights in NF4"),
@@ -1043,6 +1049,20 @@ void config_finish(Config *cfg) {
         Unfrozen u;
         unfrozen_compile(&u, cfg->unfrozen_parameters, src);
         unfrozen_free(&u);
+    }
+    if ((cfg->lisa_n_layers > 0) != (cfg->lisa_step_interval > 0)) {  // Axolotl turns LISA on with both
+        printf("note: %s has no effect without %s: LISA needs both (as in Axolotl)\n",
+               cfg->lisa_n_layers ? "lisa_n_layers" : "lisa_step_interval",
+               cfg->lisa_n_layers ? "lisa_step_interval" : "lisa_n_layers");
+        cfg->lisa_n_layers = cfg->lisa_step_interval = 0;
+    }
+    if (cfg->lisa_n_layers) {
+        if (strcmp(cfg->adapter, "none"))
+            fail("%s: lisa_n_layers with adapter: %s is not implemented (LISA here trains whole decoder layers in "
+                 "a full fine-tune; Axolotl's callback would unfreeze the base weights of the drawn layers too)",
+                 src, cfg->adapter);
+        if (cfg->unfrozen_parameters[0])
+            fail("%s: lisa_n_layers with unfrozen_parameters: both choose what trains (drop one of them)", src);
     }
     if (cfg->fsdp) cfg->zero_stage = 3;
     if (cfg->zero_stage == 2) fail("%s: zero_stage 2 is not supported: use 1 (optimizer state) or 3 (fsdp)", src);

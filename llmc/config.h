@@ -63,6 +63,8 @@ typedef struct {
     int lora_r, lora_target_linear, use_rslora, merge_lora, load_in_4bit, load_in_8bit, layer_offloading;
     int reinit_weights;            // base_model's config.json with a random init
     char unfrozen_parameters[16384];  // newline-separated patterns (freeze.h); empty: train everything
+    int lisa_n_layers, lisa_step_interval;  // LISA (lisa.h): both > 0 turn it on
+    char lisa_layers_attribute[64];
     double lora_alpha, lora_dropout;
     // sharding
     int fsdp, zero_stage, offload_optimizer;

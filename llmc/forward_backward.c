@@ -139,6 +139,7 @@ static void weights_release(Model *m, int l, int grads) {
 static float *G(const Model *m, int i) {
     const ParamSpec *p = &m->tab.specs[i];
     if (!p->trainable) return NULL;
+    if (m->lisa && p->layer >= 0 && !m->lisa->on[p->layer]) return NULL;  // LISA: not drawn this step
     if (m->opt.zero_stage >= 3)  // full-size gradients of the unit being back-propagated
         return (p->unit < m->tab.nl_units ? m->z3_nl_grad : m->z3_layer_grad) + (p->goff - m->tab.units[p->unit]);
     return m->grads + p->goff;
@@ -194,10 +195,14 @@ static void z3_zero_grad(Model *m, int u, float *full) {
 }
 
 // The embedding's or the head's unit (u < nl_units) into z3_nl, unless it holds it already.
+// Under z3_shared the slots lie inside z3_nl: either gather spoils the other's contents. Every
+// use goes through z3_unit_buf, which fails on a unit not gathered. All on one stream (the
+// collectives and copies run on the compute stream), so a gather never overtakes a use.
 static void z3_nl_gather(Model *m, int u) {
     if (m->z3_nl_unit == u) return;
     z3_gather(m, u, m->z3_nl);
     m->z3_nl_unit = u;
+    if (m->z3_shared) m->z3_slot_layer[0] = m->z3_slot_layer[1] = -1;
 }
 
 // Gathered copies are valid until the next optimizer step; a pass starts with none.
@@ -213,6 +218,7 @@ static void z3_layer(Model *m, int l) {
     int k = m->z3_slot_layer[0] == m->z3_last ? 1 : 0;  // never the slot just in use
     z3_gather(m, m->tab.nl_units + l, m->z3_slot[k]);
     m->z3_slot_layer[k] = l;
+    if (m->z3_shared) m->z3_nl_unit = -1;
 }
 
 // ZeRO-3 with an untied head: the head's unit replaces the embedding's in z3_nl for the final

@@ -4,6 +4,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include "backend.h"
+#include "lisa.h"
 #include "mempolicy.h"
 
 enum { ROPE_DEFAULT = 0, ROPE_LLAMA3 = 1, ROPE_LONGROPE = 2, ROPE_YARN = 3, ROPE_LINEAR = 4 };
@@ -274,6 +275,8 @@ typedef struct {
     float *z3_host_grad;          // offload_params: a unit's reduced piece on its way to grads
     int z3_slot_layer[2], z3_last;
     int z3_nl_unit;               // the unit z3_nl holds now (embedding or head), -1: none
+    int z3_shared;                // the slots lie in z3_nl, z3_layer_grad is z3_nl_grad (untied head)
+    Lisa *lisa;                   // LISA (lisa.h): only the drawn layers have gradients; NULL: off
     void *lora_tmp, *lora_dtmp, *lora_xd, *lora_dxd;  // LoRA scratch: [N, r] and [N, max in]
     // layer_offloading: frozen layer weights in pinned host blocks, two device slots.
     void *host_blocks;

@@ -119,19 +119,28 @@ float optim_step(Model *m, const OptimConfig *oc, double lr, double norm, int st
         const ParamSpec *p = &m->tab.specs[i];
         size_t a, b, loc;
         if (!model_owned_part(m, p, &a, &b, &loc)) continue;  // frozen, or another rank's
+        // LISA: a layer not drawn had no gradient, and torch's AdamW skips such a tensor (no
+        // update, no decay); a drawn one's bias correction counts its own updates.
+        int t = step;
+        if (m->lisa && p->layer >= 0) {
+            if (!m->lisa->on[p->layer]) continue;
+            t = m->lisa->updates[p->layer] + 1;
+        }
         float wd = p->decay ? (float)oc->weight_decay : 0.0f;
         if (m->opt.offload_optimizer) {
             // ZeRO-Offload: the update runs on the host's threads on the fp32 master.
             adamw_f32(m->master + loc, m->host_grads + loc, m->adam_m + loc, m->adam_v + loc, b - a,
-                      (float)lr, (float)oc->beta1, (float)oc->beta2, (float)oc->eps, wd, clip, step);
+                      (float)lr, (float)oc->beta1, (float)oc->beta2, (float)oc->eps, wd, clip, t);
             if (m->opt.offload_params) bk->host_from_f32(bk, param_at(m, a, loc), m->master + loc, b - a);
             else bk->upload_act(bk, param_at(m, a, loc), m->master + loc, b - a);
         } else {
             bk->adamw(bk, param_at(m, a, loc), m->master ? m->master + loc : NULL,
                       m->grads + loc, m->adam_m + loc, m->adam_v + loc, b - a, (float)lr,
-                      (float)oc->beta1, (float)oc->beta2, (float)oc->eps, wd, clip, step);
+                      (float)oc->beta1, (float)oc->beta2, (float)oc->eps, wd, clip, t);
         }
     }
+    if (m->lisa)
+        for (int l = 0; l < m->lisa->L; l++) m->lisa->updates[l] += m->lisa->on[l];
     // Stage 1: every rank updated its shard; gather the new weights everywhere. (Stage 3
     // gathers each unit when it is next used.)
     if (sharded(m) && m->opt.zero_stage == 1 && m->tab.shard)

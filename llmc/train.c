@@ -130,6 +130,11 @@ static void print_box(const Config *cfg, const Model *m, const Backend *bk, size
     snprintf(opt, sizeof opt, "AdamW lr %.3g %s warmup %d wd %g clip %g", cfg->learning_rate,
              cfg->lr_scheduler, cfg->warmup_steps, cfg->weight_decay, cfg->max_grad_norm);
     printf("| optimizer    %-50s |\n", opt);
+    if (cfg->lisa_n_layers) {
+        snprintf(opt, sizeof opt, "LISA: %d of %d layers at a time, drawn every %d steps", cfg->lisa_n_layers,
+                 m->cfg.num_hidden_layers, cfg->lisa_step_interval);
+        printf("|              %-50s |\n", opt);
+    }
     char dev[128];
     snprintf(dev, sizeof dev, "%s, %d threads%s%s", bk->name, bk->threads, bk->detail[0] ? ", " : "", bk->detail);
     if (bk->attention_path) {
@@ -439,6 +444,14 @@ int train_main(int argc, char **argv, int arch) {
         if (mc.rope_type == ROPE_LONGROPE) mc.rope_has_attention_factor = 1;
         mc.max_position_embeddings = T;
     }
+    if (cfg.lisa_n_layers) {  // before --plan, so that it names what would stop the run
+        const char *layers = arch == ARCH_GPT2 ? "transformer.h" : "model.layers";
+        if (strcmp(cfg.lisa_layers_attribute, layers))
+            fail("lisa_layers_attribute '%s': this model's decoder layers are '%s' (the only list LISA draws from here)",
+                 cfg.lisa_layers_attribute, layers);
+        if (cfg.lisa_n_layers > mc.num_hidden_layers)
+            fail("lisa_n_layers %d: the model has %d decoder layers", cfg.lisa_n_layers, mc.num_hidden_layers);
+    }
     // ---- memory plan: --plan prints it; auto picks from it; a limit names what would fit
     MemPolicy pol;
     config_mem_policy(&cfg, &pol);
@@ -519,6 +532,15 @@ int train_main(int argc, char **argv, int arch) {
     else model_init_random(&model, (uint64_t)cfg.seed);
     if (lora.r && cfg.lora_model_dir[0]) load_adapter(&model, cfg.lora_model_dir);
     else if (lora.r) model_init_lora(&model, (uint64_t)cfg.seed);
+    static Lisa lisa;
+    if (cfg.lisa_n_layers) {
+        lisa_init(&lisa, cfg.lisa_n_layers, cfg.lisa_step_interval, mc.num_hidden_layers, (uint64_t)cfg.seed);
+        model.lisa = &lisa;
+        if (rank == 0)
+            printf("LISA: %d of %d layers (%.1f%%) train at a time, drawn at steps 1 and 2 and then every %d "
+                   "steps; the embedding, final norm and head train throughout\n", cfg.lisa_n_layers,
+                   mc.num_hidden_layers, 100.0 * cfg.lisa_n_layers / mc.num_hidden_layers, cfg.lisa_step_interval);
+    }
     size_t before = bk->mem.in_use;
     model_alloc_acts(&model, B, T / spn, &pol);
     size_t acts_bytes = bk->mem.in_use - before;
@@ -653,6 +675,12 @@ int train_main(int argc, char **argv, int arch) {
         }
         for (size_t i = 0; i < GBT * accum; i++) count += tgt[i] >= 0;
         float scale = count ? (float)(1.0 / (double)count) : 0.0f;
+        if (model.lisa && (step == first_step || lisa_draws_at(model.lisa, step))) {
+            lisa_draw(model.lisa, lisa_last_draw(model.lisa, step));
+            char on[1024];
+            lisa_describe(model.lisa, on, sizeof on);
+            if (rank == 0) printf("LISA: from step %d the layers %s train\n", step + 1, on);
+        }
         model_zero_grads(&model);
         double loss_sum = 0;
         int ran = 0;  // micro-batches computed
@@ -822,6 +850,7 @@ int train_main(int argc, char **argv, int arch) {
         if (have_val) loader_close(&val);
     }
     model_free(&model);  // removes the disk tier's files
+    if (cfg.lisa_n_layers) lisa_free(&lisa);
     comm->barrier(comm);
     // The comm before the backend: an NCCL comm queues its collectives on the backend's stream,
     // which bk->destroy destroys (in the other order the barrier above ran on a destroyed

@@ -826,6 +826,61 @@ class DataLoader:
         return x, y
 
 
+M64 = (1 << 64) - 1
+
+
+def _splitmix64(x):
+    x = (x + 0x9E3779B97F4A7C15) & M64
+    z = x
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & M64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & M64
+    return z ^ (z >> 31), x
+
+
+def _rotl(x, k):
+    return ((x << k) | (x >> (64 - k))) & M64
+
+
+class Xoshiro:
+    """llmc/util.c's rng_seed / rng_next (xoshiro256** seeded by splitmix64)."""
+
+    def __init__(self, seed):
+        self.s = []
+        x = seed & M64
+        for _ in range(4):
+            z, x = _splitmix64(x)
+            self.s.append(z)
+
+    def next(self):
+        s = self.s
+        result = (_rotl((s[1] * 5) & M64, 7) * 9) & M64
+        t = (s[1] << 17) & M64
+        s[2] ^= s[0]
+        s[3] ^= s[1]
+        s[1] ^= s[2]
+        s[0] ^= s[3]
+        s[2] ^= t
+        s[3] = _rotl(s[3], 45)
+        return result
+
+
+def lisa_draws_at(s, interval):
+    """Axolotl's LISA callback draws before the step that follows s completed steps when
+    s % interval == 0 or s == 1."""
+    return s % interval == 0 or s == 1
+
+
+def lisa_draw(seed, s, n, L):
+    """llmc/lisa.c's draw at s completed steps: the first n of a partial Fisher-Yates shuffle of
+    0..L-1 (Axolotl draws with numpy; this program with its own generator)."""
+    idx = list(range(L))
+    r = Xoshiro((seed * 0x9E3779B97F4A7C15 + 0x4C495341 + s) & M64)
+    for i in range(n):
+        j = i + r.next() % (L - i)
+        idx[i], idx[j] = idx[j], idx[i]
+    return sorted(idx[:n])
+
+
 class RefTrainer:
     """Full fine-tuning, or with lora (a lora_spec dict) adapter training over a frozen base:
     AdamW, clipping and the grad norm then cover the adapters only; weight decay applies to
@@ -874,10 +929,30 @@ class RefTrainer:
             lr=self.base_lr, betas=(float(tc["adam_beta1"]), float(tc["adam_beta2"])),
             eps=float(tc["adam_epsilon"]))
         self.s = 0  # 0-based index of the next optimizer step
+        # LISA (Axolotl's callback): before a drawing step every decoder layer is frozen and the
+        # drawn ones unfrozen; a frozen tensor has no gradient (zero_grad sets them to None), so
+        # the norm, clipping and AdamW (its per-tensor step count included) pass it by.
+        self.lisa = None
+        if int(tc.get("lisa_n_layers", 0) or 0) and int(tc.get("lisa_step_interval", 0) or 0):
+            self.lisa = (int(tc["lisa_n_layers"]), int(tc["lisa_step_interval"]), int(tc.get("seed", 42)))
+        self.lisa_log = []  # (1-based step, drawn layers)
+
+    def lisa_switch(self):
+        n, interval, seed = self.lisa
+        if not lisa_draws_at(self.s, interval):
+            return
+        L = self.model.cfg["num_hidden_layers"]
+        on = lisa_draw(seed, self.s, n, L)
+        self.lisa_log.append((self.s + 1, on))
+        for name, p in self.model.named_hf_parameters():
+            if name.startswith("model.layers."):
+                p.requires_grad_(int(name.split(".")[2]) in on)
 
     def step(self):
         """One optimizer step; returns (loss, lr, pre-clip grad norm)."""
         tc = self.tc
+        if self.lisa:
+            self.lisa_switch()
         self.opt.zero_grad(set_to_none=True)
         loss = accumulate_loss(self.model, self.loader, self.B * self.T * self.accum, self.accum)
         gn = grad_norm_clip(self.all_params, float(tc.get("max_grad_norm", 0.0) or 0.0))
@@ -909,6 +984,7 @@ def train_reference(cfg, weights, tokens, tc, dtype=torch.float64, lora=None):
         out["lrs"].append(lr)
         out["grad_norms"].append(gn)
     out["weights"] = tr.weights()
+    out["lisa_log"] = tr.lisa_log
     if lora is not None:
         out["adapter"] = tr.adapter_weights()
     return out

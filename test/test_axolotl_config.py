@@ -890,12 +890,61 @@ def batch_size_key(e):
         one_error(rc, err, *needles)
 
 
+def lisa(e):
+    """LISA (its numbers are checked against PyTorch in test_torch_ref m): what it cannot do is
+    refused in one line, one key alone is noted and changes nothing (Axolotl needs both), and a
+    run resumed from a LISA checkpoint redraws the same layers and keeps each layer's AdamW count:
+    the same weights, bit for bit, as the unbroken run; a checkpoint of the other kind is refused."""
+    m = dict(MODEL, num_hidden_layers=3)
+    on = dict(lisa_n_layers=1, lisa_step_interval=2)
+    for name, over, needles in (
+            ("lisa_lora", dict(adapter="lora", lora_target_linear="true"), ("lisa_n_layers", "adapter: lora")),
+            ("lisa_many", dict(lisa_n_layers=4), ("lisa_n_layers 4", "3 decoder layers")),
+            ("lisa_attr", dict(lisa_layers_attribute="model.model.layers"), ("lisa_layers_attribute", "'model.layers'"))):
+        rc, out, err = e.run(name, e.base(name, model=m, **dict(on, **over)))
+        one_error(rc, err, *needles)
+    rc, out, err = e.run("lisa_unf", yaml_text(e.base("lisa_unf", model=m, **on)) + "unfrozen_parameters: [model.norm]\n")
+    one_error(rc, err, "lisa_n_layers", "unfrozen_parameters")
+    rc, out, err = e.run("lisa_plain", e.base("lisa_plain", model=m, max_steps=4))
+    ok_run(rc, out, err)
+    rc, out, err = e.run("lisa_half", e.base("lisa_half", model=m, max_steps=4, lisa_n_layers=1))
+    ok_run(rc, out, err)
+    check("note: lisa_n_layers has no effect without lisa_step_interval" in out and "LISA:" not in out,
+          "one LISA key alone: " + out[:400])
+    plain = [r["loss"] for r in e.metrics("lisa_plain") if "loss" in r]
+    check([r["loss"] for r in e.metrics("lisa_half") if "loss" in r] == plain, "lisa_n_layers alone changed the losses")
+    rc, out, err = e.run("lisa_full", e.base("lisa_full", model=m, max_steps=6, save_steps=3, **on))
+    ok_run(rc, out, err)
+    draws = re.findall(r"^LISA: from step (\d+) the layers ([\d, ]+) train$", out, re.M)
+    check([d[0] for d in draws] == ["1", "2", "3", "5"], "LISA drew at steps %s, expected 1, 2, 3 and 5" % draws)
+    check([r["loss"] for r in e.metrics("lisa_full") if "loss" in r][:4] != plain, "LISA changed no loss")
+    os.makedirs(e.path("lisa_res", "out"), exist_ok=True)
+    shutil.copytree(e.path("lisa_full", "out", "checkpoint-3"), e.path("lisa_res", "out", "checkpoint-3"))
+    rc, out, err = e.run("lisa_res", e.base("lisa_res", model=m, max_steps=6, resume_from_checkpoint="auto", **on))
+    ok_run(rc, out, err)
+    check("resumed from" in out and "LISA: from step 4 the layers %s train" % draws[2][1] in out,
+          "the resumed run did not redraw step 3's layers: " + out[-600:])
+    with open(e.path("lisa_full", "out", "model.safetensors"), "rb") as a, open(e.path("lisa_res", "out", "model.safetensors"), "rb") as b:
+        check(a.read() == b.read(), "resumed from checkpoint-3: the final weights differ from the unbroken run's")
+    ck = e.path("lisa_full", "out", "checkpoint-3")
+    rc, out, err = e.run("lisa_res_off", e.base("lisa_res_off", model=m, max_steps=6, resume_from_checkpoint=ck))
+    one_error(rc, err, "written by a LISA run")
+    rc, out, err = e.run("lisa_res_iv", e.base("lisa_res_iv", model=m, max_steps=6, resume_from_checkpoint=ck,
+                                                lisa_n_layers=1, lisa_step_interval=3))
+    one_error(rc, err, "lisa=1 layers every 2 steps", "lisa=1 layers every 3 steps")
+    rc, out, err = e.run("lisa_res_plain", e.base("lisa_res_plain", model=m, max_steps=6, save_steps=3))
+    ok_run(rc, out, err)
+    rc, out, err = e.run("lisa_res_on", e.base("lisa_res_on", model=m, max_steps=6, **on,
+                                                resume_from_checkpoint=e.path("lisa_res_plain", "out", "checkpoint-3")))
+    one_error(rc, err, "written without LISA")
+
+
 CASES = [unknown_keys_listed_together, single_unknown_key_names_line, set_unknown_key_no_far_suggestion,
          notes_for_no_effect_keys, refused_keys, datasets_keys_refused, type_tolerance, precision_keys,
          fsdp_forms, optimizer_family, checkpointing_offload, epochs_and_steps, lr_schedule, eval_cadence,
          save_cadence_and_limit, early_stopping, loss_watchdog, bnb_config, auto_resume, reinit_weights,
          unfrozen_parameters, deepspeed_files, curriculum_sampling,
-         modules_to_save_refusals, model_config_overrides, batch_size_key]
+         modules_to_save_refusals, model_config_overrides, batch_size_key, lisa]
 
 
 def main():

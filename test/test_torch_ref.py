@@ -22,6 +22,7 @@ import argparse
 import json
 import math
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -34,6 +35,8 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import harness  # noqa: E402
 import llama_ref as R  # noqa: E402
+
+LAST_LOG = ""  # the last trainer run's output (run_binary)
 
 LOSS_RTOL = 1e-5
 LR_RTOL = 1e-6
@@ -187,6 +190,20 @@ def cases():
         cfg=R.make_config(vocab_size=64, hidden_size=32, intermediate_size=64,
                           num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2),
         tc=tc, shard_version=1, n_tokens=1000, expect_clip=False))
+    # (m) LISA (Axolotl's lisa_n_layers / lisa_step_interval): one of three layers trains at a
+    # time, drawn at steps 1, 2, 3 and 5 (s % 2 == 0 or s == 1 completed steps); a layer not drawn
+    # has no gradient, so torch's AdamW skips it (no decay) and a drawn one's bias correction
+    # counts its own updates; the embedding, final norm and head train throughout. The draws
+    # the trainer prints must be the reference's (the same generator, llama_ref.lisa_draw).
+    tc = R.train_config(sequence_len=16, micro_batch_size=2, gradient_accumulation_steps=2,
+                        max_steps=7, learning_rate=5e-3, lr_scheduler="cosine",
+                        warmup_steps=1, weight_decay=0.1, max_grad_norm=1.0, seed=3)
+    tc.update(lisa_n_layers=1, lisa_step_interval=2)
+    out.append(dict(
+        name="m_lisa",
+        cfg=R.make_config(vocab_size=64, hidden_size=32, intermediate_size=64,
+                          num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2),
+        tc=tc, shard_version=1, n_tokens=1200, expect_clip=False, lisa=True))
     return out
 
 
@@ -205,6 +222,8 @@ def run_binary(binary, workdir, tc, threads, timeout):
                        timeout=timeout)
     dt = time.time() - t0
     log = p.stdout.decode("utf-8", "replace")
+    global LAST_LOG
+    LAST_LOG = log
     if p.returncode != 0:
         raise RuntimeError(f"trainer exit {p.returncode} after {dt:.1f}s; output tail:\n"
                            + "\n".join(log.splitlines()[-15:]))
@@ -324,6 +343,15 @@ def check_case(case, args, root):
         notes.append(f"window on/off changes the loss by {d:.1e}")
         if d < 10 * LOSS_RTOL:
             errs.append(f"test setup: toggling the window changes the loss by only {d:.1e}")
+    if case.get("lisa") and not args.self_check:
+        got = [(int(m.group(1)), sorted(int(x) for x in m.group(2).split(", ")))
+               for m in re.finditer(r"^LISA: from step (\d+) the layers ([\d, ]+) train$", LAST_LOG, re.M)]
+        if got != ref["lisa_log"]:
+            errs.append(f"LISA draws {got}, the reference's {ref['lisa_log']}")
+        drawn = {l for _, on in ref["lisa_log"] for l in on}
+        if len(drawn) < 2:
+            errs.append(f"test setup: the draws {ref['lisa_log']} visit one layer only")
+        notes.append(f"LISA draws {ref['lisa_log']}")
     # sanity: the reference really trained (weights moved by much more than the tolerance)
     init_d = max(float(np.max(np.abs(ref_w[k] - weights[k]))) for k in ref_w)
     summary = (f"loss rel {worst_loss:.1e}, lr rel {worst_lr:.1e}, gnorm rel {worst_gn:.1e}, "
