@@ -48,6 +48,7 @@ import argparse
 import json
 import os
 import random
+import re
 import shutil
 import struct
 import subprocess
@@ -215,6 +216,21 @@ def main():
               "beyond the tolerance")
         lr = abs(g4[0]["loss"] - c4[0]["loss"]) / abs(c4[0]["loss"])
         check("(b) loss within 1e-4 relative of the CPU's (%.3g)" % lr, lr <= 1e-4, "%.9g vs %.9g" % (g4[0]["loss"], c4[0]["loss"]))
+        # (b) LISA, one of the two layers drawn for the step: a layer not drawn has no weight
+        # gradient and no AdamW update on the CUDA backend, so it keeps its initial weights, and
+        # every other tensor takes the plain run's step bit for bit (its gradient does not depend
+        # on the other layer's weight products; no clipping here).
+        z, whyz, _ = run(binary, tmp, "cuda_lisa", "cuda", {"dtype": "bfloat16", "gradient_accumulation_steps": 1,
+                                                           "lisa_n_layers": 1, "lisa_step_interval": 1})
+        drawn = re.findall(r"^LISA: from step 1 the layers (\d+) train$", LAST_STDOUT, re.M)
+        check("(b) LISA runs and draws one layer (%s)" % drawn, z is not None and len(drawn) == 1, whyz or LAST_STDOUT[-400:])
+        if z is not None and len(drawn) == 1:
+            off = "model.layers.%d." % (1 - int(drawn[0]))
+            bad = [k for k in w0 if (z[1][k] != w0[k] if k.startswith(off) else z[1][k] != g1[1][k])]
+            moved = [k for k in w0 if k.startswith("model.layers.%s." % drawn[0]) and z[1][k] != w0[k]]
+            check("(b) LISA on the CUDA backend: layer %s kept its initial weights, every other tensor took the plain "
+                  "run's step bit for bit (%d of the drawn layer's tensors moved)" % (off[13:-1], len(moved)),
+                  not bad and moved, "differ: %s" % bad[:4])
         # (c) LoRA: the adapters' gradients (matmul_dw into float) accumulate alike. B starts at
         # zero, so at this first step only B has a gradient; A's initial values come from the
         # seed, the same in both runs.
