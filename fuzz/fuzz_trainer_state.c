@@ -7,6 +7,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     char path[600];
     snprintf(path, sizeof path, "%s/trainer_state.json", fuzz_ckpt);
     fuzz_write(path, data, size);
+    // A LISA run's model when the input names LISA's key (its per-layer counts are read then),
+    // a plain one otherwise, so that both branches of the load see inputs.
+    static Lisa lisa;
+    if (!lisa.on) lisa_init(&lisa, 1, 2, fuzz_model.cfg.num_hidden_layers, 0);
+    fuzz_model.lisa = memmem(data, size, "lisa", 4) ? &lisa : NULL;
     FUZZ_TRY({
         LoopState ls;
         checkpoint_load(&fuzz_model, &ls, fuzz_ckpt);

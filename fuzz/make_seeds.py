@@ -108,6 +108,7 @@ put("yaml_config", "valid_axolotl_more", "base_model: models/tiny\ntrain_data: a
     "adapter: lora\nfsdp:\n  - full_shard\n  - offload\nfsdp_config:\n  fsdp_offload_params: true\n")
 put("yaml_config", "valid_offload_params", base + "offload_params: true\ndeepspeed: ds.json\nfsdp_config:\n"
     "  fsdp_offload_params: true\nzero_stage: 3\noffload_optimizer: false\n")
+put("yaml_config", "near_lisa", base + "lisa_n_layers: 1\nlisa_step_interval: 2\nlisa_layers_attribute: model.layers\n")
 put("yaml_config", "near_unfrozen_rows", base + "unfrozen_parameters:\n  - model.embed_tokens.weight$[:100]\n"
     "  - model.norm.weight[3]\n  - 'model.layers.0.mlp.down_proj.weight[9:2]'\nbatch_size: 5\n")
 put("yaml_config", "near_unknown_key", base + "learning_rat: 1e-3\n")
@@ -230,6 +231,9 @@ put("trainer_state", "near_epoch_overflow", json.dumps(dict(state, data_epoch="9
 put("trainer_state", "near_rng_short", json.dumps(dict(state, sample_rng=["1", "2", "3"])))
 put("trainer_state", "near_world", json.dumps(dict(state, world_size=4, zero_stage=1)))
 put("trainer_state", "near_step_huge", json.dumps(dict(state, step=1e300)))
+put("trainer_state", "valid_lisa", json.dumps(dict(state, lisa_layer_updates=[1])))
+put("trainer_state", "near_lisa_count", json.dumps(dict(state, lisa_layer_updates=[2])))
+put("trainer_state", "near_lisa_list", json.dumps(dict(state, lisa_layer_updates=[1, 0])))
 
 # ---- adapter_config.json (PEFT; the fuzz model has r 2, alpha 4, q_proj + v_proj) ------------
 adapter = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": 2, "lora_alpha": 4, "lora_dropout": 0.0,
