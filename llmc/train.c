@@ -131,8 +131,8 @@ static void print_box(const Config *cfg, const Model *m, const Backend *bk, size
              cfg->lr_scheduler, cfg->warmup_steps, cfg->weight_decay, cfg->max_grad_norm);
     printf("| optimizer    %-50s |\n", opt);
     if (cfg->lisa_n_layers) {
-        snprintf(opt, sizeof opt, "LISA: %d of %d layers at a time, drawn every %d steps", cfg->lisa_n_layers,
-                 m->cfg.num_hidden_layers, cfg->lisa_step_interval);
+        snprintf(opt, sizeof opt, "LISA: %d of %d layers at a time, drawn every %d step%s", cfg->lisa_n_layers,
+                 m->cfg.num_hidden_layers, cfg->lisa_step_interval, cfg->lisa_step_interval > 1 ? "s" : "");
         printf("|              %-50s |\n", opt);
     }
     char dev[128];
@@ -536,10 +536,13 @@ int train_main(int argc, char **argv, int arch) {
     if (cfg.lisa_n_layers) {
         lisa_init(&lisa, cfg.lisa_n_layers, cfg.lisa_step_interval, mc.num_hidden_layers, (uint64_t)cfg.seed);
         model.lisa = &lisa;
+        char when[64] = "before every step";
+        if (cfg.lisa_step_interval > 1)
+            snprintf(when, sizeof when, "at steps 1 and 2 and then every %d steps", cfg.lisa_step_interval);
         if (rank == 0)
-            printf("LISA: %d of %d layers (%.1f%%) train at a time, drawn at steps 1 and 2 and then every %d "
-                   "steps; the embedding, final norm and head train throughout\n", cfg.lisa_n_layers,
-                   mc.num_hidden_layers, 100.0 * cfg.lisa_n_layers / mc.num_hidden_layers, cfg.lisa_step_interval);
+            printf("LISA: %d of %d layers (%.1f%%) train at a time, drawn %s; the embedding, final norm and head "
+                   "train throughout\n", cfg.lisa_n_layers, mc.num_hidden_layers,
+                   100.0 * cfg.lisa_n_layers / mc.num_hidden_layers, when);
     }
     size_t before = bk->mem.in_use;
     model_alloc_acts(&model, B, T / spn, &pol);
