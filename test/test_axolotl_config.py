@@ -894,7 +894,8 @@ def lisa(e):
     """LISA (its numbers are checked against PyTorch in test_torch_ref m): what it cannot do is
     refused in one line, one key alone is noted and changes nothing (Axolotl needs both), and a
     run resumed from a LISA checkpoint redraws the same layers and keeps each layer's AdamW count:
-    the same weights, bit for bit, as the unbroken run; a checkpoint of the other kind is refused."""
+    the same weights, bit for bit, as the unbroken run; a checkpoint of the other kind is refused.
+    Drawing every layer gives the plain run's weights bit for bit."""
     m = dict(MODEL, num_hidden_layers=3)
     on = dict(lisa_n_layers=1, lisa_step_interval=2)
     for name, over, needles in (
@@ -913,6 +914,11 @@ def lisa(e):
           "one LISA key alone: " + out[:400])
     plain = [r["loss"] for r in e.metrics("lisa_plain") if "loss" in r]
     check([r["loss"] for r in e.metrics("lisa_half") if "loss" in r] == plain, "lisa_n_layers alone changed the losses")
+    # Every layer drawn every time: each layer's AdamW count is the step's, so the plain run, bit for bit.
+    rc, out, err = e.run("lisa_all", e.base("lisa_all", model=m, max_steps=4, lisa_n_layers=3, lisa_step_interval=2))
+    ok_run(rc, out, err)
+    with open(e.path("lisa_all", "out", "model.safetensors"), "rb") as a, open(e.path("lisa_plain", "out", "model.safetensors"), "rb") as b:
+        check(a.read() == b.read(), "lisa_n_layers = the layer count: the weights differ from the plain run's")
     rc, out, err = e.run("lisa_full", e.base("lisa_full", model=m, max_steps=6, save_steps=3, **on))
     ok_run(rc, out, err)
     draws = re.findall(r"^LISA: from step (\d+) the layers ([\d, ]+) train$", out, re.M)
