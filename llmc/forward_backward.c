@@ -195,14 +195,14 @@ static void z3_zero_grad(Model *m, int u, float *full) {
 }
 
 // The embedding's or the head's unit (u < nl_units) into z3_nl, unless it holds it already.
-// Under z3_shared the slots lie inside z3_nl: either gather spoils the other's contents. Every
+// The layer slots lie inside z3_nl (model.c): either gather spoils the other's contents. Every
 // use goes through z3_unit_buf, which fails on a unit not gathered. All on one stream (the
 // collectives and copies run on the compute stream), so a gather never overtakes a use.
 static void z3_nl_gather(Model *m, int u) {
     if (m->z3_nl_unit == u) return;
     z3_gather(m, u, m->z3_nl);
     m->z3_nl_unit = u;
-    if (m->z3_shared) m->z3_slot_layer[0] = m->z3_slot_layer[1] = -1;
+    m->z3_slot_layer[0] = m->z3_slot_layer[1] = -1;
 }
 
 // Gathered copies are valid until the next optimizer step; a pass starts with none.
@@ -218,13 +218,18 @@ static void z3_layer(Model *m, int l) {
     int k = m->z3_slot_layer[0] == m->z3_last ? 1 : 0;  // never the slot just in use
     z3_gather(m, m->tab.nl_units + l, m->z3_slot[k]);
     m->z3_slot_layer[k] = l;
-    if (m->z3_shared) m->z3_nl_unit = -1;
+    m->z3_nl_unit = -1;
 }
 
-// ZeRO-3 with an untied head: the head's unit replaces the embedding's in z3_nl for the final
-// norm and the classifier, and (training) its gradients start from zero in z3_nl_grad.
+// ZeRO-3, after the layers: the head's unit into z3_nl for the final norm and the classifier
+// (and, training, its gradients start from zero in z3_nl_grad); a tied embedding's unit, which
+// holds the head, is gathered again (the layer slots overwrote it).
 static void z3_head_begin(Model *m, int train) {
-    if (m->opt.zero_stage < 3 || m->tab.nl_units < 2) return;
+    if (m->opt.zero_stage < 3) return;
+    if (m->tab.nl_units < 2) {
+        z3_nl_gather(m, 0);
+        return;
+    }
     z3_nl_gather(m, 1);
     if (train)
         z3_zero_grad(m, 1, m->z3_nl_grad);

@@ -599,26 +599,25 @@ void model_create(Model *m, Backend *bk, const ModelConfig *cfg, const LoraConfi
         nl *= world;
         m->z3_nl_unit = -1;
         m->z3_slot_layer[0] = m->z3_slot_layer[1] = -1;
-        // An untied head: the embedding and the head are in use only before and after the
-        // layers, so their buffers share memory with the layers' (forward_backward.c, z3_shared):
-        // the two slots lie inside the embedding/head buffer, and the layers' full gradients
-        // inside the embedding/head gradients (the head's are reduced before the layers'
-        // backward, the embedding's made after it). At Llama 3.1 8B's shape that is 2 x 218M
-        // bf16 weights and 218M float gradients less on every rank. A tied embedding keeps
-        // its own: its gradients gather across the whole backward, and its weights would be
-        // gathered a second time for the classifier.
-        m->z3_shared = t->nl_units == 2;
-        if (m->z3_shared) {
-            const size_t w = nl > 2 * maxu ? nl : 2 * maxu, g = nl > maxu ? nl : maxu;
-            m->z3_nl = dev_alloc_zero(bk, (w ? w : 1) * A, "gathered embedding/head/layer weights");
-            m->z3_slot[0] = m->z3_nl;
-            m->z3_slot[1] = act_at(bk, m->z3_nl, maxu);
+        // The embedding and the head are in use only before and after the layers, so the two
+        // gathered layer slots lie inside their buffer (forward_backward.c: a gather into
+        // either marks the other's contents gone; a tied embedding is gathered again for the
+        // classifier). With an untied head the layers' full gradients lie inside the
+        // embedding/head gradients too (the head's are reduced before the layers' backward,
+        // the embedding's made after it); a tied embedding's gradients span the whole backward
+        // (the classifier's part first, the lookup's last), so the layers' keep their own. At
+        // Llama 3.1 8B's shape that is 2 x 218M bf16 weights and 218M float gradients less on
+        // every rank.
+        const size_t w = nl > 2 * maxu ? nl : 2 * maxu;
+        m->z3_nl = dev_alloc_zero(bk, (w ? w : 1) * A, "gathered embedding/head/layer weights");
+        m->z3_slot[0] = m->z3_nl;
+        m->z3_slot[1] = act_at(bk, m->z3_nl, maxu);
+        if (t->nl_units == 2) {
+            const size_t g = nl > maxu ? nl : maxu;
             m->z3_nl_grad = m->z3_layer_grad = dev_alloc_zero(bk, (g ? g : 1) * sizeof(float),
                                                               "embedding/head/layer gradients (full)");
         } else {
-            m->z3_nl = dev_alloc_zero(bk, (nl ? nl : 1) * A, "gathered embedding/head");
             m->z3_nl_grad = dev_alloc_zero(bk, (nl ? nl : 1) * sizeof(float), "embedding/head gradients");
-            for (int i = 0; i < 2; i++) m->z3_slot[i] = dev_alloc_zero(bk, (maxu ? maxu : 1) * A, "gathered layer weights");
             m->z3_layer_grad = dev_alloc_zero(bk, (maxu ? maxu : 1) * sizeof(float), "layer gradients (full)");
         }
         // This rank's pieces: the weights between optimizer steps (gathered per unit for use)
@@ -895,13 +894,9 @@ void model_free(Model *m) {
         bk->dev_free(bk, m->pieces);
         bk->dev_free(bk, m->grads);
     }
-    bk->dev_free(bk, m->z3_nl);
+    bk->dev_free(bk, m->z3_nl);  // the slots lie inside it
+    if (m->z3_layer_grad != m->z3_nl_grad) bk->dev_free(bk, m->z3_layer_grad);
     bk->dev_free(bk, m->z3_nl_grad);
-    if (!m->z3_shared) {
-        bk->dev_free(bk, m->z3_slot[0]);
-        bk->dev_free(bk, m->z3_slot[1]);
-        bk->dev_free(bk, m->z3_layer_grad);
-    }
     free(m->owned);
     if (m->opt.offload_optimizer) {
         bk->host_free(bk, m->adam_m);

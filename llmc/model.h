@@ -266,7 +266,8 @@ typedef struct {
     OwnedRange *owned;
     int nowned;
     size_t local_n;
-    // ZeRO-3: gathered weights and full-size (float) gradients of the unit in use.
+    // ZeRO-3: gathered weights and full-size (float) gradients of the unit in use. The slots
+    // lie inside z3_nl, and with an untied head z3_layer_grad is z3_nl_grad (model.c).
     void *z3_nl, *z3_slot[2];
     // Rank 0 between model_gather_all and model_gather_done of a sharded model: its reads of
     // trainable tensors ask the other ranks for their pieces (model_get_param).
@@ -275,7 +276,6 @@ typedef struct {
     float *z3_host_grad;          // offload_params: a unit's reduced piece on its way to grads
     int z3_slot_layer[2], z3_last;
     int z3_nl_unit;               // the unit z3_nl holds now (embedding or head), -1: none
-    int z3_shared;                // the slots lie in z3_nl, z3_layer_grad is z3_nl_grad (untied head)
     Lisa *lisa;                   // LISA (lisa.h): only the drawn layers have gradients; NULL: off
     void *lora_tmp, *lora_dtmp, *lora_xd, *lora_dxd;  // LoRA scratch: [N, r] and [N, max in]
     // layer_offloading: frozen layer weights in pinned host blocks, two device slots.
