@@ -142,7 +142,7 @@ static float *G(const Model *m, int i) {
     if (m->lisa && p->layer >= 0 && !m->lisa->on[p->layer]) return NULL;  // LISA: not drawn this step
     if (m->opt.zero_stage >= 3)  // full-size gradients of the unit being back-propagated
         return (p->unit < m->tab.nl_units ? m->z3_nl_grad : m->z3_layer_grad) + (p->goff - m->tab.units[p->unit]);
-    return m->grads + p->goff;
+    return model_grad_at(m, p, p->goff);
 }
 
 // ZeRO-3: all-gather unit u (every rank's piece) into buf. Under offload_params the piece
@@ -186,7 +186,7 @@ void model_zero_grad_range(Model *m, float *g, size_t n) {
 }
 
 void model_zero_grads(Model *m) {
-    model_zero_grad_range(m, m->grads, m->opt.zero_stage >= 3 ? m->local_n : m->tab.shard * m->tab.world);
+    model_zero_grad_range(m, m->grads, m->grads_n);
 }
 
 // ZeRO-3: unit u's full-size gradients in `full` start from zero.

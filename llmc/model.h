@@ -240,6 +240,8 @@ typedef struct {
     const char *unfrozen;    // full fine-tune: newline-separated name patterns that train (freeze.h); NULL/"": all
     int seq_parallel;        // sequence_parallel_degree: every rank holds T / n tokens of each
                              // sequence (model_alloc_acts takes that local T); 0 or 1: off
+    int lisa_layers;         // LISA's lisa_n_layers (lisa.h): under zero_stage 0 only that many
+                             // layers' gradients exist at a time; 0: off
 } ModelOptions;
 
 typedef struct {
@@ -277,6 +279,13 @@ typedef struct {
     int z3_slot_layer[2], z3_last;
     int z3_nl_unit;               // the unit z3_nl holds now (embedding or head), -1: none
     Lisa *lisa;                   // LISA (lisa.h): only the drawn layers have gradients; NULL: off
+    // LISA under zero_stage 0: grads holds the gradients of the tensors outside the layers
+    // (lisa_g0 floats, at their goff), then opt.lisa_layers slots of lisa_slot floats, one for
+    // each drawn layer (lisa_slot_of[l]: its slot, -1 while not drawn; model_lisa_drawn).
+    // NULL: every layer has its place at its goff.
+    int *lisa_slot_of;
+    size_t lisa_g0, lisa_slot;
+    size_t grads_n;               // floats in grads
     void *lora_tmp, *lora_dtmp, *lora_xd, *lora_dxd;  // LoRA scratch: [N, r] and [N, max in]
     // layer_offloading: frozen layer weights in pinned host blocks, two device slots.
     void *host_blocks;
@@ -350,6 +359,13 @@ void model_gather_all(Model *m);
 void model_gather_done(Model *m);
 // The part [a, b) of trainable tensor p that this rank optimizes, and its local index.
 int model_owned_part(const Model *m, const ParamSpec *p, size_t *a, size_t *b, size_t *local);
+// The gradient of trainable tensor p's owned part at local index loc (model_owned_part): its
+// place in m->grads, or NULL for a layer LISA has not drawn when only drawn layers have one.
+float *model_grad_at(const Model *m, const ParamSpec *p, size_t loc);
+// After a LISA draw (m->lisa->on): the drawn layers take the gradient slots, in layer order.
+void model_lisa_drawn(Model *m);
+// How many floats from m->grads on the optimizer reads: this rank's local part, or LISA's slots.
+size_t model_grads_used(const Model *m);
 struct Nf4Weight;
 // A weight already in NF4 (a bitsandbytes checkpoint) for a quantized table entry.
 void model_set_param_nf4(Model *m, int i, const void *nf4_weight);

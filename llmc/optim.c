@@ -62,23 +62,24 @@ double grad_norm(Model *m) {
     // (ZeRO-3 already sent each unit's gradients to their owners during backward.)
     if (sharded(m) && full && m->opt.zero_stage < 3) {
         if (m->opt.zero_stage >= 1) c->reduce_scatter_sum(c, m->grads, m->grads, m->tab.shard);
-        else c->all_reduce_sum(c, m->grads, full);
+        else c->all_reduce_sum(c, m->grads, m->grads_n);
     }
     // unfrozen_parameters' row ranges: the rows outside them get a zero gradient before the
     // norm, as Axolotl's gradient hook leaves them (AdamW then only decays them).
     for (int i = 0; i < (int)arrlen(m->tab.specs); i++) {
         const ParamSpec *p = &m->tab.specs[i];
         size_t a, b, loc;
-        if (!p->nfrozen || !model_owned_part(m, p, &a, &b, &loc)) continue;
+        if (!p->nfrozen || !model_owned_part(m, p, &a, &b, &loc) || !model_grad_at(m, p, loc)) continue;
         const size_t cols = p->numel / (size_t)p->shape[0];
         for (int k = 0; k < p->nfrozen; k++) {
             size_t lo = p->goff + (size_t)p->frozen[k][0] * cols, hi = p->goff + (size_t)p->frozen[k][1] * cols;
             lo = lo > a ? lo : a, hi = hi < b ? hi : b;
-            if (lo < hi) model_zero_grad_range(m, m->grads + loc + (lo - a), hi - lo);
+            if (lo < hi) model_zero_grad_range(m, model_grad_at(m, p, loc) + (lo - a), hi - lo);
         }
     }
     // Per tensor, in table order; a tied head is one entry, so each gradient counts once. The
-    // backend sums the list with one wait; the host adds the sums in order.
+    // backend sums the list with one wait; the host adds the sums in order. A layer LISA did
+    // not draw has no gradient (all zeros where it has a place: the same sum either way).
     const int nspec = (int)arrlen(m->tab.specs);
     const float **x = xmalloc(sizeof *x * (size_t)(nspec + 1));
     size_t *len = xmalloc(sizeof *len * (size_t)(nspec + 1));
@@ -86,7 +87,9 @@ double grad_norm(Model *m) {
     int k = 0;
     for (int i = 0; i < nspec; i++) {
         size_t a, b, loc;
-        if (model_owned_part(m, &m->tab.specs[i], &a, &b, &loc)) x[k] = m->grads + loc, len[k++] = b - a;
+        const ParamSpec *p = &m->tab.specs[i];
+        if (p->layer >= 0 && m->lisa && !m->lisa->on[p->layer]) continue;
+        if (model_owned_part(m, p, &a, &b, &loc)) x[k] = model_grad_at(m, p, loc), len[k++] = b - a;
     }
     if (m->opt.offload_params) {  // host memory: the CPU backend's own sums (the same bits there)
         for (int i = 0; i < k; i++) each[i] = sumsq_f32(x[i], len[i]);
@@ -110,7 +113,7 @@ float optim_step(Model *m, const OptimConfig *oc, double lr, double norm, int st
         double c = oc->max_grad_norm / (norm + 1e-6);
         if (c < 1.0) clip = (float)c;
     }
-    const size_t n = m->local_n;
+    const size_t n = model_grads_used(m);
     if (m->opt.offload_optimizer && !m->opt.offload_params && n) {  // the float gradients, as they are
         bk->copy_d2h(bk, m->host_grads, m->grads, n * sizeof(float), NULL);
         bk->sync(bk);
@@ -127,15 +130,16 @@ float optim_step(Model *m, const OptimConfig *oc, double lr, double norm, int st
             t = m->lisa->updates[p->layer] + 1;
         }
         float wd = p->decay ? (float)oc->weight_decay : 0.0f;
+        float *g = model_grad_at(m, p, loc);
         if (m->opt.offload_optimizer) {
             // ZeRO-Offload: the update runs on the host's threads on the fp32 master.
-            adamw_f32(m->master + loc, m->host_grads + loc, m->adam_m + loc, m->adam_v + loc, b - a,
+            adamw_f32(m->master + loc, m->host_grads + (g - m->grads), m->adam_m + loc, m->adam_v + loc, b - a,
                       (float)lr, (float)oc->beta1, (float)oc->beta2, (float)oc->eps, wd, clip, t);
             if (m->opt.offload_params) bk->host_from_f32(bk, param_at(m, a, loc), m->master + loc, b - a);
             else bk->upload_act(bk, param_at(m, a, loc), m->master + loc, b - a);
         } else {
             bk->adamw(bk, param_at(m, a, loc), m->master ? m->master + loc : NULL,
-                      m->grads + loc, m->adam_m + loc, m->adam_v + loc, b - a, (float)lr,
+                      g, m->adam_m + loc, m->adam_v + loc, b - a, (float)lr,
                       (float)oc->beta1, (float)oc->beta2, (float)oc->eps, wd, clip, t);
         }
     }

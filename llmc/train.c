@@ -142,7 +142,7 @@ static void print_box(const Config *cfg, const Model *m, const Backend *bk, size
         snprintf(dev + n, sizeof dev - n, ", attention %s", bk->attention_path(bk, m->cfg.head_dim));
     }
     printf("| device       %-50s |\n", dev);
-    size_t pbytes = m->tab.num_params * bk->act_bytes, gbytes = m->tab.num_trainable * sizeof(float);  // float grads
+    size_t pbytes = m->tab.num_params * bk->act_bytes, gbytes = (m->lisa_slot_of ? m->grads_n : m->tab.num_trainable) * sizeof(float);  // float grads
     format_bytes(a, sizeof a, (double)(pbytes + gbytes));
     format_bytes(b, sizeof b, (double)m->tab.num_trainable * sizeof(float) * (m->master ? 3 : 2));
     format_bytes(d, sizeof d, (double)acts_bytes);
@@ -475,7 +475,8 @@ int train_main(int argc, char **argv, int arch) {
     ModelOptions mo = {.stream = pol.stream_frozen, .comm = comm, .zero_stage = cfg.zero_stage,
                        .offload_optimizer = cfg.offload_optimizer, .offload_params = cfg.offload_params,
                        .load_in_4bit = cfg.load_in_4bit, .load_in_8bit = cfg.load_in_8bit,
-                       .unfrozen = cfg.unfrozen_parameters, .seq_parallel = spn};
+                       .unfrozen = cfg.unfrozen_parameters, .seq_parallel = spn,
+                       .lisa_layers = cfg.lisa_n_layers};
     PlanRow rows[32];
     int nrows = 0;
     char fitting[1024] = "";
@@ -680,6 +681,7 @@ int train_main(int argc, char **argv, int arch) {
         float scale = count ? (float)(1.0 / (double)count) : 0.0f;
         if (model.lisa && (step == first_step || lisa_draws_at(model.lisa, step))) {
             lisa_draw(model.lisa, lisa_last_draw(model.lisa, step));
+            model_lisa_drawn(&model);
             char on[1024];
             lisa_describe(model.lisa, on, sizeof on);
             if (rank == 0) printf("LISA: from step %d the layers %s train\n", step + 1, on);

@@ -924,6 +924,20 @@ def lisa(e):
     draws = re.findall(r"^LISA: from step (\d+) the layers ([\d, ]+) train$", out, re.M)
     check([d[0] for d in draws] == ["1", "2", "3", "5"], "LISA drew at steps %s, expected 1, 2, 3 and 5" % draws)
     check([r["loss"] for r in e.metrics("lisa_full") if "loss" in r][:4] != plain, "LISA changed no loss")
+    # Gradients for the drawn layer alone (zero_stage 0): two layers' float gradients less at the
+    # peak than the plain run; ZeRO-1 (one process) keeps every layer's place and must give the
+    # same weights bit for bit.
+    rc, out, err = e.run("lisa_z1", e.base("lisa_z1", model=m, max_steps=6, zero_stage=1, **on))
+    ok_run(rc, out, err)
+    with open(e.path("lisa_full", "out", "model.safetensors"), "rb") as a, open(e.path("lisa_z1", "out", "model.safetensors"), "rb") as b:
+        check(a.read() == b.read(), "LISA: the drawn layers' gradient slots (zero_stage 0) and every layer's place "
+              "(zero_stage 1) gave different weights")
+    with open(e.path("lisa_plain", "out", "model.safetensors"), "rb") as f:
+        head = json.loads(f.read(struct.unpack("<Q", f.read(8))[0]))
+    layer = sum(math.prod(v["shape"]) for k, v in head.items() if k.startswith("model.layers.0."))
+    peak = {k: max(r["device_peak_bytes"] for r in e.metrics(k) if "device_peak_bytes" in r) for k in ("lisa_plain", "lisa_full", "lisa_z1")}
+    check(peak["lisa_plain"] - peak["lisa_full"] == 2 * layer * 4 and peak["lisa_z1"] == peak["lisa_plain"],
+          "LISA's device peak %s, expected the plain run's less 2 layers of %d float gradients" % (peak, layer))
     os.makedirs(e.path("lisa_res", "out"), exist_ok=True)
     shutil.copytree(e.path("lisa_full", "out", "checkpoint-3"), e.path("lisa_res", "out", "checkpoint-3"))
     rc, out, err = e.run("lisa_res", e.base("lisa_res", model=m, max_steps=6, resume_from_checkpoint="auto", **on))
