@@ -542,8 +542,10 @@ int train_main(int argc, char **argv, int arch) {
             snprintf(when, sizeof when, "at steps 1 and 2 and then every %d steps", cfg.lisa_step_interval);
         if (rank == 0)
             printf("LISA: %d of %d layers (%.1f%%) train at a time, drawn %s; the embedding, final norm and head "
-                   "train throughout\n", cfg.lisa_n_layers, mc.num_hidden_layers,
-                   100.0 * cfg.lisa_n_layers / mc.num_hidden_layers, when);
+                   "train throughout; %s\n", cfg.lisa_n_layers, mc.num_hidden_layers,
+                   100.0 * cfg.lisa_n_layers / mc.num_hidden_layers, when,
+                   model.lisa_slot_of ? "float gradients for the drawn layers only"
+                                      : "every layer keeps its gradient's place (zero_stage >= 1, or every layer drawn)");
     }
     size_t before = bk->mem.in_use;
     model_alloc_acts(&model, B, T / spn, &pol);
