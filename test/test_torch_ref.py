@@ -204,6 +204,14 @@ def cases():
         cfg=R.make_config(vocab_size=64, hidden_size=32, intermediate_size=64,
                           num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2),
         tc=tc, shard_version=1, n_tokens=1200, expect_clip=False, lisa=True))
+    # Two of four layers: the drawn layers take the gradient slots in layer order at each draw,
+    # so a layer's slot changes from draw to draw.
+    tc = dict(tc, lisa_n_layers=2)
+    out.append(dict(
+        name="m_lisa2",
+        cfg=R.make_config(vocab_size=64, hidden_size=32, intermediate_size=64,
+                          num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2),
+        tc=tc, shard_version=1, n_tokens=1200, expect_clip=False, lisa=True))
     return out
 
 
