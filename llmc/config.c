@@ -385,8 +385,13 @@ static int set_key(Config *cfg, const char *key, const char *value, const char *
     case T_INT: {
         errno = 0;
         long long v = strtoll(value, &end, 10);
-        if (*value == 0 || *end || errno)
+        if (*value == 0 || *end || errno) {
+            const double f = strtod(value, &end);
+            if (k->off == offsetof(Config, warmup_steps) && !*end && f > 0 && f < 1)  // transformers 5 reads it as a ratio
+                fail("%s: key 'warmup_steps' expects an integer (Axolotl's schema too), got '%s'; a fraction of "
+                     "all steps is warmup_ratio: %s", origin, value, value);
             fail("%s: key '%s' expects an integer, got '%s'", origin, key, value);
+        }
         if (v < k->lo || v > k->hi)
             fail("%s: key '%s' must be in [%.0f, %.0f], got %lld", origin, key, k->lo, k->hi, v);
         if (k->size == sizeof(long long)) *(long long *)field = v;
@@ -684,6 +689,16 @@ static void load_mapping(Config *cfg, yaml_document_t *doc, yaml_node_t *map, co
         if (!*prefix && !strcmp(key, "fsdp_config")) {  // Axolotl's FSDP options
             const int n = load_options(cfg, doc, vn, key, "FSDP options", path, origin, fsdp_config_key);
             if (n >= 0) cfg->fsdp_config_given = n > 0;
+            continue;
+        }
+        if (!*prefix && !strcmp(key, "plugins") && vn->type == YAML_SEQUENCE_NODE) {
+            for (yaml_node_item_t *it = vn->data.sequence.items.start; it < vn->data.sequence.items.top; it++) {
+                yaml_node_t *e = yaml_document_get_node(doc, *it);
+                char at[1200];
+                snprintf(at, sizeof at, "%s:%zu", path, e->start_mark.line + 1);
+                if (e->type != YAML_SCALAR_NODE) fail("%s: key 'plugins' expects a list of plugin names", at);
+                rules_plugin(scalar(e), at);
+            }
             continue;
         }
         const KeyDef *kd = find_key(key);

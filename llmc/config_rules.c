@@ -58,6 +58,7 @@ static const Rule RULES[] = {
     {"fused_attn_kernel", R_NOTE, NULL, NOTE_KERNEL}, {"liger_*", R_NOTE, NULL, NOTE_KERNEL},
     {"cut_cross_entropy", R_NOTE, NULL, "the loss is already computed in chunks without B x T x V logits"},
     {"plugins", R_NOTE, NULL, "Axolotl plugins (Liger, CutCrossEntropy) are kernel swaps; this program has its own kernels"},
+    {"use_swanlab", R_NOTE, NULL, NOTE_TRACKING}, {"swanlab_*", R_NOTE, NULL, NOTE_TRACKING},
     {"lora_mlp_kernel", R_NOTE, NULL, NOTE_KERNEL}, {"lora_qkv_kernel", R_NOTE, NULL, NOTE_KERNEL},
     {"lora_o_kernel", R_NOTE, NULL, NOTE_KERNEL}, {"lora_embedding_kernel", R_NOTE, NULL, NOTE_KERNEL},
     {"unsloth_*", R_NOTE, NULL, NOTE_KERNEL}, {"torch_compile*", R_NOTE, NULL, "there is no torch.compile; the kernels are compiled C/CUDA"},
@@ -238,6 +239,44 @@ const char *rules_name_at(size_t i) {
     if (i < NRULES) return RULES[i].name;
     i -= NRULES;
     return i < sizeof ALIASES / sizeof ALIASES[0] ? ALIASES[i][0] : NULL;
+}
+
+// Axolotl's integrations (src/axolotl/integrations/<module>/), by module: NULL refuse is a note.
+static const struct { const char *module, *note, *refuse; } PLUGINS[] = {
+    {"cut_cross_entropy", "the loss is already computed in chunks without B x T x V logits", NULL},
+    {"liger", NOTE_KERNEL, NULL},
+    {"kernels", "mixture-of-experts kernels; the models here are dense", NULL},
+    {"swanlab", NOTE_TRACKING, NULL},
+    {"lm_eval", "lm-evaluation-harness benchmarks are not run after training here", NULL},
+    {"diffusion", NULL, "diffusion language-model training (a masked-denoising loss) is not implemented; this program "
+                        "trains next-token prediction"},
+    {"kd", NULL, "knowledge distillation (a teacher's logits in the loss) is not implemented"},
+    {"grokfast", NULL, "Grokfast's gradient filter is not implemented (the optimizer is AdamW)"},
+    {"spectrum", NULL, "Spectrum's freezing by signal-to-noise ratio is not implemented; name what trains with "
+                       "unfrozen_parameters"},
+    {"llm_compressor", NULL, "sparse fine-tuning (llmcompressor's masks) is not implemented"},
+    {"mora", NULL, "MoRA adapters are not implemented (adapter: lora)"},
+    {"nemo_gym", NULL, REFUSE_RL},
+    {"expert_parallel", NULL, "mixture-of-experts models are not supported"},
+    {"densemixer", NULL, "mixture-of-experts models are not supported"},
+};
+
+void rules_plugin(const char *name, const char *origin) {
+    static const char pre[] = "axolotl.integrations.";
+    char module[64] = "";
+    if (!strncmp(name, pre, sizeof pre - 1)) {
+        const char *m = name + sizeof pre - 1, *dot = strchr(m, '.');
+        snprintf(module, sizeof module, "%.*s", (int)(dot ? dot - m : (ptrdiff_t)strlen(m)), m);
+    }
+    for (size_t i = 0; i < sizeof PLUGINS / sizeof PLUGINS[0]; i++) {
+        if (strcmp(module, PLUGINS[i].module)) continue;
+        if (PLUGINS[i].refuse) fail("%s: plugin '%s' is not supported: %s", origin, name, PLUGINS[i].refuse);
+        printf("note: plugin %s has no effect here: %s\n", name, PLUGINS[i].note);
+        return;
+    }
+    fail("%s: plugin '%s' is not supported: it is not one this program knows (the kernel swaps Liger, CutCrossEntropy "
+         "and the trackers are accepted with a note; a plugin that changes the loss, the optimizer or what trains "
+         "is refused)", origin, name);
 }
 
 void rules_reset(void) { n_data_keys = 0; }

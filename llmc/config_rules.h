@@ -15,6 +15,10 @@ const char *rules_name_at(size_t i);
 // recorded for rules_check_data_keys. A value that does nothing is accepted silently.
 // Returns 0 when key has no rule.
 int rules_apply(const char *key, const char *value, int nonempty, const char *origin);
+// One entry of Axolotl's plugins list ("axolotl.integrations.liger.LigerPlugin"): a note for
+// the kernel swaps and the trackers, an error naming origin for a plugin that would change
+// what is trained (a loss, an optimizer, what is frozen) or that is not known here.
+void rules_plugin(const char *name, const char *origin);
 // Forgets the recorded datasets-pipeline keys (a new config).
 void rules_reset(void);
 // A run that reads train_data shards: each recorded datasets-pipeline key is a note or an

@@ -163,10 +163,40 @@ def notes_for_no_effect_keys(e):
     for k in ("wandb_project", "mlflow_experiment_name", "flash_attention", "tf32", "trust_remote_code",
               "model_type", "liger_rms_norm", "lora_mlp_kernel", "attn_implementation", "hub_model_id",
               "ddp_bucket_cap_mb", "dataloader_num_workers", "torch_compile",
-              "plugins", "gradient_checkpointing_kwargs", "special_tokens", "tokenizer_config"):
+              "gradient_checkpointing_kwargs", "special_tokens", "tokenizer_config"):
         check(re.search(r"^note: %s has no effect here: \S" % k, out, re.M), "no note for " + k)
+    check(re.search(r"^note: plugin axolotl.integrations.liger.LigerPlugin has no effect here: \S", out, re.M),
+          "no note for the Liger plugin")
     for k in ("wandb_entity", "sdp_attention", "strict", "group_by_length"):  # null/false: silent
         check("note: %s " % k not in out, "a note for %s, whose value does nothing" % k)
+
+
+def plugins_by_kind(e):
+    """Axolotl's plugins list: the kernel swaps and the trackers are notes; a plugin that changes
+    the loss, the optimizer or what trains is refused by name and line, as is one not known."""
+    base = yaml_text(e.base("plug_ok"))
+    text = base + ("plugins:\n  - axolotl.integrations.cut_cross_entropy.CutCrossEntropyPlugin\n"
+                   "  - axolotl.integrations.liger.LigerPlugin\n  - axolotl.integrations.swanlab.SwanLabPlugin\n"
+                   "use_swanlab: true\nswanlab_project: p\n")
+    rc, out, err = e.run("plug_ok", text)
+    ok_run(rc, out, err)
+    for name in ("cut_cross_entropy.CutCrossEntropyPlugin", "liger.LigerPlugin", "swanlab.SwanLabPlugin"):
+        check("note: plugin axolotl.integrations.%s has no effect here" % name in out, "no note for " + name)
+    for k in ("use_swanlab", "swanlab_project"):
+        check("note: %s has no effect here: experiment tracking" % k in out, "no note for " + k)
+    for i, (plugin, needles) in enumerate((
+            ("axolotl.integrations.diffusion.DiffusionPlugin", ("masked-denoising", "next-token")),
+            ("axolotl.integrations.kd.KDPlugin", ("knowledge distillation",)),
+            ("axolotl.integrations.spectrum.SpectrumPlugin", ("unfrozen_parameters",)),
+            ("axolotl.integrations.grokfast.GrokfastPlugin", ("Grokfast",)),
+            ("my_company.plugins.Special", ("not one this program knows",)))):
+        name = "plug%d" % i
+        text = yaml_text(e.base(name)) + "plugins:\n  - axolotl.integrations.liger.LigerPlugin\n  - %s\n" % plugin
+        line = text.count("\n")  # the second item's line
+        rc, out, err = e.run(name, text)
+        one_error(rc, err, "cfg.yaml:%d:" % line, "plugin '%s' is not supported" % plugin, *needles)
+    rc, out, err = e.run("plug_map", base + "plugins:\n  - {name: x}\n")
+    one_error(rc, err, "'plugins' expects a list of plugin names")
 
 
 def refused_keys(e):
@@ -959,7 +989,7 @@ def lisa(e):
     one_error(rc, err, "written without LISA")
 
 
-CASES = [unknown_keys_listed_together, single_unknown_key_names_line, set_unknown_key_no_far_suggestion,
+CASES = [plugins_by_kind, unknown_keys_listed_together, single_unknown_key_names_line, set_unknown_key_no_far_suggestion,
          notes_for_no_effect_keys, refused_keys, datasets_keys_refused, type_tolerance, precision_keys,
          fsdp_forms, optimizer_family, checkpointing_offload, epochs_and_steps, lr_schedule, eval_cadence,
          save_cadence_and_limit, early_stopping, loss_watchdog, bnb_config, auto_resume, reinit_weights,
