@@ -589,9 +589,9 @@ void model_create(Model *m, Backend *bk, const ModelConfig *cfg, const LoraConfi
     m->grads_n = zero3 ? g : full;
     if (m->opt.lisa_layers > 0 && m->opt.lisa_layers < L && m->opt.zero_stage == 0) {
         // LISA: a layer outside the draw has no gradient, so only lisa_layers layers need room
-        // for one (at Llama 3.1 8B's shape with 2 of 32 layers drawn, 6.5B of its 8.0B
-        // float gradients less: --plan 137.17 -> 112.79 GiB). ZeRO-1 and -3 keep every layer's place: their shards and units cut
-        // the gradient buffer by goff.
+        // for one (at Llama 3.1 8B's shape with 2 of 32 layers drawn, 6.5B of its 8.0B float
+        // gradients less: --plan 137.17 -> 112.79 GiB). ZeRO-1 and -3 keep every layer's
+        // place: their shards and units cut the gradient buffer by goff.
         m->lisa_g0 = t->units[t->nl_units];
         for (int l = 0; l < L; l++) {
             const size_t u = t->units[t->nl_units + l + 1] - t->units[t->nl_units + l];
@@ -730,6 +730,8 @@ int model_owned_part(const Model *m, const ParamSpec *p, size_t *a, size_t *b, s
 float *model_grad_at(const Model *m, const ParamSpec *p, size_t loc) {
     if (!m->lisa_slot_of || p->layer < 0) return m->grads + loc;
     const int s = m->lisa_slot_of[p->layer];  // zero_stage 0: loc is the goff of the part
+    if (s < 0 && m->lisa && m->lisa->on[p->layer])  // a draw that model_lisa_drawn did not see
+        fail("internal: LISA layer %d is drawn but has no gradient slot", p->layer);
     return s < 0 ? NULL : m->grads + m->lisa_g0 + (size_t)s * m->lisa_slot + (loc - m->tab.units[m->tab.nl_units + p->layer]);
 }
 
