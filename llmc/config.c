@@ -691,7 +691,9 @@ static void load_mapping(Config *cfg, yaml_document_t *doc, yaml_node_t *map, co
             if (n >= 0) cfg->fsdp_config_given = n > 0;
             continue;
         }
-        if (!*prefix && !strcmp(key, "plugins") && vn->type == YAML_SEQUENCE_NODE) {
+        if (!*prefix && !strcmp(key, "plugins") && !(vn->type == YAML_SCALAR_NODE && is_null(vn))) {
+            // Each plugin by name (rules_plugin); a single name or a mapping is not Axolotl's list.
+            if (vn->type != YAML_SEQUENCE_NODE) fail("%s: key 'plugins' expects a list of plugin names", origin);
             for (yaml_node_item_t *it = vn->data.sequence.items.start; it < vn->data.sequence.items.top; it++) {
                 yaml_node_t *e = yaml_document_get_node(doc, *it);
                 char at[1200];

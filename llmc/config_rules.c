@@ -57,7 +57,7 @@ static const Rule RULES[] = {
     {"flash_optimum", R_NOTE, NULL, NOTE_KERNEL}, {"attn_implementation", R_NOTE, NULL, NOTE_KERNEL},
     {"fused_attn_kernel", R_NOTE, NULL, NOTE_KERNEL}, {"liger_*", R_NOTE, NULL, NOTE_KERNEL},
     {"cut_cross_entropy", R_NOTE, NULL, "the loss is already computed in chunks without B x T x V logits"},
-    {"plugins", R_NOTE, NULL, "Axolotl plugins (Liger, CutCrossEntropy) are kernel swaps; this program has its own kernels"},
+    {"plugins", R_NOTE, NULL, "each listed plugin is judged by name (rules_plugin)"},  // a list: config.c
     {"use_swanlab", R_NOTE, NULL, NOTE_TRACKING}, {"swanlab_*", R_NOTE, NULL, NOTE_TRACKING},
     {"lora_mlp_kernel", R_NOTE, NULL, NOTE_KERNEL}, {"lora_qkv_kernel", R_NOTE, NULL, NOTE_KERNEL},
     {"lora_o_kernel", R_NOTE, NULL, NOTE_KERNEL}, {"lora_embedding_kernel", R_NOTE, NULL, NOTE_KERNEL},

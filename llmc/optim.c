@@ -69,12 +69,13 @@ double grad_norm(Model *m) {
     for (int i = 0; i < (int)arrlen(m->tab.specs); i++) {
         const ParamSpec *p = &m->tab.specs[i];
         size_t a, b, loc;
-        if (!p->nfrozen || !model_owned_part(m, p, &a, &b, &loc) || !model_grad_at(m, p, loc)) continue;
+        float *g;
+        if (!p->nfrozen || !model_owned_part(m, p, &a, &b, &loc) || !(g = model_grad_at(m, p, loc))) continue;
         const size_t cols = p->numel / (size_t)p->shape[0];
         for (int k = 0; k < p->nfrozen; k++) {
             size_t lo = p->goff + (size_t)p->frozen[k][0] * cols, hi = p->goff + (size_t)p->frozen[k][1] * cols;
             lo = lo > a ? lo : a, hi = hi < b ? hi : b;
-            if (lo < hi) model_zero_grad_range(m, model_grad_at(m, p, loc) + (lo - a), hi - lo);
+            if (lo < hi) model_zero_grad_range(m, g + (lo - a), hi - lo);
         }
     }
     // Per tensor, in table order; a tied head is one entry, so each gradient counts once. The
@@ -88,8 +89,7 @@ double grad_norm(Model *m) {
     for (int i = 0; i < nspec; i++) {
         size_t a, b, loc;
         const ParamSpec *p = &m->tab.specs[i];
-        if (p->layer >= 0 && m->lisa && !m->lisa->on[p->layer]) continue;
-        if (model_owned_part(m, p, &a, &b, &loc)) x[k] = model_grad_at(m, p, loc), len[k++] = b - a;
+        if (model_owned_part(m, p, &a, &b, &loc) && (x[k] = model_grad_at(m, p, loc))) len[k++] = b - a;
     }
     if (m->opt.offload_params) {  // host memory: the CPU backend's own sums (the same bits there)
         for (int i = 0; i < k; i++) each[i] = sumsq_f32(x[i], len[i]);

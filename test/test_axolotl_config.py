@@ -197,6 +197,10 @@ def plugins_by_kind(e):
         one_error(rc, err, "cfg.yaml:%d:" % line, "plugin '%s' is not supported" % plugin, *needles)
     rc, out, err = e.run("plug_map", base + "plugins:\n  - {name: x}\n")
     one_error(rc, err, "'plugins' expects a list of plugin names")
+    rc, out, err = e.run("plug_one", base + "plugins: axolotl.integrations.diffusion.DiffusionPlugin\n")
+    one_error(rc, err, "'plugins' expects a list of plugin names")
+    rc, out, err = e.run("plug_none", base + "plugins:\n")
+    ok_run(rc, out, err)
 
 
 def refused_keys(e):
