@@ -13,6 +13,7 @@
 //   scratch[j][s]  tensors that are recomputed: one set, or one per layer of a checkpoint
 //                  segment for full checkpointing (j = layer - segment start)
 //   tile[3]        gate/up/h for one MLP tile when the MLP is tiled
+#include "family.h"
 #include "actstore.h"
 #include <math.h>
 #include <stdio.h>
@@ -103,6 +104,9 @@ size_t slot_bytes(const ModelConfig *c, const MemPolicy *p, int B, int T, int A,
     case S_UP: if (c->arch == ARCH_GPT2) return 0;  // GPT-2's MLP: fc (in gate) and gelu (h)
         __attribute__((fallthrough));
     case S_GATE: case S_H: return p->tiled_mlp ? 0 : N * I * A;
+    // Gemma 3's sandwich norms read their inputs (whole, tiled or not) and rstd in backward.
+    case S_AO: case S_FO: return family_sandwich(c) ? N * C * A : 0;
+    case S_RSTDPA: case S_RSTDPF: return family_sandwich(c) ? N * sizeof(float) : 0;
     }
     return 0;
 }
@@ -113,7 +117,8 @@ static int policy_saves(const MemPolicy *p, int l, int s) {
     case RC_FULL: return s == S_XIN && l % p->every == 0;
     case RC_SELECTIVE:
         return s == S_XIN || s == S_Q || s == S_K || s == S_V || s == S_ATT || s == S_LSE ||
-               s == S_XMID || s == S_GATE || s == S_UP;
+               s == S_XMID || s == S_GATE || s == S_UP || s == S_AO || s == S_FO || s == S_RSTDPA ||
+               s == S_RSTDPF;  // the sandwich norms' inputs are products; their rstd N floats
     default: return 1;
     }
 }
@@ -335,6 +340,10 @@ static void fill(ActStore *st, int l, LayerActs *a, int backward) {
     a->gate = st->pol.tiled_mlp ? st->tile[0] : ptr(st, l, S_GATE, backward);
     a->up = st->pol.tiled_mlp ? st->tile[1] : ptr(st, l, S_UP, backward);
     a->h = st->pol.tiled_mlp ? st->tile[2] : ptr(st, l, S_H, backward);
+    a->ao = ptr(st, l, S_AO, backward);
+    a->rstd_pa = ptr(st, l, S_RSTDPA, backward);
+    a->fo = ptr(st, l, S_FO, backward);
+    a->rstd_pf = ptr(st, l, S_RSTDPF, backward);
 }
 
 void act_fwd_layer(ActStore *st, int l, LayerActs *a) { fill(st, l, a, 0); }

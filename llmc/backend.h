@@ -120,12 +120,13 @@ struct Backend {
     void (*embedding_bwd)(Backend *, float *dtable_f32, const void *dout, const int32_t *tokens, int N,
                           int C, int V);
 
-    // out = x * rsqrt(mean(x^2) + eps) * w; saves rstd_f32[N].
+    // out = x * rsqrt(mean(x^2) + eps) * (w + w_add); saves rstd_f32[N]. w_add is 0, or 1
+    // for Gemma's norms, whose files hold w with the norm applying 1 + w (added in float).
     void (*rmsnorm_fwd)(Backend *, void *out, float *rstd_f32, const void *x, const void *w,
-                        int N, int C, float eps);
+                        float w_add, int N, int C, float eps);
     // dx += d/dx, dw += d/dw (dw NULL: frozen weight).
     void (*rmsnorm_bwd)(Backend *, void *dx, float *dw_f32, const void *dout, const void *x,
-                        const void *w, const float *rstd_f32, int N, int C);
+                        const void *w, float w_add, const float *rstd_f32, int N, int C);
 
     // GPT-2's LayerNorm: out = (x - mean) * rstd * w + b, saving mean_f32 and rstd_f32 [N].
     // Backward: dx += ..., dw += ..., db += ... (dw/db NULL: frozen).
@@ -182,6 +183,11 @@ struct Backend {
     void (*swiglu_fwd)(Backend *, void *h, const void *gate, const void *up, size_t n);
     void (*swiglu_bwd)(Backend *, void *dgate, void *dup, const void *dh, const void *gate,
                        const void *up, size_t n);
+    // h = gelu(gate) * up, GELU's tanh approximation (Gemma's gelu_pytorch_tanh); backward
+    // as swiglu_bwd's.
+    void (*geglu_fwd)(Backend *, void *h, const void *gate, const void *up, size_t n);
+    void (*geglu_bwd)(Backend *, void *dgate, void *dup, const void *dh, const void *gate,
+                      const void *up, size_t n);
 
     // Fused, chunked classifier + cross-entropy over N rows of x [N,C] and W [V,C]; the N x V
     // logits never exist whole. losses_f32[n] = -log softmax(x W^T)[n, target[n]], 0 where

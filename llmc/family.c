@@ -21,6 +21,12 @@ static const ModelFamily FAMILIES[] = {
     // layer when set (absent: none; masking as Mistral's since transformers 4.45), and
     // pad_token_id 32000 when absent (Phi3Config's default).
     {"phi3", "Phi3ForCausalLM", BIAS_NEVER, BIAS_NEVER, 0, WIN_ALL, 0, 0, 0, 1, 32000},
+    // Gemma 3 text (gemma-3-270m, -1b; Gemma3ForCausalLM): q/k norms, head_dim 256 by default,
+    // sliding_window 4096 on five layers of six, pad_token_id 0, tied embeddings by default,
+    // (1 + w) norms, GeGLU, scaled embeddings, sandwich norms (modeling_gemma3,
+    // configuration_gemma3 of transformers 4.57).
+    {"gemma3_text", "Gemma3ForCausalLM", BIAS_FROM_CONFIG, BIAS_FROM_CONFIG, 1, WIN_PATTERN, 256, 4096, 0, 0, 0,
+     1, 1, 1, 1, 1},
 };
 
 const ModelFamily *family_find(const char *model_type) {
@@ -40,9 +46,10 @@ const ModelFamily *family_by_architecture(const char *architecture) {
     return NULL;
 }
 
-const char *family_list(void) { return "llama, mistral, qwen2, qwen3, phi3"; }
+const char *family_list(void) { return "llama, mistral, qwen2, qwen3, phi3, gemma3_text"; }
 const char *family_architectures(void) {
-    return "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Phi3ForCausalLM";
+    return "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Phi3ForCausalLM, "
+           "Gemma3ForCausalLM";
 }
 
 int family_layer_window(const ModelConfig *c, int l) {
@@ -50,9 +57,21 @@ int family_layer_window(const ModelConfig *c, int l) {
     switch (family_of(c)->window) {
     case WIN_ALL: return c->sliding_window;
     case WIN_QWEN: return c->use_sliding_window && l >= c->max_window_layers ? c->sliding_window : 0;
+    case WIN_PATTERN: return family_layer_local_rope(c, l) ? c->sliding_window : 0;
     default: return 0;
     }
 }
+
+int family_layer_local_rope(const ModelConfig *c, int l) {
+    return c->arch == ARCH_LLAMA && family_of(c)->window == WIN_PATTERN && c->sliding_pattern > 0 &&
+           (l + 1) % c->sliding_pattern != 0;
+}
+
+static const ModelFamily *llama_row(const ModelConfig *c) { return c->arch == ARCH_LLAMA ? family_of(c) : NULL; }
+float family_norm_add(const ModelConfig *c) { return llama_row(c) && llama_row(c)->norm_add ? 1.0f : 0.0f; }
+int family_gelu_mlp(const ModelConfig *c) { return llama_row(c) && llama_row(c)->gelu_mlp; }
+int family_embed_scale(const ModelConfig *c) { return llama_row(c) && llama_row(c)->embed_scale; }
+int family_sandwich(const ModelConfig *c) { return llama_row(c) && llama_row(c)->sandwich; }
 
 // Phi-3's fused tensors, as Phi3Attention and Phi3MLP slice them: qkv_proj's output rows are
 // q (heads x head_dim), then k, then v; gate_up_proj's are gate, then up (chunk(2), gate first).

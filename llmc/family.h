@@ -12,7 +12,9 @@ enum { BIAS_FROM_CONFIG = 0, BIAS_NEVER = 1, BIAS_ALWAYS = 2 };
 //   WIN_ALL    every layer when sliding_window is set (Mistral)
 //   WIN_QWEN   only with use_sliding_window, and only layers l >= max_window_layers (Qwen2/3,
 //              transformers' layer_types rule)
-enum { WIN_NONE = 0, WIN_ALL = 1, WIN_QWEN = 2 };
+//   WIN_PATTERN every layer but each sliding_pattern-th (Gemma 3: l + 1 a multiple of 6 is
+//              global), which also use RoPE of rope_local_base_freq
+enum { WIN_NONE = 0, WIN_ALL = 1, WIN_QWEN = 2, WIN_PATTERN = 3 };
 
 typedef struct {
     const char *model_type;    // config.json model_type
@@ -28,6 +30,12 @@ typedef struct {
                                // gate/up as one mlp.gate_up_proj.weight (the table keeps them
                                // apart; they are split at load and joined at save)
     int pad_token_id;          // default when the key is absent (-1: none)
+    int tie_default;           // tie_word_embeddings when the key is absent
+    // Gemma 3: RMSNorms apply 1 + w (their files hold w; random init 0), the MLP is GeGLU
+    // (gelu_pytorch_tanh), the embedding's output is multiplied by sqrt(hidden_size), and
+    // each half of a layer has a norm on its output too (sandwich: post_attention_layernorm,
+    // then pre_feedforward_layernorm and post_feedforward_layernorm around the MLP).
+    int norm_add, gelu_mlp, embed_scale, sandwich;
 } ModelFamily;
 
 // The row of model_type, or NULL when the family is not implemented.
@@ -41,6 +49,14 @@ const char *family_list(void);
 const char *family_architectures(void);
 // The attention window of layer l (0: none): what the attention op is given.
 int family_layer_window(const ModelConfig *c, int l);
+// 1 when layer l rotates with the local RoPE tables (Gemma 3's sliding layers).
+int family_layer_local_rope(const ModelConfig *c, int l);
+// The row's Gemma traits for a config (0 for GPT-2 and the other families): what the norms
+// add to their weights, GeGLU, sqrt(hidden) embedding scale, sandwich norms.
+float family_norm_add(const ModelConfig *c);
+int family_gelu_mlp(const ModelConfig *c);
+int family_embed_scale(const ModelConfig *c);
+int family_sandwich(const ModelConfig *c);
 
 // Where table tensor i lives in a fused file tensor: its rows [row0, row0 + shape[0]) of
 // name's [rows, shape[1]], which stacks the table tensors parts[0..nparts) in that order.

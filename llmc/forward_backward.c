@@ -365,7 +365,7 @@ static void norm_fwd_rows(Model *m, void *out, float *stats, size_t N, size_t r0
     Backend *bk = m->bk;
     const ModelConfig *c = &m->cfg;
     if (c->arch == ARCH_GPT2) bk->layernorm_fwd(bk, out, stats + r0, stats + N + r0, x, w, b, n, c->hidden_size, c->rms_norm_eps);
-    else bk->rmsnorm_fwd(bk, out, stats + r0, x, w, n, c->hidden_size, c->rms_norm_eps);
+    else bk->rmsnorm_fwd(bk, out, stats + r0, x, w, family_norm_add(c), n, c->hidden_size, c->rms_norm_eps);
 }
 
 static void norm_bwd_rows(Model *m, void *dx, float *dw, float *db, const void *dout, const void *x, const void *w,
@@ -373,11 +373,35 @@ static void norm_bwd_rows(Model *m, void *dx, float *dw, float *db, const void *
     Backend *bk = m->bk;
     if (m->cfg.arch == ARCH_GPT2)
         bk->layernorm_bwd(bk, dx, dw, db, dout, x, w, stats + r0, stats + N + r0, n, m->cfg.hidden_size);
-    else bk->rmsnorm_bwd(bk, dx, dw, dout, x, w, stats + r0, n, m->cfg.hidden_size);
+    else bk->rmsnorm_bwd(bk, dx, dw, dout, x, w, family_norm_add(&m->cfg), stats + r0, n, m->cfg.hidden_size);
 }
 
 static void norm_fwd(Model *m, void *out, float *stats, const void *x, const void *w, const void *b, int N) {
     norm_fwd_rows(m, out, stats, N, 0, x, w, b, N);
+}
+
+// The gated MLP's activation: Llama's SwiGLU or Gemma's GeGLU.
+static void glu_fwd(Model *m, void *h, const void *gate, const void *up, size_t n) {
+    if (family_gelu_mlp(&m->cfg)) m->bk->geglu_fwd(m->bk, h, gate, up, n);
+    else m->bk->swiglu_fwd(m->bk, h, gate, up, n);
+}
+static void glu_bwd(Model *m, void *dgate, void *dup, const void *dh, const void *gate, const void *up, size_t n) {
+    if (family_gelu_mlp(&m->cfg)) m->bk->geglu_bwd(m->bk, dgate, dup, dh, gate, up, n);
+    else m->bk->swiglu_bwd(m->bk, dgate, dup, dh, gate, up, n);
+}
+
+// A sandwich norm (Gemma 3) of rows [r0, r0+n): out = norm(x) (x, out pointing at row r0).
+static void post_norm_fwd(Model *m, void *out, float *rstd, const void *x, int l, int kind, size_t r0, int n) {
+    const ModelConfig *c = &m->cfg;
+    m->bk->rmsnorm_fwd(m->bk, out, rstd + r0, x, LP(m, l, kind), family_norm_add(c), n, c->hidden_size, c->rms_norm_eps);
+}
+// Its backward: dx = d(norm input) rows, written (cleared first), from dy rows.
+static void post_norm_bwd(Model *m, void *dx, const void *dy, const void *x, const float *rstd, int l, int kind,
+                          size_t r0, int n) {
+    Backend *bk = m->bk;
+    const int C = m->cfg.hidden_size;
+    bk->memzero(bk, dx, (size_t)n * C * bk->act_bytes, NULL);
+    bk->rmsnorm_bwd(bk, dx, LG(m, l, kind), dy, x, LP(m, l, kind), family_norm_add(&m->cfg), rstd + r0, n, C);
 }
 
 // The MLP's first half for rows [r0, r0+n), into the tile buffers when tiled, else into the
@@ -397,7 +421,7 @@ static void mlp_tile_fwd(Model *m, int l, const LayerActs *a, int r0, int n) {
     }
     const Proj p[2] = {{gate, P_WGATE, -1, LORA_GATE, I}, {up, P_WUP, -1, LORA_UP, I}};
     projs_fwd(m, l, p, 2, ln2, r0, n, C);
-    bk->swiglu_fwd(bk, h, gate, up, (size_t)n * I);
+    glu_fwd(m, h, gate, up, (size_t)n * I);
 }
 
 // The span's rows of a query-sized tensor (or ln1): the tile buffer itself under tiled
@@ -405,6 +429,10 @@ static void mlp_tile_fwd(Model *m, int l, const LayerActs *a, int r0, int n) {
 static void *qrows(const Model *m, void *t, size_t r0, size_t width) {
     return m->pol.tiled_attention ? t : act_at(m->bk, t, r0 * width);
 }
+
+// The RoPE tables of layer l: Gemma 3's sliding layers have their own (rope_local_base_freq).
+#define ROPE_COS(m, l) (family_layer_local_rope(&(m)->cfg, l) ? (m)->rope_loc_cos : (m)->rope_cos)
+#define ROPE_SIN(m, l) (family_layer_local_rope(&(m)->cfg, l) ? (m)->rope_loc_sin : (m)->rope_sin)
 
 // RoPE, and first the per-head q/k norms of families that have them (Qwen3): q' =
 // rope(rmsnorm(q) * q_norm), likewise k. Without norms the projection is rotated in place;
@@ -419,9 +447,9 @@ static const void *q_rotate(Model *m, int l, void *q, Span s, int T) {
     void *x = q;
     if (m->q_rot) {
         x = qrows(m, m->q_rot, r0, (size_t)Hq * D);
-        bk->rmsnorm_fwd(bk, x, m->qk_rstd + r0 * Hq, q, LP(m, l, P_QNORM), n * Hq, D, c->rms_norm_eps);
+        bk->rmsnorm_fwd(bk, x, m->qk_rstd + r0 * Hq, q, LP(m, l, P_QNORM), family_norm_add(c), n * Hq, D, c->rms_norm_eps);
     }
-    bk->rope_fwd(bk, x, m->rope_cos, m->rope_sin, pos_at(m, r0, s), s.nb, s.n, Hq, D);
+    bk->rope_fwd(bk, x, ROPE_COS(m, l), ROPE_SIN(m, l), pos_at(m, r0, s), s.nb, s.n, Hq, D);
     return x;
 }
 
@@ -433,9 +461,10 @@ static void k_rotate(Model *m, int l, const LayerActs *a, Span s, int B, int T) 
     void *k = act_at(bk, a->k, r0 * Hkv * D), *x = k;
     if (m->k_rot) {
         x = act_at(bk, m->k_rot, r0 * Hkv * D);
-        bk->rmsnorm_fwd(bk, x, m->qk_rstd + N * Hq + r0 * Hkv, k, LP(m, l, P_KNORM), n * Hkv, D, c->rms_norm_eps);
+        bk->rmsnorm_fwd(bk, x, m->qk_rstd + N * Hq + r0 * Hkv, k, LP(m, l, P_KNORM), family_norm_add(c), n * Hkv, D,
+                        c->rms_norm_eps);
     }
-    bk->rope_fwd(bk, x, m->rope_cos, m->rope_sin, pos_at(m, r0, s), s.nb, s.n, Hkv, D);
+    bk->rope_fwd(bk, x, ROPE_COS(m, l), ROPE_SIN(m, l), pos_at(m, r0, s), s.nb, s.n, Hkv, D);
 }
 
 // Norm, q/k/v projections, RoPE, attention and the output projection of a span's rows: x_mid =
@@ -462,8 +491,11 @@ static void attn_fwd_span(Model *m, int l, const LayerActs *a, Span s, int B, in
         k_rotate(m, l, a, s, B, T);
     }
     attend_fwd(m, att, a->lse, qa, m->k_rot ? m->k_rot : a->k, a->v, s, T, family_layer_window(c, l));
-    linear_fwd(bk, xm, att, LP(m, l, P_WO), opt_param(m, l, P_BO), n, QD, C);
-    lora_fwd(m, l, LORA_O, xm, att, r0, n, QD, C);
+    // Gemma 3: o_proj's output is kept and normalized into x_mid before the residual.
+    void *o = a->ao ? act_at(bk, a->ao, r0 * C) : xm;
+    linear_fwd(bk, o, att, LP(m, l, P_WO), opt_param(m, l, P_BO), n, QD, C);
+    lora_fwd(m, l, LORA_O, o, att, r0, n, QD, C);
+    if (a->ao) post_norm_fwd(m, xm, a->rstd_pa, o, l, P_LNPA, r0, n);
     bk->accumulate(bk, xm, xin, (size_t)n * C);
 }
 
@@ -492,9 +524,10 @@ static void layer_forward(Model *m, int l, const LayerActs *a, void *out, int B,
         ln2_fwd(m, l, a, N, r0, n);
         mlp_tile_fwd(m, l, a, r0, n);
         const void *h = m->pol.tiled_mlp ? a->h : act_at(bk, a->h, (size_t)r0 * I);
-        void *o = act_at(bk, out, (size_t)r0 * C);
+        void *y = act_at(bk, out, (size_t)r0 * C), *o = a->fo ? act_at(bk, a->fo, (size_t)r0 * C) : y;
         linear_fwd(bk, o, h, LP(m, l, P_WDOWN), opt_param(m, l, P_BDOWN), n, I, C);
         lora_fwd(m, l, LORA_DOWN, o, h, r0, n, I, C);
+        if (a->fo) post_norm_fwd(m, y, a->rstd_pf, o, l, P_LNPF, r0, n);  // Gemma 3
     }
     bk->accumulate(bk, out, a->x_mid, (size_t)N * C);
 }
@@ -508,7 +541,7 @@ static void recompute_cheap(Model *m, int l, const LayerActs *a, int N) {
     if (m->pol.tiled_mlp) return;  // ln2 and the MLP are remade chunk by chunk
     norm_fwd(m, a->ln2, a->rstd2, a->x_mid, LP(m, l, P_LN2), opt_param(m, l, P_LN2B), N);
     if (c->arch == ARCH_GPT2) bk->gelu_fwd(bk, a->h, a->gate, (size_t)N * c->intermediate_size);
-    else bk->swiglu_fwd(bk, a->h, a->gate, a->up, (size_t)N * c->intermediate_size);
+    else glu_fwd(m, a->h, a->gate, a->up, (size_t)N * c->intermediate_size);
 }
 
 // On entry m->d_res holds dLoss/d(layer output); on exit dLoss/d(layer input).
@@ -525,10 +558,14 @@ static void layer_backward(Model *m, int l, const LayerActs *a, int B, int T, in
         int n = N - r0 < tile ? N - r0 : tile;
         if (m->pol.tiled_mlp) ln2_fwd(m, l, a, N, r0, n), mlp_tile_fwd(m, l, a, r0, n);
         const size_t off = m->pol.tiled_mlp ? 0 : (size_t)r0 * I;
-        const void *dy = act_at(bk, m->d_res, (size_t)r0 * C);
+        const void *dres = act_at(bk, m->d_res, (size_t)r0 * C), *dy = dres;
         const void *ln2 = m->pol.tiled_mlp ? a->ln2 : act_at(bk, a->ln2, (size_t)r0 * C);
         void *dln2 = act_at(bk, m->d_ln, (size_t)r0 * C);
         const void *h = act_at(bk, a->h, off);
+        if (a->fo) {  // Gemma 3: through the output's norm first, into dln2's rows (free until the gate's backward)
+            post_norm_bwd(m, dln2, dres, act_at(bk, a->fo, (size_t)r0 * C), a->rstd_pf, l, P_LNPF, r0, n);
+            dy = dln2;
+        }
         linear_bwd(bk, m->d_ff1, LG(m, l, P_WDOWN), opt_grad(m, l, P_BDOWN), dy, h, LP(m, l, P_WDOWN), n, I, C, 0);
         lora_bwd(m, l, LORA_DOWN, m->d_ff1, dy, h, r0, n, I, C);
         if (c->arch == ARCH_GPT2) {
@@ -536,14 +573,13 @@ static void layer_backward(Model *m, int l, const LayerActs *a, int B, int T, in
             linear_bwd(bk, dln2, LG(m, l, P_WUP), opt_grad(m, l, P_BUP), m->d_ff1, ln2, LP(m, l, P_WUP), n, C, I, 0);
             lora_bwd(m, l, LORA_UP, dln2, m->d_ff1, ln2, r0, n, C, I);
         } else {
-            bk->swiglu_bwd(bk, m->d_ff1, m->d_ff2, m->d_ff1, act_at(bk, a->gate, off), act_at(bk, a->up, off),
-                           (size_t)n * I);
+            glu_bwd(m, m->d_ff1, m->d_ff2, m->d_ff1, act_at(bk, a->gate, off), act_at(bk, a->up, off), (size_t)n * I);
             linear_bwd(bk, dln2, LG(m, l, P_WGATE), NULL, m->d_ff1, ln2, LP(m, l, P_WGATE), n, C, I, 0);
             lora_bwd(m, l, LORA_GATE, dln2, m->d_ff1, ln2, r0, n, C, I);
             linear_bwd(bk, dln2, LG(m, l, P_WUP), NULL, m->d_ff2, ln2, LP(m, l, P_WUP), n, C, I, 1);
             lora_bwd(m, l, LORA_UP, dln2, m->d_ff2, ln2, r0, n, C, I);
         }
-        norm_bwd_rows(m, (void *)dy, LG(m, l, P_LN2), opt_grad(m, l, P_LN2B), dln2,
+        norm_bwd_rows(m, (void *)dres, LG(m, l, P_LN2), opt_grad(m, l, P_LN2B), dln2,
                       act_at(bk, a->x_mid, (size_t)r0 * C), LP(m, l, P_LN2), a->rstd2, N, r0, n);
     }
     // Attention: x_mid = x + o_proj(att); d_res now holds d(x_mid), which is also part of d(x).
@@ -568,26 +604,30 @@ static void layer_backward(Model *m, int l, const LayerActs *a, int B, int T, in
         // Rotated in place (no q norms) a kept q is ready; a remade one, or the q-norm copy, is made here.
         const void *qa = c->arch == ARCH_LLAMA && (tiled || m->q_rot) ? q_rotate(m, l, q, s, T) : q;
         if (tiled) attend_fwd(m, att, a->lse, qa, ka, a->v, s, T, window);
+        if (a->ao) {  // Gemma 3: through o_proj's output norm, into dln's rows (free until q's backward)
+            post_norm_bwd(m, dln, dy, act_at(bk, a->ao, r0 * C), a->rstd_pa, l, P_LNPA, r0, n);
+            dy = dln;
+        }
         linear_bwd(bk, datt, LG(m, l, P_WO), opt_grad(m, l, P_BO), dy, att, LP(m, l, P_WO), n, QD, C, 0);
         lora_bwd(m, l, LORA_O, datt, dy, att, r0, n, QD, C);
         attend_bwd(m, dq, m->d_k, m->d_v, datt, qa, ka, a->v, att, a->lse, s, T, window);
         void *dqx = dq;
-        if (c->arch == ARCH_LLAMA) bk->rope_bwd(bk, dq, m->rope_cos, m->rope_sin, pos_at(m, r0, s), s.nb, s.n, Hq, D);
+        if (c->arch == ARCH_LLAMA) bk->rope_bwd(bk, dq, ROPE_COS(m, l), ROPE_SIN(m, l), pos_at(m, r0, s), s.nb, s.n, Hq, D);
         if (m->q_rot) {  // through the q norm; the rotated copy is dead now and takes the gradient
             dqx = qrows(m, m->q_rot, r0, QD);
             bk->memzero(bk, dqx, (size_t)n * QD * bk->act_bytes, NULL);
-            bk->rmsnorm_bwd(bk, dqx, opt_grad(m, l, P_QNORM), dq, q, LP(m, l, P_QNORM), m->qk_rstd + r0 * Hq,
-                            n * Hq, D);
+            bk->rmsnorm_bwd(bk, dqx, opt_grad(m, l, P_QNORM), dq, q, LP(m, l, P_QNORM), family_norm_add(c),
+                            m->qk_rstd + r0 * Hq, n * Hq, D);
         }
         linear_bwd(bk, dln, LG(m, l, P_WQ), opt_grad(m, l, P_BQ), dqx, ln1, LP(m, l, P_WQ), n, C, QD, 0);
         lora_bwd(m, l, LORA_Q, dln, dqx, ln1, r0, n, C, QD);
     }
     // Keys and values: their gradients are whole now.
     void *dk = m->d_k;
-    if (c->arch == ARCH_LLAMA) bk->rope_bwd(bk, m->d_k, m->rope_cos, m->rope_sin, DOC_POS(m), B, T, Hkv, D);
+    if (c->arch == ARCH_LLAMA) bk->rope_bwd(bk, m->d_k, ROPE_COS(m, l), ROPE_SIN(m, l), DOC_POS(m), B, T, Hkv, D);
     if (m->k_rot) {
         bk->memzero(bk, m->k_rot, (size_t)N * KD * bk->act_bytes, NULL);
-        bk->rmsnorm_bwd(bk, m->k_rot, opt_grad(m, l, P_KNORM), m->d_k, a->k, LP(m, l, P_KNORM),
+        bk->rmsnorm_bwd(bk, m->k_rot, opt_grad(m, l, P_KNORM), m->d_k, a->k, LP(m, l, P_KNORM), family_norm_add(c),
                         m->qk_rstd + (size_t)N * Hq, N * Hkv, D);
         dk = m->k_rot;
     }
@@ -607,12 +647,25 @@ static void layer_backward(Model *m, int l, const LayerActs *a, int B, int T, in
     }
 }
 
+// Gemma's embedding scale, sqrt(hidden_size) in the activations' type (transformers multiplies
+// by the scale cast to the weights' dtype: bf16 weights, a bf16 scale).
+static float embed_scale(const Model *m) {
+    float s = (float)sqrt((double)m->cfg.hidden_size);
+    if (m->bk->act_bytes != 2) return s;
+    uint32_t x;  // round to nearest even at bf16's 8 bits (s is finite and positive)
+    memcpy(&x, &s, 4);
+    x = (x + 0x7fffu + ((x >> 16) & 1)) & 0xffff0000u;
+    memcpy(&s, &x, 4);
+    return s;
+}
+
 // Forward through every layer; each layer's kept tensors go where the store says.
 static void forward_layers(Model *m, ActStore *st, int B, int T, int for_backward) {
     Backend *bk = m->bk;
     const int N = B * T, L = m->cfg.num_hidden_layers;
     void *x0 = act_fwd_output(st, -1);
     bk->embedding_fwd(bk, x0, m->tokens, P(m, m->tab.embed), N, m->cfg.hidden_size);
+    if (family_embed_scale(&m->cfg)) bk->scale(bk, x0, embed_scale(m), (size_t)N * m->cfg.hidden_size);
     if (m->tab.pos_embed >= 0) bk->pos_fwd(bk, x0, P(m, m->tab.pos_embed), B, T, m->cfg.hidden_size);
     for (int l = 0; l < L; l++) {
         LayerActs a;
@@ -665,10 +718,13 @@ static void backward_layers(Model *m, int B, int T) {
 static void embedding_bwd(Model *m, int N) {
     Backend *bk = m->bk;
     const int C = m->cfg.hidden_size;
-    void *g = G(m, m->tab.embed), *pad = m->pad_row ? act_at(bk, g, (size_t)m->cfg.pad_token_id * C) : NULL;
-    if (pad) bk->copy_d2d(bk, m->pad_row, pad, (size_t)C * bk->act_bytes, NULL);
+    // The gradient is float whatever the activations are (bf16 on the GPU took half the row
+    // at the wrong place before 2026-12-02: test_cuda_emu_train (h), Gemma's pad row 0).
+    float *g = G(m, m->tab.embed), *pad = m->pad_row ? g + (size_t)m->cfg.pad_token_id * C : NULL;
+    if (pad) bk->copy_d2d(bk, m->pad_row, pad, (size_t)C * sizeof(float), NULL);
+    if (family_embed_scale(&m->cfg)) bk->scale(bk, m->d_res, embed_scale(m), (size_t)N * C);
     bk->embedding_bwd(bk, g, m->d_res, m->tokens, N, C, m->cfg.vocab_size);
-    if (pad) bk->copy_d2d(bk, pad, m->pad_row, (size_t)C * bk->act_bytes, NULL);
+    if (pad) bk->copy_d2d(bk, pad, m->pad_row, (size_t)C * sizeof(float), NULL);
 }
 
 double model_forward_backward(Model *m, int B, int T, float loss_scale) {

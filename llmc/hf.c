@@ -238,6 +238,39 @@ static void read_phi3_keys(const char *path, const cJSON *root, ModelConfig *c) 
     if (rs) read_longrope(path, rs, c);
 }
 
+// Gemma 3's keys (configuration_gemma3 of transformers 4.57: the defaults of absent keys). What
+// this trainer does not implement is refused: logit soft-capping, bidirectional attention, an
+// attention scale other than head_dim^-0.5, another activation.
+static void read_gemma3_keys(const char *path, const cJSON *root, ModelConfig *c) {
+    const cJSON *ha = get(root, "hidden_activation"), *act = get(root, "hidden_act");
+    const char *want = "gelu_pytorch_tanh";
+    if (ha && (!cJSON_IsString(ha) || strcmp(ha->valuestring, want)))
+        fail("%s: 'hidden_activation' must be \"%s\" (GeGLU with GELU's tanh approximation, the only one "
+             "implemented for %s)", path, want, c->model_type);
+    // transformers' Gemma 3 reads hidden_activation only; a hidden_act that says otherwise is
+    // a config to look at, not one to guess about.
+    if (act && (!cJSON_IsString(act) || strcmp(act->valuestring, want)))
+        fail("%s: 'hidden_act' is not \"%s\": %s's MLP uses hidden_activation (\"%s\"); remove the key or "
+             "make them agree", path, want, c->model_type, want);
+    static const char *const caps[] = {"final_logit_softcapping", "attn_logit_softcapping"};
+    for (int i = 0; i < 2; i++) {
+        const cJSON *v = get(root, caps[i]);
+        if (v && !cJSON_IsNull(v))
+            fail("%s: '%s' is set; logit soft-capping is not implemented (Gemma 3 leaves it null)", path, caps[i]);
+    }
+    if (opt_bool(path, root, "use_bidirectional_attention", 0))
+        fail("%s: 'use_bidirectional_attention': true is not supported (causal attention only)", path);
+    c->query_pre_attn_scalar = opt_int(path, root, "query_pre_attn_scalar", 256);
+    if (c->query_pre_attn_scalar != c->head_dim)
+        fail("%s: query_pre_attn_scalar %d differs from head_dim %d: attention scaled by other than "
+             "head_dim^-0.5 is not implemented", path, c->query_pre_attn_scalar, c->head_dim);
+    c->rope_local_theta = opt_num(path, root, "rope_local_base_freq", 10000.0);
+    if (!(isfinite(c->rope_local_theta) && c->rope_local_theta > 0))
+        fail("%s: 'rope_local_base_freq' must be a positive finite number, got %g", path, c->rope_local_theta);
+    c->sliding_pattern = opt_int(path, root, "sliding_window_pattern", 6);
+    if (c->sliding_pattern < 1) fail("%s: 'sliding_window_pattern' must be a positive integer", path);
+}
+
 // Reads *c from a parsed config.json; `path` names it in messages.
 static void read_root(const char *path, const cJSON *root, ModelConfig *c) {
     memset(c, 0, sizeof *c);
@@ -250,6 +283,9 @@ static void read_root(const char *path, const cJSON *root, ModelConfig *c) {
     // Another family read as Llama would train the wrong model silently (Gemma's scaled
     // embeddings and (1 + w) norms): refuse what the family table does not have.
     const ModelFamily *fam = family_find(model_type);
+    if (!fam && !strcmp(model_type, "gemma3"))  // Gemma3ForConditionalGeneration: 4B, 12B, 27B
+        fail("%s: model_type 'gemma3' (Gemma 3 with its vision tower, text_config inside) is not supported; "
+             "the text-only gemma3_text (gemma-3-270m, gemma-3-1b) is", path);
     if (!fam) fail("%s: model_type '%s' is not supported (supported: %s)", path, model_type, family_list());
     const cJSON *archs = get(root, "architectures");
     if (archs) {
@@ -282,7 +318,7 @@ static void read_root(const char *path, const cJSON *root, ModelConfig *c) {
     c->rms_norm_eps = (float)eps;
     if (!(isfinite(c->rms_norm_eps) && c->rms_norm_eps > 0))
         fail("%s: 'rms_norm_eps' must be a positive finite float32, got %g", path, eps);
-    c->tie_word_embeddings = opt_bool(path, root, "tie_word_embeddings", 0);
+    c->tie_word_embeddings = opt_bool(path, root, "tie_word_embeddings", fam->tie_default);
     // transformers' Qwen2 attention always has q/k/v biases and Mistral's none, whatever the
     // config says; Llama and Qwen3 follow attention_bias.
     c->attention_bias = fam->qkv_bias == BIAS_ALWAYS  ? 1
@@ -300,8 +336,11 @@ static void read_root(const char *path, const cJSON *root, ModelConfig *c) {
     if (prf != 1.0)
         fail("%s: 'partial_rotary_factor' = %g is not supported (only 1.0: RoPE over the whole head)", path, prf);
     const cJSON *act = get(root, "hidden_act");
-    if (act && (!cJSON_IsString(act) || strcmp(act->valuestring, "silu") != 0))
+    if (fam->gelu_mlp) {
+        read_gemma3_keys(path, root, c);
+    } else if (act && (!cJSON_IsString(act) || strcmp(act->valuestring, "silu") != 0)) {
         fail("%s: 'hidden_act' must be \"silu\" (the only activation implemented)", path);
+    }
 
     c->bos_token_id = opt_int(path, root, "bos_token_id", -1);
     // The embedding's padding_idx: null is none, an absent key the family's default (Phi-3:
@@ -360,13 +399,15 @@ static void read_root(const char *path, const cJSON *root, ModelConfig *c) {
                  c->num_hidden_layers);
         for (int l = 0; l < c->num_hidden_layers; l++) {
             const cJSON *t = cJSON_GetArrayItem(lt, l);
-            const char *want = family_layer_window(c, l) ? "sliding_attention" : "full_attention";
+            const int sliding = fam->window == WIN_PATTERN ? family_layer_local_rope(c, l) : family_layer_window(c, l) > 0;
+            const char *want = sliding ? "sliding_attention" : "full_attention";
             if (!cJSON_IsString(t) || (strcmp(t->valuestring, "full_attention") && strcmp(t->valuestring, "sliding_attention")))
                 fail("%s: layer_types[%d] must be \"full_attention\" or \"sliding_attention\"", path, l);
             if (strcmp(t->valuestring, want))
-                fail("%s: layer_types[%d] is \"%s\" but %s's sliding_window/use_sliding_window/max_window_layers "
-                     "give \"%s\"; other per-layer patterns are not supported", path, l, t->valuestring,
-                     model_type, want);
+                fail("%s: layer_types[%d] is \"%s\" but by %s's %s it is \"%s\"; other per-layer patterns are "
+                     "not supported", path, l, t->valuestring, model_type,
+                     fam->window == WIN_PATTERN ? "sliding_window_pattern" : "sliding_window/use_sliding_window/max_window_layers",
+                     want);
         }
     }
 
@@ -613,7 +654,18 @@ int hf_write_config(const char *path, const ModelConfig *c) {
         ADD(cJSON_AddBoolToObject(o, "use_sliding_window", c->use_sliding_window));
         ADD(cJSON_AddNumberToObject(o, "max_window_layers", c->max_window_layers));
     }
-    ADD(cJSON_AddStringToObject(o, "hidden_act", "silu"));
+    if (fam->gelu_mlp) {  // Gemma 3's keys as read (the others are its defaults: soft-caps null, causal)
+        ADD(cJSON_AddStringToObject(o, "hidden_activation", "gelu_pytorch_tanh"));
+        ADD(cJSON_AddNumberToObject(o, "query_pre_attn_scalar", c->query_pre_attn_scalar));
+        ADD(add_real(o, "rope_local_base_freq", c->rope_local_theta, 0));
+        ADD(cJSON_AddNumberToObject(o, "sliding_window_pattern", c->sliding_pattern));
+        cJSON *lt = cJSON_AddArrayToObject(o, "layer_types");
+        ADD(lt);
+        for (int l = 0; lt && l < c->num_hidden_layers; l++)
+            ADD(cJSON_AddItemToArray(lt, cJSON_CreateString(family_layer_local_rope(c, l) ? "sliding_attention" : "full_attention")));
+    } else {
+        ADD(cJSON_AddStringToObject(o, "hidden_act", "silu"));
+    }
     ADD(cJSON_AddStringToObject(o, "torch_dtype", c->torch_dtype[0] ? c->torch_dtype : "float32"));
     ADD(add_real(o, "initializer_range", c->initializer_range > 0 ? c->initializer_range : 0.02, 1));
     ADD(cJSON_AddBoolToObject(o, "use_cache", 1));

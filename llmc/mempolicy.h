@@ -9,7 +9,8 @@ enum { HOME_DEVICE, HOME_HOST, HOME_DISK };
 
 // The tensors a layer's backward reads, in forward order.
 enum {
-    S_XIN, S_LN1, S_RSTD1, S_Q, S_K, S_V, S_ATT, S_LSE, S_XMID, S_LN2, S_RSTD2, S_GATE, S_UP, S_H,
+    S_XIN, S_LN1, S_RSTD1, S_Q, S_K, S_V, S_ATT, S_LSE, S_AO, S_RSTDPA, S_XMID, S_LN2, S_RSTD2, S_GATE,
+    S_UP, S_H, S_FO, S_RSTDPF,  // S_AO .. S_RSTDPF: Gemma 3's sandwich norms only
     S_COUNT
 };
 

@@ -57,7 +57,9 @@ void model_size(const ModelConfig *c, int64_t I, int64_t Vp, const LoraConfig *l
         layer = count_add(layer, count_of(2 * C + o_bias * C));  // two RMSNorms, o_proj bias
         if (bias) layer = count_add(layer, count_add(QD, count_mul(count_of(2), KD)));
         if (qkn) layer = count_add(layer, count_of(2 * (int64_t)c->head_dim));  // q_norm, k_norm
-        layer_tensors = 9 + 3 * bias + o_bias + 2 * qkn;
+        const int sw = f->sandwich;  // Gemma 3: two norms more
+        if (sw) layer = count_add(layer, count_of(2 * C));
+        layer_tensors = 9 + 3 * bias + o_bias + 2 * qkn + 2 * sw;
         outside = count_add(count_mul(count_of(c->tie_word_embeddings ? V : 2 * V), count_of(C)), count_of(C));
         tensors = count_of(c->tie_word_embeddings ? 2 : 3);
     }
@@ -330,7 +332,15 @@ void param_table_build(ParamTable *t, const ModelConfig *c, const LoraConfig *lo
             LAYER(P_QNORM, "self_attn.q_norm.weight", c->head_dim, 0, 0)
             LAYER(P_KNORM, "self_attn.k_norm.weight", c->head_dim, 0, 0)
         }
-        LAYER(P_LN2, "post_attention_layernorm.weight", C, 0, 0)
+        // Gemma 3's sandwich: post_attention_layernorm is on o_proj's output, the MLP's input
+        // norm is pre_feedforward_layernorm, and post_feedforward_layernorm is on its output.
+        if (fam->sandwich) {
+            LAYER(P_LNPA, "post_attention_layernorm.weight", C, 0, 0)
+            LAYER(P_LN2, "pre_feedforward_layernorm.weight", C, 0, 0)
+            LAYER(P_LNPF, "post_feedforward_layernorm.weight", C, 0, 0)
+        } else {
+            LAYER(P_LN2, "post_attention_layernorm.weight", C, 0, 0)
+        }
         LAYER(P_WGATE, "mlp.gate_proj.weight", I, C, 1)
         LAYER(P_WUP, "mlp.up_proj.weight", I, C, 1)
         LAYER(P_WDOWN, "mlp.down_proj.weight", C, I, 1)
@@ -840,7 +850,7 @@ void model_alloc_acts(Model *m, int B, int T, const MemPolicy *pol) {
     m->d_ff1 = bk->dev_alloc(bk, tile * I * A, "backward scratch (MLP)");
     m->d_ff2 = bk->dev_alloc(bk, tile * I * A, "backward scratch (MLP)");
     m->logits = bk->dev_alloc(bk, (size_t)c->vocab_size * A, "sampling logits");
-    if (c->arch == ARCH_LLAMA && c->pad_token_id >= 0) m->pad_row = bk->dev_alloc(bk, C * A, "padding_idx row");
+    if (c->arch == ARCH_LLAMA && c->pad_token_id >= 0) m->pad_row = bk->dev_alloc(bk, C * sizeof(float), "padding_idx row");
     if (c->arch == ARCH_LLAMA && family_of(c)->qk_norm) {
         const size_t H = (size_t)c->num_attention_heads + c->num_key_value_heads;
         m->q_rot = bk->dev_alloc(bk, QR * QD * A, "q/k norm working set");
@@ -861,17 +871,24 @@ void model_alloc_acts(Model *m, int B, int T, const MemPolicy *pol) {
     // RoPE tables: angle = t * inv_freq in float32 as HF computes it, cos/sin in double (then
     // times longrope's attention factor in float, as HF scales its float32 cos/sin). Longrope
     // has two, short then long factors; model_set_batch picks one per micro-batch.
-    const int half = c->head_dim / 2, ntab = c->rope_type == ROPE_LONGROPE ? 2 : 1;
+    // Gemma 3's sliding layers rotate with rope_local_base_freq and no scaling: a table more.
+    const int nglob = c->rope_type == ROPE_LONGROPE ? 2 : 1, local = c->rope_local_theta > 0;
+    const int half = c->head_dim / 2, ntab = nglob + local;
     const size_t per = (size_t)Tg * half;
     m->rope_rows = (size_t)Tg;
     m->rope_tab_cos = bk->dev_alloc(bk, sizeof(float) * per * ntab, "rope table");
     m->rope_tab_sin = bk->dev_alloc(bk, sizeof(float) * per * ntab, "rope table");
     m->rope_cos = m->rope_tab_cos, m->rope_sin = m->rope_tab_sin;
+    m->rope_loc_cos = local ? m->rope_tab_cos + nglob * per : NULL;
+    m->rope_loc_sin = local ? m->rope_tab_sin + nglob * per : NULL;
     if (bk->dry_run) return;
-    const float af = c->rope_type == ROPE_LONGROPE || c->rope_type == ROPE_YARN ? (float)c->rope_attention_factor : 1.0f;
+    ModelConfig lc = *c;  // the local table's config (transformers: rope_theta = the local base, default rope)
+    lc.rope_theta = c->rope_local_theta, lc.rope_type = ROPE_DEFAULT, lc.rope_factor = 1.0;
     float *inv = xmalloc(sizeof(float) * half), *cs = xmalloc(sizeof(float) * per), *sn = xmalloc(sizeof(float) * per);
     for (int k = 0; k < ntab; k++) {
-        rope_inv_freq(c, inv, k);
+        const int loc = k == nglob;
+        const float af = !loc && (c->rope_type == ROPE_LONGROPE || c->rope_type == ROPE_YARN) ? (float)c->rope_attention_factor : 1.0f;
+        rope_inv_freq(loc ? &lc : c, inv, loc ? 0 : k);
         for (int t = 0; t < Tg; t++)
             for (int i = 0; i < half; i++) {
                 float ang = (float)t * inv[i];
@@ -1213,8 +1230,9 @@ void model_init_random(Model *m, uint64_t seed) {
         // GPT-2's padded vocabulary rows stay zero: they never produce a logit.
         size_t live = i == m->tab.embed && gpt2 ? (size_t)m->cfg.vocab_size * p->shape[1] : p->numel;
         float *w = xmalloc(sizeof(float) * p->numel);
+        // Gemma's norms apply 1 + w: their weights start at 0 (Gemma3RMSNorm's zeros).
         if (is_norm || is_bias)
-            for (size_t j = 0; j < p->numel; j++) w[j] = is_norm ? 1.0f : 0.0f;
+            for (size_t j = 0; j < p->numel; j++) w[j] = is_norm && !family_norm_add(&m->cfg) ? 1.0f : 0.0f;
         else
             init_normal(w, p->numel, live, std, seed, p->name);
         if (i == m->tab.embed && !gpt2 && m->cfg.pad_token_id >= 0)

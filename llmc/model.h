@@ -67,6 +67,14 @@ typedef struct {
     int use_sliding_window;
     int max_window_layers;
     char torch_dtype[12];     // the base's weights: "float32", "bfloat16", "float16" ("": float32)
+    // Gemma 3 (family.h's row holds what is fixed: 1 + w norms, GeGLU, the embedding scale,
+    // sandwich norms): every sliding_pattern-th layer (l + 1 a multiple) is global and the
+    // others slide, with RoPE of rope_local_theta and no scaling on the sliding ones
+    // (rope_theta and rope_scaling on the global ones); query_pre_attn_scalar, which sets
+    // the attention's scale, must be head_dim (the kernels scale by head_dim^-0.5).
+    int sliding_pattern;      // WIN_PATTERN families; 0: none
+    double rope_local_theta;  // 0: every layer uses rope_theta
+    int query_pre_attn_scalar;
 } ModelConfig;
 
 // Per-layer parameters, in the order they appear in the flat table; then the LoRA adapters
@@ -75,7 +83,10 @@ enum { LORA_Q, LORA_K, LORA_V, LORA_O, LORA_GATE, LORA_UP, LORA_DOWN, LORA_TARGE
 enum {
     P_LN1, P_WQ, P_BQ, P_WK, P_BK, P_WV, P_BV, P_WO, P_BO, P_LN2, P_WGATE, P_WUP, P_WDOWN,
     P_LN1B, P_LN2B, P_BUP, P_BDOWN,  // GPT-2: LayerNorm biases, fc (in P_WUP) and proj biases
-    P_QNORM, P_KNORM,                // Qwen3: RMSNorm weights [head_dim] of q and k heads
+    P_QNORM, P_KNORM,                // Qwen3, Gemma 3: RMSNorm weights [head_dim] of q and k heads
+    P_LNPA, P_LNPF,                  // Gemma 3: norms of the attention's and the MLP's outputs
+                                     // (post_attention_layernorm, post_feedforward_layernorm;
+                                     // P_LN2 is then pre_feedforward_layernorm)
     P_LORA_A, P_LORA_B = P_LORA_A + LORA_TARGETS, P_PER_LAYER = P_LORA_B + LORA_TARGETS
 };
 extern const char *const LORA_TARGET_NAMES[LORA_TARGETS];  // "q_proj", ..., "down_proj"
@@ -220,6 +231,10 @@ void rope_inv_freq(const ModelConfig *c, float *inv_freq, int long_factors);
 typedef struct {
     void *xin, *ln1, *q, *k, *v, *att, *x_mid, *ln2, *gate, *up, *h;
     float *rstd1, *rstd2, *lse;
+    // Gemma 3's sandwich norms: o_proj's and down_proj's outputs before their norms, and the
+    // norms' rstd (NULL for other families).
+    void *ao, *fo;
+    float *rstd_pa, *rstd_pf;
 } LayerActs;
 
 struct ActStore;
@@ -314,7 +329,9 @@ typedef struct {
     struct SeqPar *sp;
     int has_pos;
     float *rope_cos, *rope_sin;   // [T, D/2]: the table the current micro-batch uses
-    float *rope_tab_cos, *rope_tab_sin;  // the tables: one, or longrope's short then long
+    float *rope_tab_cos, *rope_tab_sin;  // the tables: one, or longrope's short then long;
+                                         // then Gemma 3's local one
+    float *rope_loc_cos, *rope_loc_sin;  // Gemma 3's sliding layers' table (NULL: none)
     size_t rope_rows;             // T of one table
     // q/k norm families (Qwen3): a->q/a->k keep the projections; attention reads normalized,
     // rotated copies made here (and remade before the layer's backward), with their rstd.

@@ -12,7 +12,7 @@
 #define OPS(X)                                                                                        \
     X(matmul) X(matmul_dw) X(matmul_many) X(attention_fwd) X(attention_bwd) X(classifier_ce)           \
     X(rmsnorm_fwd) X(rmsnorm_bwd) X(layernorm_fwd) X(layernorm_bwd) X(swiglu_fwd) X(swiglu_bwd)        \
-    X(gelu_fwd) X(gelu_bwd) X(rope_fwd) X(rope_bwd) X(embedding_fwd) X(embedding_bwd) X(pos_fwd)       \
+    X(geglu_fwd) X(geglu_bwd) X(gelu_fwd) X(gelu_bwd) X(rope_fwd) X(rope_bwd) X(embedding_fwd) X(embedding_bwd) X(pos_fwd)       \
     X(pos_bwd) X(add_bias) X(bias_grad) X(add) X(accumulate) X(accumulate_f32) X(dropout) X(scale)    \
     X(sumsq_many) X(sum_f32) X(adamw) X(dequantize) X(memzero) X(copy_h2d) X(copy_d2h) X(copy_d2d)      \
     X(copy_2d) X(upload_act) X(download_act)
@@ -92,12 +92,13 @@ TIMED(classifier_ce, 2.0 * N * V * C * (dx ? 2 : 1) + (dW ? 2.0 * N * V * C : 0)
       (Backend *bk, float *losses, void *dx, float *dW, const void *x, const void *W, const int32_t *targets, int N,
        int V, int C, float scale),
       (bk, losses, dx, dW, x, W, targets, N, V, C, scale))
-TIMED(rmsnorm_fwd, 0, (Backend *bk, void *out, float *rstd, const void *x, const void *w, int N, int C, float eps),
-      (bk, out, rstd, x, w, N, C, eps))
+TIMED(rmsnorm_fwd, 0,
+      (Backend *bk, void *out, float *rstd, const void *x, const void *w, float w_add, int N, int C, float eps),
+      (bk, out, rstd, x, w, w_add, N, C, eps))
 TIMED(rmsnorm_bwd, 0,
-      (Backend *bk, void *dx, float *dw, const void *dout, const void *x, const void *w, const float *rstd, int N,
-       int C),
-      (bk, dx, dw, dout, x, w, rstd, N, C))
+      (Backend *bk, void *dx, float *dw, const void *dout, const void *x, const void *w, float w_add,
+       const float *rstd, int N, int C),
+      (bk, dx, dw, dout, x, w, w_add, rstd, N, C))
 TIMED(layernorm_fwd, 0,
       (Backend *bk, void *out, float *mean, float *rstd, const void *x, const void *w, const void *b, int N, int C,
        float eps),
@@ -108,6 +109,9 @@ TIMED(layernorm_bwd, 0,
       (bk, dx, dw, db, dout, x, w, mean, rstd, N, C))
 TIMED(swiglu_fwd, 0, (Backend *bk, void *h, const void *gate, const void *up, size_t n), (bk, h, gate, up, n))
 TIMED(swiglu_bwd, 0, (Backend *bk, void *dgate, void *dup, const void *dh, const void *gate, const void *up, size_t n),
+      (bk, dgate, dup, dh, gate, up, n))
+TIMED(geglu_fwd, 0, (Backend *bk, void *h, const void *gate, const void *up, size_t n), (bk, h, gate, up, n))
+TIMED(geglu_bwd, 0, (Backend *bk, void *dgate, void *dup, const void *dh, const void *gate, const void *up, size_t n),
       (bk, dgate, dup, dh, gate, up, n))
 TIMED(gelu_fwd, 0, (Backend *bk, void *y, const void *x, size_t n), (bk, y, x, n))
 TIMED(gelu_bwd, 0, (Backend *bk, void *dx, const void *dout, const void *x, size_t n), (bk, dx, dout, x, n))

@@ -41,6 +41,12 @@ static const char *const LLAMA_OUTSIDE[] = {"lm_head", "model.embed_tokens", "mo
 static const char *const LLAMA_INSIDE[] = {"", ".self_attn", ".mlp", ".mlp.act_fn", ".input_layernorm",
                                            ".post_attention_layernorm", ".self_attn.rotary_emb",
                                            ".self_attn.q_norm", ".self_attn.k_norm"};
+// Gemma3ForCausalLM: Llama's projections; the sandwich norms and the sliding layers' RoPE too.
+static const char *const GEMMA3_OUTSIDE[] = {"lm_head", "model.embed_tokens", "model.norm", "model.rotary_emb",
+                                             "model.rotary_emb_local", "model", "model.layers"};
+static const char *const GEMMA3_INSIDE[] = {"", ".self_attn", ".mlp", ".mlp.act_fn", ".input_layernorm",
+                                            ".post_attention_layernorm", ".pre_feedforward_layernorm",
+                                            ".post_feedforward_layernorm", ".self_attn.q_norm", ".self_attn.k_norm"};
 static const AdaptedModule PHI3_MODS[] = {  // qkv_proj and gate_up_proj: one adapter each
     {"self_attn.qkv_proj", 1 << LORA_Q | 1 << LORA_K | 1 << LORA_V, "qkv_proj"},
     {"self_attn.o_proj", 1 << LORA_O, "o_proj"},
@@ -62,6 +68,9 @@ static ModuleTree tree_of(const ModelConfig *c) {
     if (family_of(c)->fused)
         return (ModuleTree){"model.layers.%d", "layers", PHI3_MODS, N(PHI3_MODS), LLAMA_OUTSIDE, N(LLAMA_OUTSIDE),
                             LLAMA_INSIDE, N(LLAMA_INSIDE) - 2, "qkv_proj/o_proj/gate_up_proj/down_proj projections (phi3)"};
+    if (family_of(c)->sandwich)
+        return (ModuleTree){"model.layers.%d", "layers", LLAMA_MODS, N(LLAMA_MODS), GEMMA3_OUTSIDE, N(GEMMA3_OUTSIDE),
+                            GEMMA3_INSIDE, N(GEMMA3_INSIDE), "q/k/v/o/gate/up/down projections"};
     return (ModuleTree){"model.layers.%d", "layers", LLAMA_MODS, N(LLAMA_MODS), LLAMA_OUTSIDE, N(LLAMA_OUTSIDE),
                         LLAMA_INSIDE, family_of(c)->qk_norm ? N(LLAMA_INSIDE) : N(LLAMA_INSIDE) - 2,
                         "q/k/v/o/gate/up/down projections"};

@@ -22,6 +22,15 @@ transformers 4.53+), not by running transformers:
              mlp.gate_up_proj.weight whose output is chunk(2)'ed gate | up (modeling_phi3's
              Phi3Attention / Phi3MLP); the model computes with the fused weights as they are;
              sliding_window (absent: none) on every layer; pad_token_id absent means 32000
+    gemma3_text  (modeling_gemma3 / configuration_gemma3 of transformers 4.57) every RMSNorm
+             applies (1 + w) to x * rsqrt(mean(x^2) + eps), its weight in the file being w;
+             embedding output times sqrt(hidden_size); q_norm/k_norm as qwen3; attention scaled
+             by query_pre_attn_scalar^-0.5 (default 256); x + post_attention_layernorm(o_proj(..))
+             then x + post_feedforward_layernorm(mlp(pre_feedforward_layernorm(x))); MLP GeGLU
+             gelu_tanh(gate) * up; layer i slides (sliding_window, default 4096) unless (i + 1)
+             is a multiple of sliding_window_pattern (default 6), and sliding layers rotate with
+             rope_local_base_freq (default 10000) and no rope_scaling; head_dim default 256;
+             tie_word_embeddings default true; pad_token_id default 0
 Every family: the embedding is nn.Embedding(..., padding_idx=pad_token_id), so the lookup adds
 no gradient to the pad row (F.embedding's padding_idx).
 A sliding window W lets query i see keys j with i - W < j <= i (masking_utils'
@@ -107,7 +116,7 @@ def make_config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_
 
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
                  "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
-                 "phi3": "Phi3ForCausalLM"}
+                 "phi3": "Phi3ForCausalLM", "gemma3_text": "Gemma3ForCausalLM"}
 
 
 def family(cfg):
@@ -117,11 +126,16 @@ def family(cfg):
     if mt not in ARCHITECTURES:
         raise ValueError(f"model_type {mt} not in the reference")
     ab = bool(cfg.get("attention_bias", False))
-    qkv_bias = {"llama": ab, "mistral": False, "qwen2": True, "qwen3": ab, "phi3": False}[mt]
-    o_bias = {"llama": ab, "mistral": False, "qwen2": False, "qwen3": ab, "phi3": False}[mt]
+    qkv_bias = {"llama": ab, "mistral": False, "qwen2": True, "qwen3": ab, "phi3": False, "gemma3_text": ab}[mt]
+    o_bias = {"llama": ab, "mistral": False, "qwen2": False, "qwen3": ab, "phi3": False, "gemma3_text": ab}[mt]
     L = cfg["num_hidden_layers"]
     sw = cfg["sliding_window"] if "sliding_window" in cfg else (None if mt in ("llama", "phi3") else 4096)
-    if mt in ("mistral", "phi3"):
+    local = [False] * L
+    if mt == "gemma3_text":
+        pat = cfg.get("sliding_window_pattern", 6)
+        local = [(i + 1) % pat != 0 for i in range(L)]
+        windows = [(sw or 0) if local[i] else 0 for i in range(L)]
+    elif mt in ("mistral", "phi3"):
         windows = [sw or 0] * L
     elif mt in ("qwen2", "qwen3"):
         sw = sw if cfg.get("use_sliding_window", False) else None
@@ -129,16 +143,16 @@ def family(cfg):
         windows = [sw if sw is not None and i >= mwl else 0 for i in range(L)]
     else:
         windows = [0] * L
-    pad = cfg["pad_token_id"] if "pad_token_id" in cfg else (32000 if mt == "phi3" else None)
-    return {"qkv_bias": qkv_bias, "o_bias": o_bias, "qk_norm": mt == "qwen3", "windows": windows,
-            "fused": mt == "phi3", "pad": pad}
+    pad = cfg["pad_token_id"] if "pad_token_id" in cfg else {"phi3": 32000, "gemma3_text": 0}.get(mt)
+    return {"qkv_bias": qkv_bias, "o_bias": o_bias, "qk_norm": mt in ("qwen3", "gemma3_text"), "windows": windows,
+            "fused": mt == "phi3", "pad": pad, "gemma": mt == "gemma3_text", "local_rope": local}
 
 
 def _dims(cfg):
     C = cfg["hidden_size"]
     Hq = cfg["num_attention_heads"]
     Hkv = cfg.get("num_key_value_heads") or Hq
-    D = cfg.get("head_dim") or (128 if cfg.get("model_type") == "qwen3" else C // Hq)
+    D = cfg.get("head_dim") or {"qwen3": 128, "gemma3_text": 256}.get(cfg.get("model_type"), C // Hq)
     return C, Hq, Hkv, D
 
 
@@ -175,13 +189,21 @@ def param_shapes(cfg):
             s[p + "self_attn.q_norm.weight"] = (D,)
             s[p + "self_attn.k_norm.weight"] = (D,)
         s[p + "post_attention_layernorm.weight"] = (C,)
+        if fam["gemma"]:
+            s[p + "pre_feedforward_layernorm.weight"] = (C,)
+            s[p + "post_feedforward_layernorm.weight"] = (C,)
         s[p + "mlp.gate_proj.weight"] = (I, C)
         s[p + "mlp.up_proj.weight"] = (I, C)
         s[p + "mlp.down_proj.weight"] = (C, I)
     s["model.norm.weight"] = (C,)
-    if not cfg.get("tie_word_embeddings", False):
+    if not tied(cfg):
         s["lm_head.weight"] = (V, C)
     return s
+
+
+def tied(cfg):
+    """tie_word_embeddings, whose absence means true for Gemma 3 and false otherwise."""
+    return bool(cfg.get("tie_word_embeddings", cfg.get("model_type") == "gemma3_text"))
 
 
 def is_decay_param(name):
@@ -308,12 +330,13 @@ def init_weights(cfg, seed=0, std=0.05, embed_std=0.5, norm_jitter=0.1, bias_std
     qk_std (default std) sets q_proj/k_proj weights, larger values give sharper attention."""
     rng = np.random.default_rng(seed)
     w = {}
+    norm_at = 0.0 if family(cfg)["gemma"] else 1.0  # Gemma's norms apply 1 + w
     for name, shape in param_shapes(cfg).items():
         if qk_std is not None and (name.endswith("q_proj.weight") or
                                    name.endswith("k_proj.weight")):
             a = qk_std * rng.standard_normal(shape)
         elif "norm" in name:
-            a = 1.0 + norm_jitter * rng.standard_normal(shape)
+            a = norm_at + norm_jitter * rng.standard_normal(shape)
         elif name.endswith(".bias"):
             a = bias_std * rng.standard_normal(shape)
         elif name == "model.embed_tokens.weight":
@@ -654,11 +677,15 @@ class RefLlama(torch.nn.Module):
         self.C, self.Hq, self.Hkv, self.D = _dims(cfg)
         self.L = cfg["num_hidden_layers"]
         self.eps = float(cfg.get("rms_norm_eps", 1e-6))
-        self.tied = bool(cfg.get("tie_word_embeddings", False))
+        self.tied = tied(cfg)
         fam = family(cfg)
         self.bias, self.o_bias, self.qk_norm = fam["qkv_bias"], fam["o_bias"], fam["qk_norm"]
         self.windows = fam["windows"]
         self.fused, self.pad = fam["fused"], fam["pad"]
+        self.gemma, self.local_rope = fam["gemma"], fam["local_rope"]
+        self.norm_add = 1.0 if self.gemma else 0.0
+        qpas = cfg.get("query_pre_attn_scalar", 256) if self.gemma else self.D
+        self.att_scale = qpas ** -0.5
         self.use_sdpa = use_sdpa and hasattr(F, "scaled_dot_product_attention")
         self.dtype = dtype
         shapes = param_shapes(cfg)
@@ -715,18 +742,25 @@ class RefLlama(torch.nn.Module):
         return y
 
     def rmsnorm(self, x, w):
-        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * w
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * (w + self.norm_add)
 
     def forward(self, idx):
         B, T = idx.shape
         C, Hq, Hkv, D = self.C, self.Hq, self.Hkv, self.D
         x = F.embedding(idx, self.p("model.embed_tokens.weight"), padding_idx=self.pad)
+        if self.gemma:  # Gemma3TextScaledWordEmbedding
+            x = x * math.sqrt(C)
         pos = torch.arange(T, dtype=torch.float64)
-        inv_freq = rope_inv_freq(self.cfg, T).to(torch.float64)  # longrope picks by T
-        ang = pos[:, None] * inv_freq[None, :]                # [T, D/2]
-        ang = torch.cat((ang, ang), dim=-1)                    # [T, D]
-        cos = (ang.cos() * self.rope_af).to(self.dtype)
-        sin = (ang.sin() * self.rope_af).to(self.dtype)
+
+        def tables(cfg, af):
+            inv_freq = rope_inv_freq(cfg, T).to(torch.float64)  # longrope picks by T
+            ang = pos[:, None] * inv_freq[None, :]                # [T, D/2]
+            ang = torch.cat((ang, ang), dim=-1)                    # [T, D]
+            return (ang.cos() * af).to(self.dtype), (ang.sin() * af).to(self.dtype)
+        cos_g, sin_g = tables(self.cfg, self.rope_af)
+        if self.gemma:  # the sliding layers' RoPE: the local base, no scaling
+            lc = dict(self.cfg, rope_theta=self.cfg.get("rope_local_base_freq", 10000.0), rope_scaling=None)
+            cos_l, sin_l = tables(lc, 1.0)
         causal = torch.ones(T, T, dtype=torch.bool).tril()
         rep = Hq // Hkv
         for i in range(self.L):
@@ -752,16 +786,17 @@ class RefLlama(torch.nn.Module):
             q = q.transpose(1, 2)
             k = k.transpose(1, 2)
             v = v.view(B, T, Hkv, D).transpose(1, 2)
+            cos, sin = (cos_l, sin_l) if self.local_rope[i] else (cos_g, sin_g)
             q = q * cos + _rotate_half(q) * sin
             k = k * cos + _rotate_half(k) * sin
             if rep > 1:  # query head h reads kv head h // rep
                 k = k.repeat_interleave(rep, dim=1)
                 v = v.repeat_interleave(rep, dim=1)
             W = self.windows[i]
-            if self.use_sdpa and not W:
+            if self.use_sdpa and not W and not self.gemma:
                 y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
             else:
-                att = (q @ k.transpose(-1, -2)) * (1.0 / math.sqrt(D))
+                att = (q @ k.transpose(-1, -2)) * self.att_scale
                 mask = causal
                 if W:  # keys j with i - W < j <= i
                     ii = torch.arange(T)[:, None]
@@ -771,6 +806,15 @@ class RefLlama(torch.nn.Module):
                 y = torch.softmax(att, dim=-1) @ v
             y = y.transpose(1, 2).reshape(B, T, Hq * D)
             bo = self.p(pre + "self_attn.o_proj.bias") if self.o_bias else None
+            if self.gemma:  # Gemma3DecoderLayer: sandwich norms, GeGLU
+                o = self.linear(y, pre + "self_attn.o_proj", bo)
+                x = x + self.rmsnorm(o, self.p(pre + "post_attention_layernorm.weight"))
+                h = self.rmsnorm(x, self.p(pre + "pre_feedforward_layernorm.weight"))
+                g = self.linear(h, pre + "mlp.gate_proj", None)
+                u = self.linear(h, pre + "mlp.up_proj", None)
+                f = self.linear(F.gelu(g, approximate="tanh") * u, pre + "mlp.down_proj", None)
+                x = x + self.rmsnorm(f, self.p(pre + "post_feedforward_layernorm.weight"))
+                continue
             x = x + self.linear(y, pre + "self_attn.o_proj", bo)
             h = self.rmsnorm(x, self.p(pre + "post_attention_layernorm.weight"))
             if self.fused:  # Phi3MLP: gate, up = gate_up_proj(h).chunk(2, dim=-1)

@@ -116,19 +116,21 @@ typedef struct {
                           int, int, int, float);
     void (*swiglu_fwd)(float *, const float *, const float *, size_t);
     void (*swiglu_bwd)(float *, float *, const float *, const float *, const float *, size_t);
-    void (*rmsnorm_fwd)(float *, float *, const float *, const float *, int, int, float);
-    void (*rmsnorm_bwd)(float *, float *, const float *, const float *, const float *,
+    void (*rmsnorm_fwd)(float *, float *, const float *, const float *, float, int, int, float);
+    void (*rmsnorm_bwd)(float *, float *, const float *, const float *, const float *, float,
                         const float *, int, int);
     void (*adamw)(float *, const float *, float *, float *, size_t, float, float, float, float,
                   float, float, int);
     double (*sumsq)(const float *, size_t);
     void (*gelu_bwd)(float *, const float *, const float *, size_t);
+    void (*geglu_fwd)(float *, const float *, const float *, size_t);
+    void (*geglu_bwd)(float *, float *, const float *, const float *, const float *, size_t);
 } Variant;
 
 #define VARIANT(S)                                                                               \
     {#S, attention_fwd_f32_##S, attention_bwd_f32_##S, classifier_ce_f32_##S, swiglu_fwd_f32_##S, \
      swiglu_bwd_f32_##S, rmsnorm_fwd_f32_##S, rmsnorm_bwd_f32_##S, adamw_f32_##S, sumsq_f32_##S,   \
-     gelu_bwd_f32_##S}
+     gelu_bwd_f32_##S, geglu_fwd_f32_##S, geglu_bwd_f32_##S}
 
 static const Variant variants[] = {VARIANT(base), VARIANT(avx2), VARIANT(avx512)};
 
@@ -186,6 +188,9 @@ static Outs run_variant(const Variant *k) {
     k->swiglu_bwd(dg, du, dh, g, u, n);
     k->gelu_bwd(dh, u, g, n);
     put(&o, h, n), put(&o, dg, n), put(&o, du, n), put(&o, dh, n);
+    k->geglu_fwd(h, g, u, n);
+    k->geglu_bwd(dg, du, dh, g, u, n);
+    put(&o, h, n), put(&o, dg, n), put(&o, du, n);
     // sumsq in double, all its bits: the stretches (SUMSQ_STREAMS x LANES), a tail, and on each thread
     const size_t ns = 5003;
     float *sq = arr(ns, 3), sb[2];
@@ -197,9 +202,11 @@ static Outs run_variant(const Variant *k) {
     float *xn = arr((size_t)R * Cn, 3), *w = arr(Cn, 1), *y = calloc((size_t)R * Cn, sizeof(float));
     float *rstd = calloc(R, sizeof(float)), *dy = arr((size_t)R * Cn, 1);
     float *dxn = calloc((size_t)R * Cn, sizeof(float)), *dw = calloc(Cn, sizeof(float));
-    k->rmsnorm_fwd(y, rstd, xn, w, R, Cn, 1e-5f);
-    k->rmsnorm_bwd(dxn, dw, dy, xn, w, rstd, R, Cn);
-    put(&o, y, (size_t)R * Cn), put(&o, rstd, R), put(&o, dxn, (size_t)R * Cn), put(&o, dw, Cn);
+    for (int a = 0; a < 2; a++) {  // w_add 0 and Gemma's 1
+        k->rmsnorm_fwd(y, rstd, xn, w, (float)a, R, Cn, 1e-5f);
+        k->rmsnorm_bwd(dxn, dw, dy, xn, w, (float)a, rstd, R, Cn);
+        put(&o, y, (size_t)R * Cn), put(&o, rstd, R), put(&o, dxn, (size_t)R * Cn), put(&o, dw, Cn);
+    }
     float *p = arr(n, 1), *m = arr(n, 0.1f), *vv = arr(n, 0.1f);
     for (size_t i = 0; i < n; i++) vv[i] = fabsf(vv[i]);
     k->adamw(p, u, m, vv, n, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.1f, 0.5f, 3);

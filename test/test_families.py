@@ -23,6 +23,19 @@ test/test_torch_ref.py (cases f-j).
                       eos_token_id as a list, torch_dtype; the output directory trains again as
                       a base (round trip) with the same first loss as the reference gives it.
   qwen2_layer_types   a config.json with layer_types as transformers >= 4.53 writes it loads.
+  gemma3_modes        Gemma 3 text (sandwich norms, (1 + w) norms, GeGLU, scaled embeddings,
+                      q/k norms, sliding_window_pattern 2 with local RoPE, T 20 over windows of
+                      5), full fine-tuning: the plain run against the reference, then full
+                      recompute every 1 and 2 layers with host/disk offload, selective recompute
+                      with offload, hidden_states, tiled MLP and tiled attention give the plain
+                      run's losses, grad norms and weights bit for bit (every run over the same
+                      3 MLP row chunks); LoRA on all seven projections with recompute and layer
+                      streaming gives the plain LoRA run's bits; config.json written back with
+                      Gemma 3's keys (layer_types, rope_local_base_freq, ...) and trained again.
+  gemma3_refusals     what Gemma 3 configs can ask that is not implemented stops with a one-line
+                      error naming the key: logit soft-capping, query_pre_attn_scalar other than
+                      head_dim, another activation, bidirectional attention, layer_types against
+                      the pattern; the multimodal model_type gemma3 names the text-only one.
   yarn                rope_scaling yarn on Llama (its logits against transformers 4.44.2's
                       LlamaForCausalLM) and Qwen2 (every optional key), and linear on Llama
                       (against transformers too): loss, one step's weights, rope_scaling
@@ -211,7 +224,129 @@ def case_config_write_back(root):
     errs += write_back_one(root, "llama_eos_list", R.make_config(eos_token_id=[2, 3, 5]), {
         "architectures": ["LlamaForCausalLM"], "model_type": "llama", "eos_token_id": [2, 3, 5],
         "bos_token_id": 1})
-    return errs, "qwen3, mistral (absent/null window), qwen2, llama"
+    errs += write_back_one(root, "gemma3", gemma3_cfg(), {
+        "architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text", "head_dim": 16,
+        "hidden_activation": "gelu_pytorch_tanh", "query_pre_attn_scalar": 16, "sliding_window": 5,
+        "sliding_window_pattern": 2, "rope_local_base_freq": 10000.0, "tie_word_embeddings": True,
+        "layer_types": ["sliding_attention", "full_attention", "sliding_attention"], "pad_token_id": 0})
+    return errs, "qwen3, mistral (absent/null window), qwen2, llama, gemma3_text"
+
+
+def gemma3_cfg(**kw):
+    c = dict(vocab_size=64, hidden_size=48, intermediate_size=64, num_hidden_layers=3,
+             num_attention_heads=4, num_key_value_heads=2, head_dim=16, model_type="gemma3_text",
+             rms_norm_eps=1e-6, tie_word_embeddings=True, rope_theta=1000000.0, hidden_act="gelu_pytorch_tanh",
+             hidden_activation="gelu_pytorch_tanh", query_pre_attn_scalar=16, sliding_window=5,
+             sliding_window_pattern=2, rope_local_base_freq=10000.0, pad_token_id=0)
+    c.update(kw)
+    return R.make_config(**c)
+
+
+def case_gemma3_modes(root):
+    work = os.path.join(root, "gemma3_modes")
+    cfg = gemma3_cfg()
+    model_dir, shard, tokens, weights = setup(work, cfg, 1200, seed=23)
+    tc = R.train_config(sequence_len=20, micro_batch_size=2, gradient_accumulation_steps=2,
+                        max_steps=3, learning_rate=5e-3, lr_scheduler="cosine", warmup_steps=1,
+                        weight_decay=0.1, max_grad_norm=1.0)
+    tc.update(base_model=model_dir, train_data=shard, tiled_mlp_shards=3, min_offload_size=0)
+    ref = R.train_reference(cfg, weights, tokens, tc)
+    errs = []
+    modes = {
+        "plain": {},
+        "recompute1_host": {"gradient_checkpointing": "true", "gradient_checkpointing_every": 1,
+                            "activation_offloading": "true"},
+        "recompute2_disk": {"gradient_checkpointing": "true", "gradient_checkpointing_every": 2,
+                            "activation_offloading": "disk"},
+        "selective_offloaded": {"gradient_checkpointing": "selective", "activation_offloading": "true"},
+        "hidden_states": {"activation_offloading": "hidden_states"},
+        "tiled_mlp_attention": {"tiled_mlp": "true", "tiled_attention": "true",
+                                "gradient_checkpointing": "true"},
+    }
+    got = {}
+    worst_l = worst_w = 0.0
+    for name, extra in modes.items():
+        t = dict(tc, output_dir=os.path.join(work, name))
+        t.update(extra)
+        run(work, t, name + ".yaml")
+        rows = R.read_metrics(os.path.join(t["output_dir"], "metrics.jsonl"))
+        wpath = os.path.join(t["output_dir"], "model.safetensors")
+        got[name] = ([(r["loss"], r["grad_norm"]) for r in rows], sha(wpath))
+        if name != "plain":
+            if got[name] != got["plain"]:
+                errs.append(f"{name}: losses/grad norms {got[name][0]} or weights differ from the plain run's "
+                            f"{got['plain'][0]}")
+            continue
+        if len(rows) != 3:
+            errs.append(f"{len(rows)} metrics rows, expected 3")
+        for s, r in enumerate(rows):
+            e = rel(r["loss"], ref["losses"][s])
+            worst_l = max(worst_l, e)
+            if e > LOSS_RTOL:
+                errs.append(f"step {s + 1}: loss {r['loss']} vs ref {ref['losses'][s]}")
+            if rel(r["grad_norm"], ref["grad_norms"][s]) > GN_RTOL:
+                errs.append(f"step {s + 1}: grad_norm {r['grad_norm']} vs ref {ref['grad_norms'][s]}")
+        out = R.read_safetensors(wpath)
+        for k, v in ref["weights"].items():
+            d = float(np.max(np.abs(out[k].astype(np.float64) - v)))
+            worst_w = max(worst_w, d)
+            if d > W_TOL * max(1.0, float(np.max(np.abs(v)))):
+                errs.append(f"weight {k}: max diff {d:.3e}")
+    # LoRA: recompute + layer streaming (frozen layers from host blocks) against the plain LoRA run.
+    spec = R.lora_spec(cfg, r=4, alpha=8, targets=list(R.LORA_TARGETS), seed=23, b_std=0.1)
+    adir = os.path.join(work, "adapter_in")
+    R.save_adapter_dir(adir, spec)
+    lora = dict(tc, adapter="lora", lora_r=4, lora_alpha=8, lora_dropout=0.0,
+                lora_target_modules=list(R.LORA_TARGETS), lora_model_dir=adir)
+    lref = R.train_reference(cfg, weights, tokens, lora, lora=spec)
+    lgot = {}
+    for name, extra in (("lora_plain", {}), ("lora_streamed", {"gradient_checkpointing": "true",
+                                                                "layer_offloading": True})):
+        t = dict(lora, output_dir=os.path.join(work, name), **extra)
+        run(work, t, name + ".yaml")
+        rows = R.read_metrics(os.path.join(t["output_dir"], "metrics.jsonl"))
+        lgot[name] = ([(r["loss"], r["grad_norm"]) for r in rows],
+                      sha(os.path.join(t["output_dir"], "adapter_model.safetensors")))
+    if lgot["lora_streamed"] != lgot["lora_plain"]:
+        errs.append("lora_streamed: losses, grad norms or adapter differ from the plain LoRA run's")
+    for s, (l, g) in enumerate(lgot["lora_plain"][0]):
+        if rel(l, lref["losses"][s]) > LOSS_RTOL or rel(g, lref["grad_norms"][s]) > GN_RTOL:
+            errs.append(f"LoRA step {s + 1}: loss {l} / grad_norm {g} vs ref {lref['losses'][s]} / "
+                        f"{lref['grad_norms'][s]}")
+    return errs, (f"loss rel {worst_l:.1e}, weight max diff {worst_w:.1e}, {len(modes) - 1} modes and LoRA "
+                  f"streaming bit-identical")
+
+
+def case_gemma3_refusals(root):
+    work = os.path.join(root, "gemma3_refusals")
+    errs = []
+    bad = [
+        ("softcap", dict(final_logit_softcapping=30.0), "final_logit_softcapping"),
+        ("attn_softcap", dict(attn_logit_softcapping=50.0), "attn_logit_softcapping"),
+        ("qpas", dict(query_pre_attn_scalar=12), "query_pre_attn_scalar 12 differs from head_dim 16"),
+        ("activation", dict(hidden_activation="gelu"), "hidden_activation"),
+        ("hidden_act", dict(hidden_act="silu"), "hidden_act"),
+        ("bidirectional", dict(use_bidirectional_attention=True), "use_bidirectional_attention"),
+        ("layer_types", dict(layer_types=["full_attention"] * 3), "layer_types[0]"),
+        ("multimodal", dict(model_type="gemma3", architectures=["Gemma3ForConditionalGeneration"]), "gemma3_text"),
+    ]
+    for name, over, want in bad:
+        cfg = gemma3_cfg(**{k: v for k, v in over.items() if k not in ("model_type", "architectures")})
+        model_dir, shard, _, _ = setup(os.path.join(work, name), cfg, 300, seed=3)
+        if "model_type" in over:  # written over the text model's config.json
+            cj = os.path.join(model_dir, "config.json")
+            with open(cj, "w") as f:
+                json.dump(dict(cfg, model_type=over["model_type"], architectures=over["architectures"]), f)
+        tc = R.train_config(sequence_len=8, micro_batch_size=1, max_steps=1)
+        tc.update(base_model=model_dir, train_data=shard, output_dir=os.path.join(work, name, "out"))
+        path = os.path.join(work, name, "cfg.yaml")
+        R.write_yaml(path, tc)
+        p = subprocess.run([ARGS.bin, "-c", path], cwd=work, capture_output=True, text=True, timeout=ARGS.timeout)
+        err = p.stderr.strip().splitlines()
+        if p.returncode == 0 or not err or want not in err[-1] or "config.json" not in err[-1]:
+            errs.append(f"{name}: exit {p.returncode}, last line {err[-1] if err else ''!r}, expected one naming "
+                        f"config.json and {want!r}")
+    return errs, f"{len(bad)} configs refused with the key named"
 
 
 def case_qwen2_layer_types(root):
@@ -343,7 +478,9 @@ def main():
     root = tempfile.mkdtemp(prefix="test_families_")
     cases = [("qwen3_lora_window", case_qwen3_lora_window),
              ("config_write_back", case_config_write_back),
-             ("qwen2_layer_types", case_qwen2_layer_types), ("yarn", case_yarn)]
+             ("qwen2_layer_types", case_qwen2_layer_types), ("gemma3_modes", case_gemma3_modes),
+             ("gemma3_refusals", case_gemma3_refusals),
+             ("yarn", case_yarn)]
     try:
         passed, failed = harness.run_cases(((n, lambda f=f: f(root)) for n, f in cases),
                                            ARGS.only, ARGS.verbose)

@@ -375,28 +375,75 @@ static void test_swiglu(void) {
     free(c.gate), free(c.up), free(c.wt), free(c.h), free(dg), free(du), free(alias), free(du2);
 }
 
+// ---- geglu (Gemma) ------------------------------------------------------------------------
+
+static long double geglu_loss(void *p) {
+    SwiCtx *c = p;
+    geglu_fwd_f64(c->h, c->gate, c->up, c->n);
+    return dot_wt(c->h, c->wt, c->n);
+}
+
+static void test_geglu(void) {
+    SwiCtx c = {.n = 257};
+    c.gate = randn(c.n, 1), c.up = randn(c.n, 1), c.wt = randn(c.n, 1), c.h = zeros(c.n);
+    geglu_loss(&c);
+    Cmp e = {0};
+    for (size_t i = 0; i < c.n; i++) {
+        long double g = c.gate[i];
+        cmp_rel(&e, "h", i, c.h[i], (double)(0.5L * g * (1 + tanhl(sqrtl(2 / M_PI) * (g + 0.044715L * g * g * g))) * c.up[i]));
+    }
+    report(&e, 1e-9, "geglu fwd vs gelu_tanh(gate) * up");  // 1 + tanh cancels for gate << 0
+    double *dg = zeros(c.n), *du = zeros(c.n);
+    geglu_bwd_f64(dg, du, c.wt, c.gate, c.up, c.n);
+    e = (Cmp){0};
+    fd_check(&e, "dgate", dg, c.gate, c.n, 300, FD_H, geglu_loss, &c);
+    report(&e, FD_TOL, "geglu bwd dgate vs finite differences");
+    e = (Cmp){0};
+    fd_check(&e, "dup", du, c.up, c.n, 300, FD_H, geglu_loss, &c);
+    report(&e, FD_TOL, "geglu bwd dup vs finite differences");
+    double *alias = dup_arr(c.wt, c.n), *du2 = zeros(c.n);
+    geglu_bwd_f64(alias, du2, alias, c.gate, c.up, c.n);
+    e = (Cmp){0};
+    cmp_arrays(&e, "dgate", alias, dg, c.n);
+    cmp_arrays(&e, "dup", du2, du, c.n);
+    report(&e, 0, "geglu bwd with dgate aliasing dh matches");
+    // The float kernel against the double one.
+    float *gf = to_f32(c.gate, c.n), *uf = to_f32(c.up, c.n), *wf = to_f32(c.wt, c.n), *hf = xmalloc(c.n * sizeof(float)),
+          *dgf = xmalloc(c.n * sizeof(float)), *duf = xmalloc(c.n * sizeof(float));
+    geglu_fwd_f32(hf, gf, uf, c.n);
+    geglu_bwd_f32(dgf, duf, wf, gf, uf, c.n);
+    e = (Cmp){0};
+    cmp_f32(&e, "h", hf, c.h, c.n);
+    cmp_f32(&e, "dgate", dgf, dg, c.n);
+    cmp_f32(&e, "dup", duf, du, c.n);
+    report_norm(&e, 1e-5, "geglu f32 fwd+bwd vs f64");
+    free(c.gate), free(c.up), free(c.wt), free(c.h), free(dg), free(du), free(alias), free(du2);
+    free(gf), free(uf), free(wf), free(hf), free(dgf), free(duf);
+}
+
 // ---- rmsnorm -----------------------------------------------------------------------------
 
 typedef struct {
     int N, C;
-    double eps;
+    double eps, w_add;
     double *x, *w, *wt, *y, *rstd;
 } RmsCtx;
 
 static long double rms_loss(void *p) {
     RmsCtx *c = p;
-    rmsnorm_fwd_f64(c->y, c->rstd, c->x, c->w, c->N, c->C, c->eps);
+    rmsnorm_fwd_f64(c->y, c->rstd, c->x, c->w, c->w_add, c->N, c->C, c->eps);
     return dot_wt(c->y, c->wt, (size_t)c->N * c->C);
 }
 
-static void test_rmsnorm(double xscale) {
+// w_add 1: Gemma's norms (1 + w applied, the gradient is w's), with w near 0 as Gemma's are.
+static void test_rmsnorm(double xscale, double w_add) {
     ModelConfig cfg;
     model_config_defaults(&cfg);
-    RmsCtx c = {.N = 5, .C = 24, .eps = cfg.rms_norm_eps};
+    RmsCtx c = {.N = 5, .C = 24, .eps = cfg.rms_norm_eps, .w_add = w_add};
     size_t n = (size_t)c.N * c.C;
     c.x = randn(n, xscale), c.w = randn(c.C, 1), c.wt = randn(n, 1), c.y = zeros(n);
     c.rstd = zeros(c.N);
-    for (int i = 0; i < c.C; i++) c.w[i] += 1;
+    for (int i = 0; i < c.C; i++) c.w[i] += 1 - w_add;
     rms_loss(&c);
     Cmp e = {0};
     for (int r = 0; r < c.N; r++) {
@@ -406,20 +453,20 @@ static void test_rmsnorm(double xscale) {
         cmp_rel(&e, "rstd", r, c.rstd[r], (double)rs);
         for (int i = 0; i < c.C; i++)
             cmp_rel(&e, "y", (size_t)r * c.C + i, c.y[r * c.C + i],
-                    (double)(c.x[r * c.C + i] * rs * c.w[i]));
+                    (double)(c.x[r * c.C + i] * rs * (c.w[i] + w_add)));
     }
-    report(&e, 1e-14, "rmsnorm fwd vs direct (x scale %g, eps %g from config)", xscale, c.eps);
+    report(&e, 1e-14, "rmsnorm fwd vs direct (x scale %g, eps %g from config, w + %g)", xscale, c.eps, w_add);
     double *dx = zeros(n), *dw = zeros(c.C);
-    rmsnorm_bwd_f64(dx, dw, c.wt, c.x, c.w, c.rstd, c.N, c.C);
+    rmsnorm_bwd_f64(dx, dw, c.wt, c.x, c.w, w_add, c.rstd, c.N, c.C);
     e = (Cmp){0};
     fd_check(&e, "dx", dx, c.x, n, 200, FD_H * xscale, rms_loss, &c);
-    report(&e, FD_TOL, "rmsnorm bwd dx vs finite differences (x scale %g)", xscale);
+    report(&e, FD_TOL, "rmsnorm bwd dx vs finite differences (x scale %g, w + %g)", xscale, w_add);
     e = (Cmp){0};
     fd_check(&e, "dw", dw, c.w, c.C, 200, FD_H, rms_loss, &c);
-    report(&e, FD_TOL, "rmsnorm bwd dw vs finite differences (x scale %g)", xscale);
+    report(&e, FD_TOL, "rmsnorm bwd dw vs finite differences (x scale %g, w + %g)", xscale, w_add);
     rms_loss(&c);  // restore y/rstd of the unperturbed input
     double *bx = randn(n, 1), *bw = randn(c.C, 1), *ax = dup_arr(bx, n), *aw = dup_arr(bw, c.C);
-    rmsnorm_bwd_f64(ax, aw, c.wt, c.x, c.w, c.rstd, c.N, c.C);
+    rmsnorm_bwd_f64(ax, aw, c.wt, c.x, c.w, w_add, c.rstd, c.N, c.C);
     e = (Cmp){0};
     accum_cmp(&e, "dx", ax, bx, dx, n);
     accum_cmp(&e, "dw", aw, bw, dw, c.C);
@@ -1120,25 +1167,25 @@ static void test_f32_ce(void) {
         free(dWf), free(ld);
 }
 
-static void test_f32_rmsnorm(void) {
+static void test_f32_rmsnorm(double w_add) {
     const int N = 6, C = 32;
     const double eps = 1e-5;
     size_t n = (size_t)N * C;
     double *x = randn(n, 1), *w = randn(C, 1), *g = randn(n, 1), *y = zeros(n), *r = zeros(N),
            *dx = zeros(n), *dw = zeros(C);
-    rmsnorm_fwd_f64(y, r, x, w, N, C, eps);
-    rmsnorm_bwd_f64(dx, dw, g, x, w, r, N, C);
+    rmsnorm_fwd_f64(y, r, x, w, w_add, N, C, eps);
+    rmsnorm_bwd_f64(dx, dw, g, x, w, w_add, r, N, C);
     float *xf = to_f32(x, n), *wf = to_f32(w, C), *gf = to_f32(g, n),
           *yf = xmalloc(n * sizeof(float)), *rf = xmalloc(N * sizeof(float)),
           *dxf = xcalloc(n, sizeof(float)), *dwf = xcalloc(C, sizeof(float));
-    rmsnorm_fwd_f32(yf, rf, xf, wf, N, C, (float)eps);
-    rmsnorm_bwd_f32(dxf, dwf, gf, xf, wf, rf, N, C);
+    rmsnorm_fwd_f32(yf, rf, xf, wf, (float)w_add, N, C, (float)eps);
+    rmsnorm_bwd_f32(dxf, dwf, gf, xf, wf, (float)w_add, rf, N, C);
     Cmp e = {0};
     cmp_f32(&e, "out", yf, y, n);
     cmp_f32(&e, "rstd", rf, r, N);
     cmp_f32(&e, "dx", dxf, dx, n);
     cmp_f32(&e, "dw", dwf, dw, C);
-    report_norm(&e, 1e-4, "rmsnorm f32 fwd+bwd (out, rstd, dx, dw) vs f64 (N=%d C=%d)", N, C);
+    report_norm(&e, 1e-4, "rmsnorm f32 fwd+bwd (out, rstd, dx, dw) vs f64 (N=%d C=%d, w + %g)", N, C, w_add);
     free(x), free(w), free(g), free(y), free(r), free(dx), free(dw), free(xf), free(wf), free(gf),
         free(yf), free(rf), free(dxf), free(dwf);
 }
@@ -1163,8 +1210,8 @@ static void thread_run(ThreadOut *o, const double *in) {
     memset(o, 0, sizeof *o);
     embedding_bwd_f64(o->emb, wt, tok, 9, 5);
     bias_grad_f64(o->bg, wt, 7, 9);
-    rmsnorm_fwd_f64(o->ry, rstd, wt, wt + 200, 5, 24, 1e-5);
-    rmsnorm_bwd_f64(o->rx, o->rw, wt + 300, wt, wt + 200, rstd, 5, 24);
+    rmsnorm_fwd_f64(o->ry, rstd, wt, wt + 200, 0, 5, 24, 1e-5);
+    rmsnorm_bwd_f64(o->rx, o->rw, wt + 300, wt, wt + 200, 0, rstd, 5, 24);
     o->ss = sumsq_f64(wt, 1001);
     attention_fwd_f64(o->ao, lse, wt, wt + 100, wt + 200, 1, 70, 0, 70, 2, 1, 8, 0, NULL);
     attention_bwd_f64(o->adq, o->adk, o->adv, wt + 7, wt, wt + 100, wt + 200, o->ao, lse, 1, 70,
@@ -1414,8 +1461,10 @@ int main(void) {
     test_bias();
     test_add_accumulate_scale();
     test_swiglu();
-    test_rmsnorm(1);
-    test_rmsnorm(1e-3);  // mean(x^2) ~ eps: eps matters
+    test_geglu();
+    test_rmsnorm(1, 0);
+    test_rmsnorm(1e-3, 0);  // mean(x^2) ~ eps: eps matters
+    test_rmsnorm(1, 1);     // Gemma's 1 + w
     test_embedding();
     test_rope();
 
@@ -1473,7 +1522,8 @@ int main(void) {
     // rows over two key tiles.
     test_f32_attention(0, 300, 20);
     test_f32_ce();
-    test_f32_rmsnorm();
+    test_f32_rmsnorm(0);
+    test_f32_rmsnorm(1);
     test_threads();
     // GPT-2's ops and LoRA's dropout (after the rest, so their random inputs stay as they were).
     test_layernorm();

@@ -164,6 +164,25 @@ def cases():
                           warmup_steps=1, weight_decay=0.1, max_grad_norm=1.0),
         shard_version=1, n_tokens=1200, expect_clip=False,
         contrast=dict(use_sliding_window=False)))
+    # (g3) Gemma 3 text, shaped as gemma-3-1b is but tiny: (1 + w) norms, scaled embeddings,
+    # sandwich norms, GeGLU, q/k norms, head_dim 16 != C/Hq = 12 (query_pre_attn_scalar 16),
+    # GQA 4/2, tied embeddings, pad row 0; sliding_window_pattern 2 (layers 0 and 2 slide over
+    # 5 keys with RoPE base 10000, layer 1 is global with base 1e6 and linear scaling x4)
+    out.append(dict(
+        name="g3_gemma3_sandwich",
+        cfg=R.make_config(vocab_size=80, hidden_size=48, intermediate_size=96,
+                          num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+                          head_dim=16, model_type="gemma3_text", rms_norm_eps=1e-6,
+                          tie_word_embeddings=True, rope_theta=1000000.0,
+                          rope_scaling={"rope_type": "linear", "factor": 4.0},
+                          hidden_act="gelu_pytorch_tanh", hidden_activation="gelu_pytorch_tanh",
+                          query_pre_attn_scalar=16, sliding_window=5, sliding_window_pattern=2,
+                          rope_local_base_freq=10000.0, pad_token_id=0),
+        tc=R.train_config(sequence_len=17, micro_batch_size=2, gradient_accumulation_steps=2,
+                          max_steps=4, learning_rate=5e-3, lr_scheduler="cosine",
+                          warmup_steps=2, weight_decay=0.1, max_grad_norm=1.0),
+        shard_version=2, n_tokens=1500, expect_clip=False, init=dict(embed_std=0.1),
+        contrast=dict(sliding_window_pattern=1)))
     # (k) unfrozen_parameters, Axolotl's rules (the reference applies them with Python's re):
     # only the matching tensors train, and the grad norm, clipping and AdamW cover them alone;
     # a '.' before '+' stays a wildcard, the others are literal; a match is anchored at the start.

@@ -54,6 +54,24 @@ static void run(CudaCtx *c, size_t n, int off) {
     check(NAME("swiglu_bwd dup"), got_of(du), rdu, tol_for(bf));
     k_swiglu_bwd(c, (char *)ddh + o * es, (char *)du + o * es, (char *)ddh + o * es, da + o * es, db + o * es, n);
     check(NAME("swiglu_bwd dgate aliasing dh"), got_of(ddh), rdg, tol_for(bf));
+    // GeGLU (Gemma): h = gelu_tanh(g) * u, and its backward (dgate may alias dh)
+    auto gk = sqrt(2.0 / M_PI);
+    auto gt = [&](double g) { return tanh(gk * (g + 0.044715 * g * g * g)); };
+    k_geglu_fwd(c, (char *)dh + o * es, da + o * es, db + o * es, n);
+    check(NAME("geglu_fwd"), got_of(dh), ref_of([&](size_t i) { return 0.5 * a[i] * (1 + gt(a[i])) * b[i]; }), tol_for(bf));
+    void *d0 = up_act(d, bf);  // dh again: the aliased swiglu_bwd above overwrote it
+    CUDA_CHECK(dev_copy(ddh, d0, (n + 1) * es, cudaMemcpyDeviceToDevice));
+    cudaFree(d0);
+    auto gdg = ref_of([&](size_t i) {
+        double g = a[i], t = gt(g), dt = gk * (1 + 3 * 0.044715 * g * g);
+        return d[i] * b[i] * (0.5 * (1 + t) + 0.5 * g * (1 - t * t) * dt);
+    });
+    auto gdu = ref_of([&](size_t i) { return d[i] * 0.5 * a[i] * (1 + gt(a[i])); });
+    k_geglu_bwd(c, (char *)dg + o * es, (char *)du + o * es, (char *)ddh + o * es, da + o * es, db + o * es, n);
+    check(NAME("geglu_bwd dgate"), got_of(dg), gdg, tol_for(bf));
+    check(NAME("geglu_bwd dup"), got_of(du), gdu, tol_for(bf));
+    k_geglu_bwd(c, (char *)ddh + o * es, (char *)du + o * es, (char *)ddh + o * es, da + o * es, db + o * es, n);
+    check(NAME("geglu_bwd dgate aliasing dh"), got_of(ddh), gdg, tol_for(bf));
     // dropout: y = keep ? x / (1 - p) : 0, the CPU's mask exactly
     const float p = 0.3f;
     const uint64_t seed = 0x1234567890abcdefULL;

@@ -157,7 +157,7 @@ static void case_norm(Backend *bk, int layer) {
     bk->memzero(bk, dxg, (size_t)N * C * 2, NULL);
     float *stats = (float *)bk->dev_alloc(bk, 2 * N * sizeof(float), "stats");
     if (layer) bk->layernorm_fwd(bk, out, stats, stats + N, dx, dw, dbias, N, C, 1e-5f);
-    else bk->rmsnorm_fwd(bk, out, stats, dx, dw, N, C, 1e-5f);
+    else bk->rmsnorm_fwd(bk, out, stats, dx, dw, 0.0f, N, C, 1e-5f);
     std::vector<std::vector<double>> cw(VARIANTS, std::vector<double>(C, 0.0)), cb = cw;
     std::vector<void *> dy(VARIANTS);
     for (int v = 0; v < VARIANTS; v++) {
@@ -184,7 +184,7 @@ static void case_norm(Backend *bk, int layer) {
               down_grad(bk, gb, C), ref, TOL);
     } else {
         accumulate_case(bk, "rmsnorm_bwd dw (norms, q/k norms)", gw0, gw, cw, [&](int v) {
-            bk->rmsnorm_bwd(bk, dxg, gw, dy[v], dx, dw, stats, N, C);
+            bk->rmsnorm_bwd(bk, dxg, gw, dy[v], dx, dw, 0.0f, stats, N, C);
         });
     }
     for (auto p : dy) bk->dev_free(bk, p);

@@ -213,14 +213,14 @@ static void cpu_embedding_bwd(Backend *bk, float *dt, const void *dout, const in
     embedding_bwd_f32(dt, dout, tok, N, C);
 }
 static void cpu_rmsnorm_fwd(Backend *bk, void *out, float *rstd, const void *x, const void *w,
-                            int N, int C, float eps) {
+                            float w_add, int N, int C, float eps) {
     (void)bk;
-    rmsnorm_fwd_f32(out, rstd, x, w, N, C, eps);
+    rmsnorm_fwd_f32(out, rstd, x, w, w_add, N, C, eps);
 }
 static void cpu_rmsnorm_bwd(Backend *bk, void *dx, float *dw, const void *dy, const void *x,
-                            const void *w, const float *rstd, int N, int C) {
+                            const void *w, float w_add, const float *rstd, int N, int C) {
     (void)bk;
-    rmsnorm_bwd_f32(dx, dw, dy, x, w, rstd, N, C);
+    rmsnorm_bwd_f32(dx, dw, dy, x, w, w_add, rstd, N, C);
 }
 static void cpu_layernorm_fwd(Backend *bk, void *out, float *mean, float *rstd, const void *x,
                               const void *w, const void *b, int N, int C, float eps) {
@@ -284,6 +284,15 @@ static void cpu_swiglu_bwd(Backend *bk, void *dg, void *du, const void *dh, cons
                            const void *u, size_t n) {
     (void)bk;
     swiglu_bwd_f32(dg, du, dh, g, u, n);
+}
+static void cpu_geglu_fwd(Backend *bk, void *h, const void *g, const void *u, size_t n) {
+    (void)bk;
+    geglu_fwd_f32(h, g, u, n);
+}
+static void cpu_geglu_bwd(Backend *bk, void *dg, void *du, const void *dh, const void *g,
+                          const void *u, size_t n) {
+    (void)bk;
+    geglu_bwd_f32(dg, du, dh, g, u, n);
 }
 static void cpu_classifier_ce(Backend *bk, float *losses, void *dx, float *dW, const void *x,
                               const void *W, const int32_t *tgt, int N, int V, int C, float scale) {
@@ -397,6 +406,8 @@ Backend *backend_cpu_create(int threads) {
     bk->swiglu_fwd = cpu_swiglu_fwd;
     bk->dropout = cpu_dropout;
     bk->swiglu_bwd = cpu_swiglu_bwd;
+    bk->geglu_fwd = cpu_geglu_fwd;
+    bk->geglu_bwd = cpu_geglu_bwd;
     bk->classifier_ce = cpu_classifier_ce;
     bk->sumsq_many = cpu_sumsq_many;
     bk->sum_f32 = cpu_sum_f32;

@@ -17,15 +17,17 @@
     void scale_##S(R *y, R s, size_t n);                                                         \
     void embedding_fwd_##S(R *out, const int32_t *tok, const R *table, int N, int C);            \
     void embedding_bwd_##S(R *dtable, const R *dout, const int32_t *tok, int N, int C);          \
-    void rmsnorm_fwd_##S(R *out, R *rstd, const R *x, const R *w, int N, int C, R eps);          \
-    void rmsnorm_bwd_##S(R *dx, R *dw, const R *dy, const R *x, const R *w, const R *rstd,       \
-                         int N, int C);                                                          \
+    void rmsnorm_fwd_##S(R *out, R *rstd, const R *x, const R *w, R w_add, int N, int C, R eps); \
+    void rmsnorm_bwd_##S(R *dx, R *dw, const R *dy, const R *x, const R *w, R w_add,             \
+                         const R *rstd, int N, int C);                                           \
     void layernorm_fwd_##S(R *out, float *mean, float *rstd, const R *x, const R *w, const R *b,   \
                            int N, int C, R eps);                                                 \
     void layernorm_bwd_##S(R *dx, R *dw, R *db, const R *dy, const R *x, const R *w,             \
                            const float *mean, const float *rstd, int N, int C);                  \
     void gelu_fwd_##S(R *y, const R *x, size_t n);                                               \
     void gelu_bwd_##S(R *dx, const R *dy, const R *x, size_t n);                                 \
+    void geglu_fwd_##S(R *h, const R *gate, const R *up, size_t n);                              \
+    void geglu_bwd_##S(R *dgate, R *dup, const R *dh, const R *gate, const R *up, size_t n);     \
     void pos_fwd_##S(R *out, const R *wpe, int B, int T, int C);                                 \
     void pos_bwd_##S(R *dwpe, const R *dout, int B, int T, int C);                               \
     void rope_fwd_##S(R *x, const float *cosv, const float *sinv, const int32_t *pos, int B,    \
@@ -60,7 +62,7 @@ DECLARE_KERNELS(double, f64)
 #define KERNEL_NAMES(X) \
     X(matmul) X(matmul_many) X(add_bias) X(bias_grad) X(add) X(accumulate) X(scale) X(embedding_fwd) \
     X(embedding_bwd) X(rmsnorm_fwd) X(rmsnorm_bwd) X(layernorm_fwd) X(layernorm_bwd) \
-    X(gelu_fwd) X(gelu_bwd) X(pos_fwd) X(pos_bwd) X(rope_fwd) X(rope_bwd) X(attention_block) \
+    X(gelu_fwd) X(gelu_bwd) X(geglu_fwd) X(geglu_bwd) X(pos_fwd) X(pos_bwd) X(rope_fwd) X(rope_bwd) X(attention_block) \
     X(attention_fwd) X(attention_bwd) X(swiglu_fwd) X(dropout) X(swiglu_bwd) X(classifier_ce) \
     X(sumsq) X(exp_inplace) X(adamw)
 

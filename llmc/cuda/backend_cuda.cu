@@ -447,13 +447,13 @@ static void cu_embedding_fwd(Backend *bk, void *out, const int32_t *tok, const v
 static void cu_embedding_bwd(Backend *bk, float *dt, const void *dout, const int32_t *tok, int N, int C, int V) {
     k_embedding_bwd(ctx_of(bk), dt, dout, tok, N, C, V);
 }
-static void cu_rmsnorm_fwd(Backend *bk, void *out, float *rstd, const void *x, const void *w, int N, int C,
-                           float eps) {
-    k_rmsnorm_fwd(ctx_of(bk), out, rstd, x, w, N, C, eps);
+static void cu_rmsnorm_fwd(Backend *bk, void *out, float *rstd, const void *x, const void *w, float w_add, int N,
+                           int C, float eps) {
+    k_rmsnorm_fwd(ctx_of(bk), out, rstd, x, w, w_add, N, C, eps);
 }
 static void cu_rmsnorm_bwd(Backend *bk, void *dx, float *dw, const void *dy, const void *x, const void *w,
-                           const float *rstd, int N, int C) {
-    k_rmsnorm_bwd(ctx_of(bk), dx, dw, dy, x, w, rstd, N, C);
+                           float w_add, const float *rstd, int N, int C) {
+    k_rmsnorm_bwd(ctx_of(bk), dx, dw, dy, x, w, w_add, rstd, N, C);
 }
 static void cu_layernorm_fwd(Backend *bk, void *out, float *mean, float *rstd, const void *x, const void *w,
                              const void *b, int N, int C, float eps) {
@@ -500,6 +500,12 @@ static void cu_swiglu_fwd(Backend *bk, void *h, const void *g, const void *u, si
 }
 static void cu_swiglu_bwd(Backend *bk, void *dg, void *du, const void *dh, const void *g, const void *u, size_t n) {
     k_swiglu_bwd(ctx_of(bk), dg, du, dh, g, u, n);
+}
+static void cu_geglu_fwd(Backend *bk, void *h, const void *g, const void *u, size_t n) {
+    k_geglu_fwd(ctx_of(bk), h, g, u, n);
+}
+static void cu_geglu_bwd(Backend *bk, void *dg, void *du, const void *dh, const void *g, const void *u, size_t n) {
+    k_geglu_bwd(ctx_of(bk), dg, du, dh, g, u, n);
 }
 static void cu_classifier_ce(Backend *bk, float *losses, void *dx, float *dW, const void *x, const void *W,
                              const int32_t *tgt, int N, int V, int C, float scale) {
@@ -639,6 +645,8 @@ extern "C" Backend *backend_cuda_create(int dtype_bf16, int device_index) {
     bk->dropout = cu_dropout;
     bk->swiglu_fwd = cu_swiglu_fwd;
     bk->swiglu_bwd = cu_swiglu_bwd;
+    bk->geglu_fwd = cu_geglu_fwd;
+    bk->geglu_bwd = cu_geglu_bwd;
     bk->classifier_ce = cu_classifier_ce;
     bk->sumsq_many = cu_sumsq_many;
     bk->attention_path = cu_attention_path;

@@ -123,6 +123,43 @@ template <class T, int V> struct DropoutOp {
     }
 };
 
+// GeGLU (Gemma): h = gelu(gate) * up, GELU's tanh approximation as in gpt2.cu.
+#define GEGLU_K 0.7978845608028654f  // sqrt(2/pi)
+template <class T, int V> struct GegluFwdOp {
+    T *h;
+    const T *gate, *up;
+    __device__ void operator()(size_t i) const {
+        float g[V], u[V];
+        load_f<V>(g, gate + i);
+        load_f<V>(u, up + i);
+#pragma unroll
+        for (int k = 0; k < V; k++)
+            g[k] = 0.5f * g[k] * (1.0f + tanhf(GEGLU_K * (g[k] + 0.044715f * g[k] * g[k] * g[k]))) * u[k];
+        store_f<V>(h + i, g);
+    }
+};
+
+// dgate may alias dh: every operand is loaded before anything is stored.
+template <class T, int V> struct GegluBwdOp {
+    T *dgate, *dup;
+    const T *dh, *gate, *up;
+    __device__ void operator()(size_t i) const {
+        float g[V], u[V], d[V], dg[V], du[V];
+        load_f<V>(g, gate + i);
+        load_f<V>(u, up + i);
+        load_f<V>(d, dh + i);
+#pragma unroll
+        for (int k = 0; k < V; k++) {
+            const float v = g[k], t = tanhf(GEGLU_K * (v + 0.044715f * v * v * v));
+            const float dt = GEGLU_K * (1.0f + 3.0f * 0.044715f * v * v);
+            dg[k] = d[k] * u[k] * (0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * dt);
+            du[k] = d[k] * 0.5f * v * (1.0f + t);
+        }
+        store_f<V>(dgate + i, dg);
+        store_f<V>(dup + i, du);
+    }
+};
+
 template <class T, int V> struct ToActOp {
     T *y;
     const float *x;
@@ -175,6 +212,19 @@ void k_swiglu_bwd(CudaCtx *c, void *dgate, void *dup, const void *dh, const void
     int ok_f = can_vec<float>(n, dgate, dup, dh) && can_vec<float>(n, gate, up);
     if (c->bf16) RUN_OP(bf16, n, ok_b, SwigluBwdOp, (bf16 *)dgate, (bf16 *)dup, (const bf16 *)dh, (const bf16 *)gate, (const bf16 *)up);
     else RUN_OP(float, n, ok_f, SwigluBwdOp, (float *)dgate, (float *)dup, (const float *)dh, (const float *)gate, (const float *)up);
+}
+
+void k_geglu_fwd(CudaCtx *c, void *h, const void *gate, const void *up, size_t n) {
+    if (c->bf16) RUN_OP(bf16, n, can_vec<bf16>(n, h, gate, up), GegluFwdOp, (bf16 *)h, (const bf16 *)gate, (const bf16 *)up);
+    else RUN_OP(float, n, can_vec<float>(n, h, gate, up), GegluFwdOp, (float *)h, (const float *)gate, (const float *)up);
+}
+
+void k_geglu_bwd(CudaCtx *c, void *dgate, void *dup, const void *dh, const void *gate,
+                 const void *up, size_t n) {
+    int ok_b = can_vec<bf16>(n, dgate, dup, dh) && can_vec<bf16>(n, gate, up);
+    int ok_f = can_vec<float>(n, dgate, dup, dh) && can_vec<float>(n, gate, up);
+    if (c->bf16) RUN_OP(bf16, n, ok_b, GegluBwdOp, (bf16 *)dgate, (bf16 *)dup, (const bf16 *)dh, (const bf16 *)gate, (const bf16 *)up);
+    else RUN_OP(float, n, ok_f, GegluBwdOp, (float *)dgate, (float *)dup, (const float *)dh, (const float *)gate, (const float *)up);
 }
 
 void k_dropout(CudaCtx *c, void *y, const void *x, size_t n, float p, uint64_t seed, size_t first) {

@@ -86,6 +86,9 @@ void k_bias_grad(CudaCtx *c, float *dbias, const void *dy, int N, int D);
 void k_swiglu_fwd(CudaCtx *c, void *h, const void *gate, const void *up, size_t n);
 void k_swiglu_bwd(CudaCtx *c, void *dgate, void *dup, const void *dh, const void *gate,
                   const void *up, size_t n);
+void k_geglu_fwd(CudaCtx *c, void *h, const void *gate, const void *up, size_t n);
+void k_geglu_bwd(CudaCtx *c, void *dgate, void *dup, const void *dh, const void *gate,
+                 const void *up, size_t n);
 void k_dropout(CudaCtx *c, void *y, const void *x, size_t n, float p, uint64_t seed, size_t first);
 // float <-> act conversion on the device (src and dst may not overlap).
 void k_f32_to_act(CudaCtx *c, void *dst, const float *src, size_t n);
@@ -105,10 +108,11 @@ void k_embedding_bwd(CudaCtx *c, float *dtable, const void *dout, const int32_t 
                      int C, int V);
 
 // ---- norms.cu --------------------------------------------------------------------------------
-void k_rmsnorm_fwd(CudaCtx *c, void *out, float *rstd, const void *x, const void *w, int N, int C,
-                   float eps);
+// w_add: the norm applies w + w_add (1: Gemma's 1 + w), added in float.
+void k_rmsnorm_fwd(CudaCtx *c, void *out, float *rstd, const void *x, const void *w, float w_add, int N,
+                   int C, float eps);
 void k_rmsnorm_bwd(CudaCtx *c, void *dx, float *dw, const void *dout, const void *x, const void *w,
-                   const float *rstd, int N, int C);
+                   float w_add, const float *rstd, int N, int C);
 
 // ---- gpt2.cu (GPT-2's ops) ------------------------------------------------------------------
 void k_layernorm_fwd(CudaCtx *c, void *out, float *mean, float *rstd, const void *x, const void *w, const void *b,

@@ -8,7 +8,7 @@
 #define ROWS_PER_BLOCK 4
 
 template <class T, int V> __global__ void rmsnorm_fwd_kernel(T *out, float *rstd, const T *x, const T *w,
-                                                            int N, int C, float eps) {
+                                                            float w_add, int N, int C, float eps) {
     const int row = blockIdx.x * ROWS_PER_BLOCK + (threadIdx.x >> 5), lane = threadIdx.x & 31;
     if (row >= N) return;
     const T *xr = x + (size_t)row * C;
@@ -28,32 +28,32 @@ template <class T, int V> __global__ void rmsnorm_fwd_kernel(T *out, float *rstd
         load_f<V>(a, xr + c);
         load_f<V>(g, w + c);
 #pragma unroll
-        for (int k = 0; k < V; k++) a[k] = (a[k] * r) * g[k];
+        for (int k = 0; k < V; k++) a[k] = (a[k] * r) * (g[k] + w_add);
         store_f<V>(o + c, a);
     }
 }
 
-void k_rmsnorm_fwd(CudaCtx *c, void *out, float *rstd, const void *x, const void *w, int N, int C,
-                   float eps) {
+void k_rmsnorm_fwd(CudaCtx *c, void *out, float *rstd, const void *x, const void *w, float w_add, int N,
+                   int C, float eps) {
     if (N <= 0) return;
     const unsigned g = (N + ROWS_PER_BLOCK - 1) / ROWS_PER_BLOCK, t = 32 * ROWS_PER_BLOCK;
     if (c->bf16) {
         if (C % 8 == 0 && can_vec<bf16>((size_t)C, out, x, w))
-            LAUNCH(g, t, 0, c->stream, rmsnorm_fwd_kernel<bf16, 8>)((bf16 *)out, rstd, (const bf16 *)x, (const bf16 *)w, N, C, eps);
+            LAUNCH(g, t, 0, c->stream, rmsnorm_fwd_kernel<bf16, 8>)((bf16 *)out, rstd, (const bf16 *)x, (const bf16 *)w, w_add, N, C, eps);
         else
-            LAUNCH(g, t, 0, c->stream, rmsnorm_fwd_kernel<bf16, 1>)((bf16 *)out, rstd, (const bf16 *)x, (const bf16 *)w, N, C, eps);
+            LAUNCH(g, t, 0, c->stream, rmsnorm_fwd_kernel<bf16, 1>)((bf16 *)out, rstd, (const bf16 *)x, (const bf16 *)w, w_add, N, C, eps);
     } else {
         if (C % 4 == 0 && can_vec<float>((size_t)C, out, x, w))
-            LAUNCH(g, t, 0, c->stream, rmsnorm_fwd_kernel<float, 4>)((float *)out, rstd, (const float *)x, (const float *)w, N, C, eps);
+            LAUNCH(g, t, 0, c->stream, rmsnorm_fwd_kernel<float, 4>)((float *)out, rstd, (const float *)x, (const float *)w, w_add, N, C, eps);
         else
-            LAUNCH(g, t, 0, c->stream, rmsnorm_fwd_kernel<float, 1>)((float *)out, rstd, (const float *)x, (const float *)w, N, C, eps);
+            LAUNCH(g, t, 0, c->stream, rmsnorm_fwd_kernel<float, 1>)((float *)out, rstd, (const float *)x, (const float *)w, w_add, N, C, eps);
     }
     LAUNCH_CHECK("rmsnorm_fwd");
 }
 
 // dx += r * w * dy - x * (r^3 / C) * sum(w * dy * x)
 template <class T, int V> __global__ void rmsnorm_bwd_dx_kernel(T *dx, const T *dy, const T *x, const T *w,
-                                                               const float *rstd, int N, int C) {
+                                                               float w_add, const float *rstd, int N, int C) {
     const int row = blockIdx.x * ROWS_PER_BLOCK + (threadIdx.x >> 5), lane = threadIdx.x & 31;
     if (row >= N) return;
     const T *xr = x + (size_t)row * C, *g = dy + (size_t)row * C;
@@ -65,7 +65,7 @@ template <class T, int V> __global__ void rmsnorm_bwd_dx_kernel(T *dx, const T *
         load_f<V>(b, g + c);
         load_f<V>(ww, w + c);
 #pragma unroll
-        for (int k = 0; k < V; k++) dot += ww[k] * b[k] * a[k];
+        for (int k = 0; k < V; k++) dot += (ww[k] + w_add) * b[k] * a[k];
     }
     dot = warp_sum(dot);
     const float kk = dot * r * r * r / (float)C;
@@ -77,7 +77,7 @@ template <class T, int V> __global__ void rmsnorm_bwd_dx_kernel(T *dx, const T *
         load_f<V>(ww, w + c);
         load_f<V>(o, d + c);
 #pragma unroll
-        for (int k = 0; k < V; k++) o[k] += r * ww[k] * b[k] - a[k] * kk;
+        for (int k = 0; k < V; k++) o[k] += r * (ww[k] + w_add) * b[k] - a[k] * kk;
         store_f<V>(d + c, o);
     }
 }
@@ -106,19 +106,19 @@ __global__ void rmsnorm_dw_finish_kernel(float *dw, const float *part, int R, in
 }
 
 void k_rmsnorm_bwd(CudaCtx *c, void *dx, float *dw, const void *dout, const void *x, const void *w,
-                   const float *rstd, int N, int C) {
+                   float w_add, const float *rstd, int N, int C) {
     if (N <= 0) return;
     const unsigned g = (N + ROWS_PER_BLOCK - 1) / ROWS_PER_BLOCK, t = 32 * ROWS_PER_BLOCK;
     if (c->bf16) {
         if (C % 8 == 0 && can_vec<bf16>((size_t)C, dx, dout, x) && can_vec<bf16>((size_t)C, w))
-            LAUNCH(g, t, 0, c->stream, rmsnorm_bwd_dx_kernel<bf16, 8>)((bf16 *)dx, (const bf16 *)dout, (const bf16 *)x, (const bf16 *)w, rstd, N, C);
+            LAUNCH(g, t, 0, c->stream, rmsnorm_bwd_dx_kernel<bf16, 8>)((bf16 *)dx, (const bf16 *)dout, (const bf16 *)x, (const bf16 *)w, w_add, rstd, N, C);
         else
-            LAUNCH(g, t, 0, c->stream, rmsnorm_bwd_dx_kernel<bf16, 1>)((bf16 *)dx, (const bf16 *)dout, (const bf16 *)x, (const bf16 *)w, rstd, N, C);
+            LAUNCH(g, t, 0, c->stream, rmsnorm_bwd_dx_kernel<bf16, 1>)((bf16 *)dx, (const bf16 *)dout, (const bf16 *)x, (const bf16 *)w, w_add, rstd, N, C);
     } else {
         if (C % 4 == 0 && can_vec<float>((size_t)C, dx, dout, x) && can_vec<float>((size_t)C, w))
-            LAUNCH(g, t, 0, c->stream, rmsnorm_bwd_dx_kernel<float, 4>)((float *)dx, (const float *)dout, (const float *)x, (const float *)w, rstd, N, C);
+            LAUNCH(g, t, 0, c->stream, rmsnorm_bwd_dx_kernel<float, 4>)((float *)dx, (const float *)dout, (const float *)x, (const float *)w, w_add, rstd, N, C);
         else
-            LAUNCH(g, t, 0, c->stream, rmsnorm_bwd_dx_kernel<float, 1>)((float *)dx, (const float *)dout, (const float *)x, (const float *)w, rstd, N, C);
+            LAUNCH(g, t, 0, c->stream, rmsnorm_bwd_dx_kernel<float, 1>)((float *)dx, (const float *)dout, (const float *)x, (const float *)w, w_add, rstd, N, C);
     }
     LAUNCH_CHECK("rmsnorm_bwd");
     if (!dw) return;  // frozen norm weight
