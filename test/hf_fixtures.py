@@ -38,6 +38,10 @@ KINDS = {
               "template": ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\n' + m['content'] + "
                            "'<|im_end|>\n' }}{% endfor %}{% if add_generation_prompt %}"
                            "{{ '<|im_start|>assistant\n' }}{% endif %}")},
+    # Gemma 3: <bos> in front, eos <eos>, pad <pad>; turns <start_of_turn> .. <end_of_turn>. No
+    # template of its own here: tests name chat_template: gemma3, as Axolotl's examples do.
+    "gemma3": {"specials": ["<pad>", "<eos>", "<bos>", "<start_of_turn>", "<end_of_turn>"], "bos": "<bos>",
+               "eos": "<eos>", "pad": "<pad>", "template": None},
 }
 
 
@@ -94,7 +98,7 @@ def hub_dir(hf_home, repo_id, rev="0123456789abcdef0123456789abcdef01234567"):
     return snap
 
 
-FAMILY_OF = {"llama3": "llama", "llama2": "mistral", "qwen2": "qwen2"}
+FAMILY_OF = {"llama3": "llama", "llama2": "mistral", "qwen2": "qwen2", "gemma3": "gemma3_text"}
 
 
 def make_model(d, kind="llama3", vocab_size=1024, seed=0, **shape):
@@ -107,6 +111,9 @@ def make_model(d, kind="llama3", vocab_size=1024, seed=0, **shape):
         extra["sliding_window"] = 4096
     if mt == "qwen2":
         extra.update(attention_bias=True, use_sliding_window=False, sliding_window=4096, max_window_layers=2)
+    if mt == "gemma3_text":
+        extra.update(head_dim=16, hidden_act="gelu_pytorch_tanh", hidden_activation="gelu_pytorch_tanh",
+                     query_pre_attn_scalar=16, sliding_window=512, sliding_window_pattern=2, pad_token_id=0)
     dims = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                 num_key_value_heads=2, max_position_embeddings=8192)
     dims.update(shape)

@@ -8,6 +8,9 @@ issue states them), with byte-level BPE tokenizers made by test/hf_fixtures.py:
                     turn's content + <|eot_id|> when eos_token is <|eot_id|>; headers never trained;
                     train_on_eos all/last; without the eos override the turn end is not trained
   chat_chatml       tokenizer_default chatml template, eot_tokens [<|im_end|>]; legacy rule
+  chat_gemma3       chat_template: gemma3 (Axolotl's Gemma 3 examples), eot_tokens [<end_of_turn>]:
+                    the text is <bos><start_of_turn>user\n(system\n\n)... with the assistant as
+                    "model"; each trained run is one assistant turn's content + <end_of_turn>
   input_output      segments with label flags, no special tokens added
   completion        long texts cut into sequence_len pieces, every token trained, EOS at the end
   pretraining       pretraining_dataset plain text, packed, documents isolated
@@ -48,7 +51,7 @@ class Env:
     def __init__(self, root):
         self.root = root
         self.tok = {}
-        for kind in ("llama3", "llama2", "qwen2"):
+        for kind in ("llama3", "llama2", "qwen2", "gemma3"):
             d = os.path.join(root, "tok_" + kind)
             F.make_tokenizer(d, kind)
             self.tok[kind] = d
@@ -239,6 +242,35 @@ def case_chat_chatml(e):
             break
     check("chat chatml: roles_to_train [] and train_on_eos none = Axolotl's legacy rule (everything after the "
           "last prompt)", ok)
+
+
+def case_chat_gemma3(e):
+    hf = e.hf["gemma3"]
+    rows = F.sharegpt_rows(8, seed=5)
+    sp = e.spec({"datasets": [{"path": "g.jsonl", "type": "chat_template", "field_messages": "conversations",
+                               "message_property_mappings": {"role": "from", "content": "value"}}],
+                 "chat_template": "gemma3", "eot_tokens": ["<end_of_turn>"]}, kind="gemma3")
+    e.data(sp, "g.jsonl", rows)
+    d, _ = e.run(sp)
+    docs = docs_of(os.path.join(d, "train.bin"))[1]
+    got = sorted(dec(hf, run) for tk, tg in docs for run in trained_runs(tk, tg))
+    want = sorted(m["value"].strip() + "<end_of_turn>" for r in rows for m in r["conversations"] if m["from"] == "gpt")
+    texts = {dec(hf, tk) for tk, tg in docs}
+    # Gemma's format, spelled out: the system text opens the first user turn.
+    wtexts = set()
+    for r in rows:
+        t, carry = "<bos>", ""
+        for m in r["conversations"]:
+            if m["from"] == "system":
+                carry = m["value"] + "\n\n"
+                continue
+            t += "<start_of_turn>%s\n%s%s<end_of_turn>\n" % ("model" if m["from"] == "gpt" else "user", carry,
+                                                                 m["value"].strip())
+            carry = ""
+        wtexts.add(t)
+    check("chat gemma3: trained runs = assistant content + <end_of_turn> (%d turns), texts in Gemma's turn format"
+          % len(want), got == want and texts == wtexts,
+          "got %r want %r; texts %r want %r" % (got[:2], want[:2], sorted(texts)[:1], sorted(wtexts)[:1]))
 
 
 def case_input_output(e):
@@ -696,7 +728,7 @@ def case_tokens_saved_tokenizer(e):
     check("shrink_embeddings with no spare rows: nothing to resize", e.err(sp8) == "", e.err(sp8))
 
 
-CASES = [case_alpaca, case_tokens_saved_tokenizer, case_dataset_keys, case_shard_tokenizer_keys, case_chat_llama3, case_chat_chatml, case_input_output, case_completion, case_pretraining,
+CASES = [case_alpaca, case_tokens_saved_tokenizer, case_dataset_keys, case_shard_tokenizer_keys, case_chat_llama3, case_chat_chatml, case_chat_gemma3, case_input_output, case_completion, case_pretraining,
          case_packing, case_val_split, case_excess_length, case_formats, case_cache, case_errors]
 
 
