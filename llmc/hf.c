@@ -269,6 +269,17 @@ static void read_gemma3_keys(const char *path, const cJSON *root, ModelConfig *c
         fail("%s: 'rope_local_base_freq' must be a positive finite number, got %g", path, c->rope_local_theta);
     c->sliding_pattern = opt_int(path, root, "sliding_window_pattern", 6);
     if (c->sliding_pattern < 1) fail("%s: 'sliding_window_pattern' must be a positive integer", path);
+    // transformers >= 4.53 saves layer_types and not the pattern: then the first global layer
+    // gives it (read_root checks the whole list against it).
+    const cJSON *lt = get(root, "layer_types");
+    if (!get(root, "sliding_window_pattern") && cJSON_IsArray(lt)) {
+        int n = cJSON_GetArraySize(lt), first = n;
+        for (int l = n - 1; l >= 0; l--) {
+            const cJSON *t = cJSON_GetArrayItem(lt, l);
+            if (cJSON_IsString(t) && !strcmp(t->valuestring, "full_attention")) first = l;
+        }
+        c->sliding_pattern = first + 1;
+    }
 }
 
 // Reads *c from a parsed config.json; `path` names it in messages.

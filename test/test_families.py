@@ -32,6 +32,8 @@ test/test_torch_ref.py (cases f-j).
                       3 MLP row chunks); LoRA on all seven projections with recompute and layer
                       streaming gives the plain LoRA run's bits; config.json written back with
                       Gemma 3's keys (layer_types, rope_local_base_freq, ...) and trained again.
+  gemma3_layer_types  a Gemma 3 config.json with layer_types and no sliding_window_pattern (as
+                      transformers >= 4.53 writes it): the pattern is read from the list.
   gemma3_refusals     what Gemma 3 configs can ask that is not implemented stops with a one-line
                       error naming the key: logit soft-capping, query_pre_attn_scalar other than
                       head_dim, another activation, bidirectional attention, layer_types against
@@ -317,6 +319,30 @@ def case_gemma3_modes(root):
                   f"streaming bit-identical")
 
 
+def case_gemma3_layer_types(root):
+    """layer_types without sliding_window_pattern (as transformers >= 4.53 saves a Gemma 3
+    config): the pattern is the list's; the first loss is the reference's for that pattern."""
+    errs = []
+    for pat in (2, 3):
+        cfg = gemma3_cfg(num_hidden_layers=3, sliding_window=3)
+        cfg.pop("sliding_window_pattern")
+        cfg["layer_types"] = ["full_attention" if (i + 1) % pat == 0 else "sliding_attention" for i in range(3)]
+        work = os.path.join(root, "gemma3_lt%d" % pat)
+        model_dir, shard, tokens, weights = setup(work, cfg, 600, seed=9)
+        tc = R.train_config(sequence_len=12, micro_batch_size=1, max_steps=1, learning_rate=1e-3,
+                            warmup_steps=0, lr_scheduler="constant")
+        tc.update(base_model=model_dir, train_data=shard, output_dir=os.path.join(work, "out"))
+        run(work, tc)
+        rows = R.read_metrics(os.path.join(work, "out", "metrics.jsonl"))
+        ref = R.batch_loss(dict(cfg, sliding_window_pattern=pat), weights, R.step_batches(tokens, 1, 12, 1, 1))
+        if rel(rows[0]["loss"], ref) > LOSS_RTOL:
+            errs.append(f"pattern {pat} from layer_types: loss {rows[0]['loss']} vs reference {ref}")
+        got = read_json(os.path.join(work, "out", "config.json"))
+        if got.get("sliding_window_pattern") != pat or got.get("layer_types") != cfg["layer_types"]:
+            errs.append(f"pattern {pat}: written back as {got.get('sliding_window_pattern')} / {got.get('layer_types')}")
+    return errs, "patterns 2 and 3 read from layer_types alone"
+
+
 def case_gemma3_refusals(root):
     work = os.path.join(root, "gemma3_refusals")
     errs = []
@@ -479,7 +505,7 @@ def main():
     cases = [("qwen3_lora_window", case_qwen3_lora_window),
              ("config_write_back", case_config_write_back),
              ("qwen2_layer_types", case_qwen2_layer_types), ("gemma3_modes", case_gemma3_modes),
-             ("gemma3_refusals", case_gemma3_refusals),
+             ("gemma3_layer_types", case_gemma3_layer_types), ("gemma3_refusals", case_gemma3_refusals),
              ("yarn", case_yarn)]
     try:
         passed, failed = harness.run_cases(((n, lambda f=f: f(root)) for n, f in cases),
