@@ -98,6 +98,42 @@ def sha(path):
         return hashlib.sha256(f.read()).hexdigest()
 
 
+def run_modes(work, tc, modes, wfile, errs):
+    """tc run once per mode ({name: extra keys}, "plain" first); every other mode must give the
+    plain run's losses, grad norms and wfile bit for bit (else a line in errs). Returns the plain
+    run's metrics rows and output directory."""
+    got = {}
+    os.makedirs(work, exist_ok=True)
+    for name, extra in modes.items():
+        t = dict(tc, output_dir=os.path.join(work, name), **extra)
+        run(work, t, name + ".yaml")
+        rows = R.read_metrics(os.path.join(t["output_dir"], "metrics.jsonl"))
+        got[name] = ([(r["loss"], r["grad_norm"]) for r in rows], sha(os.path.join(t["output_dir"], wfile)))
+        if name == "plain":
+            plain = rows, t["output_dir"]
+        elif got[name][0] != got["plain"][0]:
+            errs.append(f"{name}: losses/grad norms {got[name][0]} differ from the plain run's {got['plain'][0]}")
+        elif got[name][1] != got["plain"][1]:
+            errs.append(f"{name}: {wfile} differs from the plain run's")
+    return plain
+
+
+def ref_errors(rows, ref, steps, errs):
+    """Each step's loss (LOSS_RTOL) and grad norm (GN_RTOL) against the reference's; returns the
+    worst loss error."""
+    worst = 0.0
+    if len(rows) != steps:
+        errs.append(f"{len(rows)} metrics rows, expected {steps}")
+    for s, r in enumerate(rows[:steps]):
+        e = rel(r["loss"], ref["losses"][s])
+        worst = max(worst, e)
+        if e > LOSS_RTOL:
+            errs.append(f"step {s + 1}: loss {r['loss']} vs ref {ref['losses'][s]}")
+        if rel(r["grad_norm"], ref["grad_norms"][s]) > GN_RTOL:
+            errs.append(f"step {s + 1}: grad_norm {r['grad_norm']} vs ref {ref['grad_norms'][s]}")
+    return worst
+
+
 def qwen3_cfg(**kw):
     c = dict(vocab_size=64, hidden_size=48, intermediate_size=64, num_hidden_layers=2,
              num_attention_heads=4, num_key_value_heads=2, head_dim=16, model_type="qwen3",
@@ -130,41 +166,19 @@ def case_qwen3_lora_window(root):
         "selective_offloaded": {"gradient_checkpointing": "selective",
                                 "activation_offloading": "true", "min_offload_size": 0},
     }
-    got = {}
-    worst_l = worst_w = 0.0
-    for name, extra in modes.items():
-        t = dict(tc, output_dir=os.path.join(work, name))
-        t.update(extra)
-        run(work, t, name + ".yaml")
-        rows = R.read_metrics(os.path.join(t["output_dir"], "metrics.jsonl"))
-        apath = os.path.join(t["output_dir"], "adapter_model.safetensors")
-        got[name] = ([(r["loss"], r["grad_norm"]) for r in rows], sha(apath))
-        if name != "plain":
-            if got[name][0] != got["plain"][0]:
-                errs.append(f"{name}: losses/grad norms {got[name][0]} differ from the plain run's "
-                            f"{got['plain'][0]}")
-            if got[name][1] != got["plain"][1]:
-                errs.append(f"{name}: adapter_model.safetensors differs from the plain run's")
+    rows, out_dir = run_modes(work, tc, modes, "adapter_model.safetensors", errs)
+    worst_l = ref_errors(rows, ref, 3, errs)
+    out = R.read_safetensors(os.path.join(out_dir, "adapter_model.safetensors"))
+    worst_w = 0.0
+    for k, v in ref["adapter"].items():
+        g = out.get(R.PEFT_PREFIX + k)
+        if g is None:
+            errs.append(f"adapter lacks {k}")
             continue
-        for s, r in enumerate(rows):
-            e = rel(r["loss"], ref["losses"][s])
-            worst_l = max(worst_l, e)
-            if e > LOSS_RTOL:
-                errs.append(f"step {s + 1}: loss {r['loss']} vs ref {ref['losses'][s]}")
-            if rel(r["grad_norm"], ref["grad_norms"][s]) > GN_RTOL:
-                errs.append(f"step {s + 1}: grad_norm {r['grad_norm']} vs ref {ref['grad_norms'][s]}")
-        if len(rows) != 3:
-            errs.append(f"{len(rows)} metrics rows, expected 3")
-        out = R.read_safetensors(apath)
-        for k, v in ref["adapter"].items():
-            g = out.get(R.PEFT_PREFIX + k)
-            if g is None:
-                errs.append(f"adapter lacks {k}")
-                continue
-            d = float(np.max(np.abs(g.astype(np.float64) - v)))
-            worst_w = max(worst_w, d)
-            if d > W_TOL * max(1.0, float(np.max(np.abs(v)))):
-                errs.append(f"adapter {k}: max diff {d:.3e}")
+        d = float(np.max(np.abs(g.astype(np.float64) - v)))
+        worst_w = max(worst_w, d)
+        if d > W_TOL * max(1.0, float(np.max(np.abs(v)))):
+            errs.append(f"adapter {k}: max diff {d:.3e}")
     return errs, f"loss rel {worst_l:.1e}, adapter max diff {worst_w:.1e}, modes bit-identical"
 
 
@@ -265,35 +279,15 @@ def case_gemma3_modes(root):
         "tiled_mlp_attention": {"tiled_mlp": "true", "tiled_attention": "true",
                                 "gradient_checkpointing": "true"},
     }
-    got = {}
-    worst_l = worst_w = 0.0
-    for name, extra in modes.items():
-        t = dict(tc, output_dir=os.path.join(work, name))
-        t.update(extra)
-        run(work, t, name + ".yaml")
-        rows = R.read_metrics(os.path.join(t["output_dir"], "metrics.jsonl"))
-        wpath = os.path.join(t["output_dir"], "model.safetensors")
-        got[name] = ([(r["loss"], r["grad_norm"]) for r in rows], sha(wpath))
-        if name != "plain":
-            if got[name] != got["plain"]:
-                errs.append(f"{name}: losses/grad norms {got[name][0]} or weights differ from the plain run's "
-                            f"{got['plain'][0]}")
-            continue
-        if len(rows) != 3:
-            errs.append(f"{len(rows)} metrics rows, expected 3")
-        for s, r in enumerate(rows):
-            e = rel(r["loss"], ref["losses"][s])
-            worst_l = max(worst_l, e)
-            if e > LOSS_RTOL:
-                errs.append(f"step {s + 1}: loss {r['loss']} vs ref {ref['losses'][s]}")
-            if rel(r["grad_norm"], ref["grad_norms"][s]) > GN_RTOL:
-                errs.append(f"step {s + 1}: grad_norm {r['grad_norm']} vs ref {ref['grad_norms'][s]}")
-        out = R.read_safetensors(wpath)
-        for k, v in ref["weights"].items():
-            d = float(np.max(np.abs(out[k].astype(np.float64) - v)))
-            worst_w = max(worst_w, d)
-            if d > W_TOL * max(1.0, float(np.max(np.abs(v)))):
-                errs.append(f"weight {k}: max diff {d:.3e}")
+    rows, out_dir = run_modes(work, tc, modes, "model.safetensors", errs)
+    worst_l = ref_errors(rows, ref, 3, errs)
+    out = R.read_safetensors(os.path.join(out_dir, "model.safetensors"))
+    worst_w = 0.0
+    for k, v in ref["weights"].items():
+        d = float(np.max(np.abs(out[k].astype(np.float64) - v)))
+        worst_w = max(worst_w, d)
+        if d > W_TOL * max(1.0, float(np.max(np.abs(v)))):
+            errs.append(f"weight {k}: max diff {d:.3e}")
     # LoRA: recompute + layer streaming (frozen layers from host blocks) against the plain LoRA run.
     spec = R.lora_spec(cfg, r=4, alpha=8, targets=list(R.LORA_TARGETS), seed=23, b_std=0.1)
     adir = os.path.join(work, "adapter_in")
@@ -301,20 +295,9 @@ def case_gemma3_modes(root):
     lora = dict(tc, adapter="lora", lora_r=4, lora_alpha=8, lora_dropout=0.0,
                 lora_target_modules=list(R.LORA_TARGETS), lora_model_dir=adir)
     lref = R.train_reference(cfg, weights, tokens, lora, lora=spec)
-    lgot = {}
-    for name, extra in (("lora_plain", {}), ("lora_streamed", {"gradient_checkpointing": "true",
-                                                                "layer_offloading": True})):
-        t = dict(lora, output_dir=os.path.join(work, name), **extra)
-        run(work, t, name + ".yaml")
-        rows = R.read_metrics(os.path.join(t["output_dir"], "metrics.jsonl"))
-        lgot[name] = ([(r["loss"], r["grad_norm"]) for r in rows],
-                      sha(os.path.join(t["output_dir"], "adapter_model.safetensors")))
-    if lgot["lora_streamed"] != lgot["lora_plain"]:
-        errs.append("lora_streamed: losses, grad norms or adapter differ from the plain LoRA run's")
-    for s, (l, g) in enumerate(lgot["lora_plain"][0]):
-        if rel(l, lref["losses"][s]) > LOSS_RTOL or rel(g, lref["grad_norms"][s]) > GN_RTOL:
-            errs.append(f"LoRA step {s + 1}: loss {l} / grad_norm {g} vs ref {lref['losses'][s]} / "
-                        f"{lref['grad_norms'][s]}")
+    lmodes = {"plain": {}, "lora_streamed": {"gradient_checkpointing": "true", "layer_offloading": True}}
+    lrows, _ = run_modes(os.path.join(work, "lora"), lora, lmodes, "adapter_model.safetensors", errs)
+    ref_errors(lrows, lref, 3, errs)
     return errs, (f"loss rel {worst_l:.1e}, weight max diff {worst_w:.1e}, {len(modes) - 1} modes and LoRA "
                   f"streaming bit-identical")
 

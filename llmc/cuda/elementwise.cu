@@ -65,7 +65,30 @@ template <class T, int V> struct ScaleOp {
     }
 };
 
-template <class T, int V> struct SwigluFwdOp {
+// The gated MLPs: h = act(gate) * up; backward dgate = dh * up * act'(gate), dup = dh * act(gate),
+// each activation's arithmetic in its own order (SwiGLU's as it always was).
+struct SiluAct {  // Llama: silu(g) = g * sigmoid(g)
+    __device__ static float fwd(float g, float u) { return g / (1.0f + expf(-g)) * u; }
+    __device__ static void bwd(float d, float g, float u, float &dg, float &du) {
+        const float s = 1.0f / (1.0f + expf(-g));
+        dg = d * u * s * (1.0f + g * (1.0f - s));
+        du = d * g * s;
+    }
+};
+#define GEGLU_K 0.7978845608028654f  // sqrt(2/pi)
+struct GeluTanhAct {  // Gemma: gelu_pytorch_tanh, as gpt2.cu's GELU
+    __device__ static float fwd(float g, float u) {
+        return 0.5f * g * (1.0f + tanhf(GEGLU_K * (g + 0.044715f * g * g * g))) * u;
+    }
+    __device__ static void bwd(float d, float g, float u, float &dg, float &du) {
+        const float t = tanhf(GEGLU_K * (g + 0.044715f * g * g * g));
+        const float dt = GEGLU_K * (1.0f + 3.0f * 0.044715f * g * g);
+        dg = d * u * (0.5f * (1.0f + t) + 0.5f * g * (1.0f - t * t) * dt);
+        du = d * 0.5f * g * (1.0f + t);
+    }
+};
+
+template <class A, class T, int V> struct GluFwdOp {
     T *h;
     const T *gate, *up;
     __device__ void operator()(size_t i) const {
@@ -73,13 +96,13 @@ template <class T, int V> struct SwigluFwdOp {
         load_f<V>(g, gate + i);
         load_f<V>(u, up + i);
 #pragma unroll
-        for (int k = 0; k < V; k++) g[k] = g[k] / (1.0f + expf(-g[k])) * u[k];
+        for (int k = 0; k < V; k++) g[k] = A::fwd(g[k], u[k]);
         store_f<V>(h + i, g);
     }
 };
 
 // dgate may alias dh: every operand is loaded before anything is stored.
-template <class T, int V> struct SwigluBwdOp {
+template <class A, class T, int V> struct GluBwdOp {
     T *dgate, *dup;
     const T *dh, *gate, *up;
     __device__ void operator()(size_t i) const {
@@ -88,15 +111,15 @@ template <class T, int V> struct SwigluBwdOp {
         load_f<V>(u, up + i);
         load_f<V>(d, dh + i);
 #pragma unroll
-        for (int k = 0; k < V; k++) {
-            float s = 1.0f / (1.0f + expf(-g[k]));
-            dg[k] = d[k] * u[k] * s * (1.0f + g[k] * (1.0f - s));
-            du[k] = d[k] * g[k] * s;
-        }
+        for (int k = 0; k < V; k++) A::bwd(d[k], g[k], u[k], dg[k], du[k]);
         store_f<V>(dgate + i, dg);
         store_f<V>(dup + i, du);
     }
 };
+template <class T, int V> using SwigluFwdOp = GluFwdOp<SiluAct, T, V>;
+template <class T, int V> using SwigluBwdOp = GluBwdOp<SiluAct, T, V>;
+template <class T, int V> using GegluFwdOp = GluFwdOp<GeluTanhAct, T, V>;
+template <class T, int V> using GegluBwdOp = GluBwdOp<GeluTanhAct, T, V>;
 
 // The CPU's counter hash (kernels.inc dropout_u): element i is kept when
 // (double)(h >> 11) * 2^-53 >= p, i.e. when the 53-bit integer h >> 11 >= ceil(p * 2^53), which
@@ -120,43 +143,6 @@ template <class T, int V> struct DropoutOp {
         for (int k = 0; k < V; k++)
             a[k] = dropout_bits(seed, first + i + k) >= thresh ? a[k] * keep : 0.0f;
         store_f<V>(y + i, a);
-    }
-};
-
-// GeGLU (Gemma): h = gelu(gate) * up, GELU's tanh approximation as in gpt2.cu.
-#define GEGLU_K 0.7978845608028654f  // sqrt(2/pi)
-template <class T, int V> struct GegluFwdOp {
-    T *h;
-    const T *gate, *up;
-    __device__ void operator()(size_t i) const {
-        float g[V], u[V];
-        load_f<V>(g, gate + i);
-        load_f<V>(u, up + i);
-#pragma unroll
-        for (int k = 0; k < V; k++)
-            g[k] = 0.5f * g[k] * (1.0f + tanhf(GEGLU_K * (g[k] + 0.044715f * g[k] * g[k] * g[k]))) * u[k];
-        store_f<V>(h + i, g);
-    }
-};
-
-// dgate may alias dh: every operand is loaded before anything is stored.
-template <class T, int V> struct GegluBwdOp {
-    T *dgate, *dup;
-    const T *dh, *gate, *up;
-    __device__ void operator()(size_t i) const {
-        float g[V], u[V], d[V], dg[V], du[V];
-        load_f<V>(g, gate + i);
-        load_f<V>(u, up + i);
-        load_f<V>(d, dh + i);
-#pragma unroll
-        for (int k = 0; k < V; k++) {
-            const float v = g[k], t = tanhf(GEGLU_K * (v + 0.044715f * v * v * v));
-            const float dt = GEGLU_K * (1.0f + 3.0f * 0.044715f * v * v);
-            dg[k] = d[k] * u[k] * (0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * dt);
-            du[k] = d[k] * 0.5f * v * (1.0f + t);
-        }
-        store_f<V>(dgate + i, dg);
-        store_f<V>(dup + i, du);
     }
 };
 
