@@ -100,6 +100,16 @@ static const float *load_fused_part(const char *where, const StTensor *(*find)(c
     return buf + (size_t)fs->row0 * (size_t)p->shape[1];
 }
 
+// The file name of table tensor `tname` under selection sel: PEFT's prefix for adapters, and on
+// a Gemma 3 multimodal base (Gemma3ForConditionalGeneration) the text model's place in it,
+// model.language_model. (transformers >= 4.52, as PEFT names adapters on it today).
+static void file_name(const Model *m, int sel, const char *tname, char *out, size_t cap) {
+    if (m->cfg.multimodal && sel == SEL_ADAPTER && !strncmp(tname, "model.", 6))
+        snprintf(out, cap, "%smodel.language_model.%s", SEL_PREFIX[sel], tname + 6);
+    else
+        snprintf(out, cap, "%s%s", SEL_PREFIX[sel], tname);
+}
+
 // Loads the selected tensors via a lookup function (a model directory or one file).
 static void load_params(Model *m, const char *where, const StTensor *(*find)(const void *, const char *),
                         const void *src, int sel) {
@@ -118,8 +128,8 @@ static void load_params(Model *m, const char *where, const StTensor *(*find)(con
             model_set_param(m, i, load_fused_part(where, find, src, p, &fs, buf));
             continue;
         }
-        char name[160];
-        snprintf(name, sizeof name, "%s%s", SEL_PREFIX[sel], p->name);
+        char name[200];
+        file_name(m, sel, p->name, name, sizeof name);
         if (p->quant == 4) {  // QLoRA: a bitsandbytes 4-bit tensor loads as it is; else quantize
             Nf4Weight q;
             FindCtx fc = {find, src};
@@ -133,7 +143,7 @@ static void load_params(Model *m, const char *where, const StTensor *(*find)(con
         }
         const StTensor *t = find(src, name);
         if (!t) fail("%s: missing tensor '%s'", where, name);
-        char qs[200];
+        char qs[240];
         snprintf(qs, sizeof qs, "%s.quant_state.bitsandbytes__nf4", name);
         if (p->quant != 4 && find(src, qs))
             fail("%s: tensor '%s' is 4-bit (bitsandbytes); set adapter: qlora and load_in_4bit: true", where, name);
@@ -161,11 +171,32 @@ static void load_params(Model *m, const char *where, const StTensor *(*find)(con
 static const StTensor *find_in_model(const void *s, const char *n) { return st_model_find(s, n); }
 static const StTensor *find_in_file(const void *s, const char *n) { return st_find(s, n); }
 
+// A Gemma 3 multimodal base's text tensors: model.X of the table is language_model.model.X in
+// the hub's files, model.language_model.X in what transformers >= 4.52 saves.
+typedef struct { StModel *sm; const char *pre; } MmModel;
+static const StTensor *find_in_mm(const void *s, const char *n) {
+    const MmModel *mm = s;
+    char full[300];
+    if (strncmp(n, "model.", 6)) return st_model_find(mm->sm, n);
+    snprintf(full, sizeof full, "%s%s", mm->pre, n + 6);
+    return st_model_find(mm->sm, full);
+}
+
 void load_hf_weights(Model *m, const char *dir) {
     StModel *sm = st_open_model_dir(dir);
-    load_params(m, dir, find_in_model, sm, SEL_BASE);
+    MmModel mm = {sm, "language_model.model."};
+    if (m->cfg.multimodal) {
+        if (!st_model_find(sm, "language_model.model.embed_tokens.weight")) mm.pre = "model.language_model.";
+        if (!find_in_mm(&mm, "model.embed_tokens.weight"))
+            fail("%s: a Gemma 3 multimodal model without language_model.model.embed_tokens.weight or "
+                 "model.language_model.embed_tokens.weight", dir);
+        load_params(m, dir, find_in_mm, &mm, SEL_BASE);
+    } else {
+        load_params(m, dir, find_in_model, sm, SEL_BASE);
+    }
     // The final model is written in the base's dtype (save_dtype: auto): the embedding's.
-    const StTensor *e = st_model_find(sm, m->cfg.arch == ARCH_GPT2 ? "wte.weight" : "model.embed_tokens.weight");
+    const StTensor *e = m->cfg.multimodal ? find_in_mm(&mm, "model.embed_tokens.weight")
+                                          : st_model_find(sm, m->cfg.arch == ARCH_GPT2 ? "wte.weight" : "model.embed_tokens.weight");
     const char *dt = !e ? "" : !strcmp(e->dtype, "BF16") ? "bfloat16" : !strcmp(e->dtype, "F16") ? "float16" : "float32";
     snprintf(m->cfg.torch_dtype, sizeof m->cfg.torch_dtype, "%s", dt);
     st_model_close(sm);
@@ -346,8 +377,8 @@ static int write_tensors(const Model *m, const char *path, const int *sels, int 
                 s->name = xstrdup(s->fs.name);
                 rows = s->fs.rows, cols = t->specs[s->fs.parts[0]].shape[1];
             } else {
-                char *name = xmalloc(strlen(SEL_PREFIX[sels[k]]) + strlen(p->name) + 1);
-                sprintf(name, "%s%s", SEL_PREFIX[sels[k]], p->name);
+                char *name = xmalloc(strlen(SEL_PREFIX[sels[k]]) + strlen(p->name) + 32);
+                file_name(m, sels[k], p->name, name, strlen(SEL_PREFIX[sels[k]]) + strlen(p->name) + 32);
                 s->name = name;
             }
             const int moments = sels[k] == SEL_EXP_AVG || sels[k] == SEL_EXP_AVG_SQ;

@@ -282,21 +282,56 @@ static void read_gemma3_keys(const char *path, const cJSON *root, ModelConfig *c
     }
 }
 
+static void read_root(const char *path, const cJSON *root, ModelConfig *c);
+
+// Gemma3ForConditionalGeneration (model_type gemma3): its text_config, as Gemma3Config builds a
+// Gemma3TextConfig from it: absent keys take that class's defaults (transformers 4.57); the
+// token ids may sit at the top level. The vision tower's keys are not read.
+static void read_gemma3_multimodal(const char *path, const cJSON *root, ModelConfig *c) {
+    const cJSON *tc = get(root, "text_config");
+    if (!cJSON_IsObject(tc)) fail("%s: model_type gemma3 needs a text_config object (the language model's keys)", path);
+    const cJSON *tmt = get(tc, "model_type");
+    if (tmt && !(cJSON_IsString(tmt) && !strcmp(tmt->valuestring, "gemma3_text")))
+        fail("%s: text_config.model_type must be \"gemma3_text\"", path);
+    cJSON *t = cJSON_Duplicate(tc, 1);
+    if (!t) fail("out of memory");
+    static const struct { const char *key; double v; } DEF[] = {
+        {"vocab_size", 262208}, {"hidden_size", 2304}, {"intermediate_size", 9216}, {"num_hidden_layers", 26},
+        {"num_attention_heads", 8}, {"num_key_value_heads", 4}, {"head_dim", 256},
+        {"max_position_embeddings", 131072}, {"rms_norm_eps", 1e-6}, {"rope_theta", 1000000.0},
+        {"pad_token_id", 0}, {"eos_token_id", 1}, {"bos_token_id", 2}};
+    for (size_t i = 0; i < sizeof DEF / sizeof DEF[0]; i++) {
+        if (cJSON_GetObjectItemCaseSensitive(t, DEF[i].key)) continue;
+        const cJSON *top = cJSON_GetObjectItemCaseSensitive(root, DEF[i].key);  // token ids may be here
+        cJSON *v = top && strstr(DEF[i].key, "token_id") ? cJSON_Duplicate(top, 1) : cJSON_CreateNumber(DEF[i].v);
+        if (!v || !cJSON_AddItemToObject(t, DEF[i].key, v)) fail("out of memory");
+    }
+    cJSON_DeleteItemFromObjectCaseSensitive(t, "model_type");
+    cJSON_DeleteItemFromObjectCaseSensitive(t, "architectures");
+    if (!cJSON_AddStringToObject(t, "model_type", "gemma3_text")) fail("out of memory");
+    char label[1200];
+    snprintf(label, sizeof label, "%s (text_config)", path);
+    read_root(label, t, c);
+    cJSON_Delete(t);
+    c->multimodal = 1;
+}
+
 // Reads *c from a parsed config.json; `path` names it in messages.
 static void read_root(const char *path, const cJSON *root, ModelConfig *c) {
     memset(c, 0, sizeof *c);
     const cJSON *mt = get(root, "model_type");
     if (mt && !cJSON_IsString(mt)) fail("%s: key 'model_type' must be a string", path);
     const char *model_type = mt ? mt->valuestring : "llama";
+    if (!strcmp(model_type, "gemma3")) {
+        read_gemma3_multimodal(path, root, c);
+        return;
+    }
     if (strlen(model_type) >= sizeof c->model_type)
         fail("%s: model_type '%s' is too long", path, model_type);
     strcpy(c->model_type, model_type);
     // Another family read as Llama would train the wrong model silently (Gemma's scaled
     // embeddings and (1 + w) norms): refuse what the family table does not have.
     const ModelFamily *fam = family_find(model_type);
-    if (!fam && !strcmp(model_type, "gemma3"))  // Gemma3ForConditionalGeneration: 4B, 12B, 27B
-        fail("%s: model_type 'gemma3' (Gemma 3 with its vision tower, text_config inside) is not supported; "
-             "the text-only gemma3_text (gemma-3-270m, gemma-3-1b) is", path);
     if (!fam) fail("%s: model_type '%s' is not supported (supported: %s)", path, model_type, family_list());
     const cJSON *archs = get(root, "architectures");
     if (archs) {
@@ -492,6 +527,9 @@ void hf_read_config_overridden(const char *path, const cJSON *over, const char *
     if (!cJSON_IsObject(root)) fail("%s: not a JSON object", path);
     ModelConfig before;
     read_root(path, root, &before);
+    if (before.multimodal)  // its keys sit in text_config: an override at the top would not reach them
+        fail("%s: %s: overrides of a Gemma 3 multimodal config.json (model_type gemma3) are not supported; edit "
+             "text_config in a copy of the model", where, key);
     char applied[1024] = "";
     const cJSON *e;
     cJSON_ArrayForEach(e, over) {
@@ -692,10 +730,15 @@ int hf_write_config(const char *path, const ModelConfig *c) {
         ADD(cJSON_AddNumberToObject(o, "eos_token_id", c->eos_token_id));
     }
 
+    // A Gemma 3 multimodal base trains adapters only (train.c), so its config is never written.
+    if (c->multimodal) built = 0, errno = EINVAL;
 #undef ADD
     char *text = built ? cJSON_Print(o) : NULL;
     cJSON_Delete(o);
-    if (!text) { errno = ENOMEM; return -1; }
+    if (!text) {
+        if (!c->multimodal) errno = ENOMEM;
+        return -1;
+    }
     FILE *f = fopen(path, "w");
     if (!f) { free(text); return -1; }
     size_t n = strlen(text);

@@ -47,6 +47,13 @@ static const char *const GEMMA3_OUTSIDE[] = {"lm_head", "model.embed_tokens", "m
 static const char *const GEMMA3_INSIDE[] = {"", ".self_attn", ".mlp", ".mlp.act_fn", ".input_layernorm",
                                             ".post_attention_layernorm", ".pre_feedforward_layernorm",
                                             ".post_feedforward_layernorm", ".self_attn.q_norm", ".self_attn.k_norm"};
+// Gemma3ForConditionalGeneration (transformers >= 4.52): the text model is model.language_model;
+// the vision tower's modules are not in this tree (not loaded here).
+static const char *const GEMMA3_MM_OUTSIDE[] = {"lm_head", "model", "model.language_model",
+                                                "model.language_model.embed_tokens", "model.language_model.norm",
+                                                "model.language_model.rotary_emb", "model.language_model.rotary_emb_local",
+                                                "model.language_model.layers", "model.vision_tower",
+                                                "model.multi_modal_projector"};
 static const AdaptedModule PHI3_MODS[] = {  // qkv_proj and gate_up_proj: one adapter each
     {"self_attn.qkv_proj", 1 << LORA_Q | 1 << LORA_K | 1 << LORA_V, "qkv_proj"},
     {"self_attn.o_proj", 1 << LORA_O, "o_proj"},
@@ -68,6 +75,10 @@ static ModuleTree tree_of(const ModelConfig *c) {
     if (family_of(c)->fused)
         return (ModuleTree){"model.layers.%d", "layers", PHI3_MODS, N(PHI3_MODS), LLAMA_OUTSIDE, N(LLAMA_OUTSIDE),
                             LLAMA_INSIDE, N(LLAMA_INSIDE) - 2, "qkv_proj/o_proj/gate_up_proj/down_proj projections (phi3)"};
+    if (c->multimodal)
+        return (ModuleTree){"model.language_model.layers.%d", "layers", LLAMA_MODS, N(LLAMA_MODS), GEMMA3_MM_OUTSIDE,
+                            N(GEMMA3_MM_OUTSIDE), GEMMA3_INSIDE, N(GEMMA3_INSIDE),
+                            "q/k/v/o/gate/up/down projections of the language model"};
     if (family_of(c)->sandwich)
         return (ModuleTree){"model.layers.%d", "layers", LLAMA_MODS, N(LLAMA_MODS), GEMMA3_OUTSIDE, N(GEMMA3_OUTSIDE),
                             GEMMA3_INSIDE, N(GEMMA3_INSIDE), "q/k/v/o/gate/up/down projections"};

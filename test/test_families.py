@@ -37,7 +37,13 @@ test/test_torch_ref.py (cases f-j).
   gemma3_refusals     what Gemma 3 configs can ask that is not implemented stops with a one-line
                       error naming the key: logit soft-capping, query_pre_attn_scalar other than
                       head_dim, another activation, bidirectional attention, layer_types against
-                      the pattern; the multimodal model_type gemma3 names the text-only one.
+                      the pattern; a model_type gemma3 config.json without text_config.
+  gemma3_multimodal   Gemma3ForConditionalGeneration files (Gemma 3 4B/12B/27B: text_config with
+                      absent keys at their defaults, tensors under language_model.model. or
+                      model.language_model., a vision tower beside them): LoRA on the language
+                      model against the reference, the same bits from both layouts, the adapter
+                      named as PEFT names it on that model and read back as lora_model_dir; a
+                      full fine-tune and merge_lora refused.
   yarn                rope_scaling yarn on Llama (its logits against transformers 4.44.2's
                       LlamaForCausalLM) and Qwen2 (every optional key), and linear on Llama
                       (against transformers too): loss, one step's weights, rope_scaling
@@ -326,6 +332,87 @@ def case_gemma3_layer_types(root):
     return errs, "patterns 2 and 3 read from layer_types alone"
 
 
+def mm_base(d, cfg, weights, layout):
+    """cfg/weights as a Gemma3ForConditionalGeneration directory: text_config (keys at their
+    Gemma3TextConfig defaults left out), the text tensors under layout ("language_model.model."
+    as the hub's files, or "model.language_model." as transformers >= 4.52 saves), and a vision
+    tower's and projector's tensors beside them."""
+    os.makedirs(d, exist_ok=True)
+    text = {k: v for k, v in cfg.items() if k not in ("architectures", "model_type", "rms_norm_eps", "rope_theta",
+                                                       "tie_word_embeddings", "pad_token_id", "eos_token_id",
+                                                       "bos_token_id", "torch_dtype")}
+    text["model_type"] = "gemma3_text"
+    mm = {"architectures": ["Gemma3ForConditionalGeneration"], "model_type": "gemma3", "text_config": text,
+          "vision_config": {"model_type": "siglip_vision_model", "hidden_size": 8, "num_hidden_layers": 1},
+          "mm_tokens_per_image": 4, "image_token_index": 60, "eos_token_id": [1, 7], "torch_dtype": "float32"}
+    with open(os.path.join(d, "config.json"), "w") as f:
+        json.dump(mm, f, indent=2)
+    vis = "vision_tower." if layout.startswith("language_model") else "model.vision_tower."
+    t = {(layout + k[6:] if k.startswith("model.") else k): v for k, v in weights.items()}
+    t[vis + "vision_model.embeddings.patch_embedding.weight"] = np.ones((8, 3, 2, 2), np.float32)
+    t["multi_modal_projector.mm_input_projection_weight"] = np.ones((8, cfg["hidden_size"]), np.float32)
+    R.write_safetensors(os.path.join(d, "model.safetensors"), t, metadata={"format": "pt"})
+    return dict(cfg, rms_norm_eps=1e-6, rope_theta=1000000.0, eos_token_id=[1, 7])  # what the text model is
+
+
+def case_gemma3_multimodal(root):
+    """Gemma3ForConditionalGeneration (4B/12B/27B files): LoRA on its language model from either
+    tensor layout against the reference on the text model, adapters named as PEFT names them on
+    that model (model.language_model.layers...), read back as lora_model_dir; a full fine-tune and
+    merge_lora refused."""
+    work = os.path.join(root, "gemma3_mm")
+    cfg = gemma3_cfg(rope_theta=1000000.0, rms_norm_eps=1e-6)
+    weights = R.init_weights(cfg, seed=31, qk_std=0.25, embed_std=0.1)
+    os.makedirs(work, exist_ok=True)
+    shard = os.path.join(work, "train.bin")
+    R.write_shard(shard, R.random_tokens(800, cfg["vocab_size"], seed=31), version=1)
+    tokens = R.read_shard(shard)
+    spec = R.lora_spec(cfg, r=4, alpha=8, targets=list(R.LORA_TARGETS), seed=31, b_std=0.1)
+    adir = os.path.join(work, "adapter_in")
+    R.save_adapter_dir(adir, dict(spec, weights={k.replace("model.layers.", "model.language_model.layers."): v
+                                                for k, v in spec["weights"].items()}))
+    errs, got = [], {}
+    for layout in ("language_model.model.", "model.language_model."):
+        base = os.path.join(work, "base_" + layout.replace(".", "_"))
+        tcfg = mm_base(base, cfg, weights, layout)
+        tc = R.train_config(sequence_len=16, micro_batch_size=2, gradient_accumulation_steps=1, max_steps=2,
+                            learning_rate=5e-3, lr_scheduler="constant", warmup_steps=0, max_grad_norm=1.0)
+        tc.update(base_model=base, train_data=shard, adapter="lora", lora_r=4, lora_alpha=8, lora_dropout=0.0,
+                  lora_target_modules=list(R.LORA_TARGETS), lora_model_dir=adir,
+                  output_dir=os.path.join(work, "out_" + layout.replace(".", "_")))
+        p = run(work, tc, "mm.yaml")
+        if "vision tower is not loaded" not in p.stdout.decode():
+            errs.append(f"{layout}: no note that the vision tower is not loaded")
+        rows = R.read_metrics(os.path.join(tc["output_dir"], "metrics.jsonl"))
+        apath = os.path.join(tc["output_dir"], "adapter_model.safetensors")
+        got[layout] = ([(r["loss"], r["grad_norm"]) for r in rows], sha(apath))
+        if layout.startswith("language_model"):
+            ref = R.train_reference(tcfg, weights, tokens, tc, lora=spec)
+            ref_errors(rows, ref, 2, errs)
+            out = R.read_safetensors(apath)
+            want = {R.PEFT_PREFIX + k.replace("model.layers.", "model.language_model.layers."): v
+                    for k, v in ref["adapter"].items()}
+            if set(out) != set(want):
+                errs.append(f"adapter names {sorted(set(out) ^ set(want))[:3]} differ from PEFT's on the multimodal model")
+            for k, v in want.items():
+                if k in out and float(np.max(np.abs(out[k].astype(np.float64) - v))) > W_TOL * max(1.0, float(np.max(np.abs(v)))):
+                    errs.append(f"adapter {k} differs from the reference's")
+    if got["language_model.model."] != got["model.language_model."]:
+        errs.append("the two tensor layouts give different losses or adapters")
+    for name, extra, want in (("full", {"adapter": None}, "full fine-tune of a Gemma 3 multimodal"),
+                              ("merge", {"merge_lora": True}, "merge_lora on a Gemma 3 multimodal")):
+        t = dict(tc, output_dir=os.path.join(work, name), **extra)
+        if extra.get("adapter", "x") is None:
+            for k in ("adapter", "lora_r", "lora_alpha", "lora_dropout", "lora_target_modules", "lora_model_dir"):
+                t.pop(k)
+        path = os.path.join(work, name + ".yaml")
+        R.write_yaml(path, t)
+        p = subprocess.run([ARGS.bin, "-c", path], cwd=work, capture_output=True, text=True, timeout=ARGS.timeout)
+        if p.returncode == 0 or want not in (p.stderr.strip().splitlines() or [""])[-1]:
+            errs.append(f"{name}: exit {p.returncode}, expected a refusal naming '{want}': {p.stderr[-300:]}")
+    return errs, "LoRA from both layouts against the reference, PEFT names, full fine-tune and merge refused"
+
+
 def case_gemma3_refusals(root):
     work = os.path.join(root, "gemma3_refusals")
     errs = []
@@ -337,7 +424,7 @@ def case_gemma3_refusals(root):
         ("hidden_act", dict(hidden_act="silu"), "hidden_act"),
         ("bidirectional", dict(use_bidirectional_attention=True), "use_bidirectional_attention"),
         ("layer_types", dict(layer_types=["full_attention"] * 3), "layer_types[0]"),
-        ("multimodal", dict(model_type="gemma3", architectures=["Gemma3ForConditionalGeneration"]), "gemma3_text"),
+        ("mm_no_text_config", dict(model_type="gemma3", architectures=["Gemma3ForConditionalGeneration"]), "text_config"),
     ]
     for name, over, want in bad:
         cfg = gemma3_cfg(**{k: v for k, v in over.items() if k not in ("model_type", "architectures")})
@@ -488,7 +575,8 @@ def main():
     cases = [("qwen3_lora_window", case_qwen3_lora_window),
              ("config_write_back", case_config_write_back),
              ("qwen2_layer_types", case_qwen2_layer_types), ("gemma3_modes", case_gemma3_modes),
-             ("gemma3_layer_types", case_gemma3_layer_types), ("gemma3_refusals", case_gemma3_refusals),
+             ("gemma3_layer_types", case_gemma3_layer_types), ("gemma3_multimodal", case_gemma3_multimodal),
+             ("gemma3_refusals", case_gemma3_refusals),
              ("yarn", case_yarn)]
     try:
         passed, failed = harness.run_cases(((n, lambda f=f: f(root)) for n, f in cases),
