@@ -434,6 +434,14 @@ static void *qrows(const Model *m, void *t, size_t r0, size_t width) {
 #define ROPE_COS(m, l) (family_layer_local_rope(&(m)->cfg, l) ? (m)->rope_loc_cos : (m)->rope_cos)
 #define ROPE_SIN(m, l) (family_layer_local_rope(&(m)->cfg, l) ? (m)->rope_loc_sin : (m)->rope_sin)
 
+// Gemma's query_pre_attn_scalar: scores scaled by qpas^-0.5 instead of head_dim^-0.5 (Gemma 3
+// 27B: 168 against 128). The attention ops scale by head_dim^-0.5, so the rotated q copy is
+// multiplied by sqrt(head_dim / qpas) first, and its gradient by the same after the backward.
+static float q_scale(const ModelConfig *c) {
+    const int qpas = c->query_pre_attn_scalar;
+    return qpas > 0 && qpas != c->head_dim ? (float)sqrt((double)c->head_dim / qpas) : 1.0f;
+}
+
 // RoPE, and first the per-head q/k norms of families that have them (Qwen3): q' =
 // rope(rmsnorm(q) * q_norm), likewise k. Without norms the projection is rotated in place;
 // with them a->q/a->k keep the projections and attention reads the copies in q_rot/k_rot, with
@@ -450,6 +458,10 @@ static const void *q_rotate(Model *m, int l, void *q, Span s, int T) {
         bk->rmsnorm_fwd(bk, x, m->qk_rstd + r0 * Hq, q, LP(m, l, P_QNORM), family_norm_add(c), n * Hq, D, c->rms_norm_eps);
     }
     bk->rope_fwd(bk, x, ROPE_COS(m, l), ROPE_SIN(m, l), pos_at(m, r0, s), s.nb, s.n, Hq, D);
+    if (q_scale(c) != 1.0f) {  // on the copy only: a kept q must stay the projection's
+        if (!m->q_rot) fail("internal: query_pre_attn_scalar without a q-norm copy to scale");
+        bk->scale(bk, x, q_scale(c), (size_t)n * Hq * D);
+    }
     return x;
 }
 
@@ -612,6 +624,7 @@ static void layer_backward(Model *m, int l, const LayerActs *a, int B, int T, in
         lora_bwd(m, l, LORA_O, datt, dy, att, r0, n, QD, C);
         attend_bwd(m, dq, m->d_k, m->d_v, datt, qa, ka, a->v, att, a->lse, s, T, window);
         void *dqx = dq;
+        if (q_scale(c) != 1.0f) bk->scale(bk, dq, q_scale(c), (size_t)n * QD);
         if (c->arch == ARCH_LLAMA) bk->rope_bwd(bk, dq, ROPE_COS(m, l), ROPE_SIN(m, l), pos_at(m, r0, s), s.nb, s.n, Hq, D);
         if (m->q_rot) {  // through the q norm; the rotated copy is dead now and takes the gradient
             dqx = qrows(m, m->q_rot, r0, QD);

@@ -261,9 +261,7 @@ static void read_gemma3_keys(const char *path, const cJSON *root, ModelConfig *c
     if (opt_bool(path, root, "use_bidirectional_attention", 0))
         fail("%s: 'use_bidirectional_attention': true is not supported (causal attention only)", path);
     c->query_pre_attn_scalar = opt_int(path, root, "query_pre_attn_scalar", 256);
-    if (c->query_pre_attn_scalar != c->head_dim)
-        fail("%s: query_pre_attn_scalar %d differs from head_dim %d: attention scaled by other than "
-             "head_dim^-0.5 is not implemented", path, c->query_pre_attn_scalar, c->head_dim);
+    if (c->query_pre_attn_scalar <= 0) fail("%s: 'query_pre_attn_scalar' must be a positive integer", path);
     c->rope_local_theta = opt_num(path, root, "rope_local_base_freq", 10000.0);
     if (!(isfinite(c->rope_local_theta) && c->rope_local_theta > 0))
         fail("%s: 'rope_local_base_freq' must be a positive finite number, got %g", path, c->rope_local_theta);

@@ -70,8 +70,8 @@ typedef struct {
     // Gemma 3 (family.h's row holds what is fixed: 1 + w norms, GeGLU, the embedding scale,
     // sandwich norms): every sliding_pattern-th layer (l + 1 a multiple) is global and the
     // others slide, with RoPE of rope_local_theta and no scaling on the sliding ones
-    // (rope_theta and rope_scaling on the global ones); query_pre_attn_scalar, which sets
-    // the attention's scale, must be head_dim (the kernels scale by head_dim^-0.5).
+    // (rope_theta and rope_scaling on the global ones); the attention scales scores by
+    // query_pre_attn_scalar^-0.5 (0 for other families: head_dim^-0.5).
     int sliding_pattern;      // WIN_PATTERN families; 0: none
     double rope_local_theta;  // 0: every layer uses rope_theta
     int query_pre_attn_scalar;

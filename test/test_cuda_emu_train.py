@@ -330,7 +330,7 @@ def main():
         gcfg = R.make_config(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                              num_attention_heads=4, num_key_value_heads=2, head_dim=16, model_type="gemma3_text",
                              rms_norm_eps=1e-6, tie_word_embeddings=True, hidden_act="gelu_pytorch_tanh",
-                             hidden_activation="gelu_pytorch_tanh", query_pre_attn_scalar=16, sliding_window=48,
+                             hidden_activation="gelu_pytorch_tanh", query_pre_attn_scalar=24, sliding_window=48,
                              sliding_window_pattern=2, rope_theta=1e6, max_position_embeddings=T, pad_token_id=0)
         gdir = os.path.join(tmp, "gemma3")
         R.save_hf_dir(gdir, gcfg, R.init_weights(gcfg, seed=3, qk_std=0.25, embed_std=0.1))

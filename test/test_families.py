@@ -35,8 +35,8 @@ test/test_torch_ref.py (cases f-j).
   gemma3_layer_types  a Gemma 3 config.json with layer_types and no sliding_window_pattern (as
                       transformers >= 4.53 writes it): the pattern is read from the list.
   gemma3_refusals     what Gemma 3 configs can ask that is not implemented stops with a one-line
-                      error naming the key: logit soft-capping, query_pre_attn_scalar other than
-                      head_dim, another activation, bidirectional attention, layer_types against
+                      error naming the key: logit soft-capping, a query_pre_attn_scalar of 0,
+                      another activation, bidirectional attention, layer_types against
                       the pattern; a model_type gemma3 config.json without text_config.
   gemma3_multimodal   Gemma3ForConditionalGeneration files (Gemma 3 4B/12B/27B: text_config with
                       absent keys at their defaults, tensors under language_model.model. or
@@ -419,7 +419,7 @@ def case_gemma3_refusals(root):
     bad = [
         ("softcap", dict(final_logit_softcapping=30.0), "final_logit_softcapping"),
         ("attn_softcap", dict(attn_logit_softcapping=50.0), "attn_logit_softcapping"),
-        ("qpas", dict(query_pre_attn_scalar=12), "query_pre_attn_scalar 12 differs from head_dim 16"),
+        ("qpas", dict(query_pre_attn_scalar=0), "query_pre_attn_scalar"),
         ("activation", dict(hidden_activation="gelu"), "hidden_activation"),
         ("hidden_act", dict(hidden_act="silu"), "hidden_act"),
         ("bidirectional", dict(use_bidirectional_attention=True), "use_bidirectional_attention"),

@@ -166,7 +166,8 @@ def cases():
         contrast=dict(use_sliding_window=False)))
     # (g3) Gemma 3 text, shaped as gemma-3-1b is but tiny: (1 + w) norms, scaled embeddings,
     # sandwich norms, GeGLU, q/k norms, head_dim 16 != C/Hq = 12 (query_pre_attn_scalar 16),
-    # GQA 4/2, tied embeddings, pad row 0; sliding_window_pattern 2 (layers 0 and 2 slide over
+    # GQA 4/2, tied embeddings, pad row 0, query_pre_attn_scalar 24 (scores scaled by 24^-0.5,
+    # not head_dim^-0.5, as Gemma 3 27B's 168 against 128); sliding_window_pattern 2 (layers 0 and 2 slide over
     # 5 keys with RoPE base 10000, layer 1 is global with base 1e6 and linear scaling x4)
     out.append(dict(
         name="g3_gemma3_sandwich",
@@ -176,7 +177,7 @@ def cases():
                           tie_word_embeddings=True, rope_theta=1000000.0,
                           rope_scaling={"rope_type": "linear", "factor": 4.0},
                           hidden_act="gelu_pytorch_tanh", hidden_activation="gelu_pytorch_tanh",
-                          query_pre_attn_scalar=16, sliding_window=5, sliding_window_pattern=2,
+                          query_pre_attn_scalar=24, sliding_window=5, sliding_window_pattern=2,
                           rope_local_base_freq=10000.0, pad_token_id=0),
         tc=R.train_config(sequence_len=17, micro_batch_size=2, gradient_accumulation_steps=2,
                           max_steps=4, learning_rate=5e-3, lr_scheduler="cosine",
