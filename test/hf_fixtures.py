@@ -101,8 +101,9 @@ def hub_dir(hf_home, repo_id, rev="0123456789abcdef0123456789abcdef01234567"):
 FAMILY_OF = {"llama3": "llama", "llama2": "mistral", "qwen2": "qwen2", "gemma3": "gemma3_text"}
 
 
-def make_model(d, kind="llama3", vocab_size=1024, seed=0, **shape):
-    """A tiny random model of the kind's family with its tokenizer, in d (HF layout)."""
+def make_model(d, kind="llama3", vocab_size=1024, seed=0, multimodal=False, **shape):
+    """A tiny random model of the kind's family with its tokenizer, in d (HF layout); multimodal
+    (gemma3): as Gemma3ForConditionalGeneration files (the 4B/12B/27B checkpoints)."""
     n = make_tokenizer(d, kind)
     assert n <= vocab_size, (n, vocab_size)
     mt = FAMILY_OF[kind]
@@ -124,6 +125,8 @@ def make_model(d, kind="llama3", vocab_size=1024, seed=0, **shape):
     cfg["bos_token_id"] = tk.token_to_id(k["bos"]) if k["bos"] else None
     cfg["eos_token_id"] = tk.token_to_id(k["eos"])
     w = R.init_weights(cfg, seed=seed)
+    if multimodal:
+        return R.save_hf_dir_gemma3_multimodal(d, dict(cfg, rope_theta=1000000.0, rms_norm_eps=1e-6), w), w
     R.save_hf_dir(d, cfg, w)
     return cfg, w
 

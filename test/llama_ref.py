@@ -427,6 +427,30 @@ def save_hf_dir(path, cfg, weights):
                       metadata={"format": "pt"})
 
 
+def save_hf_dir_gemma3_multimodal(d, cfg, weights, layout="language_model.model."):
+    """cfg/weights as a Gemma3ForConditionalGeneration directory: text_config (keys at their
+    Gemma3TextConfig defaults left out), the text tensors under layout ("language_model.model."
+    as the hub's files, or "model.language_model." as transformers >= 4.52 saves), and a vision
+    tower's and projector's tensors beside them."""
+    os.makedirs(d, exist_ok=True)
+    defaults = {"rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "tie_word_embeddings": True, "pad_token_id": 0}
+    text = {k: v for k, v in cfg.items() if k not in ("architectures", "model_type", "eos_token_id", "bos_token_id",
+                                                       "torch_dtype") and not (k in defaults and v == defaults[k])}
+    text["model_type"] = "gemma3_text"
+    mm = {"architectures": ["Gemma3ForConditionalGeneration"], "model_type": "gemma3", "text_config": text,
+          "vision_config": {"model_type": "siglip_vision_model", "hidden_size": 8, "num_hidden_layers": 1},
+          "mm_tokens_per_image": 4, "image_token_index": cfg["vocab_size"] - 1, "torch_dtype": "float32",
+          "eos_token_id": cfg.get("eos_token_id"), "bos_token_id": cfg.get("bos_token_id")}
+    with open(os.path.join(d, "config.json"), "w") as f:
+        json.dump(mm, f, indent=2)
+    vis = "vision_tower." if layout.startswith("language_model") else "model.vision_tower."
+    t = {(layout + k[6:] if k.startswith("model.") else k): v for k, v in weights.items()}
+    t[vis + "vision_model.embeddings.patch_embedding.weight"] = np.ones((8, 3, 2, 2), np.float32)
+    t["multi_modal_projector.mm_input_projection_weight"] = np.ones((8, cfg["hidden_size"]), np.float32)
+    write_safetensors(os.path.join(d, "model.safetensors"), t, metadata={"format": "pt"})
+    return dict(defaults, **cfg)  # the text model read from it
+
+
 def write_shard(path, tokens, version=1):
     """llm.c token shard: 256 int32 header (magic, version, count), then uint16 (v1) or
     uint32 (v2) tokens."""

@@ -28,13 +28,13 @@ from checks import check, finish  # noqa: E402
 
 CONFIGS = os.path.join(ROOT, "configs", "axolotl", "datasets")
 HUB = {"NousResearch/Llama-3.2-1B": "llama3", "mistralai/Mistral-7B-v0.1": "llama2", "Qwen/Qwen2.5-0.5B": "qwen2",
-       "google/gemma-3-1b-it": "gemma3"}
+       "google/gemma-3-1b-it": "gemma3", "google/gemma-3-4b-it": "gemma3mm"}
 
 
 def setup(work):
     hf = os.path.join(work, "hf")
-    for repo, kind in HUB.items():
-        F.make_model(F.hub_dir(hf, repo), kind)
+    for repo, kind in HUB.items():  # gemma3mm: Gemma 3's multimodal files (Gemma3ForConditionalGeneration)
+        F.make_model(F.hub_dir(hf, repo), kind[:-2] if kind.endswith("mm") else kind, multimodal=kind.endswith("mm"))
     F.write_jsonl(os.path.join(work, "data", "alpaca.jsonl"), F.alpaca_rows(24))
     F.write_jsonl(os.path.join(work, "data", "text.jsonl"), F.text_rows(24))
     F.write_jsonl(os.path.join(work, "data", "sharegpt.jsonl"), F.sharegpt_rows(24))

@@ -332,29 +332,6 @@ def case_gemma3_layer_types(root):
     return errs, "patterns 2 and 3 read from layer_types alone"
 
 
-def mm_base(d, cfg, weights, layout):
-    """cfg/weights as a Gemma3ForConditionalGeneration directory: text_config (keys at their
-    Gemma3TextConfig defaults left out), the text tensors under layout ("language_model.model."
-    as the hub's files, or "model.language_model." as transformers >= 4.52 saves), and a vision
-    tower's and projector's tensors beside them."""
-    os.makedirs(d, exist_ok=True)
-    text = {k: v for k, v in cfg.items() if k not in ("architectures", "model_type", "rms_norm_eps", "rope_theta",
-                                                       "tie_word_embeddings", "pad_token_id", "eos_token_id",
-                                                       "bos_token_id", "torch_dtype")}
-    text["model_type"] = "gemma3_text"
-    mm = {"architectures": ["Gemma3ForConditionalGeneration"], "model_type": "gemma3", "text_config": text,
-          "vision_config": {"model_type": "siglip_vision_model", "hidden_size": 8, "num_hidden_layers": 1},
-          "mm_tokens_per_image": 4, "image_token_index": 60, "eos_token_id": [1, 7], "torch_dtype": "float32"}
-    with open(os.path.join(d, "config.json"), "w") as f:
-        json.dump(mm, f, indent=2)
-    vis = "vision_tower." if layout.startswith("language_model") else "model.vision_tower."
-    t = {(layout + k[6:] if k.startswith("model.") else k): v for k, v in weights.items()}
-    t[vis + "vision_model.embeddings.patch_embedding.weight"] = np.ones((8, 3, 2, 2), np.float32)
-    t["multi_modal_projector.mm_input_projection_weight"] = np.ones((8, cfg["hidden_size"]), np.float32)
-    R.write_safetensors(os.path.join(d, "model.safetensors"), t, metadata={"format": "pt"})
-    return dict(cfg, rms_norm_eps=1e-6, rope_theta=1000000.0, eos_token_id=[1, 7])  # what the text model is
-
-
 def case_gemma3_multimodal(root):
     """Gemma3ForConditionalGeneration (4B/12B/27B files): LoRA on its language model from either
     tensor layout against the reference on the text model, adapters named as PEFT names them on
@@ -374,7 +351,7 @@ def case_gemma3_multimodal(root):
     errs, got = [], {}
     for layout in ("language_model.model.", "model.language_model."):
         base = os.path.join(work, "base_" + layout.replace(".", "_"))
-        tcfg = mm_base(base, cfg, weights, layout)
+        tcfg = R.save_hf_dir_gemma3_multimodal(base, cfg, weights, layout)
         tc = R.train_config(sequence_len=16, micro_batch_size=2, gradient_accumulation_steps=1, max_steps=2,
                             learning_rate=5e-3, lr_scheduler="constant", warmup_steps=0, max_grad_norm=1.0)
         tc.update(base_model=base, train_data=shard, adapter="lora", lora_r=4, lora_alpha=8, lora_dropout=0.0,
