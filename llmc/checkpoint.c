@@ -101,11 +101,17 @@ static const float *load_fused_part(const char *where, const StTensor *(*find)(c
 }
 
 // The file name of table tensor `tname` under selection sel: PEFT's prefix for adapters, and on
-// a Gemma 3 multimodal base (Gemma3ForConditionalGeneration) the text model's place in it,
-// model.language_model. (transformers >= 4.52, as PEFT names adapters on it today).
+// a Gemma 3 multimodal base (Gemma3ForConditionalGeneration) the text model's place in it: its
+// files' layout (m->mm_prefix) for the weights, model.language_model. for adapters
+// (transformers >= 4.52, as PEFT names them on that model today).
 static void file_name(const Model *m, int sel, const char *tname, char *out, size_t cap) {
-    if (m->cfg.multimodal && sel == SEL_ADAPTER && !strncmp(tname, "model.", 6))
+    const int mm = m->cfg.multimodal;
+    if (mm && sel == SEL_ADAPTER && !strncmp(tname, "model.", 6))
         snprintf(out, cap, "%smodel.language_model.%s", SEL_PREFIX[sel], tname + 6);
+    else if (mm && sel == SEL_BASE && !strncmp(tname, "model.", 6))
+        snprintf(out, cap, "%s%s", m->mm_prefix, tname + 6);
+    else if (mm && sel == SEL_BASE && !strcmp(m->mm_prefix, "language_model.model."))
+        snprintf(out, cap, "language_model.%s", tname);  // an untied lm_head
     else
         snprintf(out, cap, "%s%s", SEL_PREFIX[sel], tname);
 }
@@ -171,32 +177,23 @@ static void load_params(Model *m, const char *where, const StTensor *(*find)(con
 static const StTensor *find_in_model(const void *s, const char *n) { return st_model_find(s, n); }
 static const StTensor *find_in_file(const void *s, const char *n) { return st_find(s, n); }
 
-// A Gemma 3 multimodal base's text tensors: model.X of the table is language_model.model.X in
-// the hub's files, model.language_model.X in what transformers >= 4.52 saves.
-typedef struct { StModel *sm; const char *pre; } MmModel;
-static const StTensor *find_in_mm(const void *s, const char *n) {
-    const MmModel *mm = s;
-    char full[300];
-    if (strncmp(n, "model.", 6)) return st_model_find(mm->sm, n);
-    snprintf(full, sizeof full, "%s%s", mm->pre, n + 6);
-    return st_model_find(mm->sm, full);
-}
-
 void load_hf_weights(Model *m, const char *dir) {
     StModel *sm = st_open_model_dir(dir);
-    MmModel mm = {sm, "language_model.model."};
-    if (m->cfg.multimodal) {
-        if (!st_model_find(sm, "language_model.model.embed_tokens.weight")) mm.pre = "model.language_model.";
-        if (!find_in_mm(&mm, "model.embed_tokens.weight"))
+    char embed[64];
+    if (m->cfg.multimodal) {  // the hub's files hold language_model.model.X, transformers >= 4.52's model.language_model.X
+        const char *pre = st_model_find(sm, "language_model.model.embed_tokens.weight") ? "language_model.model."
+                          : st_model_find(sm, "model.language_model.embed_tokens.weight") ? "model.language_model."
+                                                                                          : NULL;
+        if (!pre)
             fail("%s: a Gemma 3 multimodal model without language_model.model.embed_tokens.weight or "
                  "model.language_model.embed_tokens.weight", dir);
-        load_params(m, dir, find_in_mm, &mm, SEL_BASE);
-    } else {
-        load_params(m, dir, find_in_model, sm, SEL_BASE);
+        snprintf(m->mm_prefix, sizeof m->mm_prefix, "%s", pre);
+        if (!m->mm_base[0]) snprintf(m->mm_base, sizeof m->mm_base, "%s", dir);  // the base, not a later checkpoint
     }
+    load_params(m, dir, find_in_model, sm, SEL_BASE);
     // The final model is written in the base's dtype (save_dtype: auto): the embedding's.
-    const StTensor *e = m->cfg.multimodal ? find_in_mm(&mm, "model.embed_tokens.weight")
-                                          : st_model_find(sm, m->cfg.arch == ARCH_GPT2 ? "wte.weight" : "model.embed_tokens.weight");
+    file_name(m, SEL_BASE, m->cfg.arch == ARCH_GPT2 ? "wte.weight" : "model.embed_tokens.weight", embed, sizeof embed);
+    const StTensor *e = st_model_find(sm, embed);
     const char *dt = !e ? "" : !strcmp(e->dtype, "BF16") ? "bfloat16" : !strcmp(e->dtype, "F16") ? "float16" : "float32";
     snprintf(m->cfg.torch_dtype, sizeof m->cfg.torch_dtype, "%s", dt);
     st_model_close(sm);
@@ -377,8 +374,9 @@ static int write_tensors(const Model *m, const char *path, const int *sels, int 
                 s->name = xstrdup(s->fs.name);
                 rows = s->fs.rows, cols = t->specs[s->fs.parts[0]].shape[1];
             } else {
-                char *name = xmalloc(strlen(SEL_PREFIX[sels[k]]) + strlen(p->name) + 32);
-                file_name(m, sels[k], p->name, name, strlen(SEL_PREFIX[sels[k]]) + strlen(p->name) + 32);
+                const size_t cap = strlen(SEL_PREFIX[sels[k]]) + strlen(p->name) + sizeof m->mm_prefix + 32;
+                char *name = xmalloc(cap);
+                file_name(m, sels[k], p->name, name, cap);
                 s->name = name;
             }
             const int moments = sels[k] == SEL_EXP_AVG || sels[k] == SEL_EXP_AVG_SQ;
@@ -387,8 +385,31 @@ static int write_tensors(const Model *m, const char *path, const int *sels, int 
                                            .dtype = dtype, .nbytes = numel * es, .fill = tensor_fill, .ctx = s,
                                            .chunk = moments ? moment_piece() : 0};
         }
+    // A Gemma 3 multimodal model's weights: the rest of the base (vision tower, projector) as it
+    // came, byte for byte, beside the text model's.
+    StModel *base = NULL;
+    int nall = count;
+    if (m->cfg.multimodal && nsel == 1 && sels[0] == SEL_BASE) {
+        base = st_open_model_dir(m->mm_base);
+        const int nb = st_model_count(base);
+        StWriteItem *grown = xcalloc((size_t)(count + nb), sizeof(StWriteItem));
+        memcpy(grown, items, sizeof(StWriteItem) * (size_t)count);
+        free(items);
+        items = grown;
+        for (int i = 0; i < nb; i++) {
+            const StTensor *b = st_model_tensor(base, i);
+            if (!strncmp(b->name, m->mm_prefix, strlen(m->mm_prefix)) || !strcmp(b->name, "lm_head.weight") ||
+                !strcmp(b->name, "language_model.lm_head.weight"))
+                continue;  // the text model's: written from the table above
+            if (b->ndim > 4) fail("%s: tensor '%s' has %d dimensions; at most 4 are copied", m->mm_base, b->name, b->ndim);
+            StWriteItem it = {.name = b->name, .ndim = b->ndim, .dtype = b->dtype, .raw = b->data, .nbytes = b->nbytes};
+            for (int d = 0; d < b->ndim; d++) it.shape[d] = b->shape[d];
+            items[nall++] = it;
+        }
+    }
     const char *meta[] = {"format", "pt", NULL};
-    int rc = fmt ? write_model_files(path, items, count, fmt->max_shard) : st_write(path, items, count, meta);
+    int rc = fmt ? write_model_files(path, items, nall, fmt->max_shard) : st_write(path, items, nall, meta);
+    if (base) st_model_close(base);
     for (int j = 0; j < count; j++) free((char *)src[j].name);
     free(items), free(src);
     return rc;
@@ -413,7 +434,7 @@ int save_hf_model(const Model *m, const char *dir, int merge, const SaveFormat *
         snprintf(out.torch_dtype, sizeof out.torch_dtype, "float32");
     }
     join_path(path, sizeof path, dir, "config.json");
-    return hf_write_config(path, &out);
+    return hf_write_config(path, &out, m->cfg.multimodal ? m->mm_base : NULL);
 }
 
 // PEFT layout: adapter_model.safetensors + adapter_config.json.

@@ -610,12 +610,13 @@ static cJSON *add_real(cJSON *o, const char *key, double v, int single) {
     return item;
 }
 
-int hf_write_config(const char *path, const ModelConfig *c) {
+// config.json's object for *c (a Gemma 3 multimodal model's text_config), or NULL (ENOMEM).
+static cJSON *config_json(const ModelConfig *c) {
     const char *mt = c->model_type[0] ? c->model_type : "llama";
     const ModelFamily *fam = family_of(c);
     const char *arch = fam->architecture;
     cJSON *o = cJSON_CreateObject();
-    if (!o) { errno = ENOMEM; return -1; }
+    if (!o) { errno = ENOMEM; return NULL; }
     int built = 1;  // cJSON returns NULL/false on out-of-memory; any miss means no file
 #define ADD(x) built &= (x) != 0
     cJSON *archs = cJSON_AddArrayToObject(o, "architectures");
@@ -728,15 +729,15 @@ int hf_write_config(const char *path, const ModelConfig *c) {
         ADD(cJSON_AddNumberToObject(o, "eos_token_id", c->eos_token_id));
     }
 
-    // A Gemma 3 multimodal base trains adapters only (train.c), so its config is never written.
-    if (c->multimodal) built = 0, errno = EINVAL;
 #undef ADD
-    char *text = built ? cJSON_Print(o) : NULL;
-    cJSON_Delete(o);
-    if (!text) {
-        if (!c->multimodal) errno = ENOMEM;
-        return -1;
-    }
+    if (!built) cJSON_Delete(o), errno = ENOMEM;
+    return built ? o : NULL;
+}
+
+// Writes o as path (synced); -1 with errno set on failure.
+static int write_config(const char *path, const cJSON *o) {
+    char *text = cJSON_Print(o);
+    if (!text) { errno = ENOMEM; return -1; }
     FILE *f = fopen(path, "w");
     if (!f) { free(text); return -1; }
     size_t n = strlen(text);
@@ -747,4 +748,28 @@ int hf_write_config(const char *path, const ModelConfig *c) {
     if (fclose(f) != 0 && ok) { ok = 0; saved = errno; }
     if (!ok) { errno = saved ? saved : EIO; return -1; }
     return 0;
+}
+
+int hf_write_config(const char *path, const ModelConfig *c, const char *mm_base) {
+    cJSON *o = config_json(c);
+    if (!o) return -1;
+    if (c->multimodal) {  // the base's config.json with this text_config (vision_config and the rest as they were)
+        char bpath[4096];
+        snprintf(bpath, sizeof bpath, "%s/config.json", mm_base ? mm_base : "");
+        cJSON *root = mm_base ? json_read_file(bpath) : NULL;
+        cJSON_DeleteItemFromObjectCaseSensitive(o, "architectures");
+        cJSON_DeleteItemFromObjectCaseSensitive(o, "torch_dtype");
+        const char *dt = c->torch_dtype[0] ? c->torch_dtype : "float32";
+        cJSON_DeleteItemFromObjectCaseSensitive(root, "torch_dtype");
+        cJSON_DeleteItemFromObjectCaseSensitive(root, "text_config");
+        if (!root || !cJSON_AddStringToObject(root, "torch_dtype", dt) || !cJSON_AddItemToObject(root, "text_config", o)) {
+            cJSON_Delete(root), cJSON_Delete(o);
+            errno = mm_base ? ENOMEM : EINVAL;
+            return -1;
+        }
+        o = root;
+    }
+    int rc = write_config(path, o);
+    cJSON_Delete(o);
+    return rc;
 }

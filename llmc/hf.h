@@ -23,4 +23,6 @@ void hf_override_rope(const char *where, const char *json, ModelConfig *c);
 // Writes a config.json that transformers loads: the input family's architecture and
 // model_type, its window keys and eos_token_id (a list stays a list) as read. Returns 0, or -1
 // with errno set on an I/O error.
-int hf_write_config(const char *path, const ModelConfig *c);
+// mm_base: a Gemma 3 multimodal model's base directory, whose config.json is written with
+// this text_config (NULL for the other models).
+int hf_write_config(const char *path, const ModelConfig *c, const char *mm_base);

@@ -348,6 +348,10 @@ typedef struct {
     void *logits;                 // [V] for sampling
     void *pad_row;                // [C]: the padding_idx row of the embedding gradient, kept
                                   // across the lookup's backward (NULL: no pad_token_id)
+    // Gemma 3 multimodal base (cfg.multimodal): the directory its weights first came from (its
+    // vision tower and config.json are copied from there into saved models) and where its text
+    // tensors sit ("language_model.model." or "model.language_model.").
+    char mm_base[4096], mm_prefix[32];
 } Model;
 
 // Fails with "model needs X GiB of host memory ..." when the parameter table (and, unless bk

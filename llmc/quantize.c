@@ -59,7 +59,7 @@ void quantize_model(const char *in_dir, const char *out_dir) {
     if (st_write(path, items, count, meta) != 0) fail("%s: cannot write: %s", path, strerror(errno));
     // config.json with the quantization_config transformers expects for such a file.
     join_path(path, sizeof path, out_dir, "config.json");
-    if (hf_write_config(path, &cfg) != 0) fail("%s: cannot write: %s", path, strerror(errno));
+    if (hf_write_config(path, &cfg, NULL) != 0) fail("%s: cannot write: %s", path, strerror(errno));
     char *txt = read_file(path, NULL);
     cJSON *o = cJSON_Parse(txt);
     free(txt);

@@ -421,18 +421,11 @@ int train_main(int argc, char **argv, int arch) {
     if (cfg.base_model[0] && arch == ARCH_GPT2) gpt2_read_config(cfg.base_model, &mc);
     else if (cfg.base_model[0]) load_base_config(&cfg, 1, &mc);
     if (mc.multimodal) {  // Gemma 3 4B/12B/27B: the text model alone is loaded (see model.h)
-        if (!strcmp(cfg.adapter, "none"))
-            fail("%s: a full fine-tune of a Gemma 3 multimodal model (model_type gemma3) is not supported: its "
-                 "vision tower is not loaded, so the saved model would lack it; set adapter: lora or qlora",
-                 cfg.base_model);
-        if (cfg.merge_lora)
-            fail("%s: merge_lora on a Gemma 3 multimodal model is not supported (the merged model would lack its "
-                 "vision tower); load the adapter with PEFT onto the base instead", cfg.base_model);
         if (cfg.lora_modules_to_save[0])
             fail("%s: lora_modules_to_save on a Gemma 3 multimodal model is not supported", cfg.base_model);
         printf("note: %s is Gemma3ForConditionalGeneration: its language model trains on text; the vision tower is "
-               "not loaded (its adapters, which PEFT would create for the same module names, would keep B = 0 in a "
-               "text-only run)\n", cfg.base_model);
+               "not loaded (saved models carry it as it came; its adapters, which PEFT would create for the same "
+               "module names, would keep B = 0 in a text-only run)\n", cfg.base_model);
     }
     if (cfg.rope_scaling_json[0]) {  // Axolotl's rope_scaling: replaces the model's
         char where[1200];

@@ -42,8 +42,10 @@ test/test_torch_ref.py (cases f-j).
                       absent keys at their defaults, tensors under language_model.model. or
                       model.language_model., a vision tower beside them): LoRA on the language
                       model against the reference, the same bits from both layouts, the adapter
-                      named as PEFT names it on that model and read back as lora_model_dir; a
-                      full fine-tune and merge_lora refused.
+                      named as PEFT names it on that model and read back as lora_model_dir;
+                      merge_lora and a full fine-tune (against the reference, and resumed from a
+                      checkpoint to the same bits) save the whole model: the base's config.json
+                      around the new text_config, the vision tower's tensors byte for byte.
   yarn                rope_scaling yarn on Llama (its logits against transformers 4.44.2's
                       LlamaForCausalLM) and Qwen2 (every optional key), and linear on Llama
                       (against transformers too): loss, one step's weights, rope_scaling
@@ -376,18 +378,52 @@ def case_gemma3_multimodal(root):
                     errs.append(f"adapter {k} differs from the reference's")
     if got["language_model.model."] != got["model.language_model."]:
         errs.append("the two tensor layouts give different losses or adapters")
-    for name, extra, want in (("full", {"adapter": None}, "full fine-tune of a Gemma 3 multimodal"),
-                              ("merge", {"merge_lora": True}, "merge_lora on a Gemma 3 multimodal")):
-        t = dict(tc, output_dir=os.path.join(work, name), **extra)
-        if extra.get("adapter", "x") is None:
-            for k in ("adapter", "lora_r", "lora_alpha", "lora_dropout", "lora_target_modules", "lora_model_dir"):
-                t.pop(k)
-        path = os.path.join(work, name + ".yaml")
-        R.write_yaml(path, t)
-        p = subprocess.run([ARGS.bin, "-c", path], cwd=work, capture_output=True, text=True, timeout=ARGS.timeout)
-        if p.returncode == 0 or want not in (p.stderr.strip().splitlines() or [""])[-1]:
-            errs.append(f"{name}: exit {p.returncode}, expected a refusal naming '{want}': {p.stderr[-300:]}")
-    return errs, "LoRA from both layouts against the reference, PEFT names, full fine-tune and merge refused"
+    # merge_lora (from the hub layout): the merged model is the whole multimodal model.
+    base = os.path.join(work, "base_language_model_model_")
+    t = dict(tc, base_model=base, output_dir=os.path.join(work, "merge"), merge_lora=True)
+    run(work, t, "merge.yaml")
+    ref_adapter = R.train_reference(tcfg, weights, tokens, t, lora=spec)["adapter"]
+    want = R.merge_lora(tcfg, weights, dict(spec, weights=ref_adapter))
+    errs += mm_output_errors("merge_lora", os.path.join(work, "merge", "merged"), base, want)
+    # A full fine-tune, its output the whole multimodal model too; resumed from checkpoint-1 it
+    # ends with the same files.
+    full = dict(tc, base_model=base, output_dir=os.path.join(work, "full"), save_steps=1)
+    for k in ("adapter", "lora_r", "lora_alpha", "lora_dropout", "lora_target_modules", "lora_model_dir"):
+        full.pop(k)
+    run(work, full, "full.yaml")
+    fref = R.train_reference(tcfg, weights, tokens, full)
+    ref_errors(R.read_metrics(os.path.join(work, "full", "metrics.jsonl")), fref, 2, errs)
+    errs += mm_output_errors("full fine-tune", os.path.join(work, "full"), base, fref["weights"])
+    res = dict(full, output_dir=os.path.join(work, "full_resumed"),
+               resume_from_checkpoint=os.path.join(work, "full", "checkpoint-1"))
+    run(work, res, "resumed.yaml")
+    if sha(os.path.join(work, "full", "model.safetensors")) != sha(os.path.join(work, "full_resumed", "model.safetensors")):
+        errs.append("full fine-tune resumed from checkpoint-1: model.safetensors differs from the unbroken run's")
+    return errs, ("LoRA from both layouts against the reference with PEFT's names; merge_lora and a full fine-tune "
+                  "(resumed too) save the whole multimodal model")
+
+
+def mm_output_errors(what, out, base, want):
+    """A saved Gemma 3 multimodal model in out: the base's config.json keys around a text_config,
+    the text tensors under language_model.model. against want (the reference's, 1e-4), every
+    other tensor of the base byte for byte."""
+    errs = []
+    cin, cout = read_json(os.path.join(base, "config.json")), read_json(os.path.join(out, "config.json"))
+    if cout.get("model_type") != "gemma3" or cout.get("vision_config") != cin["vision_config"] or \
+            cout.get("text_config", {}).get("model_type") != "gemma3_text" or \
+            cout.get("architectures") != ["Gemma3ForConditionalGeneration"]:
+        errs.append(f"{what}: config.json is not the multimodal one: {sorted(cout)}")
+    wout, win = R.read_safetensors(os.path.join(out, "model.safetensors")), R.read_safetensors(os.path.join(base, "model.safetensors"))
+    if set(wout) != set(win):
+        errs.append(f"{what}: tensors {sorted(set(wout) ^ set(win))[:4]} differ from the base's names")
+    for k, v in win.items():
+        if k.startswith("language_model.model."):
+            w = want["model." + k[len("language_model.model."):]]
+            if float(np.max(np.abs(wout[k].astype(np.float64) - w))) > W_TOL * max(1.0, float(np.max(np.abs(w)))):
+                errs.append(f"{what}: {k} differs from the reference's")
+        elif k in wout and (wout[k].dtype != v.dtype or not np.array_equal(wout[k], v)):
+            errs.append(f"{what}: {k} (not the text model's) changed")
+    return errs
 
 
 def case_gemma3_refusals(root):

@@ -334,7 +334,7 @@ static void test_config(void) {
     a.rope_original_max_position_embeddings = 8192; a.tie_word_embeddings = 1;
     a.bos_token_id = 128000; a.eos_token_id = 128001;
     const char *path = tpath("config.json");
-    int rc = hf_write_config(path, &a);
+    int rc = hf_write_config(path, &a, NULL);
     hf_read_config(path, &b);
     check("config round trip (llama3 rope_scaling)", rc == 0 && config_equal(&a, &b),
           "rc %d, fields differ", rc);
@@ -353,7 +353,7 @@ static void test_config(void) {
     a.head_dim = 64; a.max_position_embeddings = 32768; a.rms_norm_eps = 1e-6f;
     a.rope_theta = 1000000.0; a.rope_type = ROPE_DEFAULT; a.tie_word_embeddings = 1;
     a.attention_bias = 1; a.bos_token_id = -1; a.eos_token_id = 151643;
-    rc = hf_write_config(path, &a);
+    rc = hf_write_config(path, &a, NULL);
     hf_read_config(path, &b);
     text = read_file(path, NULL);
     check("config round trip (qwen2, no bos)",
@@ -414,7 +414,7 @@ static void test_config(void) {
                      "\"num_attention_heads\":4,\"sliding_window\":4096}");
     hf_read_config(path, &b);
     a = b;
-    rc = hf_write_config(path, &a);
+    rc = hf_write_config(path, &a, NULL);
     hf_read_config(path, &b);
     text = read_file(path, NULL);
     check("config mistral sliding_window round trip",
@@ -438,7 +438,7 @@ static void test_config(void) {
                      "\"eos_token_id\":[7,9]}");
     hf_read_config(path, &b);
     a = b;
-    rc = hf_write_config(path, &a);
+    rc = hf_write_config(path, &a, NULL);
     hf_read_config(path, &b);
     text = read_file(path, NULL);
     check("config qwen2 max_window_layers and eos list round trip",
@@ -450,7 +450,7 @@ static void test_config(void) {
           family_layer_window(&a, 2), a.n_eos, text ? text : "");
     free(text);
 
-    rc = hf_write_config(tpath("no/such/dir/config.json"), &a);
+    rc = hf_write_config(tpath("no/such/dir/config.json"), &a, NULL);
     check("hf_write_config I/O error returns -1", rc == -1 && errno == ENOENT, "rc %d errno %d",
           rc, errno);
 }
