@@ -257,8 +257,15 @@ static size_t quant_bytes(const ParamSpec *p) {
 }
 
 // The Hugging Face name a pattern of unfrozen_parameters sees: Phi-3 keeps q/k/v and gate/up
-// fused in its files (self_attn.qkv_proj, mlp.gate_up_proj), so their parts go by that name.
+// fused in its files (self_attn.qkv_proj, mlp.gate_up_proj), so their parts go by that name;
+// a Gemma 3 multimodal model's text model is model.language_model (transformers >= 4.52's
+// Gemma3ForConditionalGeneration, whose parameters Axolotl's patterns name).
 static void hf_param_name(const ModelConfig *c, const char *name, char *out, size_t cap) {
+    if (c->multimodal) {
+        if (!strncmp(name, "model.", 6)) snprintf(out, cap, "model.language_model.%s", name + 6);
+        else snprintf(out, cap, "%s", name);
+        return;
+    }
     static const char *const parts[][2] = {{"self_attn.q_proj.", "self_attn.qkv_proj."},
                                            {"self_attn.k_proj.", "self_attn.qkv_proj."},
                                            {"self_attn.v_proj.", "self_attn.qkv_proj."},

@@ -399,8 +399,17 @@ def case_gemma3_multimodal(root):
     run(work, res, "resumed.yaml")
     if sha(os.path.join(work, "full", "model.safetensors")) != sha(os.path.join(work, "full_resumed", "model.safetensors")):
         errs.append("full fine-tune resumed from checkpoint-1: model.safetensors differs from the unbroken run's")
+    # unfrozen_parameters name the multimodal model's parameters (Axolotl's Gemma 3 examples:
+    # ^model.language_model.*): only layer 1 trains here.
+    uf = dict(full, output_dir=os.path.join(work, "unfrozen"), unfrozen_parameters=["^model.language_model.layers.1.+"])
+    uf.pop("save_steps")
+    run(work, uf, "unfrozen.yaml")
+    wu, wb = R.read_safetensors(os.path.join(work, "unfrozen", "model.safetensors")), R.read_safetensors(os.path.join(base, "model.safetensors"))
+    moved = sorted(k for k in wb if not np.array_equal(wu[k], wb[k]))
+    if not moved or any(not k.startswith("language_model.model.layers.1.") for k in moved):
+        errs.append(f"unfrozen_parameters ^model.language_model.layers.1.+: changed {moved[:4]}")
     return errs, ("LoRA from both layouts against the reference with PEFT's names; merge_lora and a full fine-tune "
-                  "(resumed too) save the whole multimodal model")
+                  "(resumed too) save the whole multimodal model; unfrozen_parameters in its names")
 
 
 def mm_output_errors(what, out, base, want):
