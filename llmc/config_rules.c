@@ -86,7 +86,9 @@ static const Rule RULES[] = {
     {"tokenizer_padding_side", R_NOTE, NULL, "prepared rows are padded after their samples, and padding is never attended to or trained"},
     {"tokenizer_save_jinja_files", R_NOTE, NULL, "the base model's tokenizer files are copied beside the final model as they are"},
     {"tokenizer_use_mistral_common", R_REFUSE, NULL, "mistral-common tokenization is not implemented; scripts/prepare_data.py tokenizes with transformers"},
-    {"processor_type", R_NOTE, NULL, "a multimodal processor class; the models here are text-only and use the tokenizer alone"},
+    {"processor_type", R_REFUSE, NULL, "a multimodal processor means image (or audio) training, which is not "
+                                       "implemented: Gemma 3's multimodal checkpoints train their language model on text "
+                                       "here (drop processor_type)"},
     {"added_tokens_overrides", R_REFUSE, NULL, "tokenizer edits are not implemented"},
     {"random_init_weights", R_REFUSE, NULL, "for a random-init model give a model: block (hidden_size, num_hidden_layers, ...) instead of base_model"},
     {"overrides_of_model_kwargs", R_REFUSE, NULL, "model loading options are not implemented"},
@@ -124,8 +126,8 @@ static const Rule RULES[] = {
     {"kto_*", R_REFUSE, NULL, REFUSE_RL}, {"cpo_alpha", R_REFUSE, NULL, REFUSE_RL}, {"simpo_gamma", R_REFUSE, NULL, REFUSE_RL},
     {"reward_model", R_REFUSE, NULL, REFUSE_RL}, {"process_reward_model", R_REFUSE, NULL, REFUSE_RL},
     {"s2_attention", R_REFUSE, NULL, "shifted-sparse attention is not implemented (attention is full causal)"},
-    {"image_size", R_REFUSE, NULL, "multimodal models are not supported"},
-    {"image_resize_algorithm", R_REFUSE, NULL, "multimodal models are not supported"},
+    {"image_size", R_REFUSE, NULL, "image training is not implemented"},
+    {"image_resize_algorithm", R_REFUSE, NULL, "image training is not implemented"},
     // the datasets pipeline: passed to scripts/prepare_data.py (prepare.h)
     {"datasets", R_DATA, NULL, NULL}, {"test_datasets", R_DATA, NULL, NULL},
     {"pretraining_dataset", R_DATA, NULL, NULL}, {"chat_template", R_DATA, NULL, NULL},
