@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Whole-model checks of the CUDA backend, run by scripts/gpu_check.sh (parts b, c, d, e).
 
-  gpu_train_check.py train     --bin B --json J   (b) fp32 CUDA vs CPU, full and LoRA: losses
+  gpu_train_check.py train     --bin B --json J   (b) fp32 CUDA vs CPU, full, LoRA and a Gemma 3
+                                                      text model (HF directory written here): losses
                                                       of 5 AdamW steps within 1e-5 relative; one
                                                       step's gradient (a linear update: see
                                                       part_train) within 1e-4 per tensor,
@@ -87,7 +88,57 @@ def base_cfg(size, out, sizes=model_cfg, **over):
     if not os.path.exists(c["train_data"]):
         write_shard(c["train_data"], 200000, c["model"]["vocab_size"])
     c.update(over)
+    if "base_model" in c:  # a Hugging Face directory instead of the random-init model block
+        del c["model"]
     return c
+
+
+def gemma3_base(size):
+    """A random Gemma 3 text model (Gemma3ForCausalLM) of the size's shape as a Hugging Face
+    directory (float32 safetensors written here): sandwich and (1 + w) norms, GeGLU, scaled
+    embeddings, q/k norms, sliding layers (pattern 2, half the sequence) with their own RoPE,
+    query_pre_attn_scalar 1.5 x head_dim (the q scaling path)."""
+    c = model_cfg(size)
+    m, T = c["model"], c["sequence_len"]
+    d = os.path.join(TMP, "gemma3_" + size)
+    if os.path.exists(d):
+        return d
+    os.makedirs(d)
+    C, I, L, Hq, Hkv, V = (m[k] for k in ("hidden_size", "intermediate_size", "num_hidden_layers",
+                                          "num_attention_heads", "num_key_value_heads", "vocab_size"))
+    D = C // Hq
+    cfg = {"architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text", "vocab_size": V, "hidden_size": C,
+           "intermediate_size": I, "num_hidden_layers": L, "num_attention_heads": Hq, "num_key_value_heads": Hkv,
+           "head_dim": D, "hidden_activation": "gelu_pytorch_tanh", "query_pre_attn_scalar": D * 3 // 2,
+           "sliding_window": T // 2, "sliding_window_pattern": 2, "rope_theta": 1000000.0,
+           "rope_local_base_freq": 10000.0, "max_position_embeddings": m["max_position_embeddings"],
+           "rms_norm_eps": 1e-6, "tie_word_embeddings": True, "pad_token_id": 0, "torch_dtype": "float32"}
+    with open(os.path.join(d, "config.json"), "w") as f:
+        json.dump(cfg, f)
+    rng = random.Random(5)
+    shapes = {"model.embed_tokens.weight": (V, C), "model.norm.weight": (C,)}
+    for l in range(L):
+        p = "model.layers.%d." % l
+        for n in ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm", "post_feedforward_layernorm"):
+            shapes[p + n + ".weight"] = (C,)
+        shapes.update({p + "self_attn.q_proj.weight": (Hq * D, C), p + "self_attn.k_proj.weight": (Hkv * D, C),
+                       p + "self_attn.v_proj.weight": (Hkv * D, C), p + "self_attn.o_proj.weight": (C, Hq * D),
+                       p + "self_attn.q_norm.weight": (D,), p + "self_attn.k_norm.weight": (D,),
+                       p + "mlp.gate_proj.weight": (I, C), p + "mlp.up_proj.weight": (I, C),
+                       p + "mlp.down_proj.weight": (C, I)})
+    header, blobs, off = {}, [], 0
+    for name, shape in shapes.items():
+        n = math.prod(shape)
+        std = 0.1 if "norm" in name else 0.5 if "embed" in name else 0.05  # norms: w near 0 (1 + w applied)
+        b = array("f", (rng.gauss(0, std) for _ in range(n))).tobytes()
+        header[name] = {"dtype": "F32", "shape": list(shape), "data_offsets": [off, off + len(b)]}
+        blobs.append(b)
+        off += len(b)
+    h = json.dumps(header).encode()
+    h += b" " * (-len(h) % 8)
+    with open(os.path.join(d, "model.safetensors"), "wb") as f:
+        f.write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
+    return d
 
 
 def write_config(cfg, path):
@@ -284,7 +335,9 @@ def step_errors(w0_bytes, a_bytes, b_bytes, only=None, read=None):
 def part_train(a):
     size = "tiny" if a.tiny else "small"
     rows = []
-    for label, extra, wfile in (("full", {}, "model.safetensors"), ("LoRA", LORA, "adapter_model.safetensors")):
+    gemma = {"base_model": gemma3_base(size)}
+    for label, extra, wfile in (("full", {}, "model.safetensors"), ("LoRA", LORA, "adapter_model.safetensors"),
+                                ("Gemma 3 full", gemma, "model.safetensors")):
         # (1) a few steps of ordinary AdamW: the losses
         cpu = run("b_cpu_" + label, base_cfg(size, os.path.join(TMP, "b_cpu_" + label), device="cpu", **extra))
         gpu = run("b_gpu_" + label, base_cfg(size, os.path.join(TMP, "b_gpu_" + label), device=a.device,
@@ -304,7 +357,7 @@ def part_train(a):
             runs[name] = run(slug, base_cfg(size, os.path.join(TMP, slug), device=dev, **over))
         ok_step = all(r.rc == 0 for r in runs.values())
         gerr, gname, gmed, gdet = step_errors(*(file_bytes(runs[n], wfile) for n in ("w0", "gpu", "cpu")),
-                                              only="lora_B" if extra else None) if ok_step else (math.inf, "", math.inf, "")
+                                              only="lora_B" if "adapter" in extra else None) if ok_step else (math.inf, "", math.inf, "")
         # Neither side is exact: both sum in float, in different orders. Through the emulator
         # (the CUDA code on the CPU) the worst tensor was a norm weight, 1.3e-5 (its gradient
         # sums dy * x_hat over rows, terms of both signs that cancel), the median 2.8e-7

@@ -41,6 +41,8 @@ lr * g / (|g| + 1): the step's change measures its gradient g, element by elemen
   (g) train_gpt (GPT-2: LayerNorm, GELU, learned positions, a tied padded head) through the
       emulator: scripts/gpu_train_check.py gpt --tiny, the checks a GPU runs (fp32 losses and one
       step's gradient against the CPU, bf16 losses, -r 1/-r 2 bit-identical to -r 0).
+  (h) Gemma 3 text from a random HF base: fp32 and bf16 against the CPU.
+  (i) scripts/gpu_train_check.py train --tiny: part (b) of the GPU check (full, LoRA, Gemma 3).
 About 60 s on 2 cores.
 Prints PASS/FAIL lines and the measured figures.
 """
@@ -368,6 +370,16 @@ def main():
             check("(g) train_gpt (emulated CUDA) by gpu_train_check.py gpt --tiny: %d checks pass (%.1f s)"
                   % (len(passed), time.time() - t0), p.returncode == 0 and len(passed) == 4,
                   (p.stdout + p.stderr)[-2000:])
+        # (i) the GPU check's part (b) as a GPU runs it, tiny: fp32 losses and one step's gradient
+        # against the CPU for full, LoRA and a Gemma 3 directory the script writes itself
+        t0 = time.time()
+        p = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "gpu_train_check.py"), "train", "--tiny",
+                            "--device", "cuda", "--bin", binary, "--json", os.path.join(tmp, "train.json")],
+                           cwd=tmp, capture_output=True, text=True, errors="replace")
+        passed = [l for l in p.stdout.splitlines() if l.startswith("PASS ")]
+        check("(i) gpu_train_check.py train --tiny (emulated CUDA): %d checks pass, Gemma 3's among them (%.1f s)"
+              % (len(passed), time.time() - t0), p.returncode == 0 and len(passed) == 6 and
+              any("Gemma 3" in l for l in passed), (p.stdout + p.stderr)[-2000:])
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return 1 if FAILS else 0

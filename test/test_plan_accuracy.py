@@ -2,10 +2,10 @@
 """Plan accuracy (issue 12, item 5): for a table of small configurations on the CPU backend,
 every memory mode the planner prints (plain, checkpointing, selective, offload true / legacy /
 disk, ckpt + offload, hidden_states; each untiled, with a tiled MLP, and with tiled MLP and
-attention), full fine-tuning, LoRA,
-QLoRA, QLoRA with layer streaming, optimizer offload, tiered hidden states under a host limit,
-and ZeRO-1 on two ranks, `--plan`'s device, host and disk peaks are within 10% of what the run
-measures (device_peak_bytes / host_peak_bytes / disk_peak_bytes in metrics.jsonl, the maximum
+attention), full fine-tuning, LoRA, QLoRA, QLoRA with layer streaming, optimizer offload,
+tiered hidden states under a host limit, ZeRO-1 on two ranks, and Gemma 3 (sandwich norms: four
+more kept tensors a layer) full and LoRA, `--plan`'s device, host and disk peaks are within 10%
+of what the run measures (device_peak_bytes / host_peak_bytes / disk_peak_bytes in metrics.jsonl, the maximum
 over two steps).
 
 A peak both sides put at zero must be zero on both; a nonzero one within 10% of the measured.
@@ -18,9 +18,11 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import tempfile
 
-from checks import check, finish, write_shard
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from checks import check, finish, write_shard  # noqa: E402
 
 UNITS = {"B": 1, "KiB": 2 ** 10, "MiB": 2 ** 20, "GiB": 2 ** 30, "TiB": 2 ** 40}
 TOL = 0.10
@@ -59,7 +61,7 @@ VARIANTS = [
 
 def yaml(d):
     model = dict(MODEL, num_hidden_layers=d.pop("_layers", MODEL["num_hidden_layers"]))
-    out = ["model:"] + ["  %s: %s" % kv for kv in model.items()]
+    out = [] if "base_model" in d else ["model:"] + ["  %s: %s" % kv for kv in model.items()]
     out += ["%s: %s" % kv for kv in d.items()]
     return "\n".join(out) + "\n"
 
@@ -132,6 +134,18 @@ def main():
                 ws[m.group(1)] = (float(m.group(2)) * UNITS[m.group(3)], float(m.group(4)) * UNITS[m.group(5)])
         layer_in = 2 * 128 * MODEL["hidden_size"] * 4
         variants = list(VARIANTS)
+        # Gemma 3 (its sandwich norms keep four more tensors a layer, and sliding layers their
+        # own RoPE table): the base modes, full fine-tuning and LoRA, from an HF directory.
+        import llama_ref as R
+        g3 = R.make_config(model_type="gemma3_text", vocab_size=256, hidden_size=64, intermediate_size=160,
+                           num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                           hidden_act="gelu_pytorch_tanh", hidden_activation="gelu_pytorch_tanh",
+                           query_pre_attn_scalar=16, sliding_window=64, sliding_window_pattern=2,
+                           max_position_embeddings=256, tie_word_embeddings=True)
+        gdir = os.path.join(root, "gemma3")
+        R.save_hf_dir(gdir, g3, R.init_weights(g3, seed=1))
+        variants.append(("gemma3 full", {"base_model": gdir}, list(BASE_MODES) + ["offload true + tiled MLP + attention"], 1))
+        variants.append(("gemma3 lora", dict(LORA, base_model=gdir), ["plain", "checkpointing", "hidden_states"], 1))
         if "hidden_states" in ws and "offload true" in ws:
             wd, wh = ws["hidden_states"]
             variants.append(("tiered host", {"_layers": 8, "host_memory_limit": int(wd + wh + 2.5 * layer_in)},
