@@ -43,7 +43,7 @@ lr * g / (|g| + 1): the step's change measures its gradient g, element by elemen
       step's gradient against the CPU, bf16 losses, -r 1/-r 2 bit-identical to -r 0).
   (h) Gemma 3 text from a random HF base: fp32 and bf16 against the CPU.
   (i) scripts/gpu_train_check.py train --tiny: part (b) of the GPU check (full, LoRA, Gemma 3).
-About 60 s on 2 cores.
+About 4 minutes on 2 cores.
 Prints PASS/FAIL lines and the measured figures.
 """
 import argparse
