@@ -444,7 +444,10 @@ def save_hf_dir_gemma3_multimodal(d, cfg, weights, layout="language_model.model.
     with open(os.path.join(d, "config.json"), "w") as f:
         json.dump(mm, f, indent=2)
     vis = "vision_tower." if layout.startswith("language_model") else "model.vision_tower."
-    t = {(layout + k[6:] if k.startswith("model.") else k): v for k, v in weights.items()}
+    # an untied head: language_model.lm_head.weight beside language_model.model.*, else lm_head.weight
+    head = "language_model.lm_head.weight" if layout.startswith("language_model") else "lm_head.weight"
+    t = {(layout + k[6:] if k.startswith("model.") else head if k == "lm_head.weight" else k): v
+         for k, v in weights.items()}
     t[vis + "vision_model.embeddings.patch_embedding.weight"] = np.ones((8, 3, 2, 2), np.float32)
     t["multi_modal_projector.mm_input_projection_weight"] = np.ones((8, cfg["hidden_size"]), np.float32)
     write_safetensors(os.path.join(d, "model.safetensors"), t, metadata={"format": "pt"})
