@@ -399,6 +399,18 @@ def case_gemma3_multimodal(root):
     run(work, res, "resumed.yaml")
     if sha(os.path.join(work, "full", "model.safetensors")) != sha(os.path.join(work, "full_resumed", "model.safetensors")):
         errs.append("full fine-tune resumed from checkpoint-1: model.safetensors differs from the unbroken run's")
+    # An untied head (not Gemma 3's own choice, but what text_config can say): read from and
+    # written back to language_model.lm_head.weight beside language_model.model.*.
+    ucfg = dict(cfg, tie_word_embeddings=False)
+    uweights = R.init_weights(ucfg, seed=33, qk_std=0.25, embed_std=0.1)
+    ubase = os.path.join(work, "base_untied")
+    utcfg = R.save_hf_dir_gemma3_multimodal(ubase, ucfg, uweights)
+    ut = dict(full, base_model=ubase, output_dir=os.path.join(work, "full_untied"))
+    ut.pop("save_steps")
+    run(work, ut, "untied.yaml")
+    uref = R.train_reference(utcfg, uweights, tokens, ut)
+    ref_errors(R.read_metrics(os.path.join(work, "full_untied", "metrics.jsonl")), uref, 2, errs)
+    errs += mm_output_errors("untied full fine-tune", os.path.join(work, "full_untied"), ubase, uref["weights"])
     # unfrozen_parameters name the multimodal model's parameters (Axolotl's Gemma 3 examples:
     # ^model.language_model.*): only layer 1 trains here.
     uf = dict(full, output_dir=os.path.join(work, "unfrozen"), unfrozen_parameters=["^model.language_model.layers.1.+"])
@@ -426,8 +438,9 @@ def mm_output_errors(what, out, base, want):
     if set(wout) != set(win):
         errs.append(f"{what}: tensors {sorted(set(wout) ^ set(win))[:4]} differ from the base's names")
     for k, v in win.items():
-        if k.startswith("language_model.model."):
-            w = want["model." + k[len("language_model.model."):]]
+        if k.startswith("language_model.model.") or k == "language_model.lm_head.weight":
+            w = want["model." + k[len("language_model.model."):]] if k.startswith("language_model.model.") \
+                else want["lm_head.weight"]
             if float(np.max(np.abs(wout[k].astype(np.float64) - w))) > W_TOL * max(1.0, float(np.max(np.abs(w)))):
                 errs.append(f"{what}: {k} differs from the reference's")
         elif k in wout and (wout[k].dtype != v.dtype or not np.array_equal(wout[k], v)):
