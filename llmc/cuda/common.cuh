@@ -49,6 +49,17 @@ void cuda_fail(const char *what, cudaError_t e, const char *file, int line);
 #define LAUNCH_CHECK(name) CUDA_CHECK(cudaGetLastError())
 
 // ---- element conversions ----------------------------------------------------------------
+// GELU, tanh approximation (GPT-2's, and Gemma's gelu_pytorch_tanh in GeGLU): value and slope.
+#define GELU_TANH_K 0.7978845608028654f  // sqrt(2/pi)
+__device__ __forceinline__ float gelu_tanh(float v) {
+    return 0.5f * v * (1.0f + tanhf(GELU_TANH_K * (v + 0.044715f * v * v * v)));
+}
+__device__ __forceinline__ float gelu_tanh_slope(float v) {
+    const float u = GELU_TANH_K * (v + 0.044715f * v * v * v), t = tanhf(u);
+    const float du = GELU_TANH_K * (1.0f + 3.0f * 0.044715f * v * v);
+    return 0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * du;
+}
+
 template <class T> __device__ __forceinline__ float to_f(T x);
 template <> __device__ __forceinline__ float to_f<float>(float x) { return x; }
 template <> __device__ __forceinline__ float to_f<bf16>(bf16 x) { return __bfloat162float(x); }

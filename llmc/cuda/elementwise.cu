@@ -75,16 +75,11 @@ struct SiluAct {  // Llama: silu(g) = g * sigmoid(g)
         du = d * g * s;
     }
 };
-#define GEGLU_K 0.7978845608028654f  // sqrt(2/pi)
-struct GeluTanhAct {  // Gemma: gelu_pytorch_tanh, as gpt2.cu's GELU
-    __device__ static float fwd(float g, float u) {
-        return 0.5f * g * (1.0f + tanhf(GEGLU_K * (g + 0.044715f * g * g * g))) * u;
-    }
+struct GeluTanhAct {  // Gemma: gelu_pytorch_tanh, GPT-2's GELU (common.cuh)
+    __device__ static float fwd(float g, float u) { return gelu_tanh(g) * u; }
     __device__ static void bwd(float d, float g, float u, float &dg, float &du) {
-        const float t = tanhf(GEGLU_K * (g + 0.044715f * g * g * g));
-        const float dt = GEGLU_K * (1.0f + 3.0f * 0.044715f * g * g);
-        dg = d * u * (0.5f * (1.0f + t) + 0.5f * g * (1.0f - t * t) * dt);
-        du = d * 0.5f * g * (1.0f + t);
+        dg = d * u * gelu_tanh_slope(g);
+        du = d * gelu_tanh(g);
     }
 };
 

@@ -151,23 +151,15 @@ void k_layernorm_bwd(CudaCtx *c, void *dx, float *dw, float *db, const void *dou
 }
 
 // ---- GELU (tanh approximation), elementwise ------------------------------------------------
-#define GELU_K 0.7978845608028654f  // sqrt(2/pi)
-
 template <class T> __global__ void gelu_fwd_kernel(T *y, const T *x, size_t n) {
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-        const float v = to_f<T>(x[i]);
-        y[i] = from_f<T>(0.5f * v * (1.0f + tanhf(GELU_K * (v + 0.044715f * v * v * v))));
-    }
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        y[i] = from_f<T>(gelu_tanh(to_f<T>(x[i])));
 }
 
 // dx may alias dout: each element is read before it is written, by the same thread.
 template <class T> __global__ void gelu_bwd_kernel(T *dx, const T *dy, const T *x, size_t n) {
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-        const float v = to_f<T>(x[i]), d = to_f<T>(dy[i]);
-        const float u = GELU_K * (v + 0.044715f * v * v * v), t = tanhf(u);
-        const float du = GELU_K * (1.0f + 3.0f * 0.044715f * v * v);
-        dx[i] = from_f<T>(d * (0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * du));
-    }
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        dx[i] = from_f<T>(to_f<T>(dy[i]) * gelu_tanh_slope(to_f<T>(x[i])));
 }
 
 void k_gelu_fwd(CudaCtx *c, void *y, const void *x, size_t n) {
