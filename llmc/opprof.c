@@ -12,8 +12,8 @@
 #define OPS(X)                                                                                        \
     X(matmul) X(matmul_dw) X(matmul_many) X(attention_fwd) X(attention_bwd) X(classifier_ce)           \
     X(rmsnorm_fwd) X(rmsnorm_bwd) X(layernorm_fwd) X(layernorm_bwd) X(swiglu_fwd) X(swiglu_bwd)        \
-    X(geglu_fwd) X(geglu_bwd) X(gelu_fwd) X(gelu_bwd) X(rope_fwd) X(rope_bwd) X(embedding_fwd) X(embedding_bwd) X(pos_fwd)       \
-    X(pos_bwd) X(add_bias) X(bias_grad) X(add) X(accumulate) X(accumulate_f32) X(dropout) X(scale)    \
+    X(geglu_fwd) X(geglu_bwd) X(gelu_fwd) X(gelu_bwd) X(rope_fwd) X(rope_bwd) X(embedding_fwd)         \
+    X(embedding_bwd) X(pos_fwd) X(pos_bwd) X(add_bias) X(bias_grad) X(add) X(accumulate) X(accumulate_f32) X(dropout) X(scale)    \
     X(sumsq_many) X(sum_f32) X(adamw) X(dequantize) X(memzero) X(copy_h2d) X(copy_d2h) X(copy_d2d)      \
     X(copy_2d) X(upload_act) X(download_act)
 

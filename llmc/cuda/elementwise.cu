@@ -182,30 +182,27 @@ void k_scale(CudaCtx *c, void *y, float s, size_t n) {
     else RUN_OP(float, n, can_vec<float>(n, y), ScaleOp, (float *)y, s);
 }
 
-void k_swiglu_fwd(CudaCtx *c, void *h, const void *gate, const void *up, size_t n) {
-    if (c->bf16) RUN_OP(bf16, n, can_vec<bf16>(n, h, gate, up), SwigluFwdOp, (bf16 *)h, (const bf16 *)gate, (const bf16 *)up);
-    else RUN_OP(float, n, can_vec<float>(n, h, gate, up), SwigluFwdOp, (float *)h, (const float *)gate, (const float *)up);
+// The gated MLPs' launches, one per direction, over an activation's ops.
+template <template <class, int> class Op> static void glu_fwd(CudaCtx *c, void *h, const void *gate, const void *up, size_t n) {
+    if (c->bf16) RUN_OP(bf16, n, can_vec<bf16>(n, h, gate, up), Op, (bf16 *)h, (const bf16 *)gate, (const bf16 *)up);
+    else RUN_OP(float, n, can_vec<float>(n, h, gate, up), Op, (float *)h, (const float *)gate, (const float *)up);
 }
 
-void k_swiglu_bwd(CudaCtx *c, void *dgate, void *dup, const void *dh, const void *gate,
-                  const void *up, size_t n) {
+template <template <class, int> class Op>
+static void glu_bwd(CudaCtx *c, void *dgate, void *dup, const void *dh, const void *gate, const void *up, size_t n) {
     int ok_b = can_vec<bf16>(n, dgate, dup, dh) && can_vec<bf16>(n, gate, up);
     int ok_f = can_vec<float>(n, dgate, dup, dh) && can_vec<float>(n, gate, up);
-    if (c->bf16) RUN_OP(bf16, n, ok_b, SwigluBwdOp, (bf16 *)dgate, (bf16 *)dup, (const bf16 *)dh, (const bf16 *)gate, (const bf16 *)up);
-    else RUN_OP(float, n, ok_f, SwigluBwdOp, (float *)dgate, (float *)dup, (const float *)dh, (const float *)gate, (const float *)up);
+    if (c->bf16) RUN_OP(bf16, n, ok_b, Op, (bf16 *)dgate, (bf16 *)dup, (const bf16 *)dh, (const bf16 *)gate, (const bf16 *)up);
+    else RUN_OP(float, n, ok_f, Op, (float *)dgate, (float *)dup, (const float *)dh, (const float *)gate, (const float *)up);
 }
 
-void k_geglu_fwd(CudaCtx *c, void *h, const void *gate, const void *up, size_t n) {
-    if (c->bf16) RUN_OP(bf16, n, can_vec<bf16>(n, h, gate, up), GegluFwdOp, (bf16 *)h, (const bf16 *)gate, (const bf16 *)up);
-    else RUN_OP(float, n, can_vec<float>(n, h, gate, up), GegluFwdOp, (float *)h, (const float *)gate, (const float *)up);
+void k_swiglu_fwd(CudaCtx *c, void *h, const void *gate, const void *up, size_t n) { glu_fwd<SwigluFwdOp>(c, h, gate, up, n); }
+void k_swiglu_bwd(CudaCtx *c, void *dgate, void *dup, const void *dh, const void *gate, const void *up, size_t n) {
+    glu_bwd<SwigluBwdOp>(c, dgate, dup, dh, gate, up, n);
 }
-
-void k_geglu_bwd(CudaCtx *c, void *dgate, void *dup, const void *dh, const void *gate,
-                 const void *up, size_t n) {
-    int ok_b = can_vec<bf16>(n, dgate, dup, dh) && can_vec<bf16>(n, gate, up);
-    int ok_f = can_vec<float>(n, dgate, dup, dh) && can_vec<float>(n, gate, up);
-    if (c->bf16) RUN_OP(bf16, n, ok_b, GegluBwdOp, (bf16 *)dgate, (bf16 *)dup, (const bf16 *)dh, (const bf16 *)gate, (const bf16 *)up);
-    else RUN_OP(float, n, ok_f, GegluBwdOp, (float *)dgate, (float *)dup, (const float *)dh, (const float *)gate, (const float *)up);
+void k_geglu_fwd(CudaCtx *c, void *h, const void *gate, const void *up, size_t n) { glu_fwd<GegluFwdOp>(c, h, gate, up, n); }
+void k_geglu_bwd(CudaCtx *c, void *dgate, void *dup, const void *dh, const void *gate, const void *up, size_t n) {
+    glu_bwd<GegluBwdOp>(c, dgate, dup, dh, gate, up, n);
 }
 
 void k_dropout(CudaCtx *c, void *y, const void *x, size_t n, float p, uint64_t seed, size_t first) {
