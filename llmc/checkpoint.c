@@ -199,14 +199,6 @@ void load_hf_weights(Model *m, const char *dir) {
     st_model_close(sm);
 }
 
-// float -> bfloat16 / float16 with round-to-nearest-even, as torch's .to() does.
-static uint16_t to_bf16(float f) {
-    uint32_t x;
-    memcpy(&x, &f, 4);
-    x += 0x7fffu + ((x >> 16) & 1);
-    return (uint16_t)(x >> 16);
-}
-
 // Round-to-nearest-even float -> half without _Float16 (which not every compiler targets):
 // a subnormal result is rounded by one float addition of a magic constant (the FPU rounds to
 // nearest even), a normal one by adding half an ulp minus one plus the kept mantissa's low bit.
@@ -246,7 +238,7 @@ static long long narrow(const char *dtype, void *buf, size_t n, float *val) {
     for (size_t i = 0; i < n; i++) {
         float x;
         memcpy(&x, b + 4 * i, 4);
-        uint16_t h = bf ? to_bf16(x) : to_f16(x);
+        uint16_t h = bf ? float_to_bf16(x) : to_f16(x);
         if ((h & inf) == inf) { *val = x; return (long long)i; }
         memcpy(b + 2 * i, &h, 2);
     }

@@ -665,9 +665,7 @@ static void layer_backward(Model *m, int l, const LayerActs *a, int B, int T, in
 static float embed_scale(const Model *m) {
     float s = (float)sqrt((double)m->cfg.hidden_size);
     if (m->bk->act_bytes != 2) return s;
-    uint32_t x;  // round to nearest even at bf16's 8 bits (s is finite and positive)
-    memcpy(&x, &s, 4);
-    x = (x + 0x7fffu + ((x >> 16) & 1)) & 0xffff0000u;
+    const uint32_t x = (uint32_t)float_to_bf16(s) << 16;
     memcpy(&s, &x, 4);
     return s;
 }

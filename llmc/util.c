@@ -237,3 +237,10 @@ const char *regex_too_complex(const char *p) {
     if (copies > 4096) return "counted repetitions that multiply past 4096 copies";
     return NULL;
 }
+
+uint16_t float_to_bf16(float f) {
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    x += 0x7fffu + ((x >> 16) & 1);
+    return (uint16_t)(x >> 16);
+}

@@ -35,6 +35,8 @@ void format_bytes(char *out, size_t cap, double bytes);
 
 // FNV-1a over n bytes, continuing from h (14695981039346656037 starts a hash).
 uint64_t fnv1a(uint64_t h, const void *p, size_t n);
+// float -> bfloat16 bits with round-to-nearest-even, as torch's .to() does.
+uint16_t float_to_bf16(float f);
 
 // xoshiro256** seeded by splitmix64: small, fast, and its whole state fits in a checkpoint.
 typedef struct { uint64_t s[4]; } Rng;
