@@ -105,15 +105,16 @@ static const float *load_fused_part(const char *where, const StTensor *(*find)(c
 // files' layout (m->mm_prefix) for the weights, model.language_model. for adapters
 // (transformers >= 4.52, as PEFT names them on that model today).
 static void file_name(const Model *m, int sel, const char *tname, char *out, size_t cap) {
-    const int mm = m->cfg.multimodal;
-    if (mm && sel == SEL_ADAPTER && !strncmp(tname, "model.", 6))
-        snprintf(out, cap, "%smodel.language_model.%s", SEL_PREFIX[sel], tname + 6);
-    else if (mm && sel == SEL_BASE && !strncmp(tname, "model.", 6))
-        snprintf(out, cap, "%s%s", m->mm_prefix, tname + 6);
-    else if (mm && sel == SEL_BASE && !strcmp(m->mm_prefix, "language_model.model."))
-        snprintf(out, cap, "language_model.%s", tname);  // an untied lm_head
-    else
-        snprintf(out, cap, "%s%s", SEL_PREFIX[sel], tname);
+    if (m->cfg.multimodal && sel == SEL_BASE) {
+        if (!strncmp(tname, "model.", 6)) snprintf(out, cap, "%s%s", m->mm_prefix, tname + 6);
+        else if (!strcmp(m->mm_prefix, "language_model.model.")) snprintf(out, cap, "language_model.%s", tname);  // an untied lm_head
+        else snprintf(out, cap, "%s", tname);
+        return;
+    }
+    char hf[128];  // table names are shorter (ParamSpec.name)
+    if (sel == SEL_ADAPTER) family_hf_name(&m->cfg, tname, hf, sizeof hf);
+    else snprintf(hf, sizeof hf, "%s", tname);
+    snprintf(out, cap, "%s%s", SEL_PREFIX[sel], hf);
 }
 
 // Loads the selected tensors via a lookup function (a model directory or one file).
@@ -179,7 +180,7 @@ static const StTensor *find_in_file(const void *s, const char *n) { return st_fi
 
 void load_hf_weights(Model *m, const char *dir) {
     StModel *sm = st_open_model_dir(dir);
-    char embed[64];
+    char embed[160];
     if (m->cfg.multimodal) {  // the hub's files hold language_model.model.X, transformers >= 4.52's model.language_model.X
         const char *pre = st_model_find(sm, "language_model.model.embed_tokens.weight") ? "language_model.model."
                           : st_model_find(sm, "model.language_model.embed_tokens.weight") ? "model.language_model."

@@ -73,6 +73,11 @@ int family_gelu_mlp(const ModelConfig *c) { return llama_row(c) && llama_row(c)-
 int family_embed_scale(const ModelConfig *c) { return llama_row(c) && llama_row(c)->embed_scale; }
 int family_sandwich(const ModelConfig *c) { return llama_row(c) && llama_row(c)->sandwich; }
 
+void family_hf_name(const ModelConfig *c, const char *name, char *out, size_t cap) {
+    if (c->multimodal && !strncmp(name, "model.", 6)) snprintf(out, cap, "model.language_model.%s", name + 6);
+    else snprintf(out, cap, "%s", name);
+}
+
 // Phi-3's fused tensors, as Phi3Attention and Phi3MLP slice them: qkv_proj's output rows are
 // q (heads x head_dim), then k, then v; gate_up_proj's are gate, then up (chunk(2), gate first).
 static const struct { const char *suffix; int kinds[3], n; } FUSIONS[] = {

@@ -57,6 +57,9 @@ float family_norm_add(const ModelConfig *c);
 int family_gelu_mlp(const ModelConfig *c);
 int family_embed_scale(const ModelConfig *c);
 int family_sandwich(const ModelConfig *c);
+// A table tensor's name in the Hugging Face module tree: itself, or on a Gemma 3 multimodal
+// model (Gemma3ForConditionalGeneration, transformers >= 4.52) model.X as model.language_model.X.
+void family_hf_name(const ModelConfig *c, const char *name, char *out, size_t cap);
 
 // Where table tensor i lives in a fused file tensor: its rows [row0, row0 + shape[0]) of
 // name's [rows, shape[1]], which stacks the table tensors parts[0..nparts) in that order.

@@ -262,8 +262,7 @@ static size_t quant_bytes(const ParamSpec *p) {
 // Gemma3ForConditionalGeneration, whose parameters Axolotl's patterns name).
 static void hf_param_name(const ModelConfig *c, const char *name, char *out, size_t cap) {
     if (c->multimodal) {
-        if (!strncmp(name, "model.", 6)) snprintf(out, cap, "model.language_model.%s", name + 6);
-        else snprintf(out, cap, "%s", name);
+        family_hf_name(c, name, out, cap);
         return;
     }
     static const char *const parts[][2] = {{"self_attn.q_proj.", "self_attn.qkv_proj."},
