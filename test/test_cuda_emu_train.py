@@ -162,6 +162,17 @@ def run_variant(binary, tmp, name, env, box):
     return r, w
 
 
+def gpu_check_part(part, binary, tmp):
+    """scripts/gpu_train_check.py PART --tiny on the emulated device: its PASS lines, exit 0,
+    seconds, and the output's tail."""
+    t0 = time.time()
+    p = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "gpu_train_check.py"), part, "--tiny",
+                        "--device", "cuda", "--bin", binary, "--json", os.path.join(tmp, part + ".json")],
+                       cwd=tmp, capture_output=True, text=True, errors="replace")
+    passed = [l for l in p.stdout.splitlines() if l.startswith("PASS ")]
+    return passed, p.returncode == 0, time.time() - t0, (p.stdout + p.stderr)[-2000:]
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--build", default="build")
@@ -362,24 +373,14 @@ def main():
         if not os.path.exists(gpt):
             print("SKIP (g) train_gpt: no %s beside the emulated trainer" % gpt)
         else:
-            t0 = time.time()
-            p = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "gpu_train_check.py"), "gpt", "--tiny",
-                                "--device", "cuda", "--bin", gpt, "--json", os.path.join(tmp, "gpt.json")],
-                               cwd=tmp, capture_output=True, text=True, errors="replace")
-            passed = [l for l in p.stdout.splitlines() if l.startswith("PASS ")]
+            passed, ok, secs, out = gpu_check_part("gpt", gpt, tmp)
             check("(g) train_gpt (emulated CUDA) by gpu_train_check.py gpt --tiny: %d checks pass (%.1f s)"
-                  % (len(passed), time.time() - t0), p.returncode == 0 and len(passed) == 4,
-                  (p.stdout + p.stderr)[-2000:])
+                  % (len(passed), secs), ok and len(passed) == 4, out)
         # (i) the GPU check's part (b) as a GPU runs it, tiny: fp32 losses and one step's gradient
         # against the CPU for full, LoRA and a Gemma 3 directory the script writes itself
-        t0 = time.time()
-        p = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "gpu_train_check.py"), "train", "--tiny",
-                            "--device", "cuda", "--bin", binary, "--json", os.path.join(tmp, "train.json")],
-                           cwd=tmp, capture_output=True, text=True, errors="replace")
-        passed = [l for l in p.stdout.splitlines() if l.startswith("PASS ")]
+        passed, ok, secs, out = gpu_check_part("train", binary, tmp)
         check("(i) gpu_train_check.py train --tiny (emulated CUDA): %d checks pass, Gemma 3's among them (%.1f s)"
-              % (len(passed), time.time() - t0), p.returncode == 0 and len(passed) == 6 and
-              any("Gemma 3" in l for l in passed), (p.stdout + p.stderr)[-2000:])
+              % (len(passed), secs), ok and len(passed) == 6 and any("Gemma 3" in l for l in passed), out)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return 1 if FAILS else 0

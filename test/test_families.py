@@ -126,6 +126,12 @@ def run_modes(work, tc, modes, wfile, errs):
     return plain
 
 
+def weight_diff(got, want):
+    """Max |got - want| and whether it is within W_TOL * max(1, max |want|)."""
+    d = float(np.max(np.abs(np.asarray(got, np.float64) - want)))
+    return d, d <= W_TOL * max(1.0, float(np.max(np.abs(want))))
+
+
 def ref_errors(rows, ref, steps, errs):
     """Each step's loss (LOSS_RTOL) and grad norm (GN_RTOL) against the reference's; returns the
     worst loss error."""
@@ -183,9 +189,9 @@ def case_qwen3_lora_window(root):
         if g is None:
             errs.append(f"adapter lacks {k}")
             continue
-        d = float(np.max(np.abs(g.astype(np.float64) - v)))
+        d, ok = weight_diff(g, v)
         worst_w = max(worst_w, d)
-        if d > W_TOL * max(1.0, float(np.max(np.abs(v)))):
+        if not ok:
             errs.append(f"adapter {k}: max diff {d:.3e}")
     return errs, f"loss rel {worst_l:.1e}, adapter max diff {worst_w:.1e}, modes bit-identical"
 
@@ -292,9 +298,9 @@ def case_gemma3_modes(root):
     out = R.read_safetensors(os.path.join(out_dir, "model.safetensors"))
     worst_w = 0.0
     for k, v in ref["weights"].items():
-        d = float(np.max(np.abs(out[k].astype(np.float64) - v)))
+        d, ok = weight_diff(out[k], v)
         worst_w = max(worst_w, d)
-        if d > W_TOL * max(1.0, float(np.max(np.abs(v)))):
+        if not ok:
             errs.append(f"weight {k}: max diff {d:.3e}")
     # LoRA: recompute + layer streaming (frozen layers from host blocks) against the plain LoRA run.
     spec = R.lora_spec(cfg, r=4, alpha=8, targets=list(R.LORA_TARGETS), seed=23, b_std=0.1)
@@ -374,7 +380,7 @@ def case_gemma3_multimodal(root):
             if set(out) != set(want):
                 errs.append(f"adapter names {sorted(set(out) ^ set(want))[:3]} differ from PEFT's on the multimodal model")
             for k, v in want.items():
-                if k in out and float(np.max(np.abs(out[k].astype(np.float64) - v))) > W_TOL * max(1.0, float(np.max(np.abs(v)))):
+                if k in out and not weight_diff(out[k], v)[1]:
                     errs.append(f"adapter {k} differs from the reference's")
     if got["language_model.model."] != got["model.language_model."]:
         errs.append("the two tensor layouts give different losses or adapters")
@@ -441,7 +447,7 @@ def mm_output_errors(what, out, base, want):
         if k.startswith("language_model.model.") or k == "language_model.lm_head.weight":
             w = want["model." + k[len("language_model.model."):]] if k.startswith("language_model.model.") \
                 else want["lm_head.weight"]
-            if float(np.max(np.abs(wout[k].astype(np.float64) - w))) > W_TOL * max(1.0, float(np.max(np.abs(w)))):
+            if not weight_diff(wout[k], w)[1]:
                 errs.append(f"{what}: {k} differs from the reference's")
         elif k in wout and (wout[k].dtype != v.dtype or not np.array_equal(wout[k], v)):
             errs.append(f"{what}: {k} (not the text model's) changed")
