@@ -75,10 +75,10 @@ int main(int argc, char **argv) {
     }
 
     // Check: float against double on the same (float-representable) inputs.
-    attention_fwd_f64(o, lse, q, k, v, B, T, 0, T, Hq, Hkv, D, window, NULL);
-    attention_bwd_f64(dq, dk, dv, g, q, k, v, o, lse, B, T, 0, T, Hq, Hkv, D, window, NULL, 0);
-    attention_fwd_f32(of, lsef, qf, kf, vf, B, T, 0, T, Hq, Hkv, D, window, NULL);
-    attention_bwd_f32(dqf, dkf, dvf, gf, qf, kf, vf, of, lsef, B, T, 0, T, Hq, Hkv, D, window, NULL, 0);
+    attention_fwd_f64(o, lse, q, k, v, B, T, 0, T, Hq, Hkv, D, window, NULL, 0, 0);
+    attention_bwd_f64(dq, dk, dv, g, q, k, v, o, lse, B, T, 0, T, Hq, Hkv, D, window, NULL, 0, 0, 0);
+    attention_fwd_f32(of, lsef, qf, kf, vf, B, T, 0, T, Hq, Hkv, D, window, NULL, 0, 0);
+    attention_bwd_f32(dqf, dkf, dvf, gf, qf, kf, vf, of, lsef, B, T, 0, T, Hq, Hkv, D, window, NULL, 0, 0, 0);
     double eo = rel_err(of, o, nq), eq = rel_err(dqf, dq, nq), ek = rel_err(dkf, dk, nk), ev = rel_err(dvf, dv, nk);
     double worst = fmax(fmax(eo, eq), fmax(ek, ev));
     printf("check f32 vs f64: out %.1e dq %.1e dk %.1e dv %.1e (largest error / largest value) %s\n", eo,
@@ -87,9 +87,9 @@ int main(int argc, char **argv) {
     double best_f = 1e30, best_b = 1e30;
     for (int r = 0; r < reps; r++) {
         double t0 = omp_get_wtime();
-        attention_fwd_f32(of, lsef, qf, kf, vf, B, T, 0, T, Hq, Hkv, D, window, NULL);
+        attention_fwd_f32(of, lsef, qf, kf, vf, B, T, 0, T, Hq, Hkv, D, window, NULL, 0, 0);
         double t1 = omp_get_wtime();
-        attention_bwd_f32(dqf, dkf, dvf, gf, qf, kf, vf, of, lsef, B, T, 0, T, Hq, Hkv, D, window, NULL, 0);
+        attention_bwd_f32(dqf, dkf, dvf, gf, qf, kf, vf, of, lsef, B, T, 0, T, Hq, Hkv, D, window, NULL, 0, 0, 0);
         double t2 = omp_get_wtime();
         if (t1 - t0 < best_f) best_f = t1 - t0;
         if (t2 - t1 < best_b) best_b = t2 - t1;

@@ -164,7 +164,7 @@ struct Backend {
     // rows gives.
     void (*attention_fwd)(Backend *, void *out, float *lse_f32, const void *q, const void *k,
                           const void *v, int B, int T, int q0, int nq, int Hq, int Hkv, int D,
-                          int window, const int32_t *doc_start);
+                          int window, const int32_t *doc_start, float scale, float softcap);
     // Writes dq (tile rows, like q); writes dk, dv, or adds to them when accumulate is set, so
     // a run of query tiles in order sums the key/value gradients as one call would. dk_f32 /
     // dv_f32 (float, shaped like dk/dv) carry those sums between tiles where activations are
@@ -174,7 +174,7 @@ struct Backend {
                           const void *q, const void *k, const void *v, const void *out,
                           const float *lse_f32, int B, int T, int q0, int nq, int Hq, int Hkv,
                           int D, int window, const int32_t *doc_start, int accumulate,
-                          float *dk_f32, float *dv_f32);
+                          float *dk_f32, float *dv_f32, float scale, float softcap);
 
     // y = x * mask / (1 - p), mask[i] from a hash of (seed, first + i): the same call is its
     // own backward, and a tile of rows gets the mask the whole tensor would. y may alias x.
@@ -195,7 +195,7 @@ struct Backend {
     // non-NULL) accumulates scale * dloss/dW, where scale multiplies every token's loss.
     void (*classifier_ce)(Backend *, float *losses_f32, void *dx, float *dW_f32, const void *x,
                           const void *W, const int32_t *targets, int N, int V, int C,
-                          float scale);
+                          float scale, float softcap);
 
     // each[i] = the sum of squares of float tensor x[i] (n[i] elements, a gradient), in double,
     // returned to the host; one synchronisation for the whole list (the gradient norm: a wait a

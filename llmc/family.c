@@ -27,6 +27,11 @@ static const ModelFamily FAMILIES[] = {
     // configuration_gemma3 of transformers 4.57).
     {"gemma3_text", "Gemma3ForCausalLM", BIAS_FROM_CONFIG, BIAS_FROM_CONFIG, 1, WIN_PATTERN, 256, 4096, 0, 0, 0,
      1, 1, 1, 1, 1},
+    // Gemma 2 (gemma-2-2b/9b/27b; Gemma2ForCausalLM): Gemma 3's block without q/k norms, every
+    // other layer sliding (4096) with the one RoPE, attention scores and logits soft-capped
+    // (ModelConfig.attn_softcap/final_softcap; modeling_gemma2 of transformers 4.57).
+    {"gemma2", "Gemma2ForCausalLM", BIAS_FROM_CONFIG, BIAS_FROM_CONFIG, 0, WIN_PATTERN, 256, 4096, 0, 0, 0,
+     1, 1, 1, 1, 1},
 };
 
 const ModelFamily *family_find(const char *model_type) {
@@ -46,10 +51,10 @@ const ModelFamily *family_by_architecture(const char *architecture) {
     return NULL;
 }
 
-const char *family_list(void) { return "llama, mistral, qwen2, qwen3, phi3, gemma3_text"; }
+const char *family_list(void) { return "llama, mistral, qwen2, qwen3, phi3, gemma2, gemma3_text"; }
 const char *family_architectures(void) {
     return "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Phi3ForCausalLM, "
-           "Gemma3ForCausalLM";
+           "Gemma2ForCausalLM, Gemma3ForCausalLM";
 }
 
 int family_layer_window(const ModelConfig *c, int l) {
@@ -57,15 +62,17 @@ int family_layer_window(const ModelConfig *c, int l) {
     switch (family_of(c)->window) {
     case WIN_ALL: return c->sliding_window;
     case WIN_QWEN: return c->use_sliding_window && l >= c->max_window_layers ? c->sliding_window : 0;
-    case WIN_PATTERN: return family_layer_local_rope(c, l) ? c->sliding_window : 0;
+    case WIN_PATTERN: return family_layer_sliding(c, l) ? c->sliding_window : 0;
     default: return 0;
     }
 }
 
-int family_layer_local_rope(const ModelConfig *c, int l) {
+int family_layer_sliding(const ModelConfig *c, int l) {
     return c->arch == ARCH_LLAMA && family_of(c)->window == WIN_PATTERN && c->sliding_pattern > 0 &&
            (l + 1) % c->sliding_pattern != 0;
 }
+
+int family_layer_local_rope(const ModelConfig *c, int l) { return family_layer_sliding(c, l) && c->rope_local_theta > 0; }
 
 static const ModelFamily *llama_row(const ModelConfig *c) { return c->arch == ARCH_LLAMA ? family_of(c) : NULL; }
 float family_norm_add(const ModelConfig *c) { return llama_row(c) && llama_row(c)->norm_add ? 1.0f : 0.0f; }

@@ -13,7 +13,7 @@ enum { BIAS_FROM_CONFIG = 0, BIAS_NEVER = 1, BIAS_ALWAYS = 2 };
 //   WIN_QWEN   only with use_sliding_window, and only layers l >= max_window_layers (Qwen2/3,
 //              transformers' layer_types rule)
 //   WIN_PATTERN every layer but each sliding_pattern-th (Gemma 3: l + 1 a multiple of 6 is
-//              global), which also use RoPE of rope_local_base_freq
+//              global; Gemma 2: every other), Gemma 3's with RoPE of rope_local_base_freq
 enum { WIN_NONE = 0, WIN_ALL = 1, WIN_QWEN = 2, WIN_PATTERN = 3 };
 
 typedef struct {
@@ -49,6 +49,8 @@ const char *family_list(void);
 const char *family_architectures(void);
 // The attention window of layer l (0: none): what the attention op is given.
 int family_layer_window(const ModelConfig *c, int l);
+// 1 when layer l is one of a WIN_PATTERN family's sliding layers (Gemma 2 and 3).
+int family_layer_sliding(const ModelConfig *c, int l);
 // 1 when layer l rotates with the local RoPE tables (Gemma 3's sliding layers).
 int family_layer_local_rope(const ModelConfig *c, int l);
 // The row's Gemma traits for a config (0 for GPT-2 and the other families): what the norms

@@ -43,18 +43,26 @@ static const int32_t *pos_at(const Model *m, size_t r0, Span s) {
 // Attention for a span's queries against its sequences' keys: the backend's op, or through
 // sequence parallelism's reshuffles (whole batch only) when each rank holds a slice of every
 // sequence. q, out, dq, dout hold the span's rows; k, v, dk, dv, lse are whole.
+// The attention's score scale: Gemma's query_pre_attn_scalar^-0.5 where it is not head_dim
+// (Gemma 2 27B: 144 against 128; Gemma 3 27B: 168), else 0: the op's head_dim^-0.5.
+static float att_scale(const ModelConfig *c) {
+    const int qpas = c->query_pre_attn_scalar;
+    return qpas > 0 && qpas != c->head_dim ? (float)(1.0 / sqrt((double)qpas)) : 0.0f;
+}
+
 static void attend_fwd(Model *m, void *out, float *lse, const void *q, const void *k, const void *v, Span s,
                        int T, int window) {
     const ModelConfig *c = &m->cfg;
     const int Hq = c->num_attention_heads, Hkv = c->num_key_value_heads, D = c->head_dim;
     const int32_t *ds = DOC_START(m);
     if (m->sp) {
-        seqpar_attention_fwd(m->sp, m->bk, out, lse, q, k, v, s.nb, window, ds);
+        seqpar_attention_fwd(m->sp, m->bk, out, lse, q, k, v, s.nb, window, ds, att_scale(c), c->attn_softcap);
         return;
     }
     const size_t kv = (size_t)s.b0 * T * Hkv * D;
     m->bk->attention_fwd(m->bk, out, lse + (size_t)s.b0 * Hq * T, q, act_at(m->bk, k, kv), act_at(m->bk, v, kv),
-                         s.nb, T, s.t0, s.n, Hq, Hkv, D, window, ds ? ds + (size_t)s.b0 * T : NULL);
+                         s.nb, T, s.t0, s.n, Hq, Hkv, D, window, ds ? ds + (size_t)s.b0 * T : NULL, att_scale(c),
+                         c->attn_softcap);
 }
 
 static void attend_bwd(Model *m, void *dq, void *dk, void *dv, const void *dout, const void *q, const void *k,
@@ -63,7 +71,8 @@ static void attend_bwd(Model *m, void *dq, void *dk, void *dv, const void *dout,
     const int Hq = c->num_attention_heads, Hkv = c->num_key_value_heads, D = c->head_dim;
     const int32_t *ds = DOC_START(m);
     if (m->sp) {
-        seqpar_attention_bwd(m->sp, m->bk, dq, dk, dv, dout, q, k, v, out, lse, s.nb, window, ds);
+        seqpar_attention_bwd(m->sp, m->bk, dq, dk, dv, dout, q, k, v, out, lse, s.nb, window, ds, att_scale(c),
+                             c->attn_softcap);
         return;
     }
     Backend *bk = m->bk;
@@ -73,7 +82,8 @@ static void attend_bwd(Model *m, void *dq, void *dk, void *dv, const void *dout,
     float *fk = m->dkv_f32, *fv = fk ? fk + (size_t)m->B * T * Hkv * D : NULL;
     bk->attention_bwd(bk, dq, act_at(bk, dk, kv), act_at(bk, dv, kv), dout, q, act_at(bk, k, kv), act_at(bk, v, kv),
                       out, lse + (size_t)s.b0 * Hq * T, s.nb, T, s.t0, s.n, Hq, Hkv, D, window,
-                      ds ? ds + (size_t)s.b0 * T : NULL, s.t0 > 0, fk ? fk + kv : NULL, fv ? fv + kv : NULL);
+                      ds ? ds + (size_t)s.b0 * T : NULL, s.t0 > 0, fk ? fk + kv : NULL, fv ? fv + kv : NULL, att_scale(c),
+                      c->attn_softcap);
 }
 
 // A parameter on the device; a streamed one lives in its layer's slot while acquired.
@@ -434,13 +444,6 @@ static void *qrows(const Model *m, void *t, size_t r0, size_t width) {
 #define ROPE_COS(m, l) (family_layer_local_rope(&(m)->cfg, l) ? (m)->rope_loc_cos : (m)->rope_cos)
 #define ROPE_SIN(m, l) (family_layer_local_rope(&(m)->cfg, l) ? (m)->rope_loc_sin : (m)->rope_sin)
 
-// Gemma's query_pre_attn_scalar: scores scaled by qpas^-0.5 instead of head_dim^-0.5 (Gemma 3
-// 27B: 168 against 128). The attention ops scale by head_dim^-0.5, so the rotated q copy is
-// multiplied by sqrt(head_dim / qpas) first, and its gradient by the same after the backward.
-static float q_scale(const ModelConfig *c) {
-    const int qpas = c->query_pre_attn_scalar;
-    return qpas > 0 && qpas != c->head_dim ? (float)sqrt((double)c->head_dim / qpas) : 1.0f;
-}
 
 // RoPE, and first the per-head q/k norms of families that have them (Qwen3): q' =
 // rope(rmsnorm(q) * q_norm), likewise k. Without norms the projection is rotated in place;
@@ -458,10 +461,6 @@ static const void *q_rotate(Model *m, int l, void *q, Span s, int T) {
         bk->rmsnorm_fwd(bk, x, m->qk_rstd + r0 * Hq, q, LP(m, l, P_QNORM), family_norm_add(c), n * Hq, D, c->rms_norm_eps);
     }
     bk->rope_fwd(bk, x, ROPE_COS(m, l), ROPE_SIN(m, l), pos_at(m, r0, s), s.nb, s.n, Hq, D);
-    if (q_scale(c) != 1.0f) {  // on the copy only: a kept q must stay the projection's
-        if (!m->q_rot) fail("internal: query_pre_attn_scalar without a q-norm copy to scale");
-        bk->scale(bk, x, q_scale(c), (size_t)n * Hq * D);
-    }
     return x;
 }
 
@@ -624,7 +623,6 @@ static void layer_backward(Model *m, int l, const LayerActs *a, int B, int T, in
         lora_bwd(m, l, LORA_O, datt, dy, att, r0, n, QD, C);
         attend_bwd(m, dq, m->d_k, m->d_v, datt, qa, ka, a->v, att, a->lse, s, T, window);
         void *dqx = dq;
-        if (q_scale(c) != 1.0f) bk->scale(bk, dq, q_scale(c), (size_t)n * QD);
         if (c->arch == ARCH_LLAMA) bk->rope_bwd(bk, dq, ROPE_COS(m, l), ROPE_SIN(m, l), pos_at(m, r0, s), s.nb, s.n, Hq, D);
         if (m->q_rot) {  // through the q norm; the rotated copy is dead now and takes the gradient
             dqx = qrows(m, m->q_rot, r0, QD);
@@ -764,7 +762,7 @@ double model_forward_backward(Model *m, int B, int T, float loss_scale) {
                       opt_param_global(m, t->final_norm_bias), n);
         bk->classifier_ce(bk, m->losses + r0, train ? act_at(bk, m->d_ln, (size_t)r0 * C) : NULL,
                           train ? G(m, t->lm_head) : NULL, m->final_ln, P(m, t->lm_head), m->targets + r0, n,
-                          c->vocab_size, C, loss_scale);
+                          c->vocab_size, C, loss_scale, c->final_softcap);
     }
     double loss = bk->sum_f32(bk, m->losses, N);
     if (!train) return loss;
@@ -810,4 +808,6 @@ void model_last_logits(Model *m, int T, float *out) {
     bk->matmul(bk, m->logits, m->final_ln, P(m, m->tab.lm_head),
                1, c->vocab_size, C, 0, 1, 1.0f, 0.0f);
     bk->download_act(bk, out, m->logits, c->vocab_size);
+    if (c->final_softcap > 0)  // as the classifier caps them (Gemma 2's final_logit_softcapping)
+        for (int v = 0; v < c->vocab_size; v++) out[v] = (float)(c->final_softcap * tanh(out[v] / (double)c->final_softcap));
 }

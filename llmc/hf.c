@@ -238,10 +238,22 @@ static void read_phi3_keys(const char *path, const cJSON *root, ModelConfig *c) 
     if (rs) read_longrope(path, rs, c);
 }
 
-// Gemma 3's keys (configuration_gemma3 of transformers 4.57: the defaults of absent keys). What
-// this trainer does not implement is refused: logit soft-capping, bidirectional attention, an
-// attention scale other than head_dim^-0.5, another activation.
-static void read_gemma3_keys(const char *path, const cJSON *root, ModelConfig *c) {
+// A logit soft-cap key: a positive number, or null (none); absent keys take `def` (0: none).
+static float read_softcap(const char *path, const cJSON *root, const char *key, double def) {
+    const cJSON *v = get(root, key);
+    if (v ? cJSON_IsNull(v) : def == 0) return 0.0f;
+    const double cap = v ? opt_num(path, root, key, def) : def;
+    if (!(isfinite(cap) && cap > 0 && cap < 1e30))
+        fail("%s: '%s' must be a positive number or null, got %g", path, key, cap);
+    return (float)cap;
+}
+
+// The Gemma keys (configuration_gemma2 / configuration_gemma3 of transformers 4.57: the
+// defaults of absent keys). Gemma 2 caps its attention scores and logits (50 and 30 unless
+// the keys say otherwise) and alternates sliding and global layers with one RoPE; Gemma 3 has
+// no caps unless set and gives its sliding layers their own RoPE base. What this trainer does
+// not implement is refused: bidirectional attention, another activation.
+static void read_gemma_keys(const char *path, const cJSON *root, ModelConfig *c, int gemma2) {
     const cJSON *ha = get(root, "hidden_activation"), *act = get(root, "hidden_act");
     const char *want = "gelu_pytorch_tanh";
     if (ha && (!cJSON_IsString(ha) || strcmp(ha->valuestring, want)))
@@ -252,25 +264,26 @@ static void read_gemma3_keys(const char *path, const cJSON *root, ModelConfig *c
     if (act && (!cJSON_IsString(act) || strcmp(act->valuestring, want)))
         fail("%s: 'hidden_act' is not \"%s\": %s's MLP uses hidden_activation (\"%s\"); remove the key or "
              "make them agree", path, want, c->model_type, want);
-    static const char *const caps[] = {"final_logit_softcapping", "attn_logit_softcapping"};
-    for (int i = 0; i < 2; i++) {
-        const cJSON *v = get(root, caps[i]);
-        if (v && !cJSON_IsNull(v))
-            fail("%s: '%s' is set; logit soft-capping is not implemented (Gemma 3 leaves it null)", path, caps[i]);
-    }
+    c->attn_softcap = read_softcap(path, root, "attn_logit_softcapping", gemma2 ? 50.0 : 0);
+    c->final_softcap = read_softcap(path, root, "final_logit_softcapping", gemma2 ? 30.0 : 0);
     if (opt_bool(path, root, "use_bidirectional_attention", 0))
         fail("%s: 'use_bidirectional_attention': true is not supported (causal attention only)", path);
     c->query_pre_attn_scalar = opt_int(path, root, "query_pre_attn_scalar", 256);
     if (c->query_pre_attn_scalar <= 0) fail("%s: 'query_pre_attn_scalar' must be a positive integer", path);
-    c->rope_local_theta = opt_num(path, root, "rope_local_base_freq", 10000.0);
-    if (!(isfinite(c->rope_local_theta) && c->rope_local_theta > 0))
-        fail("%s: 'rope_local_base_freq' must be a positive finite number, got %g", path, c->rope_local_theta);
-    c->sliding_pattern = opt_int(path, root, "sliding_window_pattern", 6);
-    if (c->sliding_pattern < 1) fail("%s: 'sliding_window_pattern' must be a positive integer", path);
+    // Gemma 2: every other layer slides (layer_types' default); one RoPE for all (Gemma2Config
+    // has neither rope_local_base_freq nor sliding_window_pattern, and transformers reads neither).
+    c->sliding_pattern = 2;
+    if (!gemma2) {
+        c->rope_local_theta = opt_num(path, root, "rope_local_base_freq", 10000.0);
+        if (!(isfinite(c->rope_local_theta) && c->rope_local_theta > 0))
+            fail("%s: 'rope_local_base_freq' must be a positive finite number, got %g", path, c->rope_local_theta);
+        c->sliding_pattern = opt_int(path, root, "sliding_window_pattern", 6);
+        if (c->sliding_pattern < 1) fail("%s: 'sliding_window_pattern' must be a positive integer", path);
+    }
     // transformers >= 4.53 saves layer_types and not the pattern: then the first global layer
     // gives it (read_root checks the whole list against it).
     const cJSON *lt = get(root, "layer_types");
-    if (!get(root, "sliding_window_pattern") && cJSON_IsArray(lt)) {
+    if ((gemma2 || !get(root, "sliding_window_pattern")) && cJSON_IsArray(lt)) {
         int n = cJSON_GetArraySize(lt), first = n;
         for (int l = n - 1; l >= 0; l--) {
             const cJSON *t = cJSON_GetArrayItem(lt, l);
@@ -381,7 +394,7 @@ static void read_root(const char *path, const cJSON *root, ModelConfig *c) {
         fail("%s: 'partial_rotary_factor' = %g is not supported (only 1.0: RoPE over the whole head)", path, prf);
     const cJSON *act = get(root, "hidden_act");
     if (fam->gelu_mlp) {
-        read_gemma3_keys(path, root, c);
+        read_gemma_keys(path, root, c, !strcmp(model_type, "gemma2"));
     } else if (act && (!cJSON_IsString(act) || strcmp(act->valuestring, "silu") != 0)) {
         fail("%s: 'hidden_act' must be \"silu\" (the only activation implemented)", path);
     }
@@ -443,7 +456,7 @@ static void read_root(const char *path, const cJSON *root, ModelConfig *c) {
                  c->num_hidden_layers);
         for (int l = 0; l < c->num_hidden_layers; l++) {
             const cJSON *t = cJSON_GetArrayItem(lt, l);
-            const int sliding = fam->window == WIN_PATTERN ? family_layer_local_rope(c, l) : family_layer_window(c, l) > 0;
+            const int sliding = fam->window == WIN_PATTERN ? family_layer_sliding(c, l) : family_layer_window(c, l) > 0;
             const char *want = sliding ? "sliding_attention" : "full_attention";
             if (!cJSON_IsString(t) || (strcmp(t->valuestring, "full_attention") && strcmp(t->valuestring, "sliding_attention")))
                 fail("%s: layer_types[%d] must be \"full_attention\" or \"sliding_attention\"", path, l);
@@ -702,15 +715,21 @@ static cJSON *config_json(const ModelConfig *c) {
         ADD(cJSON_AddBoolToObject(o, "use_sliding_window", c->use_sliding_window));
         ADD(cJSON_AddNumberToObject(o, "max_window_layers", c->max_window_layers));
     }
-    if (fam->gelu_mlp) {  // Gemma 3's keys as read (the others are its defaults: soft-caps null, causal)
+    if (fam->gelu_mlp) {  // the Gemma keys as read (the others are their defaults: causal)
         ADD(cJSON_AddStringToObject(o, "hidden_activation", "gelu_pytorch_tanh"));
         ADD(cJSON_AddNumberToObject(o, "query_pre_attn_scalar", c->query_pre_attn_scalar));
-        ADD(add_real(o, "rope_local_base_freq", c->rope_local_theta, 0));
-        ADD(cJSON_AddNumberToObject(o, "sliding_window_pattern", c->sliding_pattern));
+        if (c->attn_softcap > 0) ADD(add_real(o, "attn_logit_softcapping", c->attn_softcap, 0));
+        else ADD(cJSON_AddNullToObject(o, "attn_logit_softcapping"));
+        if (c->final_softcap > 0) ADD(add_real(o, "final_logit_softcapping", c->final_softcap, 0));
+        else ADD(cJSON_AddNullToObject(o, "final_logit_softcapping"));
+        if (c->rope_local_theta > 0) {  // Gemma 3's; Gemma 2 has one RoPE and its pattern fixed
+            ADD(add_real(o, "rope_local_base_freq", c->rope_local_theta, 0));
+            ADD(cJSON_AddNumberToObject(o, "sliding_window_pattern", c->sliding_pattern));
+        }
         cJSON *lt = cJSON_AddArrayToObject(o, "layer_types");
         ADD(lt);
         for (int l = 0; lt && l < c->num_hidden_layers; l++)
-            ADD(cJSON_AddItemToArray(lt, cJSON_CreateString(family_layer_local_rope(c, l) ? "sliding_attention" : "full_attention")));
+            ADD(cJSON_AddItemToArray(lt, cJSON_CreateString(family_layer_sliding(c, l) ? "sliding_attention" : "full_attention")));
     } else {
         ADD(cJSON_AddStringToObject(o, "hidden_act", "silu"));
     }

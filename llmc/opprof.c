@@ -81,17 +81,18 @@ static double jobs_flop(const Matmul *j, int n) {
 TIMED(matmul_many, jobs_flop(jobs, n), (Backend *bk, const Matmul *jobs, int n), (bk, jobs, n))
 TIMED(attention_fwd, 0,
       (Backend *bk, void *out, float *lse, const void *q, const void *k, const void *v, int B, int T, int q0, int nq,
-       int Hq, int Hkv, int D, int window, const int32_t *ds),
-      (bk, out, lse, q, k, v, B, T, q0, nq, Hq, Hkv, D, window, ds))
+       int Hq, int Hkv, int D, int window, const int32_t *ds, float scale, float softcap),
+      (bk, out, lse, q, k, v, B, T, q0, nq, Hq, Hkv, D, window, ds, scale, softcap))
 TIMED(attention_bwd, 0,
       (Backend *bk, void *dq, void *dk, void *dv, const void *dout, const void *q, const void *k, const void *v,
        const void *out, const float *lse, int B, int T, int q0, int nq, int Hq, int Hkv, int D, int window,
-       const int32_t *ds, int accumulate, float *dk32, float *dv32),
-      (bk, dq, dk, dv, dout, q, k, v, out, lse, B, T, q0, nq, Hq, Hkv, D, window, ds, accumulate, dk32, dv32))
+       const int32_t *ds, int accumulate, float *dk32, float *dv32, float scale, float softcap),
+      (bk, dq, dk, dv, dout, q, k, v, out, lse, B, T, q0, nq, Hq, Hkv, D, window, ds, accumulate, dk32, dv32, scale,
+       softcap))
 TIMED(classifier_ce, 2.0 * N * V * C * (dx ? 2 : 1) + (dW ? 2.0 * N * V * C : 0),
       (Backend *bk, float *losses, void *dx, float *dW, const void *x, const void *W, const int32_t *targets, int N,
-       int V, int C, float scale),
-      (bk, losses, dx, dW, x, W, targets, N, V, C, scale))
+       int V, int C, float scale, float softcap),
+      (bk, losses, dx, dW, x, W, targets, N, V, C, scale, softcap))
 TIMED(rmsnorm_fwd, 0,
       (Backend *bk, void *out, float *rstd, const void *x, const void *w, float w_add, int N, int C, float eps),
       (bk, out, rstd, x, w, w_add, N, C, eps))

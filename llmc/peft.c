@@ -44,6 +44,9 @@ static const char *const LLAMA_INSIDE[] = {"", ".self_attn", ".mlp", ".mlp.act_f
 // Gemma3ForCausalLM: Llama's projections; the sandwich norms and the sliding layers' RoPE too.
 static const char *const GEMMA3_OUTSIDE[] = {"lm_head", "model.embed_tokens", "model.norm", "model.rotary_emb",
                                              "model.rotary_emb_local", "model", "model.layers"};
+static const char *const GEMMA2_OUTSIDE[] = {"lm_head", "model.embed_tokens", "model.norm", "model.rotary_emb", "model",
+                                             "model.layers"};
+// Both Gemmas' layers (Gemma 2's without the last two, its q/k norms).
 static const char *const GEMMA3_INSIDE[] = {"", ".self_attn", ".mlp", ".mlp.act_fn", ".input_layernorm",
                                             ".post_attention_layernorm", ".pre_feedforward_layernorm",
                                             ".post_feedforward_layernorm", ".self_attn.q_norm", ".self_attn.k_norm"};
@@ -79,6 +82,9 @@ static ModuleTree tree_of(const ModelConfig *c) {
         return (ModuleTree){"model.language_model.layers.%d", "layers", LLAMA_MODS, N(LLAMA_MODS), GEMMA3_MM_OUTSIDE,
                             N(GEMMA3_MM_OUTSIDE), GEMMA3_INSIDE, N(GEMMA3_INSIDE),
                             "q/k/v/o/gate/up/down projections of the language model"};
+    if (family_of(c)->sandwich && !family_of(c)->qk_norm)  // Gemma 2
+        return (ModuleTree){"model.layers.%d", "layers", LLAMA_MODS, N(LLAMA_MODS), GEMMA2_OUTSIDE, N(GEMMA2_OUTSIDE),
+                            GEMMA3_INSIDE, N(GEMMA3_INSIDE) - 2, "q/k/v/o/gate/up/down projections"};
     if (family_of(c)->sandwich)
         return (ModuleTree){"model.layers.%d", "layers", LLAMA_MODS, N(LLAMA_MODS), GEMMA3_OUTSIDE, N(GEMMA3_OUTSIDE),
                             GEMMA3_INSIDE, N(GEMMA3_INSIDE), "q/k/v/o/gate/up/down projections"};

@@ -70,19 +70,20 @@ void seqpar_free(SeqPar *sp, Backend *bk) {
 }
 
 void seqpar_attention_fwd(SeqPar *sp, Backend *bk, void *out, float *lse, const void *q, const void *k,
-                          const void *v, int B, int window, const int32_t *doc_start) {
+                          const void *v, int B, int window, const int32_t *doc_start, float scale,
+                          float softcap) {
     const int n = sp->n, Hq = sp->Hq, Hkv = sp->Hkv, D = sp->D;
     seqpar_to_heads(sp, bk, sp->q, q, B, Hq, D, 0);
     seqpar_to_heads(sp, bk, sp->k, k, B, Hkv, D, 1);
     seqpar_to_heads(sp, bk, sp->v, v, B, Hkv, D, 1);
     bk->attention_fwd(bk, sp->o, lse, sp->q, sp->k, sp->v, B, sp->T, 0, sp->T, Hq / n, seqpar_heads(n, Hkv, 1), D, window,
-                      doc_start);
+                      doc_start, scale, softcap);
     seqpar_to_seq(sp, bk, out, sp->o, B, Hq, D, 0);
 }
 
 void seqpar_attention_bwd(SeqPar *sp, Backend *bk, void *dq, void *dk, void *dv, const void *dout,
                           const void *q, const void *k, const void *v, const void *out, const float *lse, int B,
-                          int window, const int32_t *doc_start) {
+                          int window, const int32_t *doc_start, float scale, float softcap) {
     const int n = sp->n, Hq = sp->Hq, Hkv = sp->Hkv, D = sp->D;
     seqpar_to_heads(sp, bk, sp->q, q, B, Hq, D, 0);
     seqpar_to_heads(sp, bk, sp->k, k, B, Hkv, D, 1);
@@ -90,7 +91,7 @@ void seqpar_attention_bwd(SeqPar *sp, Backend *bk, void *dq, void *dk, void *dv,
     seqpar_to_heads(sp, bk, sp->o, out, B, Hq, D, 0);
     seqpar_to_heads(sp, bk, sp->dout, dout, B, Hq, D, 0);
     bk->attention_bwd(bk, sp->dq, sp->dk, sp->dv, sp->dout, sp->q, sp->k, sp->v, sp->o, lse, B, sp->T, 0, sp->T, Hq / n,
-                      seqpar_heads(n, Hkv, 1), D, window, doc_start, 0, NULL, NULL);
+                      seqpar_heads(n, Hkv, 1), D, window, doc_start, 0, NULL, NULL, scale, softcap);
     seqpar_to_seq(sp, bk, dq, sp->dq, B, Hq, D, 0);
     seqpar_to_seq(sp, bk, dk, sp->dk, B, Hkv, D, 1);
     seqpar_to_seq(sp, bk, dv, sp->dv, B, Hkv, D, 1);

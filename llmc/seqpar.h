@@ -41,10 +41,11 @@ size_t seqpar_bytes(int n, int B, int T, int Hq, int Hkv, int D, size_t act_byte
 // rank (B x T/n tokens); lse is kept head-sharded ([B][Hq/n][T], the same size), doc_start is
 // the whole sequences' document map ([B][T], or NULL). Backward writes this rank's dq/dk/dv.
 void seqpar_attention_fwd(SeqPar *sp, Backend *bk, void *out, float *lse, const void *q, const void *k,
-                          const void *v, int B, int window, const int32_t *doc_start);
+                          const void *v, int B, int window, const int32_t *doc_start, float scale,
+                          float softcap);
 void seqpar_attention_bwd(SeqPar *sp, Backend *bk, void *dq, void *dk, void *dv, const void *dout,
                           const void *q, const void *k, const void *v, const void *out, const float *lse, int B,
-                          int window, const int32_t *doc_start);
+                          int window, const int32_t *doc_start, float scale, float softcap);
 
 // x_loc [B][T/n][H][D] -> x_h [B][T][heads(r)][D] on every rank r (kv: the key/value split).
 void seqpar_to_heads(SeqPar *sp, Backend *bk, void *x_h, const void *x_loc, int B, int H, int D, int kv);

@@ -31,6 +31,11 @@ transformers 4.53+), not by running transformers:
              is a multiple of sliding_window_pattern (default 6), and sliding layers rotate with
              rope_local_base_freq (default 10000) and no rope_scaling; head_dim default 256;
              tie_word_embeddings default true; pad_token_id default 0
+    gemma2   (modeling_gemma2 / configuration_gemma2 of transformers 4.57) gemma3_text's block
+             without q/k norms and with one RoPE for every layer; layer i slides when
+             layer_types says so (default: even i); attention scores (after the scale) capped
+             as cap * tanh(s / cap) before the mask, cap attn_logit_softcapping (default 50),
+             and the logits likewise by final_logit_softcapping (default 30); null: no cap
 Every family: the embedding is nn.Embedding(..., padding_idx=pad_token_id), so the lookup adds
 no gradient to the pad row (F.embedding's padding_idx).
 A sliding window W lets query i see keys j with i - W < j <= i (masking_utils'
@@ -116,7 +121,8 @@ def make_config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_
 
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
                  "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
-                 "phi3": "Phi3ForCausalLM", "gemma3_text": "Gemma3ForCausalLM"}
+                 "phi3": "Phi3ForCausalLM", "gemma2": "Gemma2ForCausalLM", "gemma3_text": "Gemma3ForCausalLM"}
+GEMMAS = ("gemma2", "gemma3_text")
 
 
 def family(cfg):
@@ -126,15 +132,23 @@ def family(cfg):
     if mt not in ARCHITECTURES:
         raise ValueError(f"model_type {mt} not in the reference")
     ab = bool(cfg.get("attention_bias", False))
-    qkv_bias = {"llama": ab, "mistral": False, "qwen2": True, "qwen3": ab, "phi3": False, "gemma3_text": ab}[mt]
-    o_bias = {"llama": ab, "mistral": False, "qwen2": False, "qwen3": ab, "phi3": False, "gemma3_text": ab}[mt]
+    qkv_bias = {"llama": ab, "mistral": False, "qwen2": True, "qwen3": ab, "phi3": False, "gemma2": ab,
+                "gemma3_text": ab}[mt]
+    o_bias = {"llama": ab, "mistral": False, "qwen2": False, "qwen3": ab, "phi3": False, "gemma2": ab,
+              "gemma3_text": ab}[mt]
     L = cfg["num_hidden_layers"]
     sw = cfg["sliding_window"] if "sliding_window" in cfg else (None if mt in ("llama", "phi3") else 4096)
     local = [False] * L
-    if mt == "gemma3_text":
+    caps = (None, None)
+    if mt == "gemma2":  # Gemma2Config: layer_types (default: even layers slide), soft-caps 50 / 30
+        types = cfg.get("layer_types") or ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(L)]
+        windows = [(sw or 0) if types[i] == "sliding_attention" else 0 for i in range(L)]
+        caps = (cfg.get("attn_logit_softcapping", 50.0), cfg.get("final_logit_softcapping", 30.0))
+    elif mt == "gemma3_text":
         pat = cfg.get("sliding_window_pattern", 6)
         local = [(i + 1) % pat != 0 for i in range(L)]
         windows = [(sw or 0) if local[i] else 0 for i in range(L)]
+        caps = (cfg.get("attn_logit_softcapping"), cfg.get("final_logit_softcapping"))
     elif mt in ("mistral", "phi3"):
         windows = [sw or 0] * L
     elif mt in ("qwen2", "qwen3"):
@@ -143,16 +157,17 @@ def family(cfg):
         windows = [sw if sw is not None and i >= mwl else 0 for i in range(L)]
     else:
         windows = [0] * L
-    pad = cfg["pad_token_id"] if "pad_token_id" in cfg else {"phi3": 32000, "gemma3_text": 0}.get(mt)
+    pad = cfg["pad_token_id"] if "pad_token_id" in cfg else {"phi3": 32000, "gemma2": 0, "gemma3_text": 0}.get(mt)
     return {"qkv_bias": qkv_bias, "o_bias": o_bias, "qk_norm": mt in ("qwen3", "gemma3_text"), "windows": windows,
-            "fused": mt == "phi3", "pad": pad, "gemma": mt == "gemma3_text", "local_rope": local}
+            "fused": mt == "phi3", "pad": pad, "gemma": mt in GEMMAS, "local_rope": local,
+            "attn_softcap": caps[0], "final_softcap": caps[1]}
 
 
 def _dims(cfg):
     C = cfg["hidden_size"]
     Hq = cfg["num_attention_heads"]
     Hkv = cfg.get("num_key_value_heads") or Hq
-    D = cfg.get("head_dim") or {"qwen3": 128, "gemma3_text": 256}.get(cfg.get("model_type"), C // Hq)
+    D = cfg.get("head_dim") or {"qwen3": 128, "gemma2": 256, "gemma3_text": 256}.get(cfg.get("model_type"), C // Hq)
     return C, Hq, Hkv, D
 
 
@@ -202,8 +217,8 @@ def param_shapes(cfg):
 
 
 def tied(cfg):
-    """tie_word_embeddings, whose absence means true for Gemma 3 and false otherwise."""
-    return bool(cfg.get("tie_word_embeddings", cfg.get("model_type") == "gemma3_text"))
+    """tie_word_embeddings, whose absence means true for Gemma 2/3 and false otherwise."""
+    return bool(cfg.get("tie_word_embeddings", cfg.get("model_type") in GEMMAS))
 
 
 def is_decay_param(name):
@@ -710,6 +725,7 @@ class RefLlama(torch.nn.Module):
         self.windows = fam["windows"]
         self.fused, self.pad = fam["fused"], fam["pad"]
         self.gemma, self.local_rope = fam["gemma"], fam["local_rope"]
+        self.attn_cap, self.final_cap = fam["attn_softcap"], fam["final_softcap"]
         self.norm_add = 1.0 if self.gemma else 0.0
         qpas = cfg.get("query_pre_attn_scalar", 256) if self.gemma else self.D
         self.att_scale = qpas ** -0.5
@@ -785,7 +801,7 @@ class RefLlama(torch.nn.Module):
             ang = torch.cat((ang, ang), dim=-1)                    # [T, D]
             return (ang.cos() * af).to(self.dtype), (ang.sin() * af).to(self.dtype)
         cos_g, sin_g = tables(self.cfg, self.rope_af)
-        if self.gemma:  # the sliding layers' RoPE: the local base, no scaling
+        if any(self.local_rope):  # Gemma 3's sliding layers' RoPE: the local base, no scaling
             lc = dict(self.cfg, rope_theta=self.cfg.get("rope_local_base_freq", 10000.0), rope_scaling=None)
             cos_l, sin_l = tables(lc, 1.0)
         causal = torch.ones(T, T, dtype=torch.bool).tril()
@@ -824,6 +840,8 @@ class RefLlama(torch.nn.Module):
                 y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
             else:
                 att = (q @ k.transpose(-1, -2)) * self.att_scale
+                if self.attn_cap:  # Gemma 2's eager attention: cap tanh(s / cap), then the mask
+                    att = torch.tanh(att / self.attn_cap) * self.attn_cap
                 mask = causal
                 if W:  # keys j with i - W < j <= i
                     ii = torch.arange(T)[:, None]
@@ -852,7 +870,10 @@ class RefLlama(torch.nn.Module):
             x = x + self.linear(F.silu(g) * u, pre + "mlp.down_proj", None)
         x = self.rmsnorm(x, self.p("model.norm.weight"))
         head = self.p("model.embed_tokens.weight" if self.tied else "lm_head.weight")
-        return F.linear(x, head)
+        logits = F.linear(x, head)
+        if self.final_cap:  # Gemma2ForCausalLM's final_logit_softcapping
+            logits = torch.tanh(logits / self.final_cap) * self.final_cap
+        return logits
 
 
 # --------------------------------------------------------------------------------------------

@@ -108,12 +108,12 @@ static void test_exp_loops(void) {
 typedef struct {
     const char *name;
     void (*attention_fwd)(float *, float *, const float *, const float *, const float *, int, int,
-                          int, int, int, int, int, int, const int32_t *);
+                          int, int, int, int, int, int, const int32_t *, float, float);
     void (*attention_bwd)(float *, float *, float *, const float *, const float *, const float *,
                           const float *, const float *, const float *, int, int, int, int, int, int,
-                          int, int, const int32_t *, int);
+                          int, int, const int32_t *, int, float, float);
     void (*classifier_ce)(float *, float *, float *, const float *, const float *, const int32_t *,
-                          int, int, int, float);
+                          int, int, int, float, float);
     void (*swiglu_fwd)(float *, const float *, const float *, size_t);
     void (*swiglu_bwd)(float *, float *, const float *, const float *, const float *, size_t);
     void (*rmsnorm_fwd)(float *, float *, const float *, const float *, float, int, int, float);
@@ -167,8 +167,8 @@ static Outs run_variant(const Variant *k) {
         for (int t = 0; t < T; t++) ds[b * T + t] = b == 1 && t >= 97 ? 97 : 0;
     float *out = calloc(nq, sizeof(float)), *lse = calloc((size_t)B * Hq * T, sizeof(float));
     float *dq = calloc(nq, sizeof(float)), *dk = calloc(nk, sizeof(float)), *dv = calloc(nk, sizeof(float));
-    k->attention_fwd(out, lse, q, kk, v, B, T, 0, T, Hq, Hkv, D, window, ds);
-    k->attention_bwd(dq, dk, dv, dout, q, kk, v, out, lse, B, T, 0, T, Hq, Hkv, D, window, ds, 0);
+    k->attention_fwd(out, lse, q, kk, v, B, T, 0, T, Hq, Hkv, D, window, ds, 0, 0);
+    k->attention_bwd(dq, dk, dv, dout, q, kk, v, out, lse, B, T, 0, T, Hq, Hkv, D, window, ds, 0, 0, 0);
     put(&o, out, nq), put(&o, lse, (size_t)B * Hq * T), put(&o, dq, nq), put(&o, dk, nk), put(&o, dv, nk);
     free(q), free(kk), free(v), free(dout), free(ds), free(out), free(lse), free(dq), free(dk), free(dv);
     // Cross-entropy over a vocabulary that is not a multiple of the lanes, one ignored row.
@@ -177,7 +177,7 @@ static Outs run_variant(const Variant *k) {
     float *dx = calloc((size_t)N * C, sizeof(float)), *dW = calloc((size_t)V * C, sizeof(float));
     int32_t tgt[37];
     for (int n = 0; n < N; n++) tgt[n] = n == 5 ? -100 : (n * 31) % V;
-    k->classifier_ce(losses, dx, dW, x, W, tgt, N, V, C, 1.0f / N);
+    k->classifier_ce(losses, dx, dW, x, W, tgt, N, V, C, 1.0f / N, 0);
     put(&o, losses, N), put(&o, dx, (size_t)N * C), put(&o, dW, (size_t)V * C);
     free(x), free(W), free(losses), free(dx), free(dW);
     // Elementwise and norms, with a length that leaves a tail.

@@ -755,7 +755,7 @@ typedef struct {
 static long double att_loss(void *p) {
     AttCtx *c = p;
     attention_fwd_f64(c->out, c->lse, c->q, c->k, c->v, c->B, c->T, 0, c->T, c->Hq, c->Hkv, c->D, c->window,
-                      c->doc_start);
+                      c->doc_start, 0, 0);
     return dot_wt(c->out, c->wt, (size_t)c->B * c->T * c->Hq * c->D);
 }
 
@@ -779,7 +779,7 @@ static void test_attention_mask(int B, int T, int Hq, int Hkv, int D, int nsampl
              window ? " window=" : "", window, doc_start ? " documents" : "");
     fill_nan(c.out, nq);
     for (size_t i = 0; i < nl; i++) c.lse[i] = NAN;
-    attention_fwd_f64(c.out, c.lse, c.q, c.k, c.v, B, T, 0, T, Hq, Hkv, D, window, doc_start);
+    attention_fwd_f64(c.out, c.lse, c.q, c.k, c.v, B, T, 0, T, Hq, Hkv, D, window, doc_start, 0, 0);
     double *rout = zeros(nq), *rlse = zeros(nl), *r[3] = {zeros(nq), zeros(nk), zeros(nk)},
            *f[3] = {zeros(nq), zeros(nk), zeros(nk)};
     naive_attention(rout, rlse, r[0], r[1], r[2], c.wt, NULL, c.q, c.k, c.v, B, T, Hq, Hkv, D,
@@ -798,7 +798,7 @@ static void test_attention_mask(int B, int T, int Hq, int Hkv, int D, int nsampl
                     xmalloc(nk * sizeof(double))};
     fill_nan(g[0], nq), fill_nan(g[1], nk), fill_nan(g[2], nk);
     attention_bwd_f64(g[0], g[1], g[2], c.wt, c.q, c.k, c.v, c.out, c.lse, B, T, 0, T, Hq, Hkv, D, window,
-                      doc_start, 0);
+                      doc_start, 0, 0, 0);
     const char *nm[3] = {"dq", "dk", "dv"};
     double *in[3] = {c.q, c.k, c.v};
     size_t sz[3] = {nq, nk, nk};
@@ -899,6 +899,149 @@ static long double ce_row_fn(void *p) {
     return r->c->scale * ce_row_loss(r->c, r->n);
 }
 
+// ---- soft-capped attention and classifier (Gemma 2) --------------------------------------
+// The kernels' forward against a naive float64 one (scores scaled, capped as cap tanh(s / cap),
+// then masked and normalized), and their backward against finite differences of
+// L = sum(out * Wt) through the forward kernel; scale is given (Gemma's query_pre_attn_scalar),
+// not the default 1/sqrt(D).
+typedef struct {
+    AttCtx a;
+    double scale, cap;
+} CapCtx;
+
+static long double cap_loss(void *p) {
+    CapCtx *c = p;
+    AttCtx *a = &c->a;
+    attention_fwd_f64(a->out, a->lse, a->q, a->k, a->v, a->B, a->T, 0, a->T, a->Hq, a->Hkv, a->D, a->window, NULL,
+                      c->scale, c->cap);
+    return dot_wt(a->out, a->wt, (size_t)a->B * a->T * a->Hq * a->D);
+}
+
+static void test_attention_softcap(int B, int T, int Hq, int Hkv, int D, int window, double scale, double cap,
+                                   int nsample) {
+    size_t nq = (size_t)B * T * Hq * D, nk = (size_t)B * T * Hkv * D, nl = (size_t)B * Hq * T;
+    CapCtx c = {{B, T, Hq, Hkv, D, randn(nq, 2), randn(nk, 2), randn(nk, 1), randn(nq, 1),
+                 xmalloc(nq * sizeof(double)), xmalloc(nl * sizeof(float)), window, NULL},
+                scale, cap};
+    AttCtx *a = &c.a;
+    char tag[128];
+    snprintf(tag, sizeof tag, "B=%d T=%d Hq=%d Hkv=%d D=%d window=%d scale=%.3f cap=%.2f", B, T, Hq, Hkv, D,
+             window, scale, cap);
+    cap_loss(&c);
+    // naive: per (b, h, i) row
+    Cmp e = {0};
+    double *srow = xmalloc(sizeof(double) * T), *ref = xmalloc(sizeof(double) * D);
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < Hq; h++)
+            for (int i = 0; i < T; i++) {
+                const int hk = h / (Hq / Hkv), lo = window > 0 && i - window + 1 > 0 ? i - window + 1 : 0;
+                double mx = -INFINITY, sum = 0;
+                for (int j = lo; j <= i; j++) {
+                    double sc = 0;
+                    for (int d = 0; d < D; d++)
+                        sc += a->q[(((size_t)b * T + i) * Hq + h) * D + d] * a->k[(((size_t)b * T + j) * Hkv + hk) * D + d];
+                    srow[j] = cap * tanh(sc * scale / cap);
+                    mx = srow[j] > mx ? srow[j] : mx;
+                }
+                for (int d = 0; d < D; d++) ref[d] = 0;
+                for (int j = lo; j <= i; j++) {
+                    const double pj = exp(srow[j] - mx);
+                    sum += pj;
+                    for (int d = 0; d < D; d++) ref[d] += pj * a->v[(((size_t)b * T + j) * Hkv + hk) * D + d];
+                }
+                for (int d = 0; d < D; d++)
+                    cmp_rel(&e, "out", 0, a->out[(((size_t)b * T + i) * Hq + h) * D + d], ref[d] / sum);
+            }
+    report(&e, 1e-10, "attention fwd out, soft-capped, vs naive (%s)", tag);
+    double *g[3] = {xmalloc(nq * sizeof(double)), xmalloc(nk * sizeof(double)), xmalloc(nk * sizeof(double))};
+    attention_bwd_f64(g[0], g[1], g[2], a->wt, a->q, a->k, a->v, a->out, a->lse, B, T, 0, T, Hq, Hkv, D, window,
+                      NULL, 0, scale, cap);
+    const char *nm[3] = {"dq", "dk", "dv"};
+    double *in[3] = {a->q, a->k, a->v};
+    size_t sz[3] = {nq, nk, nk};
+    Cmp ef = {0};
+    for (int t = 0; t < 3; t++) {
+        double *x = xmalloc(sizeof(double) * nsample), *fd = xmalloc(sizeof(double) * nsample);
+        for (int s2 = 0; s2 < nsample; s2++) {
+            size_t i = (size_t)(rng_next(&rng) % sz[t]);
+            fd[s2] = fd1(cap_loss, &c, in[t] + i, FD_H);
+            x[s2] = g[t][i];
+        }
+        cmp_norm(&ef, nm[t], x, fd, nsample);
+        free(x), free(fd);
+    }
+    report_norm(&ef, 1e-5, "attention bwd dq,dk,dv, soft-capped, vs finite differences (%s)", tag);
+    // float against double, same inputs
+    float *qf = xmalloc(sizeof(float) * nq), *kf = xmalloc(sizeof(float) * nk), *vf = xmalloc(sizeof(float) * nk),
+          *of = xmalloc(sizeof(float) * nq), *gf = xmalloc(sizeof(float) * nq), *lf = xmalloc(sizeof(float) * nl);
+    float *gq = xmalloc(sizeof(float) * nq), *gk = xmalloc(sizeof(float) * nk), *gv = xmalloc(sizeof(float) * nk);
+    for (size_t i = 0; i < nq; i++) qf[i] = (float)a->q[i], gf[i] = (float)a->wt[i];
+    for (size_t i = 0; i < nk; i++) kf[i] = (float)a->k[i], vf[i] = (float)a->v[i];
+    attention_fwd_f32(of, lf, qf, kf, vf, B, T, 0, T, Hq, Hkv, D, window, NULL, (float)scale, (float)cap);
+    attention_bwd_f32(gq, gk, gv, gf, qf, kf, vf, of, lf, B, T, 0, T, Hq, Hkv, D, window, NULL, 0, (float)scale,
+                      (float)cap);
+    e = (Cmp){0};
+    double *tmp = xmalloc(sizeof(double) * nq);
+    for (size_t i = 0; i < nq; i++) tmp[i] = of[i];
+    cmp_norm(&e, "out", tmp, a->out, nq);
+    for (size_t i = 0; i < nq; i++) tmp[i] = gq[i];
+    cmp_norm(&e, "dq", tmp, g[0], nq);
+    for (size_t i = 0; i < nk; i++) tmp[i] = gk[i];
+    cmp_norm(&e, "dk", tmp, g[1], nk);
+    for (size_t i = 0; i < nk; i++) tmp[i] = gv[i];
+    cmp_norm(&e, "dv", tmp, g[2], nk);
+    report_norm(&e, 1e-5, "attention f32, soft-capped, vs f64 (%s)", tag);
+    free(qf), free(kf), free(vf), free(of), free(gf), free(lf), free(gq), free(gk), free(gv), free(tmp);
+    free(a->q), free(a->k), free(a->v), free(a->wt), free(a->out), free(a->lse), free(srow), free(ref);
+    for (int t = 0; t < 3; t++) free(g[t]);
+}
+
+// Soft-capped logits: loss = scale sum_n (lse(z'_n) - z'_n[t]), z' = cap tanh(x W^T / cap).
+typedef struct {
+    CeCtx c;
+    double cap;
+} CeCapCtx;
+
+static long double cecap_loss(void *p) {
+    CeCapCtx *k = p;
+    const CeCtx *c = &k->c;
+    long double s = 0;
+    for (int n = 0; n < c->N; n++) {
+        if (c->tgt[n] < 0) continue;
+        long double mx = -INFINITY, S = 0, zt = 0;
+        for (int u = 0; u < c->V; u++) {
+            const long double z = k->cap * tanhl(ce_logit(c, n, u) / k->cap);
+            if (u == c->tgt[n]) zt = z;
+            if (z > mx) S = S * expl(mx - z), mx = z;
+            S += expl(z - mx);
+        }
+        s += mx + logl(S) - zt;
+    }
+    return c->scale * s;
+}
+
+static void test_ce_softcap(int N, int V, int C, double cap) {
+    int32_t *tgt = xmalloc(sizeof(int32_t) * N);
+    for (int n = 0; n < N; n++) tgt[n] = n % 5 == 3 ? -100 : (int32_t)(rng_next(&rng) % V);
+    CeCapCtx k = {{N, V, C, 0.37, randn((size_t)N * C, 1), randn((size_t)V * C, 1), tgt}, cap};
+    CeCtx *c = &k.c;
+    size_t nx = (size_t)N * C, nw = (size_t)V * C;
+    float *loss = xmalloc(sizeof(float) * N);
+    double *dx = xmalloc(nx * sizeof(double)), *dW = zeros(nw);
+    classifier_ce_f64(loss, dx, dW, c->x, c->W, tgt, N, V, C, c->scale, cap);
+    long double tot = 0;
+    for (int n = 0; n < N; n++) tot += loss[n];
+    Cmp e = {0};
+    cmp_rel(&e, "loss", 0, (double)(c->scale * tot), (double)cecap_loss(&k));
+    report(&e, 1e-7, "classifier_ce soft-capped (cap %.1f) losses vs naive (N=%d V=%d C=%d)", cap, N, V, C);
+    e = (Cmp){0};
+    fd_check(&e, "dx", dx, c->x, nx, 150, FD_H, cecap_loss, &k);
+    fd_check(&e, "dW", dW, c->W, nw, 150, FD_H, cecap_loss, &k);
+    report(&e, FD_TOL, "classifier_ce soft-capped (cap %.1f) dx, dW vs finite differences (N=%d V=%d C=%d)", cap, N,
+           V, C);
+    free(tgt), free(c->x), free(c->W), free(loss), free(dx), free(dW);
+}
+
 static void test_ce(int N, int V, int C, const int32_t *tgt, int big) {
     CeCtx c = {N, V, C, 0.37, randn((size_t)N * C, 1), randn((size_t)V * C, 1), tgt};
     size_t nx = (size_t)N * C, nw = (size_t)V * C;
@@ -912,7 +1055,7 @@ static void test_ce(int N, int V, int C, const int32_t *tgt, int big) {
     double *dx = xmalloc(nx * sizeof(double)), *dW = zeros(nw);
     fill_nan(dx, nx);  // dx is written, not accumulated
     for (int n = 0; n < N; n++) loss[n] = NAN;
-    classifier_ce_f64(loss, dx, dW, c.x, c.W, tgt, N, V, C, c.scale);
+    classifier_ce_f64(loss, dx, dW, c.x, c.W, tgt, N, V, C, c.scale, 0);
     Cmp e = {0};
     int ign_ok = 1;
     for (int n = 0; n < N; n++) {
@@ -980,18 +1123,18 @@ static void test_ce(int N, int V, int C, const int32_t *tgt, int big) {
     // dW accumulates; dx / dW may each be NULL (checked on the small case only: time).
     double *b0 = randn(nw, 1), *acc = dup_arr(b0, nw), *dx2 = zeros(nx), *dW2 = zeros(nw);
     float *loss2 = xmalloc(sizeof(float) * N);
-    classifier_ce_f64(loss2, dx2, acc, c.x, c.W, tgt, N, V, C, c.scale);
+    classifier_ce_f64(loss2, dx2, acc, c.x, c.W, tgt, N, V, C, c.scale, 0);
     e = (Cmp){0};
     accum_cmp(&e, "dW", acc, b0, dW, nw);
     report(&e, ACC_TOL, "classifier_ce dW accumulates (%s)", tag);
     if (!big) {
         e = (Cmp){0};
-        classifier_ce_f64(loss2, NULL, dW2, c.x, c.W, tgt, N, V, C, c.scale);
+        classifier_ce_f64(loss2, NULL, dW2, c.x, c.W, tgt, N, V, C, c.scale, 0);
         cmp_arrays(&e, "dW (dx NULL)", dW2, dW, nw);
-        classifier_ce_f64(loss2, dx2, NULL, c.x, c.W, tgt, N, V, C, c.scale);
+        classifier_ce_f64(loss2, dx2, NULL, c.x, c.W, tgt, N, V, C, c.scale, 0);
         cmp_arrays(&e, "dx (dW NULL)", dx2, dx, nx);
         for (int n = 0; n < N; n++) loss2[n] = NAN;
-        classifier_ce_f64(loss2, NULL, NULL, c.x, c.W, tgt, N, V, C, c.scale);
+        classifier_ce_f64(loss2, NULL, NULL, c.x, c.W, tgt, N, V, C, c.scale, 0);
         for (int n = 0; n < N; n++) cmp_rel(&e, "loss (dx, dW NULL)", n, loss2[n], loss[n]);
         report(&e, 0, "classifier_ce with dx and/or dW NULL matches (%s)", tag);
     }
@@ -1063,13 +1206,13 @@ static void test_f32_attention(int window, int T, int D) {
     double *q = randn(nq, 1), *k = randn(nk, 1), *v = randn(nk, 1), *g = randn(nq, 1);
     double *o = zeros(nq), *dq = zeros(nq), *dk = zeros(nk), *dv = zeros(nk);
     float *lse = xmalloc(nl * sizeof(float)), *lse32 = xmalloc(nl * sizeof(float));
-    attention_fwd_f64(o, lse, q, k, v, B, T, 0, T, Hq, Hkv, D, window, NULL);
-    attention_bwd_f64(dq, dk, dv, g, q, k, v, o, lse, B, T, 0, T, Hq, Hkv, D, window, NULL, 0);
+    attention_fwd_f64(o, lse, q, k, v, B, T, 0, T, Hq, Hkv, D, window, NULL, 0, 0);
+    attention_bwd_f64(dq, dk, dv, g, q, k, v, o, lse, B, T, 0, T, Hq, Hkv, D, window, NULL, 0, 0, 0);
     float *qf = to_f32(q, nq), *kf = to_f32(k, nk), *vf = to_f32(v, nk), *gf = to_f32(g, nq);
     float *of = xmalloc(nq * sizeof(float)), *dqf = xmalloc(nq * sizeof(float)),
           *dkf = xmalloc(nk * sizeof(float)), *dvf = xmalloc(nk * sizeof(float));
-    attention_fwd_f32(of, lse32, qf, kf, vf, B, T, 0, T, Hq, Hkv, D, window, NULL);
-    attention_bwd_f32(dqf, dkf, dvf, gf, qf, kf, vf, of, lse32, B, T, 0, T, Hq, Hkv, D, window, NULL, 0);
+    attention_fwd_f32(of, lse32, qf, kf, vf, B, T, 0, T, Hq, Hkv, D, window, NULL, 0, 0);
+    attention_bwd_f32(dqf, dkf, dvf, gf, qf, kf, vf, of, lse32, B, T, 0, T, Hq, Hkv, D, window, NULL, 0, 0, 0);
     double *lsed = xmalloc(nl * sizeof(double));
     for (size_t i = 0; i < nl; i++) lsed[i] = lse[i];
     Cmp e = {0};
@@ -1106,8 +1249,8 @@ static void test_f32_attention_tiles(int tile, int window) {
     float *o = xmalloc(nq * 4), *lse = xmalloc(nl * 4), *dq = xmalloc(nq * 4), *dk = xmalloc(nk * 4), *dv = xmalloc(nk * 4);
     for (size_t i = 0; i < nq; i++) dq[i] = NAN;  // the backward writes its outputs, never reads them
     for (size_t i = 0; i < nk; i++) dk[i] = dv[i] = NAN;
-    attention_fwd_f32(o, lse, q, k, v, B, T, 0, T, Hq, Hkv, D, window, ds);
-    attention_bwd_f32(dq, dk, dv, g, q, k, v, o, lse, B, T, 0, T, Hq, Hkv, D, window, ds, 0);
+    attention_fwd_f32(o, lse, q, k, v, B, T, 0, T, Hq, Hkv, D, window, ds, 0, 0);
+    attention_bwd_f32(dq, dk, dv, g, q, k, v, o, lse, B, T, 0, T, Hq, Hkv, D, window, ds, 0, 0, 0);
     // Tiles per sequence, as the model runs them (B = 1 per call, rows of a tile contiguous).
     float *to = xmalloc(nq * 4), *tl = xmalloc(nl * 4), *tdq = xmalloc(nq * 4), *tdk = xmalloc(nk * 4),
           *tdv = xmalloc(nk * 4);
@@ -1119,7 +1262,7 @@ static void test_f32_attention_tiles(int tile, int window) {
             int n = T - t0 < tile ? T - t0 : tile;
             size_t r = (size_t)b * T + t0;
             attention_fwd_f32(to + r * lq, tl + (size_t)b * Hq * T, q + r * lq, k + (size_t)b * T * lk,
-                              v + (size_t)b * T * lk, 1, T, t0, n, Hq, Hkv, D, window, ds + b * T);
+                              v + (size_t)b * T * lk, 1, T, t0, n, Hq, Hkv, D, window, ds + b * T, 0, 0);
         }
     for (int b = 0; b < B; b++)
         for (int t0 = 0; t0 < T; t0 += tile) {
@@ -1127,7 +1270,7 @@ static void test_f32_attention_tiles(int tile, int window) {
             size_t r = (size_t)b * T + t0;
             attention_bwd_f32(tdq + r * lq, tdk + (size_t)b * T * lk, tdv + (size_t)b * T * lk, g + r * lq,
                               q + r * lq, k + (size_t)b * T * lk, v + (size_t)b * T * lk, to + r * lq,
-                              tl + (size_t)b * Hq * T, 1, T, t0, n, Hq, Hkv, D, window, ds + b * T, t0 > 0);
+                              tl + (size_t)b * Hq * T, 1, T, t0, n, Hq, Hkv, D, window, ds + b * T, t0 > 0, 0, 0);
         }
     const int aligned = tile % attention_block_f32() == 0;
     double mx = 0, ref = 0;
@@ -1152,10 +1295,10 @@ static void test_f32_ce(void) {
     size_t nx = (size_t)N * C, nw = (size_t)V * C;
     double *x = randn(nx, 1), *W = randn(nw, 0.5), *dx = zeros(nx), *dW = zeros(nw);
     float *l64 = xmalloc(N * sizeof(float)), *l32 = xmalloc(N * sizeof(float));
-    classifier_ce_f64(l64, dx, dW, x, W, tgt, N, V, C, 0.25);
+    classifier_ce_f64(l64, dx, dW, x, W, tgt, N, V, C, 0.25, 0);
     float *xf = to_f32(x, nx), *Wf = to_f32(W, nw), *dxf = xmalloc(nx * sizeof(float)),
           *dWf = xcalloc(nw, sizeof(float));
-    classifier_ce_f32(l32, dxf, dWf, xf, Wf, tgt, N, V, C, 0.25f);
+    classifier_ce_f32(l32, dxf, dWf, xf, Wf, tgt, N, V, C, 0.25f, 0);
     double *ld = xmalloc(N * sizeof(double));
     for (int i = 0; i < N; i++) ld[i] = l64[i];
     Cmp e = {0};
@@ -1213,17 +1356,17 @@ static void thread_run(ThreadOut *o, const double *in) {
     rmsnorm_fwd_f64(o->ry, rstd, wt, wt + 200, 0, 5, 24, 1e-5);
     rmsnorm_bwd_f64(o->rx, o->rw, wt + 300, wt, wt + 200, 0, rstd, 5, 24);
     o->ss = sumsq_f64(wt, 1001);
-    attention_fwd_f64(o->ao, lse, wt, wt + 100, wt + 200, 1, 70, 0, 70, 2, 1, 8, 0, NULL);
+    attention_fwd_f64(o->ao, lse, wt, wt + 100, wt + 200, 1, 70, 0, 70, 2, 1, 8, 0, NULL, 0, 0);
     attention_bwd_f64(o->adq, o->adk, o->adv, wt + 7, wt, wt + 100, wt + 200, o->ao, lse, 1, 70,
-                      0, 70, 2, 1, 8, 0, NULL, 0);
+                      0, 70, 2, 1, 8, 0, NULL, 0, 0, 0);
     // Four query heads a kv head, four rows: the forward's tasks take all four heads on 1
     // thread, two on 2 and one on 3 or 7 (enough tasks a thread): the same numbers.
     float lse4[144];
-    attention_fwd_f64(o->go, lse4, wt, wt + 40, wt + 300, 4, 9, 0, 9, 4, 1, 8, 0, NULL);
+    attention_fwd_f64(o->go, lse4, wt, wt + 40, wt + 300, 4, 9, 0, 9, 4, 1, 8, 0, NULL, 0, 0);
     attention_bwd_f64(o->gdq, o->gdk, o->gdv, wt + 11, wt, wt + 40, wt + 300, o->go, lse4, 4, 9, 0, 9, 4, 1, 8, 0,
-                      NULL, 0);
-    classifier_ce_f64(loss, o->cdx, o->cdw, wt, wt + 500, tgt, 7, 11, 5, 0.5);
-    classifier_ce_f64(loss, o->cdx2, o->cdw2, wt + 50, wt + 600, tgt2, 7, 5, 5, 0.5);
+                      NULL, 0, 0, 0);
+    classifier_ce_f64(loss, o->cdx, o->cdw, wt, wt + 500, tgt, 7, 11, 5, 0.5, 0);
+    classifier_ce_f64(loss, o->cdx2, o->cdw2, wt + 50, wt + 600, tgt2, 7, 5, 5, 0.5, 0);
 }
 
 static void test_threads(void) {
@@ -1484,6 +1627,11 @@ int main(void) {
     // Sliding windows (keys t - window + 1 .. t): shorter than a row, across and at tile
     // boundaries (key tiles are 256 keys), of one key, and past T (the plain causal mask); with GQA.
     test_attention_mask(1, 20, 4, 2, 8, 400, 5, NULL);
+    test_attention_softcap(1, 9, 2, 1, 8, 0, 0.3, 0.7, 60);
+    test_attention_softcap(2, 70, 4, 2, 8, 13, 0.2, 1.5, 40);
+    test_attention_softcap(1, 300, 2, 1, 16, 0, 0.25, 2.0, 20);  // two key tiles: the online softmax's rescale
+    test_ce_softcap(6, 11, 5, 1.5);
+    test_ce_softcap(300, 7, 3, 0.8);
     test_attention_mask(2, 130, 4, 1, 8, 30, 37, NULL);
     test_attention_mask(1, 200, 6, 2, 16, 30, 64, NULL);
     test_attention_mask(1, 150, 4, 2, 8, 30, 65, NULL);

@@ -68,8 +68,8 @@ static void run_shape(Backend *bk, int n, int B, int T, int Hq, int Hkv, int D, 
         }
     const int32_t *dmap = docs ? ds : NULL;
     // Full attention on every rank: the reference.
-    bk->attention_fwd(bk, o, lse, q, k, v, B, T, 0, T, Hq, Hkv, D, window, dmap);
-    bk->attention_bwd(bk, dq, dk, dv, dout, q, k, v, o, lse, B, T, 0, T, Hq, Hkv, D, window, dmap, 0, NULL, NULL);
+    bk->attention_fwd(bk, o, lse, q, k, v, B, T, 0, T, Hq, Hkv, D, window, dmap, 0, 0);
+    bk->attention_bwd(bk, dq, dk, dv, dout, q, k, v, o, lse, B, T, 0, T, Hq, Hkv, D, window, dmap, 0, NULL, NULL, 0, 0);
 
     SeqPar sp;
     seqpar_init(&sp, bk, C, n, B, T, Hq, Hkv, D);
@@ -104,13 +104,13 @@ static void run_shape(Backend *bk, int n, int B, int T, int Hq, int Hkv, int D, 
     seqpar_to_seq(&sp, bk, back, qh, B, Hq, D, 0);
     expect(maxdiff(back, ql, nq) == 0, "to_seq(to_heads(q)) != q", maxdiff(back, ql, nq));
     // attention through the reshuffles
-    bk->attention_fwd(bk, oh, lseh, qh, kh, vh, B, T, 0, T, hq, hk, D, window, dmap);
+    bk->attention_fwd(bk, oh, lseh, qh, kh, vh, B, T, 0, T, hq, hk, D, window, dmap, 0, 0);
     float *ol = xmalloc(4 * nq), *oref = xmalloc(4 * nq);
     seqpar_to_seq(&sp, bk, ol, oh, B, Hq, D, 0);
     slice(oref, o, B, T, Tl, Hq, D, r);
     expect(maxdiff(ol, oref, nq) == 0, "attention forward through the reshuffles differs", maxdiff(ol, oref, nq));
     seqpar_to_heads(&sp, bk, doh, dol, B, Hq, D, 0);
-    bk->attention_bwd(bk, dqh, dkh, dvh, doh, qh, kh, vh, oh, lseh, B, T, 0, T, hq, hk, D, window, dmap, 0, NULL, NULL);
+    bk->attention_bwd(bk, dqh, dkh, dvh, doh, qh, kh, vh, oh, lseh, B, T, 0, T, hq, hk, D, window, dmap, 0, NULL, NULL, 0, 0);
     float *dql = xmalloc(4 * nq), *dkl = xmalloc(4 * nk), *dvl = xmalloc(4 * nk);
     float *rq = xmalloc(4 * nq), *rk = xmalloc(4 * nk), *rv = xmalloc(4 * nk);
     seqpar_to_seq(&sp, bk, dql, dqh, B, Hq, D, 0);
@@ -123,9 +123,9 @@ static void run_shape(Backend *bk, int n, int B, int T, int Hq, int Hkv, int D, 
     if (Hkv >= n) expect(eq == 0 && ek == 0 && ev == 0, "backward not bit-identical without replication",
                          fmaxf(eq, fmaxf(ek, ev)));
     // the same through the layer-level wrappers (lse kept head-sharded)
-    seqpar_attention_fwd(&sp, bk, ol, lseh, ql, kl, vl, B, window, dmap);
+    seqpar_attention_fwd(&sp, bk, ol, lseh, ql, kl, vl, B, window, dmap, 0, 0);
     expect(maxdiff(ol, oref, nq) == 0, "seqpar_attention_fwd differs", maxdiff(ol, oref, nq));
-    seqpar_attention_bwd(&sp, bk, dql, dkl, dvl, dol, ql, kl, vl, ol, lseh, B, window, dmap);
+    seqpar_attention_bwd(&sp, bk, dql, dkl, dvl, dol, ql, kl, vl, ol, lseh, B, window, dmap, 0, 0);
     eq = maxdiff(dql, rq, nq), ek = maxdiff(dkl, rk, nk), ev = maxdiff(dvl, rv, nk);
     expect(eq <= 1e-6f && ek <= 1e-6f && ev <= 1e-6f, "seqpar_attention_bwd differs", fmaxf(eq, fmaxf(ek, ev)));
     seqpar_free(&sp, bk);

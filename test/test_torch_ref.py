@@ -184,6 +184,24 @@ def cases():
                           warmup_steps=2, weight_decay=0.1, max_grad_norm=1.0),
         shard_version=2, n_tokens=1500, expect_clip=False, init=dict(embed_std=0.1),
         contrast=dict(sliding_window_pattern=1)))
+    # (j2) Gemma 2 (modeling_gemma2): (j)'s block without q/k norms and with one RoPE; layers 0
+    # and 2 slide (layer_types' default); the scores capped at 0.8 and the logits at 1.5 (small
+    # caps, so that tanh bends them at this init: the contrast drops both); query_pre_attn_scalar
+    # 24 against head_dim 16 with no q-norm copy (the scale is the attention op's); the
+    # embedding tied by default.
+    out.append(dict(
+        name="g4_gemma2_softcap",
+        cfg=R.make_config(vocab_size=80, hidden_size=48, intermediate_size=96,
+                          num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+                          head_dim=16, model_type="gemma2", rms_norm_eps=1e-6, tie_word_embeddings=True,
+                          hidden_act="gelu_pytorch_tanh", hidden_activation="gelu_pytorch_tanh",
+                          query_pre_attn_scalar=24, sliding_window=5, attn_logit_softcapping=0.8,
+                          final_logit_softcapping=1.5, pad_token_id=0),
+        tc=R.train_config(sequence_len=17, micro_batch_size=2, gradient_accumulation_steps=2,
+                          max_steps=4, learning_rate=5e-3, lr_scheduler="cosine",
+                          warmup_steps=2, weight_decay=0.1, max_grad_norm=1.0),
+        shard_version=2, n_tokens=1500, expect_clip=False, init=dict(embed_std=0.1, std=0.3),
+        contrast=dict(attn_logit_softcapping=None, final_logit_softcapping=None)))
     # (k) unfrozen_parameters, Axolotl's rules (the reference applies them with Python's re):
     # only the matching tensors train, and the grad norm, clipping and AdamW cover them alone;
     # a '.' before '+' stays a wildcard, the others are literal; a match is anchored at the start.

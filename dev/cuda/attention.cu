@@ -107,7 +107,7 @@ static void one(CudaCtx *c, int B, int T, int Hq, int Hkv, int D, int path, int 
     const size_t es = bf ? 2 : 4;
     void *out = dmalloc(nq * es), *dq = dmalloc(nq * es), *dk = dmalloc(nk * es), *dv = dmalloc(nk * es);
     float *lse = (float *)dmalloc((size_t)B * Hq * T * 4);
-    k_attention_fwd(c, out, lse, dq_in, dk_in, dv_in, B, T, 0, T, Hq, Hkv, D, window, d_ds);
+    k_attention_fwd(c, out, lse, dq_in, dk_in, dv_in, B, T, 0, T, Hq, Hkv, D, window, d_ds, 0, 0);
     const std::vector<float> f_out = down_act(out, nq, bf), f_lse = down_f32(lse, r.lse.size());
     snprintf(name, sizeof name, "attention_fwd out %s", tag);
     check(name, f_out, r.out, tol_for(bf));
@@ -115,7 +115,7 @@ static void one(CudaCtx *c, int B, int T, int Hq, int Hkv, int D, int path, int 
     snprintf(name, sizeof name, "attention_fwd lse %s", tag);
     check(name, f_lse, r.lse, bf ? 2e-3 : 1e-5);
     k_attention_bwd(c, dq, dk, dv, ddo, dq_in, dk_in, dv_in, out, lse, B, T, 0, T, Hq, Hkv, D, window, d_ds, 0, nullptr,
-                    nullptr);
+                    nullptr, 0, 0);
     std::vector<float> g_dq = down_act(dq, nq, bf), g_dk = down_act(dk, nk, bf), g_dv = down_act(dv, nk, bf);
     snprintf(name, sizeof name, "attention_bwd dq %s", tag);
     check(name, g_dq, r.dq, bf ? 2e-2 : 1e-5);
@@ -132,7 +132,7 @@ static void one(CudaCtx *c, int B, int T, int Hq, int Hkv, int D, int path, int 
     poison_grads();
     c->att_bwd_one_grid = path == 2;
     k_attention_bwd(c, dq, dk, dv, ddo, dq_in, dk_in, dv_in, out, lse, B, T, 0, T, Hq, Hkv, D, window, d_ds, 0, nullptr,
-                    nullptr);
+                    nullptr, 0, 0);
     c->att_bwd_one_grid = 0;
     std::vector<float> h_dq = down_act(dq, nq, bf), h_dk = down_act(dk, nk, bf), h_dv = down_act(dv, nk, bf);
     snprintf(name, sizeof name, "attention_bwd %s %s",
@@ -147,7 +147,7 @@ static void one(CudaCtx *c, int B, int T, int Hq, int Hkv, int D, int path, int 
             c->att_bwd_one_grid = one_grid;
             poison_grads();
             k_attention_bwd(c, dq, dk, dv, ddo, dq_in, dk_in, dv_in, out, lse, B, T, 0, T, Hq, Hkv, D, window, d_ds, 0,
-                            nullptr, nullptr);
+                            nullptr, nullptr, 0, 0);
             std::vector<float> s_dq = down_act(dq, nq, bf), s_dk = down_act(dk, nk, bf), s_dv = down_act(dv, nk, bf);
             if (!one_grid) {
                 snprintf(name, sizeof name, "attention_bwd dk, dK/dV in %d parts, %s", group, tag);
@@ -172,9 +172,9 @@ static void one(CudaCtx *c, int B, int T, int Hq, int Hkv, int D, int path, int 
             c->att_bwd_one_grid = variant, c->att_kv_split = variant ? group : 1;
             cudaMemsetAsync(out, 0xff, nq * es, c->stream), cudaMemsetAsync(lse, 0xff, (size_t)B * Hq * T * 4, c->stream);
             poison_grads();
-            k_attention_fwd(c, out, lse, dq_in, dk_in, dv_in, B, T, 0, T, Hq, Hkv, D, window, d_ds);
+            k_attention_fwd(c, out, lse, dq_in, dk_in, dv_in, B, T, 0, T, Hq, Hkv, D, window, d_ds, 0, 0);
             k_attention_bwd(c, dq, dk, dv, ddo, dq_in, dk_in, dv_in, out, lse, B, T, 0, T, Hq, Hkv, D, window, d_ds, 0,
-                            nullptr, nullptr);
+                            nullptr, nullptr, 0, 0);
             const std::vector<float> &wk = variant ? h_dk : g_dk, &wv = variant ? h_dv : g_dv;
             snprintf(name, sizeof name, "attention pipelined (cp.async)%s: the same out, lse, dq, dk, dv bits, %s",
                      variant ? ", one grid, dK/dV in parts" : "", tag);
@@ -203,11 +203,11 @@ static void one(CudaCtx *c, int B, int T, int Hq, int Hkv, int D, int path, int 
                     const int32_t *dsb = d_ds ? d_ds + (size_t)b * T : nullptr;
                     if (pass == 0)
                         k_attention_fwd(c, o2 + r * lq, l2 + (size_t)b * Hq * T, qi, ki, vi, 1, T, t0, n, Hq, Hkv, D,
-                                        window, dsb);
+                                        window, dsb, 0, 0);
                     else
                         k_attention_bwd(c, dq2 + r * lq, dk2 + b * T * lk, dv2 + b * T * lk, (const char *)ddo + r * lq,
                                         qi, ki, vi, o2 + r * lq, l2 + (size_t)b * Hq * T, 1, T, t0, n, Hq, Hkv, D,
-                                        window, dsb, t0 > 0, bf ? fk + b * nkv : nullptr, bf ? fv + b * nkv : nullptr);
+                                        window, dsb, t0 > 0, bf ? fk + b * nkv : nullptr, bf ? fv + b * nkv : nullptr, 0, 0);
                 }
         c->att_kv_split = 1, c->att_pipeline = 0;
         char ttag[200];
@@ -251,13 +251,13 @@ static void bench(CudaCtx *c, int B, int T, int Hq, int Hkv, int D) {
     for (int pipe = 0; pipe <= mma; pipe++) {
         c->att_pipeline = pipe;
         snprintf(name, sizeof name, "attention_fwd %s [%s] B=%d T=%d Hq=%d Hkv=%d D=%d", prec(bf), k_attention_path(c, D), B, T, Hq, Hkv, D);
-        report_flops(name, bench_ms(c, 5, [&] { k_attention_fwd(c, o, lse, q, k, v, B, T, 0, T, Hq, Hkv, D, 0, nullptr); }), flops);
+        report_flops(name, bench_ms(c, 5, [&] { k_attention_fwd(c, o, lse, q, k, v, B, T, 0, T, Hq, Hkv, D, 0, nullptr, 0, 0); }), flops);
         for (int parts = 1; parts <= most; parts *= 2)
             for (int one = 0; one <= mma; one++) {
                 c->att_bwd_one_grid = one, c->att_kv_split = parts;
                 snprintf(name, sizeof name, "attention_bwd %s [%s] B=%d T=%d Hq=%d Hkv=%d D=%d", prec(bf),
                          k_attention_path(c, D), B, T, Hq, Hkv, D);
-                report_flops(name, bench_ms(c, 5, [&] { k_attention_bwd(c, dq, dk, dv, g, q, k, v, o, lse, B, T, 0, T, Hq, Hkv, D, 0, nullptr, 0, nullptr, nullptr); }), 2.5 * flops);
+                report_flops(name, bench_ms(c, 5, [&] { k_attention_bwd(c, dq, dk, dv, g, q, k, v, o, lse, B, T, 0, T, Hq, Hkv, D, 0, nullptr, 0, nullptr, nullptr, 0, 0); }), 2.5 * flops);
             }
     }
     c->att_pipeline = 0, c->att_bwd_one_grid = 0, c->att_kv_split = 1;

@@ -37,7 +37,7 @@ static void one(CudaCtx *c, int N, int V, int C) {
     float *ddW = (float *)up_act(dW0, 0);
     void *dt = up_bytes(tgt.data(), N * 4);
     float *dl = (float *)dmalloc(N * 4);
-    k_classifier_ce(c, dl, ddx, ddW, dxin, dWin, (const int32_t *)dt, N, V, C, (float)scale);
+    k_classifier_ce(c, dl, ddx, ddW, dxin, dWin, (const int32_t *)dt, N, V, C, (float)scale, 0);
     size_t rows = CE_CHUNK_ELEMS / V;
     snprintf(name, sizeof name, "classifier_ce %s N=%d V=%d C=%d (%zu chunks)", prec(bf), N, V, C,
              (N + (rows < 1 ? 1 : rows) - 1) / (rows < 1 ? 1 : rows));
@@ -46,7 +46,7 @@ static void one(CudaCtx *c, int N, int V, int C) {
     check((base + " dx").c_str(), down_act(ddx, (size_t)N * C, bf), dx, tol_for(bf));
     // bf16: the chunk's softmax gradient is rounded to bf16 before the dW GEMM (fp32 output)
     check((base + " dW").c_str(), down_f32(ddW, (size_t)V * C), dW, tol_for(bf));
-    k_classifier_ce(c, dl, NULL, NULL, dxin, dWin, (const int32_t *)dt, N, V, C, (float)scale);  // eval: losses only
+    k_classifier_ce(c, dl, NULL, NULL, dxin, dWin, (const int32_t *)dt, N, V, C, (float)scale, 0);  // eval: losses only
     check((base + " losses (no grad)").c_str(), down_f32(dl, N), loss, bf ? 2e-3 : 1e-5);
     cudaFree(dxin), cudaFree(dWin), cudaFree(ddW), cudaFree(ddx), cudaFree(dt), cudaFree(dl);
 }
@@ -70,7 +70,7 @@ static void bench(CudaCtx *c, int N, int V, int C, size_t chunk) {
     const size_t rows = (chunk ? chunk : CE_CHUNK_ELEMS) / V;
     char name[128];
     snprintf(name, sizeof name, "classifier_ce %s N=%d V=%d C=%d (3 GEMMs, chunks of %zu rows)", prec(bf), N, V, C, rows);
-    report_flops(name, bench_ms(c, 3, [&] { k_classifier_ce(c, l, dx, dW, x, W, (const int32_t *)t, N, V, C, 1.0f); }),
+    report_flops(name, bench_ms(c, 3, [&] { k_classifier_ce(c, l, dx, dW, x, W, (const int32_t *)t, N, V, C, 1.0f, 0); }),
                  3 * 2.0 * N * V * C);
     c->ce_chunk_elems = 0;
     cudaFree(x), cudaFree(W), cudaFree(dx), cudaFree(dW), cudaFree(t), cudaFree(l);

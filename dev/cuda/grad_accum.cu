@@ -262,7 +262,7 @@ static void case_classifier(Backend *bk) {
     std::vector<float> g0 = big_grad((size_t)V * C);
     float *dg = up_grad(bk, g0);
     accumulate_case(bk, "classifier_ce dW (lm_head)", g0, dg, contrib, [&](int v) {
-        bk->classifier_ce(bk, losses, gx, dg, dx, dW, dt, N, V, C, scales[v]);
+        bk->classifier_ce(bk, losses, gx, dg, dx, dW, dt, N, V, C, scales[v], 0);
     });
     bk->dev_free(bk, dx), bk->dev_free(bk, dW), bk->dev_free(bk, gx), bk->dev_free(bk, dt);
     bk->dev_free(bk, losses), bk->dev_free(bk, dg);

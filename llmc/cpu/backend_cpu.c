@@ -258,18 +258,18 @@ static void cpu_rope_bwd(Backend *bk, void *x, const float *c, const float *s, c
 }
 static void cpu_attention_fwd(Backend *bk, void *out, float *lse, const void *q, const void *k,
                               const void *v, int B, int T, int q0, int nq, int Hq, int Hkv, int D,
-                              int window, const int32_t *doc_start) {
+                              int window, const int32_t *doc_start, float scale, float softcap) {
     (void)bk;
-    attention_fwd_f32(out, lse, q, k, v, B, T, q0, nq, Hq, Hkv, D, window, doc_start);
+    attention_fwd_f32(out, lse, q, k, v, B, T, q0, nq, Hq, Hkv, D, window, doc_start, scale, softcap);
 }
 static void cpu_attention_bwd(Backend *bk, void *dq, void *dk, void *dv, const void *dout,
                               const void *q, const void *k, const void *v, const void *out,
                               const float *lse, int B, int T, int q0, int nq, int Hq, int Hkv,
                               int D, int window, const int32_t *doc_start, int accumulate, float *dk_f32,
-                              float *dv_f32) {
+                              float *dv_f32, float scale, float softcap) {
     (void)bk, (void)dk_f32, (void)dv_f32;  // float activations are their own running sums
     attention_bwd_f32(dq, dk, dv, dout, q, k, v, out, lse, B, T, q0, nq, Hq, Hkv, D, window,
-                      doc_start, accumulate);
+                      doc_start, accumulate, scale, softcap);
 }
 static void cpu_dropout(Backend *bk, void *y, const void *x, size_t n, float p, uint64_t seed,
                         size_t first) {
@@ -295,9 +295,10 @@ static void cpu_geglu_bwd(Backend *bk, void *dg, void *du, const void *dh, const
     geglu_bwd_f32(dg, du, dh, g, u, n);
 }
 static void cpu_classifier_ce(Backend *bk, float *losses, void *dx, float *dW, const void *x,
-                              const void *W, const int32_t *tgt, int N, int V, int C, float scale) {
+                              const void *W, const int32_t *tgt, int N, int V, int C, float scale,
+                              float softcap) {
     (void)bk;
-    classifier_ce_f32(losses, dx, dW, x, W, tgt, N, V, C, scale);
+    classifier_ce_f32(losses, dx, dW, x, W, tgt, N, V, C, scale, softcap);
 }
 static void cpu_sumsq_many(Backend *bk, const float *const *x, const size_t *n, int count, double *each) {
     (void)bk;

@@ -37,16 +37,16 @@
     int attention_block_##S(void);                                                               \
     void attention_fwd_##S(R *out, float *lse, const R *q, const R *k, const R *v, int B,        \
                            int T, int q0, int nq, int Hq, int Hkv, int D, int window,            \
-                           const int32_t *doc_start);                                            \
+                           const int32_t *doc_start, R scale, R softcap);                        \
     void attention_bwd_##S(R *dq, R *dk, R *dv, const R *dout, const R *q, const R *k,           \
                            const R *v, const R *out, const float *lse, int B, int T, int q0,     \
                            int nq, int Hq, int Hkv, int D, int window, const int32_t *doc_start, \
-                           int accumulate);                                                      \
+                           int accumulate, R scale, R softcap);                                  \
     void swiglu_fwd_##S(R *h, const R *gate, const R *up, size_t n);                             \
     void dropout_##S(R *y, const R *x, size_t n, float p, uint64_t seed, size_t first);          \
     void swiglu_bwd_##S(R *dgate, R *dup, const R *dh, const R *gate, const R *up, size_t n);    \
     void classifier_ce_##S(float *losses, R *dx, R *dW, const R *x, const R *W,                  \
-                           const int32_t *tgt, int N, int V, int C, R scale);                    \
+                           const int32_t *tgt, int N, int V, int C, R scale, R softcap);         \
     double sumsq_##S(const R *x, size_t n);                                                      \
     void exp_inplace_##S(R *x, size_t n);                                                        \
     void adamw_##S(R *p, const R *g, float *m, float *v, size_t n, float lr, float b1, float b2, \

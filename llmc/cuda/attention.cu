@@ -66,11 +66,19 @@ __device__ __forceinline__ size_t qrow(const AttSpan &sp, int b, int i) { return
 #define GT 128  // threads per block
 
 template <class T> __device__ __forceinline__ float ldf(const T *p) { return to_f<T>(*p); }
+// Logit soft-capping (Gemma 2; cap 0: none): cap tanh(s / cap) of a scaled score, and its slope
+// 1 - (capped / cap)^2 that dS is multiplied by. Only the generic kernels take a cap.
+__device__ __forceinline__ float att_cap(float s, float cap) { return cap > 0.0f ? cap * tanhf(s / cap) : s; }
+__device__ __forceinline__ float att_cap_slope(float sc, float cap) {
+    if (!(cap > 0.0f)) return 1.0f;
+    const float t = sc / cap;
+    return 1.0f - t * t;
+}
 
 template <class T>
 __global__ void __launch_bounds__(GT) att_fwd_generic(T *out, float *lse, const T *q, const T *k, const T *v,
                                                      int T_, AttSpan sp, int Hq, int Hkv, int D, float scale,
-                                                     int window, const int32_t *doc_start) {
+                                                     int window, const int32_t *doc_start, float softcap) {
     DYNAMIC_SMEM(smem);
     const int qb = gridDim.x - 1 - blockIdx.x, h = blockIdx.y, b = blockIdx.z;
     const int hk = h / (Hq / Hkv), i0 = sp.q0 + qb * GB, ldq = Hq * D, ldk = Hkv * D, DK = D + 1;
@@ -102,6 +110,7 @@ __global__ void __launch_bounds__(GT) att_fwd_generic(T *out, float *lse, const 
                 float acc = 0.0f;
                 for (int d = 0; d < D; d++) acc += sQ[r * D + d] * sK[cc * DK + d];
                 s = acc * scale;
+                if (softcap > 0.0f) s = softcap * tanhf(s / softcap);  // Gemma 2's attn_logit_softcapping
             }
             sS[r * (GB + 1) + cc] = s;
         }
@@ -177,7 +186,7 @@ __global__ void __launch_bounds__(GT) att_bwd_dkdv_generic(T *dk, T *dv, const T
                                                           const T *v, const float *lse, const float *Di,
                                                           int T_, AttSpan sp, int Hq, int Hkv, int D, float scale,
                                                           int window, const int32_t *doc_start, int accumulate,
-                                                          float *acck, float *accv) {
+                                                          float *acck, float *accv, float softcap) {
     DYNAMIC_SMEM(smem);
     const int kb = blockIdx.x, hk = blockIdx.y, b = blockIdx.z, group = Hq / Hkv;
     const int j0 = kb * GB, ldq = Hq * D, ldk = Hkv * D, DK = D + 1, tid = threadIdx.x;
@@ -221,8 +230,9 @@ __global__ void __launch_bounds__(GT) att_bwd_dkdv_generic(T *dk, T *dv, const T
                         s += sQ[r * D + d] * sK[cc * DK + d];
                         dp += sdO[r * D + d] * sV[cc * DK + d];
                     }
-                    p = expf(s * scale - sL[r]);
-                    ds = p * (dp - sDi[r]);
+                    const float sc = att_cap(s * scale, softcap);
+                    p = expf(sc - sL[r]);
+                    ds = p * (dp - sDi[r]) * att_cap_slope(sc, softcap);
                 }
                 sP[r * (GB + 1) + cc] = p;
                 sdS[r * (GB + 1) + cc] = ds * scale;
@@ -258,7 +268,7 @@ template <class T>
 __global__ void __launch_bounds__(GT) att_bwd_dq_generic(T *dq, const T *dout, const T *q, const T *k, const T *v,
                                                         const float *lse, const float *Di, int T_, AttSpan sp,
                                                         int Hq, int Hkv, int D, float scale, int window,
-                                                        const int32_t *doc_start) {
+                                                        const int32_t *doc_start, float softcap) {
     DYNAMIC_SMEM(smem);
     const int qb = gridDim.x - 1 - blockIdx.x, h = blockIdx.y, b = blockIdx.z;
     const int hk = h / (Hq / Hkv), i0 = sp.q0 + qb * GB, ldq = Hq * D, ldk = Hkv * D, DK = D + 1;
@@ -299,8 +309,9 @@ __global__ void __launch_bounds__(GT) att_bwd_dq_generic(T *dq, const T *dout, c
                     s += sQ[r * D + d] * sK[cc * DK + d];
                     dp += sdO[r * D + d] * sV[cc * DK + d];
                 }
-                const float p = expf(s * scale - sL[r]);
-                ds = p * (dp - sDi[r]);
+                const float sc = att_cap(s * scale, softcap);
+                const float p = expf(sc - sL[r]);
+                ds = p * (dp - sDi[r]) * att_cap_slope(sc, softcap);
             }
             sdS[r * (GB + 1) + cc] = ds * scale;
         }
@@ -1250,12 +1261,15 @@ const char *k_attention_path(const CudaCtx *c, int D) {
 }
 
 void k_attention_fwd(CudaCtx *c, void *out, float *lse, const void *q, const void *k, const void *v,
-                     int B, int T, int q0, int nq, int Hq, int Hkv, int D, int window, const int32_t *doc_start) {
+                     int B, int T, int q0, int nq, int Hq, int Hkv, int D, int window, const int32_t *doc_start,
+                     float scale, float softcap) {
     if (B <= 0 || T <= 0 || nq <= 0) return;
-    const float scale = att_scale(D);
+    if (!(scale > 0.0f)) scale = att_scale(D);
     const AttSpan sp = {q0, q0 + nq, nq};
     const void *ptrs[] = {out, q, k, v};
-    if (use_mma(c, D, ptrs, 4)) {
+    // Soft-capped scores go through the generic kernels only (the tensor-core ones do not cap).
+    const bool mma = softcap <= 0.0f && use_mma(c, D, ptrs, 4), wmma = softcap <= 0.0f && !mma && use_wmma(c, D, ptrs, 4);
+    if (mma) {
         switch (D) {
         case 16: launch_fwd_mma<16>(c, out, lse, q, k, v, B, T, sp, Hq, Hkv, scale, window, doc_start); break;
         case 32: launch_fwd_mma<32>(c, out, lse, q, k, v, B, T, sp, Hq, Hkv, scale, window, doc_start); break;
@@ -1263,7 +1277,7 @@ void k_attention_fwd(CudaCtx *c, void *out, float *lse, const void *q, const voi
         case 96: launch_fwd_mma<96>(c, out, lse, q, k, v, B, T, sp, Hq, Hkv, scale, window, doc_start); break;
         default: launch_fwd_mma<128>(c, out, lse, q, k, v, B, T, sp, Hq, Hkv, scale, window, doc_start); break;
         }
-    } else if (use_wmma(c, D, ptrs, 4)) {
+    } else if (wmma) {
         const size_t sm = wmma_fwd_smem(D);
         smem_optin(c, att_fwd_wmma, sm, D);
         dim3 g((nq + WB - 1) / WB, Hq, B);
@@ -1273,10 +1287,10 @@ void k_attention_fwd(CudaCtx *c, void *out, float *lse, const void *q, const voi
         dim3 g((nq + GB - 1) / GB, Hq, B);
         if (c->bf16) {
             smem_optin(c, att_fwd_generic<bf16>, sm, D);
-            LAUNCH(g, GT, sm, c->stream, att_fwd_generic<bf16>)((bf16 *)out, lse, (const bf16 *)q, (const bf16 *)k, (const bf16 *)v, T, sp, Hq, Hkv, D, scale, window, doc_start);
+            LAUNCH(g, GT, sm, c->stream, att_fwd_generic<bf16>)((bf16 *)out, lse, (const bf16 *)q, (const bf16 *)k, (const bf16 *)v, T, sp, Hq, Hkv, D, scale, window, doc_start, softcap);
         } else {
             smem_optin(c, att_fwd_generic<float>, sm, D);
-            LAUNCH(g, GT, sm, c->stream, att_fwd_generic<float>)((float *)out, lse, (const float *)q, (const float *)k, (const float *)v, T, sp, Hq, Hkv, D, scale, window, doc_start);
+            LAUNCH(g, GT, sm, c->stream, att_fwd_generic<float>)((float *)out, lse, (const float *)q, (const float *)k, (const float *)v, T, sp, Hq, Hkv, D, scale, window, doc_start, softcap);
         }
     }
     LAUNCH_CHECK("attention_fwd");
@@ -1285,9 +1299,9 @@ void k_attention_fwd(CudaCtx *c, void *out, float *lse, const void *q, const voi
 void k_attention_bwd(CudaCtx *c, void *dq, void *dk, void *dv, const void *dout, const void *q,
                      const void *k, const void *v, const void *out, const float *lse, int B, int T, int q0,
                      int nq, int Hq, int Hkv, int D, int window, const int32_t *doc_start, int accumulate,
-                     float *acck, float *accv) {
+                     float *acck, float *accv, float scale, float softcap) {
     if (B <= 0 || T <= 0 || nq <= 0) return;
-    const float scale = att_scale(D);
+    if (!(scale > 0.0f)) scale = att_scale(D);
     const AttSpan sp = {q0, q0 + nq, nq};
     float *Di = (float *)ctx_scratch(c, SCR_ATT_D, (size_t)B * Hq * T * sizeof(float));
     const size_t rows = (size_t)B * nq * Hq;
@@ -1296,7 +1310,8 @@ void k_attention_bwd(CudaCtx *c, void *dq, void *dk, void *dv, const void *dout,
     else LAUNCH(dot_blocks, 256, 0, c->stream, att_bwd_dot<float>)(Di, (const float *)dout, (const float *)out, B, T, sp, Hq, D);
     LAUNCH_CHECK("attention_bwd dot");
     const void *ptrs[] = {dq, dk, dv, dout, q, k, v};
-    if (use_mma(c, D, ptrs, 7)) {
+    const bool mma = softcap <= 0.0f && use_mma(c, D, ptrs, 7), wmma = softcap <= 0.0f && !mma && use_wmma(c, D, ptrs, 7);
+    if (mma) {
         switch (D) {
         case 16: launch_bwd_mma<16>(c, dq, dk, dv, dout, q, k, v, lse, Di, B, T, sp, Hq, Hkv, scale, window, doc_start, accumulate, acck, accv); break;
         case 32: launch_bwd_mma<32>(c, dq, dk, dv, dout, q, k, v, lse, Di, B, T, sp, Hq, Hkv, scale, window, doc_start, accumulate, acck, accv); break;
@@ -1304,7 +1319,7 @@ void k_attention_bwd(CudaCtx *c, void *dq, void *dk, void *dv, const void *dout,
         case 96: launch_bwd_mma<96>(c, dq, dk, dv, dout, q, k, v, lse, Di, B, T, sp, Hq, Hkv, scale, window, doc_start, accumulate, acck, accv); break;
         default: launch_bwd_mma<128>(c, dq, dk, dv, dout, q, k, v, lse, Di, B, T, sp, Hq, Hkv, scale, window, doc_start, accumulate, acck, accv); break;
         }
-    } else if (use_wmma(c, D, ptrs, 7)) {
+    } else if (wmma) {
         const size_t s1 = wmma_dkdv_smem(D), s2 = wmma_dq_smem(D);
         smem_optin(c, att_bwd_dkdv_wmma, s1, D);
         smem_optin(c, att_bwd_dq_wmma, s2, D);
@@ -1317,13 +1332,13 @@ void k_attention_bwd(CudaCtx *c, void *dq, void *dk, void *dv, const void *dout,
         if (c->bf16) {
             smem_optin(c, att_bwd_dkdv_generic<bf16>, s1, D);
             smem_optin(c, att_bwd_dq_generic<bf16>, s2, D);
-            LAUNCH(g1, GT, s1, c->stream, att_bwd_dkdv_generic<bf16>)((bf16 *)dk, (bf16 *)dv, (const bf16 *)dout, (const bf16 *)q, (const bf16 *)k, (const bf16 *)v, lse, Di, T, sp, Hq, Hkv, D, scale, window, doc_start, accumulate, acck, accv);
-            LAUNCH(g2, GT, s2, c->stream, att_bwd_dq_generic<bf16>)((bf16 *)dq, (const bf16 *)dout, (const bf16 *)q, (const bf16 *)k, (const bf16 *)v, lse, Di, T, sp, Hq, Hkv, D, scale, window, doc_start);
+            LAUNCH(g1, GT, s1, c->stream, att_bwd_dkdv_generic<bf16>)((bf16 *)dk, (bf16 *)dv, (const bf16 *)dout, (const bf16 *)q, (const bf16 *)k, (const bf16 *)v, lse, Di, T, sp, Hq, Hkv, D, scale, window, doc_start, accumulate, acck, accv, softcap);
+            LAUNCH(g2, GT, s2, c->stream, att_bwd_dq_generic<bf16>)((bf16 *)dq, (const bf16 *)dout, (const bf16 *)q, (const bf16 *)k, (const bf16 *)v, lse, Di, T, sp, Hq, Hkv, D, scale, window, doc_start, softcap);
         } else {
             smem_optin(c, att_bwd_dkdv_generic<float>, s1, D);
             smem_optin(c, att_bwd_dq_generic<float>, s2, D);
-            LAUNCH(g1, GT, s1, c->stream, att_bwd_dkdv_generic<float>)((float *)dk, (float *)dv, (const float *)dout, (const float *)q, (const float *)k, (const float *)v, lse, Di, T, sp, Hq, Hkv, D, scale, window, doc_start, accumulate, acck, accv);
-            LAUNCH(g2, GT, s2, c->stream, att_bwd_dq_generic<float>)((float *)dq, (const float *)dout, (const float *)q, (const float *)k, (const float *)v, lse, Di, T, sp, Hq, Hkv, D, scale, window, doc_start);
+            LAUNCH(g1, GT, s1, c->stream, att_bwd_dkdv_generic<float>)((float *)dk, (float *)dv, (const float *)dout, (const float *)q, (const float *)k, (const float *)v, lse, Di, T, sp, Hq, Hkv, D, scale, window, doc_start, accumulate, acck, accv, softcap);
+            LAUNCH(g2, GT, s2, c->stream, att_bwd_dq_generic<float>)((float *)dq, (const float *)dout, (const float *)q, (const float *)k, (const float *)v, lse, Di, T, sp, Hq, Hkv, D, scale, window, doc_start, softcap);
         }
     }
     LAUNCH_CHECK("attention_bwd");

@@ -479,18 +479,18 @@ static void cu_rope_bwd(Backend *bk, void *x, const float *c, const float *s, co
 // against a reference on the emulator and on the H200, 2026-11-27; not in training runs there).
 static void cu_attention_fwd(Backend *bk, void *out, float *lse, const void *q, const void *k, const void *v,
                              int B, int T, int q0, int nq, int Hq, int Hkv, int D, int window,
-                             const int32_t *doc_start) {
-    k_attention_fwd(ctx_of(bk), out, lse, q, k, v, B, T, q0, nq, Hq, Hkv, D, window, doc_start);
+                             const int32_t *doc_start, float scale, float softcap) {
+    k_attention_fwd(ctx_of(bk), out, lse, q, k, v, B, T, q0, nq, Hq, Hkv, D, window, doc_start, scale, softcap);
 }
 static void cu_attention_bwd(Backend *bk, void *dq, void *dk, void *dv, const void *dout, const void *q,
                              const void *k, const void *v, const void *out, const float *lse, int B, int T,
                              int q0, int nq, int Hq, int Hkv, int D, int window, const int32_t *doc_start,
-                             int accumulate, float *dk_f32, float *dv_f32) {
+                             int accumulate, float *dk_f32, float *dv_f32, float scale, float softcap) {
     // bf16 gradients summed tile by tile would round once per tile: the sums stay in float.
     if (bk->act_bytes < 4 && (q0 != 0 || nq != T) && !(dk_f32 && dv_f32))
         fail("internal: bf16 attention over query tiles without float dK/dV sums");
     k_attention_bwd(ctx_of(bk), dq, dk, dv, dout, q, k, v, out, lse, B, T, q0, nq, Hq, Hkv, D, window, doc_start,
-                    accumulate, bk->act_bytes < 4 ? dk_f32 : NULL, bk->act_bytes < 4 ? dv_f32 : NULL);
+                    accumulate, bk->act_bytes < 4 ? dk_f32 : NULL, bk->act_bytes < 4 ? dv_f32 : NULL, scale, softcap);
 }
 static void cu_dropout(Backend *bk, void *y, const void *x, size_t n, float p, uint64_t seed, size_t first) {
     k_dropout(ctx_of(bk), y, x, n, p, seed, first);
@@ -508,8 +508,8 @@ static void cu_geglu_bwd(Backend *bk, void *dg, void *du, const void *dh, const 
     k_geglu_bwd(ctx_of(bk), dg, du, dh, g, u, n);
 }
 static void cu_classifier_ce(Backend *bk, float *losses, void *dx, float *dW, const void *x, const void *W,
-                             const int32_t *tgt, int N, int V, int C, float scale) {
-    k_classifier_ce(ctx_of(bk), losses, dx, dW, x, W, tgt, N, V, C, scale);
+                             const int32_t *tgt, int N, int V, int C, float scale, float softcap) {
+    k_classifier_ce(ctx_of(bk), losses, dx, dW, x, W, tgt, N, V, C, scale, softcap);
 }
 static double cu_sum_f32(Backend *bk, const float *x, size_t n) { return k_sum_f32(ctx_of(bk), x, n); }
 static const char *cu_attention_path(const Backend *bk, int D) { return k_attention_path(ctx_of((Backend *)bk), D); }

@@ -15,7 +15,7 @@
 
 template <class G> __global__ void ce_row_kernel(float *losses, G *grad, const float *logits,
                                                 const int32_t *targets, int V, float scale,
-                                                int want_grad) {
+                                                int want_grad, float softcap) {
     __shared__ float scratch[32];
     const int r = blockIdx.x;
     const float *z = logits + (size_t)r * V;
@@ -39,12 +39,22 @@ template <class G> __global__ void ce_row_kernel(float *losses, G *grad, const f
     for (int c = threadIdx.x; c < V; c += blockDim.x) {
         float g = expf(z[c] - lz) * sc;
         if (c == t) g -= sc;
+        if (softcap > 0.0f) {  // the capped logit's slope, 1 - (z / cap)^2
+            const float u = z[c] / softcap;
+            g *= 1.0f - u * u;
+        }
         gr[c] = from_f<G>(g);
     }
 }
 
+// Gemma 2's final_logit_softcapping: z = cap tanh(z / cap), in place over the fp32 logits.
+__global__ void ce_softcap_kernel(float *z, size_t n, float cap) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        z[i] = cap * tanhf(z[i] / cap);
+}
+
 void k_classifier_ce(CudaCtx *c, float *losses, void *dx, float *dW, const void *x, const void *W,
-                     const int32_t *targets, int N, int V, int C, float scale) {
+                     const int32_t *targets, int N, int V, int C, float scale, float softcap) {
     if (N <= 0) return;
     size_t rows = (c->ce_chunk_elems ? c->ce_chunk_elems : CE_CHUNK_ELEMS) / (size_t)V;
     if (rows < 1) rows = 1;
@@ -58,10 +68,15 @@ void k_classifier_ce(CudaCtx *c, float *losses, void *dx, float *dW, const void 
         const int nr = N - n0 < (int)rows ? N - n0 : (int)rows;
         const char *xc = (const char *)x + (size_t)n0 * C * A;
         k_matmul_f32out(c, logits, xc, W, nr, V, C, 0, 1, 1.0f, 0.0f);
+        if (softcap > 0.0f) {
+            const size_t n = (size_t)nr * V;
+            LAUNCH((unsigned)((n + 255) / 256 < 65535 ? (n + 255) / 256 : 65535), 256, 0, c->stream, ce_softcap_kernel)(logits, n, softcap);
+            LAUNCH_CHECK("ce_softcap");
+        }
         if (c->bf16)
-            LAUNCH(nr, CE_THREADS, 0, c->stream, ce_row_kernel<bf16>)(losses + n0, (bf16 *)grad, logits, targets + n0, V, scale, want_grad);
+            LAUNCH(nr, CE_THREADS, 0, c->stream, ce_row_kernel<bf16>)(losses + n0, (bf16 *)grad, logits, targets + n0, V, scale, want_grad, softcap);
         else
-            LAUNCH(nr, CE_THREADS, 0, c->stream, ce_row_kernel<float>)(losses + n0, (float *)grad, logits, targets + n0, V, scale, want_grad);
+            LAUNCH(nr, CE_THREADS, 0, c->stream, ce_row_kernel<float>)(losses + n0, (float *)grad, logits, targets + n0, V, scale, want_grad, softcap);
         LAUNCH_CHECK("ce_row");
         if (dx) k_matmul(c, (char *)dx + (size_t)n0 * C * A, grad, W, nr, C, V, 0, 0, 1.0f, 0.0f);
         if (dW) k_matmul_f32out(c, dW, grad, xc, V, C, nr, 1, 0, 1.0f, 1.0f);

@@ -135,16 +135,17 @@ void k_rope(CudaCtx *c, void *x, const float *cosv, const float *sinv, const int
 // dk/dv are written, or added to when accumulate is set; acck/accv (float [B,T,Hkv,D], or NULL
 // in float mode) carry the running sums between spans so bf16 dk/dv are rounded once per call.
 void k_attention_fwd(CudaCtx *c, void *out, float *lse, const void *q, const void *k, const void *v,
-                     int B, int T, int q0, int nq, int Hq, int Hkv, int D, int window, const int32_t *doc_start);
+                     int B, int T, int q0, int nq, int Hq, int Hkv, int D, int window, const int32_t *doc_start,
+                     float scale, float softcap);
 void k_attention_bwd(CudaCtx *c, void *dq, void *dk, void *dv, const void *dout, const void *q,
                      const void *k, const void *v, const void *out, const float *lse, int B, int T, int q0,
                      int nq, int Hq, int Hkv, int D, int window, const int32_t *doc_start, int accumulate,
-                     float *acck, float *accv);
+                     float *acck, float *accv, float scale, float softcap);
 const char *k_attention_path(const CudaCtx *c, int D);
 
 // ---- classifier.cu ---------------------------------------------------------------------------
 void k_classifier_ce(CudaCtx *c, float *losses, void *dx, float *dW, const void *x, const void *W,
-                     const int32_t *targets, int N, int V, int C, float scale);
+                     const int32_t *targets, int N, int V, int C, float scale, float softcap);
 // Rows per chunk for a vocabulary of V (the chunk's logits are at most CE_CHUNK_ELEMS).
 // Not yet measured on a GPU: at V 128256 a chunk has 130 rows, and dW's product (V x C, K = the
 // chunk's rows) reads and writes the fp32 V x C gradient once a chunk, which on the CPU backend
