@@ -56,13 +56,14 @@ static void attend_fwd(Model *m, void *out, float *lse, const void *q, const voi
     const int Hq = c->num_attention_heads, Hkv = c->num_key_value_heads, D = c->head_dim;
     const int32_t *ds = DOC_START(m);
     if (m->sp) {
-        seqpar_attention_fwd(m->sp, m->bk, out, lse, q, k, v, s.nb, window, ds, att_scale(c), c->attn_softcap);
+        seqpar_attention_fwd(m->sp, m->bk, out, lse, q, k, v, s.nb, window, ds, att_scale(c),
+                             (float)c->attn_softcap);
         return;
     }
     const size_t kv = (size_t)s.b0 * T * Hkv * D;
     m->bk->attention_fwd(m->bk, out, lse + (size_t)s.b0 * Hq * T, q, act_at(m->bk, k, kv), act_at(m->bk, v, kv),
                          s.nb, T, s.t0, s.n, Hq, Hkv, D, window, ds ? ds + (size_t)s.b0 * T : NULL, att_scale(c),
-                         c->attn_softcap);
+                         (float)c->attn_softcap);
 }
 
 static void attend_bwd(Model *m, void *dq, void *dk, void *dv, const void *dout, const void *q, const void *k,
@@ -72,7 +73,7 @@ static void attend_bwd(Model *m, void *dq, void *dk, void *dv, const void *dout,
     const int32_t *ds = DOC_START(m);
     if (m->sp) {
         seqpar_attention_bwd(m->sp, m->bk, dq, dk, dv, dout, q, k, v, out, lse, s.nb, window, ds, att_scale(c),
-                             c->attn_softcap);
+                             (float)c->attn_softcap);
         return;
     }
     Backend *bk = m->bk;
@@ -83,7 +84,7 @@ static void attend_bwd(Model *m, void *dq, void *dk, void *dv, const void *dout,
     bk->attention_bwd(bk, dq, act_at(bk, dk, kv), act_at(bk, dv, kv), dout, q, act_at(bk, k, kv), act_at(bk, v, kv),
                       out, lse + (size_t)s.b0 * Hq * T, s.nb, T, s.t0, s.n, Hq, Hkv, D, window,
                       ds ? ds + (size_t)s.b0 * T : NULL, s.t0 > 0, fk ? fk + kv : NULL, fv ? fv + kv : NULL, att_scale(c),
-                      c->attn_softcap);
+                      (float)c->attn_softcap);
 }
 
 // A parameter on the device; a streamed one lives in its layer's slot while acquired.
@@ -762,7 +763,7 @@ double model_forward_backward(Model *m, int B, int T, float loss_scale) {
                       opt_param_global(m, t->final_norm_bias), n);
         bk->classifier_ce(bk, m->losses + r0, train ? act_at(bk, m->d_ln, (size_t)r0 * C) : NULL,
                           train ? G(m, t->lm_head) : NULL, m->final_ln, P(m, t->lm_head), m->targets + r0, n,
-                          c->vocab_size, C, loss_scale, c->final_softcap);
+                          c->vocab_size, C, loss_scale, (float)c->final_softcap);
     }
     double loss = bk->sum_f32(bk, m->losses, N);
     if (!train) return loss;
@@ -809,5 +810,5 @@ void model_last_logits(Model *m, int T, float *out) {
                1, c->vocab_size, C, 0, 1, 1.0f, 0.0f);
     bk->download_act(bk, out, m->logits, c->vocab_size);
     if (c->final_softcap > 0)  // as the classifier caps them (Gemma 2's final_logit_softcapping)
-        for (int v = 0; v < c->vocab_size; v++) out[v] = (float)(c->final_softcap * tanh(out[v] / (double)c->final_softcap));
+        for (int v = 0; v < c->vocab_size; v++) out[v] = (float)(c->final_softcap * tanh(out[v] / c->final_softcap));
 }

@@ -239,13 +239,13 @@ static void read_phi3_keys(const char *path, const cJSON *root, ModelConfig *c) 
 }
 
 // A logit soft-cap key: a positive number, or null (none); absent keys take `def` (0: none).
-static float read_softcap(const char *path, const cJSON *root, const char *key, double def) {
+static double read_softcap(const char *path, const cJSON *root, const char *key, double def) {
     const cJSON *v = get(root, key);
-    if (v ? cJSON_IsNull(v) : def == 0) return 0.0f;
+    if (v ? cJSON_IsNull(v) : def == 0) return 0;
     const double cap = v ? opt_num(path, root, key, def) : def;
     if (!(isfinite(cap) && cap > 0 && cap < 1e30))
         fail("%s: '%s' must be a positive number or null, got %g", path, key, cap);
-    return (float)cap;
+    return cap;
 }
 
 // The Gemma keys (configuration_gemma2 / configuration_gemma3 of transformers 4.57: the

@@ -64,10 +64,20 @@ ALPACA_STYLES = {  # style: (system format, turn with input, turn without input)
                "<|im_start|>user\n{instruction}<|im_end|>\n<|im_start|>assistant\n"),
 }
 
-# Named chat templates (chat_template: chatml | llama3 | gemma3), written for this project. gemma3
-# is Gemma's turn format: <bos>, then <start_of_turn>ROLE\n ... <end_of_turn>\n with the assistant
-# called "model", a system message's text (and two newlines) put at the start of the next turn.
+# Named chat templates (chat_template: chatml | llama3 | gemma | gemma3), written for this
+# project. gemma3 is Gemma's turn format: <bos>, then <start_of_turn>ROLE\n ... <end_of_turn>\n
+# with the assistant called "model", a system message's text (and two newlines) put at the start
+# of the next turn. gemma (Gemma 1/2) is the same turn format without a system role: a system
+# message is an error (drop_system_message: true drops it), and turns must alternate user,
+# assistant, user, ... as Gemma's own template requires.
 CHAT_TEMPLATES = {
+    "gemma": ("{{ bos_token }}{% for m in messages %}{% if m['role'] == 'system' %}"
+              "{{ raise_exception('the gemma template has no system role (drop_system_message: true drops it)') }}"
+              "{% elif (m['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+              "{{ raise_exception('gemma turns must alternate user, assistant, user, ...') }}{% endif %}"
+              "{{ '<start_of_turn>' + ('model' if m['role'] == 'assistant' else m['role']) + '\n' + "
+              "(m['content'] | trim) + '<end_of_turn>\n' }}{% endfor %}"
+              "{% if add_generation_prompt %}{{ '<start_of_turn>model\n' }}{% endif %}"),
     "chatml": ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\n' + m['content'] + '<|im_end|>\n' }}"
                "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"),
     "llama3": ("{{ bos_token }}{% for m in messages %}{{ '<|start_header_id|>' + m['role'] + "
@@ -81,7 +91,7 @@ CHAT_TEMPLATES = {
 }
 CHAT_TEMPLATE_TOKENS = {"chatml": ["<|im_start|>", "<|im_end|>"],
                         "llama3": ["<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"],
-                        "gemma3": ["<start_of_turn>", "<end_of_turn>"]}
+                        "gemma": ["<start_of_turn>", "<end_of_turn>"], "gemma3": ["<start_of_turn>", "<end_of_turn>"]}
 ROLE_MAP = {"human": "user", "user": "user", "assistant": "assistant", "gpt": "assistant", "model": "assistant",
             "system": "system", "tool": "tool"}
 
@@ -605,11 +615,11 @@ def norm_train_on(v):
 
 
 def chat_template_of(spec, tok, cfg, ds):
-    """The jinja text for chat_template: tokenizer_default | chatml | llama3 | gemma3 | jinja (dataset entry first)."""
+    """The jinja text for chat_template: tokenizer_default | chatml | llama3 | gemma | gemma3 | jinja (dataset entry first)."""
     name = ds.get("chat_template") or cfg.get("chat_template") or "tokenizer_default"
     jinja = ds.get("chat_template_jinja") or cfg.get("chat_template_jinja")
     if not isinstance(name, str):
-        raise DataError("%s: expected tokenizer_default, chatml, llama3, gemma3 or jinja" % where_cfg(spec, "chat_template"))
+        raise DataError("%s: expected tokenizer_default, chatml, llama3, gemma, gemma3 or jinja" % where_cfg(spec, "chat_template"))
     fallback = None
     if name.startswith("tokenizer_default_fallback_"):
         fallback = name[len("tokenizer_default_fallback_"):]
@@ -619,7 +629,7 @@ def chat_template_of(spec, tok, cfg, ds):
             return tok.t.chat_template
         if fallback is None:
             raise DataError("%s: tokenizer_default, but the tokenizer in %s has no chat template; name one "
-                            "(chatml, llama3, gemma3) or give chat_template_jinja" % (where_cfg(spec, "chat_template"),
+                            "(chatml, llama3, gemma, gemma3) or give chat_template_jinja" % (where_cfg(spec, "chat_template"),
                                                                              spec["tokenizer_dir"]))
         name = fallback
     if name == "jinja":
@@ -635,7 +645,7 @@ def chat_template_of(spec, tok, cfg, ds):
                 raise DataError("%s: cannot read %s: %s" % (where_cfg(spec, "chat_template_jinja"), p, e.strerror))
         return jinja
     if name not in CHAT_TEMPLATES:
-        raise DataError("%s: '%s' is not available here (tokenizer_default, chatml, llama3, gemma3, jinja with "
+        raise DataError("%s: '%s' is not available here (tokenizer_default, chatml, llama3, gemma, gemma3, jinja with "
                         "chat_template_jinja)" % (where_cfg(spec, "chat_template"), name))
     for s in CHAT_TEMPLATE_TOKENS[name]:
         if tok.token_id(s) is None:

@@ -43,6 +43,7 @@ KINDS = {
     "gemma3": {"specials": ["<pad>", "<eos>", "<bos>", "<start_of_turn>", "<end_of_turn>"], "bos": "<bos>",
                "eos": "<eos>", "pad": "<pad>", "template": None},
 }
+KINDS["gemma2"] = KINDS["gemma3"]  # Gemma 2's tokenizer has the same special tokens (chat_template: gemma)
 
 
 def corpus():
@@ -98,7 +99,7 @@ def hub_dir(hf_home, repo_id, rev="0123456789abcdef0123456789abcdef01234567"):
     return snap
 
 
-FAMILY_OF = {"llama3": "llama", "llama2": "mistral", "qwen2": "qwen2", "gemma3": "gemma3_text"}
+FAMILY_OF = {"llama3": "llama", "llama2": "mistral", "qwen2": "qwen2", "gemma2": "gemma2", "gemma3": "gemma3_text"}
 
 
 def make_model(d, kind="llama3", vocab_size=1024, seed=0, multimodal=False, **shape):
@@ -115,6 +116,10 @@ def make_model(d, kind="llama3", vocab_size=1024, seed=0, multimodal=False, **sh
     if mt == "gemma3_text":
         extra.update(head_dim=16, hidden_act="gelu_pytorch_tanh", hidden_activation="gelu_pytorch_tanh",
                      query_pre_attn_scalar=16, sliding_window=512, sliding_window_pattern=2, pad_token_id=0)
+    if mt == "gemma2":  # the hub configs' caps (Gemma2Config's defaults)
+        extra.update(head_dim=16, hidden_act="gelu_pytorch_tanh", hidden_activation="gelu_pytorch_tanh",
+                     query_pre_attn_scalar=16, sliding_window=512, attn_logit_softcapping=50.0,
+                     final_logit_softcapping=30.0, pad_token_id=0, tie_word_embeddings=True)
     dims = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                 num_key_value_heads=2, max_position_embeddings=8192)
     dims.update(shape)

@@ -28,7 +28,7 @@ from checks import check, finish  # noqa: E402
 
 CONFIGS = os.path.join(ROOT, "configs", "axolotl", "datasets")
 HUB = {"NousResearch/Llama-3.2-1B": "llama3", "mistralai/Mistral-7B-v0.1": "llama2", "Qwen/Qwen2.5-0.5B": "qwen2",
-       "google/gemma-3-1b-it": "gemma3", "google/gemma-3-4b-it": "gemma3mm"}
+       "google/gemma-3-1b-it": "gemma3", "google/gemma-3-4b-it": "gemma3mm", "google/gemma-2-2b-it": "gemma2"}
 
 
 def setup(work):

@@ -34,10 +34,19 @@ test/test_torch_ref.py (cases f-j).
                       Gemma 3's keys (layer_types, rope_local_base_freq, ...) and trained again.
   gemma3_layer_types  a Gemma 3 config.json with layer_types and no sliding_window_pattern (as
                       transformers >= 4.53 writes it): the pattern is read from the list.
-  gemma3_refusals     what Gemma 3 configs can ask that is not implemented stops with a one-line
-                      error naming the key: logit soft-capping, a query_pre_attn_scalar of 0,
-                      another activation, bidirectional attention, layer_types against
-                      the pattern; a model_type gemma3 config.json without text_config.
+  gemma3_refusals     what Gemma 3 configs can ask that is not implemented (or is not a valid
+                      value) stops with a one-line error naming the key: a soft-cap of 0 or a
+                      string, a query_pre_attn_scalar of 0, another activation, bidirectional
+                      attention, layer_types against the pattern; a model_type gemma3
+                      config.json without text_config.
+  gemma3_softcap      Gemma 3 with both soft-caps set: the first loss against the reference.
+  gemma2_modes        Gemma 2 (Gemma 3's block without q/k norms, one RoPE, even layers sliding,
+                      attention scores capped at 0.8 and logits at 1.5, query_pre_attn_scalar 24
+                      against head_dim 16): gemma3_modes' runs and checks.
+  gemma2_layer_types  layer_types absent (even layers slide) and a period of 3: first loss against
+                      the reference, the list and the caps written back (and no Gemma 3 keys).
+  gemma2_refusals     a layer_types list that is not periodic, a negative cap, another
+                      activation.
   gemma3_multimodal   Gemma3ForConditionalGeneration files (Gemma 3 4B/12B/27B: text_config with
                       absent keys at their defaults, tensors under language_model.model. or
                       model.language_model., a vision tower beside them): LoRA on the language
@@ -254,12 +263,19 @@ def case_config_write_back(root):
     errs += write_back_one(root, "llama_eos_list", R.make_config(eos_token_id=[2, 3, 5]), {
         "architectures": ["LlamaForCausalLM"], "model_type": "llama", "eos_token_id": [2, 3, 5],
         "bos_token_id": 1})
+    errs += write_back_one(root, "gemma2", gemma2_cfg(), {
+        "architectures": ["Gemma2ForCausalLM"], "model_type": "gemma2", "head_dim": 16,
+        "hidden_activation": "gelu_pytorch_tanh", "query_pre_attn_scalar": 24, "sliding_window": 5,
+        "attn_logit_softcapping": 0.8, "final_logit_softcapping": 1.5, "tie_word_embeddings": True,
+        "layer_types": ["sliding_attention", "full_attention", "sliding_attention"], "pad_token_id": 0,
+        "sliding_window_pattern": "<absent>", "rope_local_base_freq": "<absent>"})
     errs += write_back_one(root, "gemma3", gemma3_cfg(), {
         "architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text", "head_dim": 16,
         "hidden_activation": "gelu_pytorch_tanh", "query_pre_attn_scalar": 16, "sliding_window": 5,
         "sliding_window_pattern": 2, "rope_local_base_freq": 10000.0, "tie_word_embeddings": True,
-        "layer_types": ["sliding_attention", "full_attention", "sliding_attention"], "pad_token_id": 0})
-    return errs, "qwen3, mistral (absent/null window), qwen2, llama, gemma3_text"
+        "layer_types": ["sliding_attention", "full_attention", "sliding_attention"], "pad_token_id": 0,
+        "attn_logit_softcapping": None, "final_logit_softcapping": None})
+    return errs, "qwen3, mistral (absent/null window), qwen2, llama, gemma2, gemma3_text"
 
 
 def gemma3_cfg(**kw):
@@ -272,9 +288,27 @@ def gemma3_cfg(**kw):
     return R.make_config(**c)
 
 
+def gemma2_cfg(**kw):
+    """Gemma 2 at test size: caps small enough that tanh bends this init's scores and logits,
+    query_pre_attn_scalar 24 against head_dim 16 (the scale without a q-norm copy)."""
+    c = dict(vocab_size=64, hidden_size=48, intermediate_size=64, num_hidden_layers=3,
+             num_attention_heads=4, num_key_value_heads=2, head_dim=16, model_type="gemma2",
+             rms_norm_eps=1e-6, tie_word_embeddings=True, hidden_act="gelu_pytorch_tanh",
+             hidden_activation="gelu_pytorch_tanh", query_pre_attn_scalar=24, sliding_window=5,
+             attn_logit_softcapping=0.8, final_logit_softcapping=1.5, pad_token_id=0)
+    c.update(kw)
+    return R.make_config(**c)
+
+
 def case_gemma3_modes(root):
-    work = os.path.join(root, "gemma3_modes")
-    cfg = gemma3_cfg()
+    return gemma_modes(os.path.join(root, "gemma3_modes"), gemma3_cfg())
+
+
+def case_gemma2_modes(root):
+    return gemma_modes(os.path.join(root, "gemma2_modes"), gemma2_cfg())
+
+
+def gemma_modes(work, cfg):
     model_dir, shard, tokens, weights = setup(work, cfg, 1200, seed=23)
     tc = R.train_config(sequence_len=20, micro_batch_size=2, gradient_accumulation_steps=2,
                         max_steps=3, learning_rate=5e-3, lr_scheduler="cosine", warmup_steps=1,
@@ -338,6 +372,58 @@ def case_gemma3_layer_types(root):
         if got.get("sliding_window_pattern") != pat or got.get("layer_types") != cfg["layer_types"]:
             errs.append(f"pattern {pat}: written back as {got.get('sliding_window_pattern')} / {got.get('layer_types')}")
     return errs, "patterns 2 and 3 read from layer_types alone"
+
+
+def case_gemma2_layer_types(root):
+    """Gemma 2's sliding layers: layer_types' default (even layers) when absent, else the list
+    (a period of 3 here); a list that is not periodic is refused. Each first loss is the
+    reference's; config.json is written back with the list and the caps."""
+    errs = []
+    for name, lt in (("default", None), ("period3", ["sliding_attention", "sliding_attention", "full_attention"])):
+        cfg = gemma2_cfg(num_hidden_layers=3, sliding_window=3)
+        if lt:
+            cfg["layer_types"] = lt
+        work = os.path.join(root, "gemma2_lt_" + name)
+        model_dir, shard, tokens, weights = setup(work, cfg, 600, seed=9)
+        tc = R.train_config(sequence_len=12, micro_batch_size=1, max_steps=1, learning_rate=1e-3,
+                            warmup_steps=0, lr_scheduler="constant")
+        tc.update(base_model=model_dir, train_data=shard, output_dir=os.path.join(work, "out"))
+        run(work, tc)
+        rows = R.read_metrics(os.path.join(work, "out", "metrics.jsonl"))
+        ref = R.batch_loss(cfg, weights, R.step_batches(tokens, 1, 12, 1, 1))
+        if rel(rows[0]["loss"], ref) > LOSS_RTOL:
+            errs.append(f"{name}: loss {rows[0]['loss']} vs reference {ref}")
+        want = lt or ["sliding_attention", "full_attention", "sliding_attention"]
+        got = read_json(os.path.join(work, "out", "config.json"))
+        if got.get("layer_types") != want or "sliding_window_pattern" in got or "rope_local_base_freq" in got:
+            errs.append(f"{name}: written back as layer_types {got.get('layer_types')}, keys {sorted(got)}")
+    # Against its reference, a contrast: the same model with the caps off has another loss.
+    nocap = R.batch_loss(dict(cfg, attn_logit_softcapping=None, final_logit_softcapping=None), weights,
+                         R.step_batches(tokens, 1, 12, 1, 1))
+    if rel(nocap, ref) < 1e-3:
+        errs.append(f"the caps barely change the reference's loss ({nocap} vs {ref}): the test would not see them")
+    return errs, "layer_types default and a period of 3, caps written back"
+
+
+def case_gemma3_softcap(root):
+    """Gemma 3 with soft-caps set (its configs leave them null; modeling_gemma3 applies them when
+    set): the first loss against the reference, and both caps written back."""
+    cfg = gemma3_cfg(attn_logit_softcapping=0.8, final_logit_softcapping=1.5)
+    work = os.path.join(root, "gemma3_softcap")
+    model_dir, shard, tokens, weights = setup(work, cfg, 600, seed=4)
+    tc = R.train_config(sequence_len=12, micro_batch_size=1, max_steps=1, learning_rate=1e-3,
+                        warmup_steps=0, lr_scheduler="constant")
+    tc.update(base_model=model_dir, train_data=shard, output_dir=os.path.join(work, "out"))
+    run(work, tc)
+    rows = R.read_metrics(os.path.join(work, "out", "metrics.jsonl"))
+    ref = R.batch_loss(cfg, weights, R.step_batches(tokens, 1, 12, 1, 1))
+    errs = []
+    if rel(rows[0]["loss"], ref) > LOSS_RTOL:
+        errs.append(f"loss {rows[0]['loss']} vs reference {ref}")
+    got = read_json(os.path.join(work, "out", "config.json"))
+    if got.get("attn_logit_softcapping") != 0.8 or got.get("final_logit_softcapping") != 1.5:
+        errs.append(f"caps written back as {got.get('attn_logit_softcapping')} / {got.get('final_logit_softcapping')}")
+    return errs, f"loss rel {rel(rows[0]['loss'], ref):.1e}"
 
 
 def case_gemma3_multimodal(root):
@@ -454,12 +540,20 @@ def mm_output_errors(what, out, base, want):
     return errs
 
 
-def case_gemma3_refusals(root):
-    work = os.path.join(root, "gemma3_refusals")
-    errs = []
+def case_gemma2_refusals(root):
     bad = [
-        ("softcap", dict(final_logit_softcapping=30.0), "final_logit_softcapping"),
-        ("attn_softcap", dict(attn_logit_softcapping=50.0), "attn_logit_softcapping"),
+        ("layer_types_not_periodic", dict(layer_types=["full_attention", "sliding_attention", "full_attention"]),
+         "layer_types[1]"),
+        ("softcap_negative", dict(attn_logit_softcapping=-1.0), "attn_logit_softcapping"),
+        ("activation", dict(hidden_activation="relu"), "hidden_activation"),
+    ]
+    return refusals(os.path.join(root, "gemma2_refusals"), gemma2_cfg, bad)
+
+
+def case_gemma3_refusals(root):
+    bad = [
+        ("softcap_zero", dict(final_logit_softcapping=0), "final_logit_softcapping"),
+        ("attn_softcap_string", dict(attn_logit_softcapping="50"), "attn_logit_softcapping"),
         ("qpas", dict(query_pre_attn_scalar=0), "query_pre_attn_scalar"),
         ("activation", dict(hidden_activation="gelu"), "hidden_activation"),
         ("hidden_act", dict(hidden_act="silu"), "hidden_act"),
@@ -467,8 +561,14 @@ def case_gemma3_refusals(root):
         ("layer_types", dict(layer_types=["full_attention"] * 3), "layer_types[0]"),
         ("mm_no_text_config", dict(model_type="gemma3", architectures=["Gemma3ForConditionalGeneration"]), "text_config"),
     ]
+    return refusals(os.path.join(root, "gemma3_refusals"), gemma3_cfg, bad)
+
+
+def refusals(work, make_cfg, bad):
+    """Each (name, config overrides, key) stops with a last line naming config.json and the key."""
+    errs = []
     for name, over, want in bad:
-        cfg = gemma3_cfg(**{k: v for k, v in over.items() if k not in ("model_type", "architectures")})
+        cfg = make_cfg(**{k: v for k, v in over.items() if k not in ("model_type", "architectures")})
         model_dir, shard, _, _ = setup(os.path.join(work, name), cfg, 300, seed=3)
         if "model_type" in over:  # written over the text model's config.json
             cj = os.path.join(model_dir, "config.json")
@@ -617,7 +717,9 @@ def main():
              ("config_write_back", case_config_write_back),
              ("qwen2_layer_types", case_qwen2_layer_types), ("gemma3_modes", case_gemma3_modes),
              ("gemma3_layer_types", case_gemma3_layer_types), ("gemma3_multimodal", case_gemma3_multimodal),
-             ("gemma3_refusals", case_gemma3_refusals),
+             ("gemma3_refusals", case_gemma3_refusals), ("gemma2_modes", case_gemma2_modes),
+             ("gemma2_layer_types", case_gemma2_layer_types), ("gemma2_refusals", case_gemma2_refusals),
+             ("gemma3_softcap", case_gemma3_softcap),
              ("yarn", case_yarn)]
     try:
         passed, failed = harness.run_cases(((n, lambda f=f: f(root)) for n, f in cases),

@@ -11,6 +11,9 @@ issue states them), with byte-level BPE tokenizers made by test/hf_fixtures.py:
   chat_gemma3       chat_template: gemma3 (Axolotl's Gemma 3 examples), eot_tokens [<end_of_turn>]:
                     the text is <bos><start_of_turn>user\n(system\n\n)... with the assistant as
                     "model"; each trained run is one assistant turn's content + <end_of_turn>
+  chat_gemma        chat_template: gemma (Gemma 2's examples) with drop_system_message: Gemma's turns
+                    with no system text; a system message without it, or turns that do not
+                    alternate, are one-line errors
   input_output      segments with label flags, no special tokens added
   completion        long texts cut into sequence_len pieces, every token trained, EOS at the end
   pretraining       pretraining_dataset plain text, packed, documents isolated
@@ -271,6 +274,38 @@ def case_chat_gemma3(e):
     check("chat gemma3: trained runs = assistant content + <end_of_turn> (%d turns), texts in Gemma's turn format"
           % len(want), got == want and texts == wtexts,
           "got %r want %r; texts %r want %r" % (got[:2], want[:2], sorted(texts)[:1], sorted(wtexts)[:1]))
+
+
+def case_chat_gemma(e):
+    """chat_template: gemma (Axolotl's Gemma 2 examples, with drop_system_message: true): Gemma's
+    turns with no system text anywhere; without drop_system_message a system message is a
+    one-line error, as are turns that do not alternate."""
+    hf = e.hf["gemma3"]  # the same tokenizer family
+    rows = F.sharegpt_rows(8, seed=6)
+    ds = {"path": "g.jsonl", "type": "chat_template", "field_messages": "conversations", "drop_system_message": True,
+          "message_property_mappings": {"role": "from", "content": "value"}}
+    sp = e.spec({"datasets": [ds], "chat_template": "gemma", "eot_tokens": ["<end_of_turn>"]}, kind="gemma3")
+    e.data(sp, "g.jsonl", rows)
+    d, _ = e.run(sp)
+    docs = docs_of(os.path.join(d, "train.bin"))[1]
+    got = sorted(dec(hf, run) for tk, tg in docs for run in trained_runs(tk, tg))
+    want = sorted(m["value"].strip() + "<end_of_turn>" for r in rows for m in r["conversations"] if m["from"] == "gpt")
+    texts = {dec(hf, tk) for tk, tg in docs}
+    wtexts = {"<bos>" + "".join("<start_of_turn>%s\n%s<end_of_turn>\n" % ("model" if m["from"] == "gpt" else "user",
+                                                                         m["value"].strip())
+                                for m in r["conversations"] if m["from"] != "system") for r in rows}
+    check("chat gemma: trained runs = assistant content + <end_of_turn> (%d turns), system messages dropped"
+          % len(want), got == want and texts == wtexts,
+          "got %r want %r; texts %r want %r" % (got[:2], want[:2], sorted(texts)[:1], sorted(wtexts)[:1]))
+    sp2 = e.spec({"datasets": [dict(ds, drop_system_message=False)], "chat_template": "gemma"}, kind="gemma3")
+    e.data(sp2, "g.jsonl", rows)
+    msg = e.err(sp2)
+    check("chat gemma: a system message without drop_system_message is a one-line error naming the system role",
+          "system role" in msg and "\n" not in msg.strip(), msg)
+    sp3 = e.spec({"datasets": [ds], "chat_template": "gemma"}, kind="gemma3")
+    e.data(sp3, "g.jsonl", [{"conversations": [{"from": "human", "value": "one"}, {"from": "human", "value": "two"}]}])
+    msg = e.err(sp3)
+    check("chat gemma: turns that do not alternate are a one-line error", "alternate" in msg, msg)
 
 
 def case_input_output(e):
@@ -728,7 +763,7 @@ def case_tokens_saved_tokenizer(e):
     check("shrink_embeddings with no spare rows: nothing to resize", e.err(sp8) == "", e.err(sp8))
 
 
-CASES = [case_alpaca, case_tokens_saved_tokenizer, case_dataset_keys, case_shard_tokenizer_keys, case_chat_llama3, case_chat_chatml, case_chat_gemma3, case_input_output, case_completion, case_pretraining,
+CASES = [case_alpaca, case_tokens_saved_tokenizer, case_dataset_keys, case_shard_tokenizer_keys, case_chat_llama3, case_chat_chatml, case_chat_gemma3, case_chat_gemma, case_input_output, case_completion, case_pretraining,
          case_packing, case_val_split, case_excess_length, case_formats, case_cache, case_errors]
 
 

@@ -26,13 +26,13 @@ static int ref_lo(int b, int i, int T, int window, const std::vector<int32_t> &d
 
 static Ref reference(const std::vector<float> &q, const std::vector<float> &k, const std::vector<float> &v,
                      const std::vector<float> &dO, int B, int T, int Hq, int Hkv, int D, int window,
-                     const std::vector<int32_t> &ds) {
+                     const std::vector<int32_t> &ds, double scale = 0, double cap = 0) {
     Ref r;
     const int g = Hq / Hkv;
-    const double sc = 1.0 / sqrt((double)D);
+    const double sc = scale > 0 ? scale : 1.0 / sqrt((double)D);
     r.out.assign((size_t)B * T * Hq * D, 0), r.lse.assign((size_t)B * Hq * T, 0);
     r.dq.assign(r.out.size(), 0), r.dk.assign((size_t)B * T * Hkv * D, 0), r.dv.assign(r.dk.size(), 0);
-    std::vector<double> p(T), dp(T);
+    std::vector<double> p(T), dp(T), slope(T, 1.0);  // slope: the soft-cap's derivative
     auto Q = [&](int b, int t, int h) { return &q[(((size_t)b * T + t) * Hq + h) * D]; };
     auto K = [&](int b, int t, int h) { return &k[(((size_t)b * T + t) * Hkv + h) * D]; };
     auto V = [&](int b, int t, int h) { return &v[(((size_t)b * T + t) * Hkv + h) * D]; };
@@ -45,6 +45,10 @@ static Ref reference(const std::vector<float> &q, const std::vector<float> &k, c
                     double d = 0;
                     for (int e = 0; e < D; e++) d += (double)Q(b, i, h)[e] * K(b, j, hk)[e];
                     p[j] = d * sc;
+                    if (cap > 0) {  // Gemma 2's soft-capping: cap tanh(s / cap)
+                        const double t = tanh(p[j] / cap);
+                        p[j] = cap * t, slope[j] = 1 - t * t;
+                    }
                     mx = fmax(mx, p[j]);
                 }
                 for (int j = lo; j <= i; j++) s += exp(p[j] - mx);
@@ -61,7 +65,7 @@ static Ref reference(const std::vector<float> &q, const std::vector<float> &k, c
                 for (int j = lo; j <= i; j++) {
                     double d = 0;
                     for (int e = 0; e < D; e++) d += (double)go[e] * V(b, j, hk)[e];
-                    const double ds = p[j] * (d - Di);
+                    const double ds = p[j] * (d - Di) * slope[j];
                     for (int e = 0; e < D; e++) {
                         r.dq[(((size_t)b * T + i) * Hq + h) * D + e] += sc * ds * K(b, j, hk)[e];
                         r.dk[(((size_t)b * T + j) * Hkv + hk) * D + e] += sc * ds * Q(b, i, h)[e];
@@ -87,8 +91,9 @@ static std::vector<int32_t> make_docs(int B, int T, int maxlen) {
 // window 0: none; docs 0: one document per row, else documents of at most docs tokens.
 // path: 0 WMMA where it fits (the trainer's LLMC_ATT_MMA=0), 1 generic forced, 2 the mma kernels
 // (the trainer's default)
+// scale: the score scale (0: 1/sqrt(D)); cap: soft-capping (0: none; the generic kernels only).
 static void one(CudaCtx *c, int B, int T, int Hq, int Hkv, int D, int path, int window = 0, int docs = 0,
-                int tile = 0) {
+                int tile = 0, float scale = 0, float cap = 0) {
     const int bf = c->bf16;
     c->force_generic_attention = path == 1;
     c->mma_attention = path == 2;
@@ -97,17 +102,19 @@ static void one(CudaCtx *c, int B, int T, int Hq, int Hkv, int D, int path, int 
              Hkv, D, window && docs ? " window+docs" : window ? " window" : docs ? " docs" : "");
     if (window) snprintf(tag + strlen(tag), sizeof tag - strlen(tag), " W=%d", window);
     if (docs) snprintf(tag + strlen(tag), sizeof tag - strlen(tag), " doclen<=%d", docs);
+    if (scale > 0) snprintf(tag + strlen(tag), sizeof tag - strlen(tag), " scale=%.3f", scale);
+    if (cap > 0) snprintf(tag + strlen(tag), sizeof tag - strlen(tag), " softcap=%.2f (generic kernels)", cap);
     const size_t nq = (size_t)B * T * Hq * D, nk = (size_t)B * T * Hkv * D;
     std::vector<float> q = randn(nq), k = randn(nk), v = randn(nk), dO = randn(nq);
     round_act(q, bf), round_act(k, bf), round_act(v, bf), round_act(dO, bf);
     std::vector<int32_t> ds = docs ? make_docs(B, T, docs) : std::vector<int32_t>();
     int32_t *d_ds = docs ? (int32_t *)up_bytes(ds.data(), ds.size() * 4) : nullptr;
-    Ref r = reference(q, k, v, dO, B, T, Hq, Hkv, D, window, ds);
+    Ref r = reference(q, k, v, dO, B, T, Hq, Hkv, D, window, ds, scale, cap);
     void *dq_in = up_act(q, bf), *dk_in = up_act(k, bf), *dv_in = up_act(v, bf), *ddo = up_act(dO, bf);
     const size_t es = bf ? 2 : 4;
     void *out = dmalloc(nq * es), *dq = dmalloc(nq * es), *dk = dmalloc(nk * es), *dv = dmalloc(nk * es);
     float *lse = (float *)dmalloc((size_t)B * Hq * T * 4);
-    k_attention_fwd(c, out, lse, dq_in, dk_in, dv_in, B, T, 0, T, Hq, Hkv, D, window, d_ds, 0, 0);
+    k_attention_fwd(c, out, lse, dq_in, dk_in, dv_in, B, T, 0, T, Hq, Hkv, D, window, d_ds, scale, cap);
     const std::vector<float> f_out = down_act(out, nq, bf), f_lse = down_f32(lse, r.lse.size());
     snprintf(name, sizeof name, "attention_fwd out %s", tag);
     check(name, f_out, r.out, tol_for(bf));
@@ -115,7 +122,7 @@ static void one(CudaCtx *c, int B, int T, int Hq, int Hkv, int D, int path, int 
     snprintf(name, sizeof name, "attention_fwd lse %s", tag);
     check(name, f_lse, r.lse, bf ? 2e-3 : 1e-5);
     k_attention_bwd(c, dq, dk, dv, ddo, dq_in, dk_in, dv_in, out, lse, B, T, 0, T, Hq, Hkv, D, window, d_ds, 0, nullptr,
-                    nullptr, 0, 0);
+                    nullptr, scale, cap);
     std::vector<float> g_dq = down_act(dq, nq, bf), g_dk = down_act(dk, nk, bf), g_dv = down_act(dv, nk, bf);
     snprintf(name, sizeof name, "attention_bwd dq %s", tag);
     check(name, g_dq, r.dq, bf ? 2e-2 : 1e-5);
@@ -132,7 +139,7 @@ static void one(CudaCtx *c, int B, int T, int Hq, int Hkv, int D, int path, int 
     poison_grads();
     c->att_bwd_one_grid = path == 2;
     k_attention_bwd(c, dq, dk, dv, ddo, dq_in, dk_in, dv_in, out, lse, B, T, 0, T, Hq, Hkv, D, window, d_ds, 0, nullptr,
-                    nullptr, 0, 0);
+                    nullptr, scale, cap);
     c->att_bwd_one_grid = 0;
     std::vector<float> h_dq = down_act(dq, nq, bf), h_dk = down_act(dk, nk, bf), h_dv = down_act(dv, nk, bf);
     snprintf(name, sizeof name, "attention_bwd %s %s",
@@ -147,7 +154,7 @@ static void one(CudaCtx *c, int B, int T, int Hq, int Hkv, int D, int path, int 
             c->att_bwd_one_grid = one_grid;
             poison_grads();
             k_attention_bwd(c, dq, dk, dv, ddo, dq_in, dk_in, dv_in, out, lse, B, T, 0, T, Hq, Hkv, D, window, d_ds, 0,
-                            nullptr, nullptr, 0, 0);
+                            nullptr, nullptr, scale, cap);
             std::vector<float> s_dq = down_act(dq, nq, bf), s_dk = down_act(dk, nk, bf), s_dv = down_act(dv, nk, bf);
             if (!one_grid) {
                 snprintf(name, sizeof name, "attention_bwd dk, dK/dV in %d parts, %s", group, tag);
@@ -172,9 +179,9 @@ static void one(CudaCtx *c, int B, int T, int Hq, int Hkv, int D, int path, int 
             c->att_bwd_one_grid = variant, c->att_kv_split = variant ? group : 1;
             cudaMemsetAsync(out, 0xff, nq * es, c->stream), cudaMemsetAsync(lse, 0xff, (size_t)B * Hq * T * 4, c->stream);
             poison_grads();
-            k_attention_fwd(c, out, lse, dq_in, dk_in, dv_in, B, T, 0, T, Hq, Hkv, D, window, d_ds, 0, 0);
+            k_attention_fwd(c, out, lse, dq_in, dk_in, dv_in, B, T, 0, T, Hq, Hkv, D, window, d_ds, scale, cap);
             k_attention_bwd(c, dq, dk, dv, ddo, dq_in, dk_in, dv_in, out, lse, B, T, 0, T, Hq, Hkv, D, window, d_ds, 0,
-                            nullptr, nullptr, 0, 0);
+                            nullptr, nullptr, scale, cap);
             const std::vector<float> &wk = variant ? h_dk : g_dk, &wv = variant ? h_dv : g_dv;
             snprintf(name, sizeof name, "attention pipelined (cp.async)%s: the same out, lse, dq, dk, dv bits, %s",
                      variant ? ", one grid, dK/dV in parts" : "", tag);
@@ -203,11 +210,11 @@ static void one(CudaCtx *c, int B, int T, int Hq, int Hkv, int D, int path, int 
                     const int32_t *dsb = d_ds ? d_ds + (size_t)b * T : nullptr;
                     if (pass == 0)
                         k_attention_fwd(c, o2 + r * lq, l2 + (size_t)b * Hq * T, qi, ki, vi, 1, T, t0, n, Hq, Hkv, D,
-                                        window, dsb, 0, 0);
+                                        window, dsb, scale, cap);
                     else
                         k_attention_bwd(c, dq2 + r * lq, dk2 + b * T * lk, dv2 + b * T * lk, (const char *)ddo + r * lq,
                                         qi, ki, vi, o2 + r * lq, l2 + (size_t)b * Hq * T, 1, T, t0, n, Hq, Hkv, D,
-                                        window, dsb, t0 > 0, bf ? fk + b * nkv : nullptr, bf ? fv + b * nkv : nullptr, 0, 0);
+                                        window, dsb, t0 > 0, bf ? fk + b * nkv : nullptr, bf ? fv + b * nkv : nullptr, scale, cap);
                 }
         c->att_kv_split = 1, c->att_pipeline = 0;
         char ttag[200];
@@ -280,6 +287,11 @@ int main(int argc, char **argv) {
         // query tiles of 64 (tiled_attention): uneven last tile, GQA, window + documents, both paths
         one(c, 2, 200, 4, 2, 16, 0, 45, 70, 64);
         one(c, 1, 150, 2, 1, 24, 0, 0, 0, 64);  // generic (D 24)
+        // Gemma 2: a given score scale and soft-capped scores (the generic kernels, whatever the
+        // path asked for), with a window, GQA and query tiles
+        one(c, 1, 70, 4, 2, 16, 0, 0, 0, 0, 0.2f, 0.9f);
+        one(c, 2, 130, 4, 2, 16, bf ? 2 : 0, 20, 0, 64, 0.3f, 1.5f);
+        one(c, 1, 130, 2, 1, 64, bf ? 2 : 0, 0, 0, 0, 0.11f);  // a given scale alone: the tensor-core kernels
         if (bf) {  // the mma.sync kernels (the trainer's default), every head-dim instance and mask
             one(c, 2, 70, 4, 2, 16, 2);
             one(c, 1, 130, 2, 1, 64, 2);

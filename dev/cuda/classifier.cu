@@ -3,7 +3,8 @@
 // float dW), with V large enough that the rows are processed in several chunks; then time per call.
 #include "dev_common.cuh"
 
-static void one(CudaCtx *c, int N, int V, int C) {
+// cap: Gemma 2's final_logit_softcapping (0: none), z' = cap tanh(z / cap) before the softmax.
+static void one(CudaCtx *c, int N, int V, int C, double cap = 0) {
     const int bf = c->bf16;
     char name[128];
     std::vector<float> x = randn((size_t)N * C), W = randn((size_t)V * C, 0.3), dW0 = randn((size_t)V * C, 0.01);
@@ -18,6 +19,7 @@ static void one(CudaCtx *c, int N, int V, int C) {
         for (int v = 0; v < V; v++) {
             double d = 0;
             for (int k = 0; k < C; k++) d += (double)x[(size_t)n * C + k] * W[(size_t)v * C + k];
+            if (cap > 0) d = cap * tanh(d / cap);
             z[v] = d, mx = fmax(mx, d);
         }
         for (int v = 0; v < V; v++) s += exp(z[v] - mx);
@@ -26,6 +28,7 @@ static void one(CudaCtx *c, int N, int V, int C) {
         if (tgt[n] < 0) continue;
         for (int v = 0; v < V; v++) {
             double g = (exp(z[v] - lz) - (v == tgt[n])) * scale;
+            if (cap > 0) g *= 1 - (z[v] / cap) * (z[v] / cap);
             for (int k = 0; k < C; k++) {
                 dx[(size_t)n * C + k] += g * W[(size_t)v * C + k];
                 dW[(size_t)v * C + k] += g * x[(size_t)n * C + k];
@@ -37,16 +40,16 @@ static void one(CudaCtx *c, int N, int V, int C) {
     float *ddW = (float *)up_act(dW0, 0);
     void *dt = up_bytes(tgt.data(), N * 4);
     float *dl = (float *)dmalloc(N * 4);
-    k_classifier_ce(c, dl, ddx, ddW, dxin, dWin, (const int32_t *)dt, N, V, C, (float)scale, 0);
+    k_classifier_ce(c, dl, ddx, ddW, dxin, dWin, (const int32_t *)dt, N, V, C, (float)scale, (float)cap);
     size_t rows = CE_CHUNK_ELEMS / V;
-    snprintf(name, sizeof name, "classifier_ce %s N=%d V=%d C=%d (%zu chunks)", prec(bf), N, V, C,
-             (N + (rows < 1 ? 1 : rows) - 1) / (rows < 1 ? 1 : rows));
+    snprintf(name, sizeof name, "classifier_ce %s N=%d V=%d C=%d (%zu chunks)%s", prec(bf), N, V, C,
+             (N + (rows < 1 ? 1 : rows) - 1) / (rows < 1 ? 1 : rows), cap > 0 ? " soft-capped" : "");
     std::string base(name);
     check((base + " losses").c_str(), down_f32(dl, N), loss, bf ? 2e-3 : 1e-5);
     check((base + " dx").c_str(), down_act(ddx, (size_t)N * C, bf), dx, tol_for(bf));
     // bf16: the chunk's softmax gradient is rounded to bf16 before the dW GEMM (fp32 output)
     check((base + " dW").c_str(), down_f32(ddW, (size_t)V * C), dW, tol_for(bf));
-    k_classifier_ce(c, dl, NULL, NULL, dxin, dWin, (const int32_t *)dt, N, V, C, (float)scale, 0);  // eval: losses only
+    k_classifier_ce(c, dl, NULL, NULL, dxin, dWin, (const int32_t *)dt, N, V, C, (float)scale, (float)cap);  // eval: losses only
     check((base + " losses (no grad)").c_str(), down_f32(dl, N), loss, bf ? 2e-3 : 1e-5);
     cudaFree(dxin), cudaFree(dWin), cudaFree(ddW), cudaFree(ddx), cudaFree(dt), cudaFree(dl);
 }
@@ -82,6 +85,8 @@ int main(int argc, char **argv) {
         CudaCtx *c = cuda_ctx_create(bf, 0);
         one(c, 37, 300, 32);
         one(c, 40, 420000, 4);  // N*V > CE_CHUNK_ELEMS: two chunks
+        one(c, 37, 300, 32, 1.5);  // soft-capped logits (Gemma 2)
+        one(c, 40, 420000, 4, 2.0);
         if (!g_quick) {
             // Llama-3's vocabulary at 8B's width; the 1.1B benchmark's; GPT-2 124M at B 16, T 1024,
             // whose 77 TFLOP/s in the trainer (H200, 2026-11-28) came with 333-row chunks: it is
