@@ -11,7 +11,7 @@
 #   kernels    (a) make test-cuda: every dev/cuda program (kernel vs CPU reference, fp32 1e-5,
 #              bf16 1e-2), with timings
 #   train      (b) fp32 CUDA vs CPU whole-model training (losses and weights within 1e-5):
-#                  full, LoRA and a Gemma 3 text model
+#                  full, LoRA, a Gemma 3 and a Gemma 2 text model
 #   modes      (c) every memory mode bit-identical to the plain GPU run; peaks vs --plan
 #   sanitizer  (d) compute-sanitizer memcheck + racecheck on a short run of each mode
 #   nccl       (e) NCCL world 1 (LLMC_FORCE_NCCL=1), and every GPU when there are several

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Whole-model checks of the CUDA backend, run by scripts/gpu_check.sh (parts b, c, d, e).
 
-  gpu_train_check.py train     --bin B --json J   (b) fp32 CUDA vs CPU, full, LoRA and a Gemma 3
+  gpu_train_check.py train     --bin B --json J   (b) fp32 CUDA vs CPU, full, LoRA, a Gemma 3 and a Gemma 2
                                                       text model (HF directory written here): losses
                                                       of 5 AdamW steps within 1e-5 relative; one
                                                       step's gradient (a linear update: see
@@ -93,14 +93,16 @@ def base_cfg(size, out, sizes=model_cfg, **over):
     return c
 
 
-def gemma3_base(size):
-    """A random Gemma 3 text model (Gemma3ForCausalLM) of the size's shape as a Hugging Face
-    directory (float32 safetensors written here): sandwich and (1 + w) norms, GeGLU, scaled
-    embeddings, q/k norms, sliding layers (pattern 2, half the sequence) with their own RoPE,
-    query_pre_attn_scalar 1.5 x head_dim (the q scaling path)."""
+def gemma_base(size, gen=3):
+    """A random Gemma 3 text model (Gemma3ForCausalLM; gen 2: Gemma2ForCausalLM) of the size's
+    shape as a Hugging Face directory (float32 safetensors written here): sandwich and (1 + w)
+    norms, GeGLU, scaled embeddings, sliding layers (pattern 2, half the sequence),
+    query_pre_attn_scalar 1.5 x head_dim (a score scale of its own); Gemma 3 with q/k norms and
+    the sliding layers' own RoPE, Gemma 2 with its attention scores and logits soft-capped (at
+    caps small enough to bend this init's values: the generic attention kernels)."""
     c = model_cfg(size)
     m, T = c["model"], c["sequence_len"]
-    d = os.path.join(TMP, "gemma3_" + size)
+    d = os.path.join(TMP, "gemma%d_%s" % (gen, size))
     if os.path.exists(d):
         return d
     os.makedirs(d)
@@ -113,6 +115,11 @@ def gemma3_base(size):
            "sliding_window": T // 2, "sliding_window_pattern": 2, "rope_theta": 1000000.0,
            "rope_local_base_freq": 10000.0, "max_position_embeddings": m["max_position_embeddings"],
            "rms_norm_eps": 1e-6, "tie_word_embeddings": True, "pad_token_id": 0, "torch_dtype": "float32"}
+    if gen == 2:
+        cfg.update(architectures=["Gemma2ForCausalLM"], model_type="gemma2", attn_logit_softcapping=1.0,
+                   final_logit_softcapping=2.0)
+        for k in ("sliding_window_pattern", "rope_local_base_freq"):
+            del cfg[k]
     with open(os.path.join(d, "config.json"), "w") as f:
         json.dump(cfg, f)
     rng = random.Random(5)
@@ -123,9 +130,10 @@ def gemma3_base(size):
             shapes[p + n + ".weight"] = (C,)
         shapes.update({p + "self_attn.q_proj.weight": (Hq * D, C), p + "self_attn.k_proj.weight": (Hkv * D, C),
                        p + "self_attn.v_proj.weight": (Hkv * D, C), p + "self_attn.o_proj.weight": (C, Hq * D),
-                       p + "self_attn.q_norm.weight": (D,), p + "self_attn.k_norm.weight": (D,),
                        p + "mlp.gate_proj.weight": (I, C), p + "mlp.up_proj.weight": (I, C),
                        p + "mlp.down_proj.weight": (C, I)})
+        if gen == 3:
+            shapes.update({p + "self_attn.q_norm.weight": (D,), p + "self_attn.k_norm.weight": (D,)})
     header, blobs, off = {}, [], 0
     for name, shape in shapes.items():
         n = math.prod(shape)
@@ -335,9 +343,9 @@ def step_errors(w0_bytes, a_bytes, b_bytes, only=None, read=None):
 def part_train(a):
     size = "tiny" if a.tiny else "small"
     rows = []
-    gemma = {"base_model": gemma3_base(size)}
     for label, extra, wfile in (("full", {}, "model.safetensors"), ("LoRA", LORA, "adapter_model.safetensors"),
-                                ("Gemma 3 full", gemma, "model.safetensors")):
+                                ("Gemma 3 full", {"base_model": gemma_base(size)}, "model.safetensors"),
+                                ("Gemma 2 full", {"base_model": gemma_base(size, 2)}, "model.safetensors")):
         # (1) a few steps of ordinary AdamW: the losses
         cpu = run("b_cpu_" + label, base_cfg(size, os.path.join(TMP, "b_cpu_" + label), device="cpu", **extra))
         gpu = run("b_gpu_" + label, base_cfg(size, os.path.join(TMP, "b_gpu_" + label), device=a.device,

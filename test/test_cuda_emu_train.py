@@ -42,7 +42,8 @@ lr * g / (|g| + 1): the step's change measures its gradient g, element by elemen
       emulator: scripts/gpu_train_check.py gpt --tiny, the checks a GPU runs (fp32 losses and one
       step's gradient against the CPU, bf16 losses, -r 1/-r 2 bit-identical to -r 0).
   (h) Gemma 3 text from a random HF base: fp32 and bf16 against the CPU.
-  (i) scripts/gpu_train_check.py train --tiny: part (b) of the GPU check (full, LoRA, Gemma 3).
+  (i) scripts/gpu_train_check.py train --tiny: part (b) of the GPU check (full, LoRA, Gemma 3,
+      Gemma 2 with soft-capped scores and logits).
 About 4 minutes on 2 cores.
 Prints PASS/FAIL lines and the measured figures.
 """
@@ -377,10 +378,11 @@ def main():
             check("(g) train_gpt (emulated CUDA) by gpu_train_check.py gpt --tiny: %d checks pass (%.1f s)"
                   % (len(passed), secs), ok and len(passed) == 4, out)
         # (i) the GPU check's part (b) as a GPU runs it, tiny: fp32 losses and one step's gradient
-        # against the CPU for full, LoRA and a Gemma 3 directory the script writes itself
+        # against the CPU for full, LoRA and Gemma 3 and 2 directories the script writes itself
         passed, ok, secs, out = gpu_check_part("train", binary, tmp)
-        check("(i) gpu_train_check.py train --tiny (emulated CUDA): %d checks pass, Gemma 3's among them (%.1f s)"
-              % (len(passed), secs), ok and len(passed) == 6 and any("Gemma 3" in l for l in passed), out)
+        check("(i) gpu_train_check.py train --tiny (emulated CUDA): %d checks pass, Gemma 3's and 2's among them "
+              "(%.1f s)" % (len(passed), secs),
+              ok and len(passed) == 8 and all(any(g in l for l in passed) for g in ("Gemma 3", "Gemma 2")), out)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return 1 if FAILS else 0
