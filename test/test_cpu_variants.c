@@ -170,6 +170,10 @@ static Outs run_variant(const Variant *k) {
     k->attention_fwd(out, lse, q, kk, v, B, T, 0, T, Hq, Hkv, D, window, ds, 0, 0);
     k->attention_bwd(dq, dk, dv, dout, q, kk, v, out, lse, B, T, 0, T, Hq, Hkv, D, window, ds, 0, 0, 0);
     put(&o, out, nq), put(&o, lse, (size_t)B * Hq * T), put(&o, dq, nq), put(&o, dk, nk), put(&o, dv, nk);
+    // Gemma 2: a score scale of its own and soft-capped scores
+    k->attention_fwd(out, lse, q, kk, v, B, T, 0, T, Hq, Hkv, D, window, ds, 0.2f, 1.5f);
+    k->attention_bwd(dq, dk, dv, dout, q, kk, v, out, lse, B, T, 0, T, Hq, Hkv, D, window, ds, 0, 0.2f, 1.5f);
+    put(&o, out, nq), put(&o, lse, (size_t)B * Hq * T), put(&o, dq, nq), put(&o, dk, nk), put(&o, dv, nk);
     free(q), free(kk), free(v), free(dout), free(ds), free(out), free(lse), free(dq), free(dk), free(dv);
     // Cross-entropy over a vocabulary that is not a multiple of the lanes, one ignored row.
     const int N = 37, V = 203, C = 24;
@@ -178,6 +182,8 @@ static Outs run_variant(const Variant *k) {
     int32_t tgt[37];
     for (int n = 0; n < N; n++) tgt[n] = n == 5 ? -100 : (n * 31) % V;
     k->classifier_ce(losses, dx, dW, x, W, tgt, N, V, C, 1.0f / N, 0);
+    put(&o, losses, N), put(&o, dx, (size_t)N * C), put(&o, dW, (size_t)V * C);
+    k->classifier_ce(losses, dx, dW, x, W, tgt, N, V, C, 1.0f / N, 2.5f);  // soft-capped logits
     put(&o, losses, N), put(&o, dx, (size_t)N * C), put(&o, dW, (size_t)V * C);
     free(x), free(W), free(losses), free(dx), free(dW);
     // Elementwise and norms, with a length that leaves a tail.

@@ -3,7 +3,7 @@
 every memory mode the planner prints (plain, checkpointing, selective, offload true / legacy /
 disk, ckpt + offload, hidden_states; each untiled, with a tiled MLP, and with tiled MLP and
 attention), full fine-tuning, LoRA, QLoRA, QLoRA with layer streaming, optimizer offload,
-tiered hidden states under a host limit, ZeRO-1 on two ranks, and Gemma 3 (sandwich norms: four
+tiered hidden states under a host limit, ZeRO-1 on two ranks, Gemma 2, and Gemma 3 (sandwich norms: four
 more kept tensors a layer) full and LoRA, `--plan`'s device, host and disk peaks are within 10%
 of what the run measures (device_peak_bytes / host_peak_bytes / disk_peak_bytes in metrics.jsonl, the maximum
 over two steps).
@@ -146,6 +146,15 @@ def main():
         R.save_hf_dir(gdir, g3, R.init_weights(g3, seed=1))
         variants.append(("gemma3 full", {"base_model": gdir}, list(BASE_MODES) + ["offload true + tiled MLP + attention"], 1))
         variants.append(("gemma3 lora", dict(LORA, base_model=gdir), ["plain", "checkpointing", "hidden_states"], 1))
+        # Gemma 2: no q/k norms (no rotated-q copy), soft-capped scores and logits
+        g2 = dict(g3, model_type="gemma2", architectures=["Gemma2ForCausalLM"], query_pre_attn_scalar=24,
+                  attn_logit_softcapping=50.0, final_logit_softcapping=30.0)
+        for k in ("sliding_window_pattern",):
+            g2.pop(k, None)
+        g2dir = os.path.join(root, "gemma2")
+        R.save_hf_dir(g2dir, g2, R.init_weights(g2, seed=1))
+        variants.append(("gemma2 full", {"base_model": g2dir}, ["plain", "checkpointing", "hidden_states",
+                                                               "offload true + tiled MLP + attention"], 1))
         if "hidden_states" in ws and "offload true" in ws:
             wd, wh = ws["hidden_states"]
             variants.append(("tiered host", {"_layers": 8, "host_memory_limit": int(wd + wh + 2.5 * layer_in)},
