@@ -680,8 +680,8 @@ CASES = [
         lambda m: ["config.json", "llama3"])),
     ("adapter_config_duplicate_key", adapter_dup_key),
     ("hf_model_type_unsupported", hf_case(
-        edit_config_json(lambda c: c.update(model_type="gemma2")),
-        lambda m: ["config.json", "gemma2", "llama, mistral, qwen2, qwen3, phi3"])),
+        edit_config_json(lambda c: c.update(model_type="gemma")),
+        lambda m: ["config.json", "'gemma'", "llama, mistral, qwen2, qwen3, phi3, gemma2, gemma3_text"])),
     ("hf_architecture_unsupported", hf_case(
         edit_config_json(lambda c: c.update(architectures=["GemmaForCausalLM"])),
         lambda m: ["config.json", "GemmaForCausalLM", "Qwen3ForCausalLM, Phi3ForCausalLM"])),
