@@ -142,13 +142,15 @@ struct Backend {
     void (*pos_fwd)(Backend *, void *out, const void *wpe, int B, int T, int C);
     void (*pos_bwd)(Backend *, float *dwpe_f32, const void *dout, int B, int T, int C);
 
-    // In place on x [B,T,H,D]; tables are [T, D/2] (HF rotate_half pairs i and i + D/2). The
-    // position of row (b, t) is pos[b*T + t] (device int32 [B*T], each < T: packed documents
-    // restart at 0) or, with pos NULL, t. rope_bwd applies the inverse rotation.
+    // In place on x [B,T,H,D], rotating each head's first rot dimensions (rot even, <= D; rot D:
+    // all; Phi-4-mini's partial rotary: 96 of 128) and passing the rest; tables are [T, rot/2]
+    // (HF rotate_half pairs i and i + rot/2). The position of row (b, t) is pos[b*T + t]
+    // (device int32 [B*T], each < T: packed documents restart at 0) or, with pos NULL, t.
+    // rope_bwd applies the inverse rotation.
     void (*rope_fwd)(Backend *, void *x, const float *cos_f32, const float *sin_f32,
-                     const int32_t *pos, int B, int T, int H, int D);
+                     const int32_t *pos, int B, int T, int H, int D, int rot);
     void (*rope_bwd)(Backend *, void *dx, const float *cos_f32, const float *sin_f32,
-                     const int32_t *pos, int B, int T, int H, int D);
+                     const int32_t *pos, int B, int T, int H, int D, int rot);
 
     // Causal grouped-query attention, flash style: q [B,T,Hq,D], k/v [B,T,Hkv,D], out like q,
     // lse_f32 [B,Hq,T] (natural log-sum-exp of the scaled scores). No T x T matrix is stored.

@@ -461,7 +461,7 @@ static const void *q_rotate(Model *m, int l, void *q, Span s, int T) {
         x = qrows(m, m->q_rot, r0, (size_t)Hq * D);
         bk->rmsnorm_fwd(bk, x, m->qk_rstd + r0 * Hq, q, LP(m, l, P_QNORM), family_norm_add(c), n * Hq, D, c->rms_norm_eps);
     }
-    bk->rope_fwd(bk, x, ROPE_COS(m, l), ROPE_SIN(m, l), pos_at(m, r0, s), s.nb, s.n, Hq, D);
+    bk->rope_fwd(bk, x, ROPE_COS(m, l), ROPE_SIN(m, l), pos_at(m, r0, s), s.nb, s.n, Hq, D, rope_dims(c));
     return x;
 }
 
@@ -476,7 +476,7 @@ static void k_rotate(Model *m, int l, const LayerActs *a, Span s, int B, int T) 
         bk->rmsnorm_fwd(bk, x, m->qk_rstd + N * Hq + r0 * Hkv, k, LP(m, l, P_KNORM), family_norm_add(c), n * Hkv, D,
                         c->rms_norm_eps);
     }
-    bk->rope_fwd(bk, x, ROPE_COS(m, l), ROPE_SIN(m, l), pos_at(m, r0, s), s.nb, s.n, Hkv, D);
+    bk->rope_fwd(bk, x, ROPE_COS(m, l), ROPE_SIN(m, l), pos_at(m, r0, s), s.nb, s.n, Hkv, D, rope_dims(c));
 }
 
 // Norm, q/k/v projections, RoPE, attention and the output projection of a span's rows: x_mid =
@@ -624,7 +624,8 @@ static void layer_backward(Model *m, int l, const LayerActs *a, int B, int T, in
         lora_bwd(m, l, LORA_O, datt, dy, att, r0, n, QD, C);
         attend_bwd(m, dq, m->d_k, m->d_v, datt, qa, ka, a->v, att, a->lse, s, T, window);
         void *dqx = dq;
-        if (c->arch == ARCH_LLAMA) bk->rope_bwd(bk, dq, ROPE_COS(m, l), ROPE_SIN(m, l), pos_at(m, r0, s), s.nb, s.n, Hq, D);
+        if (c->arch == ARCH_LLAMA)
+            bk->rope_bwd(bk, dq, ROPE_COS(m, l), ROPE_SIN(m, l), pos_at(m, r0, s), s.nb, s.n, Hq, D, rope_dims(c));
         if (m->q_rot) {  // through the q norm; the rotated copy is dead now and takes the gradient
             dqx = qrows(m, m->q_rot, r0, QD);
             bk->memzero(bk, dqx, (size_t)n * QD * bk->act_bytes, NULL);
@@ -636,7 +637,7 @@ static void layer_backward(Model *m, int l, const LayerActs *a, int B, int T, in
     }
     // Keys and values: their gradients are whole now.
     void *dk = m->d_k;
-    if (c->arch == ARCH_LLAMA) bk->rope_bwd(bk, m->d_k, ROPE_COS(m, l), ROPE_SIN(m, l), DOC_POS(m), B, T, Hkv, D);
+    if (c->arch == ARCH_LLAMA) bk->rope_bwd(bk, m->d_k, ROPE_COS(m, l), ROPE_SIN(m, l), DOC_POS(m), B, T, Hkv, D, rope_dims(c));
     if (m->k_rot) {
         bk->memzero(bk, m->k_rot, (size_t)N * KD * bk->act_bytes, NULL);
         bk->rmsnorm_bwd(bk, m->k_rot, opt_grad(m, l, P_KNORM), m->d_k, a->k, LP(m, l, P_KNORM), family_norm_add(c),

@@ -178,7 +178,7 @@ static void read_rope(const char *path, const cJSON *r, const char *where, Model
 // original_max_position_embeddings as both transformers 4.44 and 4.57 do; a "factor" key is
 // overridden by that ratio in transformers too, since Phi3Config has the original length).
 static void read_longrope(const char *path, const cJSON *rs, ModelConfig *c) {
-    const int half = c->head_dim / 2;
+    const int half = rope_dims(c) / 2;
     if (!cJSON_IsObject(rs)) fail("%s: 'rope_scaling' must be an object or null", path);
     const cJSON *ty = get(rs, "type"), *e;
     const char *key = "type";
@@ -189,12 +189,13 @@ static void read_longrope(const char *path, const cJSON *rs, ModelConfig *c) {
     static const char *const known[] = {"type", "rope_type", "short_factor", "long_factor", "attention_factor", "factor"};
     only_keys(path, "rope_scaling", rs, known, sizeof known / sizeof *known,
               "longrope (type, short_factor, long_factor, attention_factor)");
-    if (half > ROPE_MAX_HALF) fail("%s: longrope with head_dim %d: at most %d is implemented", path, c->head_dim, 2 * ROPE_MAX_HALF);
+    if (half > ROPE_MAX_HALF)
+        fail("%s: longrope over %d rotary dimensions: at most %d is implemented", path, 2 * half, 2 * ROPE_MAX_HALF);
     static const char *const lists[] = {"short_factor", "long_factor"};
     for (int k = 0; k < 2; k++) {
         const cJSON *l = get(rs, lists[k]);
         if (!cJSON_IsArray(l) || cJSON_GetArraySize(l) != half)
-            fail("%s: 'rope_scaling.%s' must be a list of %d numbers (head_dim / 2)", path, lists[k], half);
+            fail("%s: 'rope_scaling.%s' must be a list of %d numbers (the rotary dimensions / 2)", path, lists[k], half);
         float *dst = k ? c->rope_long_factor : c->rope_short_factor;
         int i = 0;
         cJSON_ArrayForEach(e, l) {
@@ -388,10 +389,21 @@ static void read_root(const char *path, const cJSON *root, ModelConfig *c) {
     double drop = opt_num(path, root, "attention_dropout", 0.0);
     if (drop != 0.0)
         fail("%s: 'attention_dropout' = %g is not supported (dropout is not implemented; use 0.0)", path, drop);
-    // transformers' rope code reads it for every family (rotating only that share of each head).
+    // transformers' rope code reads it for every family (tables for that share of each head),
+    // but only Phi-3's attention rotates a share and passes the rest (modeling_phi3's
+    // apply_rotary_pos_emb); the other families' would not run with it.
     double prf = opt_num(path, root, "partial_rotary_factor", 1.0);
-    if (prf != 1.0)
-        fail("%s: 'partial_rotary_factor' = %g is not supported (only 1.0: RoPE over the whole head)", path, prf);
+    if (prf != 1.0 && !fam->fused)
+        fail("%s: 'partial_rotary_factor' = %g is not supported for %s (only 1.0: RoPE over the whole head; phi3 "
+             "takes a share)", path, prf, model_type);
+    if (!(prf > 0 && prf <= 1))
+        fail("%s: 'partial_rotary_factor' must be in (0, 1], got %g", path, prf);
+    c->partial_rotary_factor = prf;
+    c->rotary_dim = (int)(c->head_dim * prf);  // Python's int(head_dim * factor)
+    if (c->rotary_dim < 2 || c->rotary_dim % 2)
+        fail("%s: 'partial_rotary_factor' %g rotates %d of head_dim %d dimensions; RoPE needs an even number, at "
+             "least 2", path, prf, c->rotary_dim, c->head_dim);
+    if (c->rotary_dim == c->head_dim) c->rotary_dim = 0;
     const cJSON *act = get(root, "hidden_act");
     if (fam->gelu_mlp) {
         read_gemma_keys(path, root, c, !strcmp(model_type, "gemma2"));
@@ -687,7 +699,7 @@ static cJSON *config_json(const ModelConfig *c) {
             for (int k = 0; k < 2; k++) {
                 cJSON *l = cJSON_AddArrayToObject(r, k ? "long_factor" : "short_factor");
                 ADD(l);
-                for (int i = 0; l && i < c->head_dim / 2; i++)
+                for (int i = 0; l && i < rope_dims(c) / 2; i++)
                     ADD(cJSON_AddItemToArray(l, real_item(k ? c->rope_long_factor[i] : c->rope_short_factor[i], 1)));
             }
             if (c->rope_has_attention_factor) ADD(add_real(r, "attention_factor", c->rope_attention_factor, 0));
@@ -699,10 +711,10 @@ static cJSON *config_json(const ModelConfig *c) {
     ADD(cJSON_AddBoolToObject(o, "attention_bias", c->attention_bias));
     ADD(cJSON_AddBoolToObject(o, "mlp_bias", 0));
     ADD(add_real(o, "attention_dropout", 0.0, 0));
-    if (fam->fused) {  // Phi-3's keys as read (dropouts are 0 and the rotary factor 1 here)
+    if (fam->fused) {  // Phi-3's keys as read (dropouts are 0 here)
         ADD(add_real(o, "resid_pdrop", 0.0, 0));
         ADD(add_real(o, "embd_pdrop", 0.0, 0));
-        ADD(add_real(o, "partial_rotary_factor", 1.0, 0));
+        ADD(add_real(o, "partial_rotary_factor", c->partial_rotary_factor > 0 ? c->partial_rotary_factor : 1.0, 0));
         if (c->original_max_position_embeddings > 0)
             ADD(cJSON_AddNumberToObject(o, "original_max_position_embeddings", c->original_max_position_embeddings));
     }

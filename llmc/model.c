@@ -172,12 +172,15 @@ void model_config_validate(const ModelConfig *c, const char *src) {
         !(c->rope_factor > 0 && c->rope_beta_fast > 0 && c->rope_beta_slow > 0 && c->rope_attention_factor > 0 &&
           isfinite(c->rope_attention_factor) && c->rope_original_max_position_embeddings >= 0))
         fail("%s: yarn rope_scaling needs factor, beta_fast, beta_slow and the attention factor > 0", src);
+    if (c->rotary_dim && (c->rotary_dim < 2 || c->rotary_dim % 2 || c->rotary_dim > c->head_dim))
+        fail("%s: RoPE over %d of head_dim %d dimensions: an even number from 2 to head_dim", src, c->rotary_dim,
+             c->head_dim);
     if (c->rope_type == ROPE_LONGROPE) {
-        if (c->head_dim / 2 > ROPE_MAX_HALF)
-            fail("%s: longrope with head_dim %d: at most %d is implemented", src, c->head_dim, 2 * ROPE_MAX_HALF);
+        if (rope_dims(c) / 2 > ROPE_MAX_HALF)
+            fail("%s: longrope over %d rotary dimensions: at most %d is implemented", src, rope_dims(c), 2 * ROPE_MAX_HALF);
         if (!(c->original_max_position_embeddings > 0) || !(isfinite(c->rope_attention_factor) && c->rope_attention_factor > 0))
             fail("%s: longrope needs original_max_position_embeddings > 0 and a positive attention factor", src);
-        for (int i = 0; i < c->head_dim / 2; i++)
+        for (int i = 0; i < rope_dims(c) / 2; i++)
             if (!(isfinite(c->rope_short_factor[i]) && c->rope_short_factor[i] > 0 &&
                   isfinite(c->rope_long_factor[i]) && c->rope_long_factor[i] > 0))
                 fail("%s: longrope short_factor/long_factor[%d] must be positive finite numbers", src, i);
@@ -461,10 +464,11 @@ void param_table_free(ParamTable *t) {
 
 // HF computes inv_freq = 1 / theta^(2i/D) in float32, then llama3 rescales by wavelength:
 // long wavelengths are divided by `factor`, short ones kept, the band between interpolated.
+// D is the rotated dimensions (rope_dims: head_dim, or Phi-3's partial share).
 void rope_inv_freq(const ModelConfig *c, float *inv, int long_factors) {
-    const int half = c->head_dim / 2;
+    const int half = rope_dims(c) / 2;
     for (int i = 0; i < half; i++) {
-        float e = (float)(2 * i) / (float)c->head_dim;
+        float e = (float)(2 * i) / (float)rope_dims(c);
         // Phi-3's longrope: 1 / (ext_factors * base ** e) in float32; ext 1 (exact) otherwise.
         const float ext = c->rope_type != ROPE_LONGROPE ? 1.0f
                           : long_factors                ? c->rope_long_factor[i]
@@ -478,7 +482,7 @@ void rope_inv_freq(const ModelConfig *c, float *inv, int long_factors) {
     if (c->rope_type == ROPE_YARN) {
         // transformers' _compute_yarn_parameters (4.57): interpolated (/ factor) frequencies
         // below a ramp over dimensions [low, high], extrapolated (as trained) above it, in float32.
-        const int dim = c->head_dim;
+        const int dim = rope_dims(c);
         const double base = c->rope_theta, orig = c->rope_original_max_position_embeddings > 0
                                                       ? c->rope_original_max_position_embeddings
                                                       : c->max_position_embeddings;
@@ -879,7 +883,7 @@ void model_alloc_acts(Model *m, int B, int T, const MemPolicy *pol) {
     // has two, short then long factors; model_set_batch picks one per micro-batch.
     // Gemma 3's sliding layers rotate with rope_local_base_freq and no scaling: a table more.
     const int nglob = c->rope_type == ROPE_LONGROPE ? 2 : 1, local = c->rope_local_theta > 0;
-    const int half = c->head_dim / 2, ntab = nglob + local;
+    const int half = rope_dims(c) / 2, ntab = nglob + local;
     const size_t per = (size_t)Tg * half;
     m->rope_rows = (size_t)Tg;
     m->rope_tab_cos = bk->dev_alloc(bk, sizeof(float) * per * ntab, "rope table");
@@ -915,7 +919,7 @@ void model_alloc_acts(Model *m, int B, int T, const MemPolicy *pol) {
 static void rope_pick(Model *m, int maxpos) {
     const ModelConfig *c = &m->cfg;
     if (c->rope_type != ROPE_LONGROPE) return;
-    const size_t off = maxpos + 1 > c->original_max_position_embeddings ? m->rope_rows * (c->head_dim / 2) : 0;
+    const size_t off = maxpos + 1 > c->original_max_position_embeddings ? m->rope_rows * (rope_dims(c) / 2) : 0;
     m->rope_cos = m->rope_tab_cos + off, m->rope_sin = m->rope_tab_sin + off;
 }
 

@@ -75,6 +75,10 @@ typedef struct {
     int sliding_pattern;      // WIN_PATTERN families; 0: none
     double rope_local_theta;  // 0: every layer uses rope_theta
     int query_pre_attn_scalar;
+    // Phi-3 family (Phi-4-mini: 0.75): RoPE rotates the first int(head_dim * partial_rotary_factor)
+    // dimensions of each head and passes the rest (modeling_phi3); 0 for 1.0. rope_dims() below.
+    int rotary_dim;
+    double partial_rotary_factor;
     // Gemma 2 (and Gemma 3 when set): logit soft-capping, cap tanh(x / cap), of the scaled
     // attention scores before the mask and softmax, and of the classifier's logits; 0: none.
     double attn_softcap, final_softcap;
@@ -84,6 +88,9 @@ typedef struct {
     // them on that model: model.language_model.layers.N...).
     int multimodal;
 } ModelConfig;
+
+// The dimensions of a head RoPE rotates (the first ones), and so the tables' width times 2.
+static inline int rope_dims(const ModelConfig *c) { return c->rotary_dim > 0 ? c->rotary_dim : c->head_dim; }
 
 // Per-layer parameters, in the order they appear in the flat table; then the LoRA adapters
 // A and B of each target projection (LORA_Q..LORA_DOWN), present only for adapter runs.

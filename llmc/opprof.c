@@ -117,11 +117,12 @@ TIMED(geglu_bwd, 0, (Backend *bk, void *dgate, void *dup, const void *dh, const 
 TIMED(gelu_fwd, 0, (Backend *bk, void *y, const void *x, size_t n), (bk, y, x, n))
 TIMED(gelu_bwd, 0, (Backend *bk, void *dx, const void *dout, const void *x, size_t n), (bk, dx, dout, x, n))
 TIMED(rope_fwd, 0,
-      (Backend *bk, void *x, const float *c, const float *s, const int32_t *pos, int B, int T, int H, int D),
-      (bk, x, c, s, pos, B, T, H, D))
+      (Backend *bk, void *x, const float *c, const float *s, const int32_t *pos, int B, int T, int H, int D, int rot),
+      (bk, x, c, s, pos, B, T, H, D, rot))
 TIMED(rope_bwd, 0,
-      (Backend *bk, void *dx, const float *c, const float *s, const int32_t *pos, int B, int T, int H, int D),
-      (bk, dx, c, s, pos, B, T, H, D))
+      (Backend *bk, void *dx, const float *c, const float *s, const int32_t *pos, int B, int T, int H, int D,
+       int rot),
+      (bk, dx, c, s, pos, B, T, H, D, rot))
 TIMED(embedding_fwd, 0, (Backend *bk, void *out, const int32_t *tokens, const void *table, int N, int C),
       (bk, out, tokens, table, N, C))
 TIMED(embedding_bwd, 0, (Backend *bk, float *dtable, const void *dout, const int32_t *tokens, int N, int C, int V),

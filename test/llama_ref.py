@@ -630,11 +630,17 @@ def rope_attention_factor(cfg):
     return 1.0 if scale <= 1.0 else math.sqrt(1 + math.log(scale) / math.log(orig))
 
 
+def rotary_dims(cfg):
+    """The dimensions of a head RoPE rotates: int(head_dim * partial_rotary_factor) (transformers'
+    rope init; only Phi-3's attention then rotates a share and passes the rest)."""
+    return int(_dims(cfg)[3] * cfg.get("partial_rotary_factor", 1.0))
+
+
 def rope_inv_freq(cfg, seq_len=0):
     """HF default inv_freq in float32, with the llama3 rope_scaling rule applied (in float32),
     or Phi-3's longrope: 1 / (ext_factors * theta ** e), the long factors when seq_len (the
     batch's largest position + 1) passes original_max_position_embeddings."""
-    _, _, _, D = _dims(cfg)
+    D = rotary_dims(cfg)
     theta = float(cfg.get("rope_theta", 10000.0))
     exps = torch.arange(0, D, 2, dtype=torch.int64).float() / D
     inv = 1.0 / (theta ** exps)  # float32
@@ -830,8 +836,9 @@ class RefLlama(torch.nn.Module):
             k = k.transpose(1, 2)
             v = v.view(B, T, Hkv, D).transpose(1, 2)
             cos, sin = (cos_l, sin_l) if self.local_rope[i] else (cos_g, sin_g)
-            q = q * cos + _rotate_half(q) * sin
-            k = k * cos + _rotate_half(k) * sin
+            rd = cos.shape[-1]  # modeling_phi3: rotate the first rd dimensions, pass the rest
+            q = torch.cat((q[..., :rd] * cos + _rotate_half(q[..., :rd]) * sin, q[..., rd:]), dim=-1)
+            k = torch.cat((k[..., :rd] * cos + _rotate_half(k[..., :rd]) * sin, k[..., rd:]), dim=-1)
             if rep > 1:  # query head h reads kv head h // rep
                 k = k.repeat_interleave(rep, dim=1)
                 v = v.repeat_interleave(rep, dim=1)

@@ -550,14 +550,52 @@ typedef struct {
     int B, T, H, D;
     const float *cs, *sn;
     double *x, *wt, *y;
+    int rot;  // the rotated dimensions (0: D)
 } RopeCtx;
 
 static long double rope_loss(void *p) {
     RopeCtx *c = p;
     size_t n = (size_t)c->B * c->T * c->H * c->D;
     memcpy(c->y, c->x, n * sizeof(double));
-    rope_fwd_f64(c->y, c->cs, c->sn, NULL, c->B, c->T, c->H, c->D);
+    rope_fwd_f64(c->y, c->cs, c->sn, NULL, c->B, c->T, c->H, c->D, c->rot ? c->rot : c->D);
     return dot_wt(c->y, c->wt, n);
+}
+
+// Partial rotary (Phi-4-mini's partial_rotary_factor): the first rot dimensions of each head rotate
+// as a head of rot dimensions would (pairs i, i + rot/2, tables [T, rot/2]); the rest pass
+// unchanged, forward and backward; the backward against finite differences.
+static void test_rope_partial(int D, int rot) {
+    const int B = 2, T = 7, H = 3, half = rot / 2;
+    float *cs = xmalloc(sizeof(float) * T * half), *sn = xmalloc(sizeof(float) * T * half);
+    for (int t = 0; t < T; t++)
+        for (int i = 0; i < half; i++) {
+            const float ang = (float)t * powf(10000.0f, -(float)(2 * i) / (float)rot);
+            cs[t * half + i] = (float)cos(ang), sn[t * half + i] = (float)sin(ang);
+        }
+    const size_t n = (size_t)B * T * H * D;
+    RopeCtx c = {B, T, H, D, cs, sn, randn(n, 1), randn(n, 1), zeros(n), rot};
+    rope_loss(&c);
+    Cmp e = {0};
+    int pass_same = 1;
+    for (size_t row = 0; row < (size_t)B * T * H; row++) {
+        const int t = (int)(row / H % T);
+        const double *x = c.x + row * D, *y = c.y + row * D;
+        for (int d = 0; d < rot; d++) {
+            const double cf = cs[t * half + d % half], sf = sn[t * half + d % half];
+            const double r = d < half ? -x[d + half] : x[d - half];
+            cmp_rel(&e, "y", row * D + d, y[d], (double)((long double)x[d] * cf + (long double)r * sf));
+        }
+        for (int d = rot; d < D; d++) pass_same &= y[d] == x[d];
+    }
+    report(&e, 1e-14, "rope fwd over %d of %d dimensions vs x*cos + rotate_half(x)*sin on them", rot, D);
+    check(pass_same, "a dimension past rot changed", "rope fwd over %d of %d dimensions passes the other %d unchanged",
+          rot, D, D - rot);
+    double *g = dup_arr(c.wt, n);
+    rope_bwd_f64(g, cs, sn, NULL, B, T, H, D, rot);
+    e = (Cmp){0};
+    fd_check(&e, "dx", g, c.x, n, 600, FD_H, rope_loss, &c);
+    report(&e, FD_TOL, "rope bwd over %d of %d dimensions vs finite differences", rot, D);
+    free(cs), free(sn), free(c.x), free(c.wt), free(c.y), free(g);
 }
 
 static void test_rope(void) {
@@ -628,7 +666,7 @@ static void test_rope(void) {
                 }
         report(&e, 1e-14, "rope fwd (%s tables) vs x*cos + rotate_half(x)*sin", tname[k]);
         double *g = dup_arr(c.wt, n);
-        rope_bwd_f64(g, cs, sn, NULL, B, T, H, D);
+        rope_bwd_f64(g, cs, sn, NULL, B, T, H, D, D);
         e = (Cmp){0};
         fd_check(&e, "dx", g, c.x, n, 1000, FD_H, rope_loss, &c);
         report(&e, FD_TOL, "rope bwd (%s tables) vs finite differences", tname[k]);
@@ -643,13 +681,13 @@ static void test_rope(void) {
             }
         for (int dir = 0; dir < 2; dir++) {
             double *y = dup_arr(c.x, n);
-            (dir ? rope_bwd_f64 : rope_fwd_f64)(y, cs, sn, pos, B, T, H, D);
+            (dir ? rope_bwd_f64 : rope_fwd_f64)(y, cs, sn, pos, B, T, H, D, D);
             e = (Cmp){0};
             for (int b = 0; b < B; b++)
                 for (int d = 0; d < 3 && starts[b][d] < T; d++) {
                     const int t0 = starts[b][d], len = (d + 1 < 3 ? starts[b][d + 1] : T) - t0;
                     double *alone = dup_arr(c.x + ((size_t)b * T + t0) * H * D, (size_t)len * H * D);
-                    (dir ? rope_bwd_f64 : rope_fwd_f64)(alone, cs, sn, NULL, 1, len, H, D);
+                    (dir ? rope_bwd_f64 : rope_fwd_f64)(alone, cs, sn, NULL, 1, len, H, D, D);
                     for (size_t i = 0; i < (size_t)len * H * D; i++)
                         cmp_rel(&e, "y", i, y[((size_t)b * T + t0) * H * D + i], alone[i]);
                     free(alone);
@@ -1610,6 +1648,8 @@ int main(void) {
     test_rmsnorm(1, 1);     // Gemma's 1 + w
     test_embedding();
     test_rope();
+    test_rope_partial(16, 10);
+    test_rope_partial(128, 96);  // Phi-4-mini's head
 
     // Attention: head ratios 1-4, lengths that leave partial 6-row groups and 16-column score
     // pieces, B 1 and 2, D 8, 12 and 16.

@@ -34,8 +34,12 @@ modeling code's slicing, not against themselves. transformers 4.44.2 and peft 0.
   longrope          rope_scaling longrope with the long and the short factors: the reference's
                     logits against transformers 4.44.2's Phi3ForCausalLM, then loss, one step's
                     weights and the rope_scaling written back.
+  partial_rotary    partial_rotary_factor 0.5 (Phi-4-mini has 0.75): RoPE over the first half of
+                    each head, plain and with longrope (3 factors): first loss and one step's
+                    weights against the reference, the factor written back.
   refusals          one-line errors: other rope_scaling types, bad longrope factor lists or
-                    keys, partial_rotary_factor,
+                    keys, partial_rotary_factor that rotates an odd share or none, longrope
+                    factor lists not of the rotated share's length,
                     resid_pdrop / embd_pdrop / attention_dropout > 0, an absent pad_token_id
                     (32000) past a small vocab, LoRA on q_proj (no such module in Phi-3),
                     unfused files, a wrong qkv_proj shape.
@@ -437,6 +441,45 @@ def case_longrope(root):
     return errs, "; ".join(notes)
 
 
+def case_partial_rotary(root):
+    """partial_rotary_factor (Phi-4-mini: 0.75 of head_dim 128): RoPE over the first
+    int(head_dim * factor) dimensions of each head, the rest passed (modeling_phi3 of transformers
+    4.57), tables and longrope factors for that share. Here 0.5 of head_dim 12: without scaling,
+    and with longrope's long factors (3 of them), tied embeddings as Phi-4-mini's: the first loss
+    and one AdamW step's weights against the reference, the factor written back; the reference
+    with the whole head rotated gives other logits (the check sees the share)."""
+    import torch
+    errs, notes = [], []
+    for name, extra in (("plain", {}), ("longrope", dict(original_max_position_embeddings=8, rope_scaling={
+            "type": "longrope", "short_factor": SHORT[:3], "long_factor": LONG[:3]}))):
+        work = os.path.join(root, "partial_" + name)
+        cfg = phi3_cfg(sliding_window=None, partial_rotary_factor=0.5, tie_word_embeddings=True, **extra)
+        model_dir, shard, tokens, weights = setup(work, cfg, 600, seed=6, init=dict(qk_std=0.25, embed_std=0.1))
+        if name == "plain":
+            ids = torch.tensor([list(map(int, tokens[:16]))])
+            a = R.RefLlama(cfg, weights)(ids).detach().double().numpy()
+            b = R.RefLlama(dict(cfg, partial_rotary_factor=1.0), weights)(ids).detach().double().numpy()
+            d = float(np.abs(a - b).max() / np.abs(a).max())
+            if not d > 1e-3:
+                errs.append(f"rotating the whole head moves the reference's logits only {d:.1e}")
+        tc = R.train_config(sequence_len=16, micro_batch_size=2, max_steps=1, learning_rate=1e-3, warmup_steps=0,
+                            lr_scheduler="constant", weight_decay=0.1, max_grad_norm=0.0)
+        tc.update(base_model=model_dir, train_data=shard, output_dir=os.path.join(work, "out"))
+        run(work, tc)
+        ref = R.train_reference(cfg, weights, tokens, tc)
+        wl = check_losses(R.read_metrics(os.path.join(tc["output_dir"], "metrics.jsonl")), ref, errs)
+        got = R.read_safetensors(os.path.join(tc["output_dir"], "model.safetensors"))
+        werrs, ww = compare_weights(got, ref["weights"], 1e-5, scaled=False)
+        errs += [f"{name}: {e}" for e in werrs]
+        out = read_json(os.path.join(tc["output_dir"], "config.json"))
+        if out.get("partial_rotary_factor") != 0.5 or (extra and out.get("rope_scaling") != dict(
+                extra["rope_scaling"], type="longrope")):
+            errs.append(f"{name}: written back partial_rotary_factor {out.get('partial_rotary_factor')}, "
+                        f"rope_scaling {out.get('rope_scaling')}")
+        notes.append(f"{name}: loss rel {wl:.1e}, weights {ww:.1e}")
+    return errs, "; ".join(notes)
+
+
 def case_longrope_packed(root):
     """Longrope picks its factors by the batch's largest position + 1 (transformers:
     max(position_ids) + 1), so packed rows of documents up to 12 tokens long use the short
@@ -597,7 +640,12 @@ def case_refusals(root):
                                                "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                                                "original_max_position_embeddings": 64}), None,
          "'rope_scaling.rope_type' = llama3"),
-        ("partial_rotary", phi3_cfg(partial_rotary_factor=0.75), None, "'partial_rotary_factor' = 0.75"),
+        ("partial_rotary_odd", phi3_cfg(partial_rotary_factor=0.75), None,
+         "'partial_rotary_factor' 0.75 rotates 9 of head_dim 12"),
+        ("partial_rotary_zero", phi3_cfg(partial_rotary_factor=0.0), None, "'partial_rotary_factor' must be in (0, 1]"),
+        ("partial_rotary_longrope_len", phi3_cfg(partial_rotary_factor=0.5, rope_scaling={
+            "type": "longrope", "short_factor": SHORT, "long_factor": LONG}), None,
+         "'rope_scaling.short_factor' must be a list of 3 numbers"),
         ("resid_pdrop", phi3_cfg(resid_pdrop=0.1), None, "'resid_pdrop' = 0.1"),
         ("embd_pdrop", phi3_cfg(embd_pdrop=0.05), None, "'embd_pdrop' = 0.05"),
         ("attention_dropout", phi3_cfg(attention_dropout=0.1), None, "'attention_dropout' = 0.1"),
@@ -650,7 +698,7 @@ def main():
     cases = [("one_step", case_one_step), ("steps_tied", case_steps_tied),
              ("export", case_export), ("lora_o_down", case_lora_o_down),
              ("lora_fused", case_lora_fused), ("lora_peft", case_lora_peft), ("longrope", case_longrope),
-             ("longrope_packed", case_longrope_packed),
+             ("longrope_packed", case_longrope_packed), ("partial_rotary", case_partial_rotary),
              ("resume_modes", case_resume_modes), ("pad_negative", case_pad_negative),
              ("refusals", case_refusals)]
     try:

@@ -247,14 +247,14 @@ static void cpu_pos_bwd(Backend *bk, float *dwpe, const void *dout, int B, int T
     pos_bwd_f32(dwpe, dout, B, T, C);
 }
 static void cpu_rope_fwd(Backend *bk, void *x, const float *c, const float *s, const int32_t *pos,
-                         int B, int T, int H, int D) {
+                         int B, int T, int H, int D, int rot) {
     (void)bk;
-    rope_fwd_f32(x, c, s, pos, B, T, H, D);
+    rope_fwd_f32(x, c, s, pos, B, T, H, D, rot);
 }
 static void cpu_rope_bwd(Backend *bk, void *x, const float *c, const float *s, const int32_t *pos,
-                         int B, int T, int H, int D) {
+                         int B, int T, int H, int D, int rot) {
     (void)bk;
-    rope_bwd_f32(x, c, s, pos, B, T, H, D);
+    rope_bwd_f32(x, c, s, pos, B, T, H, D, rot);
 }
 static void cpu_attention_fwd(Backend *bk, void *out, float *lse, const void *q, const void *k,
                               const void *v, int B, int T, int q0, int nq, int Hq, int Hkv, int D,

@@ -31,9 +31,9 @@
     void pos_fwd_##S(R *out, const R *wpe, int B, int T, int C);                                 \
     void pos_bwd_##S(R *dwpe, const R *dout, int B, int T, int C);                               \
     void rope_fwd_##S(R *x, const float *cosv, const float *sinv, const int32_t *pos, int B,    \
-                      int T, int H, int D);                                                     \
+                      int T, int H, int D, int rot);                                            \
     void rope_bwd_##S(R *dx, const float *cosv, const float *sinv, const int32_t *pos, int B,   \
-                      int T, int H, int D);                                                     \
+                      int T, int H, int D, int rot);                                            \
     int attention_block_##S(void);                                                               \
     void attention_fwd_##S(R *out, float *lse, const R *q, const R *k, const R *v, int B,        \
                            int T, int q0, int nq, int Hq, int Hkv, int D, int window,            \

@@ -468,12 +468,12 @@ static void cu_gelu_bwd(Backend *bk, void *dx, const void *dy, const void *x, si
 static void cu_pos_fwd(Backend *bk, void *out, const void *wpe, int B, int T, int C) { k_pos_fwd(ctx_of(bk), out, wpe, B, T, C); }
 static void cu_pos_bwd(Backend *bk, float *dwpe, const void *dout, int B, int T, int C) { k_pos_bwd(ctx_of(bk), dwpe, dout, B, T, C); }
 static void cu_rope_fwd(Backend *bk, void *x, const float *c, const float *s, const int32_t *pos,
-                        int B, int T, int H, int D) {
-    k_rope(ctx_of(bk), x, c, s, pos, B, T, H, D, 1);
+                        int B, int T, int H, int D, int rot) {
+    k_rope(ctx_of(bk), x, c, s, pos, B, T, H, D, rot, 1);
 }
 static void cu_rope_bwd(Backend *bk, void *x, const float *c, const float *s, const int32_t *pos,
-                        int B, int T, int H, int D) {
-    k_rope(ctx_of(bk), x, c, s, pos, B, T, H, D, -1);
+                        int B, int T, int H, int D, int rot) {
+    k_rope(ctx_of(bk), x, c, s, pos, B, T, H, D, rot, -1);
 }
 // The sliding window and the document mask (backend.h) are implemented in attention.cu (checked
 // against a reference on the emulator and on the H200, 2026-11-27; not in training runs there).

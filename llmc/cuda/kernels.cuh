@@ -125,9 +125,9 @@ void k_pos_fwd(CudaCtx *c, void *out, const void *wpe, int B, int T, int C);
 void k_pos_bwd(CudaCtx *c, float *dwpe, const void *dout, int B, int T, int C);
 
 // ---- rope.cu ---------------------------------------------------------------------------------
-// sign +1: forward rotation; -1: the inverse (backward).
+// The first rot dimensions of each head (backend.h); sign +1: forward rotation; -1: the inverse (backward).
 void k_rope(CudaCtx *c, void *x, const float *cosv, const float *sinv, const int32_t *pos, int B,
-            int T, int H, int D, int sign);
+            int T, int H, int D, int rot, int sign);
 
 // ---- attention.cu ----------------------------------------------------------------------------
 // window (0: none) and doc_start (device [B*T], NULL: one document per row): backend.h's mask.
