@@ -350,6 +350,19 @@ def gemma_modes(work, cfg):
                   f"streaming bit-identical")
 
 
+def first_step(work, cfg, seed):
+    """One step (T 12) from a random base of cfg: the trainer's first loss, the reference's,
+    and the config.json written back (plus the tokens and weights, for contrasts)."""
+    model_dir, shard, tokens, weights = setup(work, cfg, 600, seed=seed)
+    tc = R.train_config(sequence_len=12, micro_batch_size=1, max_steps=1, learning_rate=1e-3,
+                        warmup_steps=0, lr_scheduler="constant")
+    tc.update(base_model=model_dir, train_data=shard, output_dir=os.path.join(work, "out"))
+    run(work, tc)
+    rows = R.read_metrics(os.path.join(work, "out", "metrics.jsonl"))
+    ref = R.batch_loss(cfg, weights, R.step_batches(tokens, 1, 12, 1, 1))
+    return rows[0]["loss"], ref, read_json(os.path.join(work, "out", "config.json")), tokens, weights
+
+
 def case_gemma3_layer_types(root):
     """layer_types without sliding_window_pattern (as transformers >= 4.53 saves a Gemma 3
     config): the pattern is the list's; the first loss is the reference's for that pattern."""
@@ -358,17 +371,11 @@ def case_gemma3_layer_types(root):
         cfg = gemma3_cfg(num_hidden_layers=3, sliding_window=3)
         cfg.pop("sliding_window_pattern")
         cfg["layer_types"] = ["full_attention" if (i + 1) % pat == 0 else "sliding_attention" for i in range(3)]
-        work = os.path.join(root, "gemma3_lt%d" % pat)
-        model_dir, shard, tokens, weights = setup(work, cfg, 600, seed=9)
-        tc = R.train_config(sequence_len=12, micro_batch_size=1, max_steps=1, learning_rate=1e-3,
-                            warmup_steps=0, lr_scheduler="constant")
-        tc.update(base_model=model_dir, train_data=shard, output_dir=os.path.join(work, "out"))
-        run(work, tc)
-        rows = R.read_metrics(os.path.join(work, "out", "metrics.jsonl"))
+        # the reference reads the pattern itself: the list is given to the trainer only
+        loss, _, got, tokens, weights = first_step(os.path.join(root, "gemma3_lt%d" % pat), cfg, 9)
         ref = R.batch_loss(dict(cfg, sliding_window_pattern=pat), weights, R.step_batches(tokens, 1, 12, 1, 1))
-        if rel(rows[0]["loss"], ref) > LOSS_RTOL:
-            errs.append(f"pattern {pat} from layer_types: loss {rows[0]['loss']} vs reference {ref}")
-        got = read_json(os.path.join(work, "out", "config.json"))
+        if rel(loss, ref) > LOSS_RTOL:
+            errs.append(f"pattern {pat} from layer_types: loss {loss} vs reference {ref}")
         if got.get("sliding_window_pattern") != pat or got.get("layer_types") != cfg["layer_types"]:
             errs.append(f"pattern {pat}: written back as {got.get('sliding_window_pattern')} / {got.get('layer_types')}")
     return errs, "patterns 2 and 3 read from layer_types alone"
@@ -383,18 +390,10 @@ def case_gemma2_layer_types(root):
         cfg = gemma2_cfg(num_hidden_layers=3, sliding_window=3)
         if lt:
             cfg["layer_types"] = lt
-        work = os.path.join(root, "gemma2_lt_" + name)
-        model_dir, shard, tokens, weights = setup(work, cfg, 600, seed=9)
-        tc = R.train_config(sequence_len=12, micro_batch_size=1, max_steps=1, learning_rate=1e-3,
-                            warmup_steps=0, lr_scheduler="constant")
-        tc.update(base_model=model_dir, train_data=shard, output_dir=os.path.join(work, "out"))
-        run(work, tc)
-        rows = R.read_metrics(os.path.join(work, "out", "metrics.jsonl"))
-        ref = R.batch_loss(cfg, weights, R.step_batches(tokens, 1, 12, 1, 1))
-        if rel(rows[0]["loss"], ref) > LOSS_RTOL:
-            errs.append(f"{name}: loss {rows[0]['loss']} vs reference {ref}")
+        loss, ref, got, tokens, weights = first_step(os.path.join(root, "gemma2_lt_" + name), cfg, 9)
+        if rel(loss, ref) > LOSS_RTOL:
+            errs.append(f"{name}: loss {loss} vs reference {ref}")
         want = lt or ["sliding_attention", "full_attention", "sliding_attention"]
-        got = read_json(os.path.join(work, "out", "config.json"))
         if got.get("layer_types") != want or "sliding_window_pattern" in got or "rope_local_base_freq" in got:
             errs.append(f"{name}: written back as layer_types {got.get('layer_types')}, keys {sorted(got)}")
     # Against its reference, a contrast: the same model with the caps off has another loss.
@@ -409,21 +408,13 @@ def case_gemma3_softcap(root):
     """Gemma 3 with soft-caps set (its configs leave them null; modeling_gemma3 applies them when
     set): the first loss against the reference, and both caps written back."""
     cfg = gemma3_cfg(attn_logit_softcapping=0.8, final_logit_softcapping=1.5)
-    work = os.path.join(root, "gemma3_softcap")
-    model_dir, shard, tokens, weights = setup(work, cfg, 600, seed=4)
-    tc = R.train_config(sequence_len=12, micro_batch_size=1, max_steps=1, learning_rate=1e-3,
-                        warmup_steps=0, lr_scheduler="constant")
-    tc.update(base_model=model_dir, train_data=shard, output_dir=os.path.join(work, "out"))
-    run(work, tc)
-    rows = R.read_metrics(os.path.join(work, "out", "metrics.jsonl"))
-    ref = R.batch_loss(cfg, weights, R.step_batches(tokens, 1, 12, 1, 1))
+    loss, ref, got, _, _ = first_step(os.path.join(root, "gemma3_softcap"), cfg, 4)
     errs = []
-    if rel(rows[0]["loss"], ref) > LOSS_RTOL:
-        errs.append(f"loss {rows[0]['loss']} vs reference {ref}")
-    got = read_json(os.path.join(work, "out", "config.json"))
+    if rel(loss, ref) > LOSS_RTOL:
+        errs.append(f"loss {loss} vs reference {ref}")
     if got.get("attn_logit_softcapping") != 0.8 or got.get("final_logit_softcapping") != 1.5:
         errs.append(f"caps written back as {got.get('attn_logit_softcapping')} / {got.get('final_logit_softcapping')}")
-    return errs, f"loss rel {rel(rows[0]['loss'], ref):.1e}"
+    return errs, f"loss rel {rel(loss, ref):.1e}"
 
 
 def case_gemma3_multimodal(root):

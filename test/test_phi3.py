@@ -389,6 +389,21 @@ SHORT = [1.0, 1.1, 1.3, 1.7, 2.2, 3.0]
 LONG = [1.5, 2.0, 3.1, 5.0, 8.0, 13.0]
 
 
+def one_step_vs_reference(work, cfg, model_dir, shard, tokens, weights, name, errs):
+    """One AdamW step (T 16, 2 rows) against the reference: the loss's and the weights' worst
+    relative errors (failures appended to errs, prefixed with name) and the config.json written."""
+    tc = R.train_config(sequence_len=16, micro_batch_size=2, max_steps=1, learning_rate=1e-3, warmup_steps=0,
+                        lr_scheduler="constant", weight_decay=0.1, max_grad_norm=0.0)
+    tc.update(base_model=model_dir, train_data=shard, output_dir=os.path.join(work, "out"))
+    run(work, tc)
+    ref = R.train_reference(cfg, weights, tokens, tc)
+    wl = check_losses(R.read_metrics(os.path.join(tc["output_dir"], "metrics.jsonl")), ref, errs)
+    got = R.read_safetensors(os.path.join(tc["output_dir"], "model.safetensors"))
+    werrs, ww = compare_weights(got, ref["weights"], 1e-5, scaled=False)
+    errs += [f"{name}: {e}" for e in werrs]
+    return wl, ww, read_json(os.path.join(tc["output_dir"], "config.json"))
+
+
 def case_longrope(root):
     """rope_scaling longrope (Phi-3-mini-128k, Phi-3.5-mini): inv_freq / short or long factors
     by the batch's length against original_max_position_embeddings, cos/sin times
@@ -425,16 +440,8 @@ def case_longrope(root):
                       / np.abs(want).max())
             if not d > 1e-3:
                 errs.append(f"{name}: {what} moves the logits only {d:.1e}: the check would not see it")
-        tc = R.train_config(sequence_len=16, micro_batch_size=2, max_steps=1, learning_rate=1e-3, warmup_steps=0,
-                            lr_scheduler="constant", weight_decay=0.1, max_grad_norm=0.0)
-        tc.update(base_model=model_dir, train_data=shard, output_dir=os.path.join(work, "out"))
-        run(work, tc)
-        ref = R.train_reference(cfg, weights, tokens, tc)
-        wl = check_losses(R.read_metrics(os.path.join(tc["output_dir"], "metrics.jsonl")), ref, errs)
-        got = R.read_safetensors(os.path.join(tc["output_dir"], "model.safetensors"))
-        werrs, ww = compare_weights(got, ref["weights"], 1e-5, scaled=False)
-        errs += [f"{name}: {e}" for e in werrs]
-        rs = read_json(os.path.join(tc["output_dir"], "config.json")).get("rope_scaling")
+        wl, ww, out = one_step_vs_reference(work, cfg, model_dir, shard, tokens, weights, name, errs)
+        rs = out.get("rope_scaling")
         if rs != {"type": "longrope", "short_factor": SHORT, "long_factor": LONG}:
             errs.append(f"{name}: written rope_scaling {rs}")
         notes.append(f"loss rel {wl:.1e}, weights {ww:.1e}")
@@ -462,16 +469,7 @@ def case_partial_rotary(root):
             d = float(np.abs(a - b).max() / np.abs(a).max())
             if not d > 1e-3:
                 errs.append(f"rotating the whole head moves the reference's logits only {d:.1e}")
-        tc = R.train_config(sequence_len=16, micro_batch_size=2, max_steps=1, learning_rate=1e-3, warmup_steps=0,
-                            lr_scheduler="constant", weight_decay=0.1, max_grad_norm=0.0)
-        tc.update(base_model=model_dir, train_data=shard, output_dir=os.path.join(work, "out"))
-        run(work, tc)
-        ref = R.train_reference(cfg, weights, tokens, tc)
-        wl = check_losses(R.read_metrics(os.path.join(tc["output_dir"], "metrics.jsonl")), ref, errs)
-        got = R.read_safetensors(os.path.join(tc["output_dir"], "model.safetensors"))
-        werrs, ww = compare_weights(got, ref["weights"], 1e-5, scaled=False)
-        errs += [f"{name}: {e}" for e in werrs]
-        out = read_json(os.path.join(tc["output_dir"], "config.json"))
+        wl, ww, out = one_step_vs_reference(work, cfg, model_dir, shard, tokens, weights, name, errs)
         if out.get("partial_rotary_factor") != 0.5 or (extra and out.get("rope_scaling") != dict(
                 extra["rope_scaling"], type="longrope")):
             errs.append(f"{name}: written back partial_rotary_factor {out.get('partial_rotary_factor')}, "

@@ -247,18 +247,24 @@ def case_chat_chatml(e):
           "last prompt)", ok)
 
 
-def case_chat_gemma3(e):
+def gemma_turns(e, sp, rows):
+    """Prepares sp over rows (ShareGPT, Gemma's tokenizer): the trained runs as text, sorted, what
+    they should be (each assistant turn's content + <end_of_turn>), and the documents' texts."""
     hf = e.hf["gemma3"]
-    rows = F.sharegpt_rows(8, seed=5)
-    sp = e.spec({"datasets": [{"path": "g.jsonl", "type": "chat_template", "field_messages": "conversations",
-                               "message_property_mappings": {"role": "from", "content": "value"}}],
-                 "chat_template": "gemma3", "eot_tokens": ["<end_of_turn>"]}, kind="gemma3")
     e.data(sp, "g.jsonl", rows)
     d, _ = e.run(sp)
     docs = docs_of(os.path.join(d, "train.bin"))[1]
     got = sorted(dec(hf, run) for tk, tg in docs for run in trained_runs(tk, tg))
     want = sorted(m["value"].strip() + "<end_of_turn>" for r in rows for m in r["conversations"] if m["from"] == "gpt")
-    texts = {dec(hf, tk) for tk, tg in docs}
+    return got, want, {dec(hf, tk) for tk, tg in docs}
+
+
+def case_chat_gemma3(e):
+    rows = F.sharegpt_rows(8, seed=5)
+    sp = e.spec({"datasets": [{"path": "g.jsonl", "type": "chat_template", "field_messages": "conversations",
+                               "message_property_mappings": {"role": "from", "content": "value"}}],
+                 "chat_template": "gemma3", "eot_tokens": ["<end_of_turn>"]}, kind="gemma3")
+    got, want, texts = gemma_turns(e, sp, rows)
     # Gemma's format, spelled out: the system text opens the first user turn.
     wtexts = set()
     for r in rows:
@@ -280,17 +286,11 @@ def case_chat_gemma(e):
     """chat_template: gemma (Axolotl's Gemma 2 examples, with drop_system_message: true): Gemma's
     turns with no system text anywhere; without drop_system_message a system message is a
     one-line error, as are turns that do not alternate."""
-    hf = e.hf["gemma3"]  # the same tokenizer family
     rows = F.sharegpt_rows(8, seed=6)
     ds = {"path": "g.jsonl", "type": "chat_template", "field_messages": "conversations", "drop_system_message": True,
           "message_property_mappings": {"role": "from", "content": "value"}}
     sp = e.spec({"datasets": [ds], "chat_template": "gemma", "eot_tokens": ["<end_of_turn>"]}, kind="gemma3")
-    e.data(sp, "g.jsonl", rows)
-    d, _ = e.run(sp)
-    docs = docs_of(os.path.join(d, "train.bin"))[1]
-    got = sorted(dec(hf, run) for tk, tg in docs for run in trained_runs(tk, tg))
-    want = sorted(m["value"].strip() + "<end_of_turn>" for r in rows for m in r["conversations"] if m["from"] == "gpt")
-    texts = {dec(hf, tk) for tk, tg in docs}
+    got, want, texts = gemma_turns(e, sp, rows)  # Gemma 2's tokenizer has Gemma 3's special tokens
     wtexts = {"<bos>" + "".join("<start_of_turn>%s\n%s<end_of_turn>\n" % ("model" if m["from"] == "gpt" else "user",
                                                                          m["value"].strip())
                                 for m in r["conversations"] if m["from"] != "system") for r in rows}
