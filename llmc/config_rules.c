@@ -19,6 +19,7 @@ typedef struct {
     const char *msg;
 } Rule;
 
+#define NOTE_RAY "Ray launching is not supported: this run is one process; run with mpirun for several ranks"
 #define NOTE_TRACKING "experiment tracking is not built in; metrics go to output_dir/metrics.jsonl"
 #define NOTE_KERNEL "a kernel choice of the PyTorch stack; this program has its own kernels (flash-style attention, fused loss)"
 #define NOTE_HUB "this program never uploads; the model and checkpoints stay in output_dir"
@@ -39,7 +40,11 @@ static const Rule RULES[] = {
     {"mlflow_*", R_NOTE, NULL, NOTE_TRACKING}, {"hf_mlflow_log_artifacts", R_NOTE, NULL, NOTE_TRACKING},
     {"use_mlflow", R_NOTE, NULL, NOTE_TRACKING},
     {"comet_*", R_NOTE, NULL, NOTE_TRACKING}, {"use_comet", R_NOTE, NULL, NOTE_TRACKING},
-    {"use_tensorboard", R_NOTE, NULL, NOTE_TRACKING}, {"use_ray", R_NOTE, NULL, "Ray launching is not supported; run with mpirun for several ranks"},
+    {"use_tensorboard", R_NOTE, NULL, NOTE_TRACKING}, {"use_ray", R_NOTE, NULL, NOTE_RAY},
+    {"ray_run_name", R_NOTE, NULL, NOTE_RAY}, {"ray_num_workers", R_REFUSE, "1",
+     "Ray's data-parallel workers are not launched here (one process); run mpirun -np N ./train_llama for N ranks"},
+    {"resources_per_worker", R_NOTE, NULL, NOTE_RAY},
+    {"use_otel_metrics", R_NOTE, NULL, NOTE_TRACKING}, {"otel_metrics_*", R_NOTE, NULL, NOTE_TRACKING},
     {"hub_model_id", R_NOTE, NULL, NOTE_HUB}, {"hub_strategy", R_NOTE, NULL, NOTE_HUB},
     {"hub_revision", R_NOTE, NULL, NOTE_HUB}, {"push_*", R_NOTE, NULL, NOTE_HUB},
     {"hf_use_auth_token", R_NOTE, NULL, "nothing is downloaded (hub ids resolve in the local cache)"},

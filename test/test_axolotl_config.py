@@ -155,7 +155,8 @@ def notes_for_no_effect_keys(e):
                  liger_rms_norm="true", lora_mlp_kernel="true", attn_implementation="flash_attention_2",
                  hub_model_id="me/model", ddp_bucket_cap_mb=25, dataloader_num_workers=4,
                  torch_compile="true", group_by_length="false",
-                 tokenizer_config="some/tokenizer")
+                 tokenizer_config="some/tokenizer", use_otel_metrics="true", otel_metrics_port=8000,
+                 use_ray="true", ray_run_name="r")
     text = yaml_text(cfg) + "plugins:\n  - axolotl.integrations.liger.LigerPlugin\n" + \
         "gradient_checkpointing_kwargs:\n  use_reentrant: true\nspecial_tokens:\n  pad_token: <pad>\n"
     rc, out, err = e.run("notes", text)
@@ -163,7 +164,8 @@ def notes_for_no_effect_keys(e):
     for k in ("wandb_project", "mlflow_experiment_name", "flash_attention", "tf32", "trust_remote_code",
               "model_type", "liger_rms_norm", "lora_mlp_kernel", "attn_implementation", "hub_model_id",
               "ddp_bucket_cap_mb", "dataloader_num_workers", "torch_compile",
-              "gradient_checkpointing_kwargs", "special_tokens", "tokenizer_config"):
+              "gradient_checkpointing_kwargs", "special_tokens", "tokenizer_config", "use_otel_metrics",
+              "otel_metrics_port", "use_ray", "ray_run_name"):
         check(re.search(r"^note: %s has no effect here: \S" % k, out, re.M), "no note for " + k)
     check(re.search(r"^note: plugin axolotl.integrations.liger.LigerPlugin has no effect here: \S", out, re.M),
           "no note for the Liger plugin")
@@ -211,13 +213,15 @@ def refused_keys(e):
              ({"fp16": "true"}, ["fp16", "bf16"]),
              ({"optimizer": "lion_8bit"}, ["lion_8bit", "adamw_torch"]),
              ({"lr_scheduler_kwargs": "{a: 1}"}, ["lr_scheduler_kwargs"]),
-             ({"sequence_parallel_degree": 2}, ["sequence_parallel_degree 2 needs exactly 2 ranks"])]
+             ({"sequence_parallel_degree": 2}, ["sequence_parallel_degree 2 needs exactly 2 ranks"]),
+             ({"use_ray": "true", "ray_num_workers": 4}, ["ray_num_workers", "mpirun -np N"])]
     for i, (over, needles) in enumerate(cases):
         rc, out, err = e.run("refuse%d" % i, e.base("refuse%d" % i, **over))
         one_error(rc, err, *needles)
     # harmless values of refused keys pass silently
     rc, out, err = e.run("refuse_ok", e.base("refuse_ok", load_in_8bit="false", gptq="false", deepspeed=None,
-                                             relora_steps=None, sequence_parallel_degree=1, rl=None))
+                                             relora_steps=None, sequence_parallel_degree=1, rl=None,
+                                             ray_num_workers=1))
     ok_run(rc, out, err)
 
 
