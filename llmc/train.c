@@ -139,9 +139,12 @@ static void print_box(const Config *cfg, const Model *m, const Backend *bk, size
     snprintf(dev, sizeof dev, "%s, %d threads%s%s", bk->name, bk->threads, bk->detail[0] ? ", " : "", bk->detail);
     if (bk->attention_path) {
         const size_t n = strlen(dev);
-        // soft-capped scores (Gemma 2) take the generic kernels whatever the path (attention.cu)
-        snprintf(dev + n, sizeof dev - n, ", attention %s",
-                 m->cfg.attn_softcap > 0 ? "generic (soft-capped)" : bk->attention_path(bk, m->cfg.head_dim));
+        // soft-capped scores (Gemma 2): the mma kernels' capped instances, but the WMMA path has
+        // none and takes the generic kernels (attention.cu)
+        const char *path = bk->attention_path(bk, m->cfg.head_dim);
+        if (m->cfg.attn_softcap > 0 && !strncmp(path, "wmma", 4)) path = "generic (soft-capped)";
+        snprintf(dev + n, sizeof dev - n, ", attention %s%s", path,
+                 m->cfg.attn_softcap > 0 && strncmp(path, "generic", 7) ? ", soft-capped" : "");
     }
     printf("| device       %-50s |\n", dev);
     size_t pbytes = m->tab.num_params * bk->act_bytes, gbytes = (m->lisa_slot_of ? m->grads_n : m->tab.num_trainable) * sizeof(float);  // float grads

@@ -103,7 +103,9 @@ static void one(CudaCtx *c, int B, int T, int Hq, int Hkv, int D, int path, int 
     if (window) snprintf(tag + strlen(tag), sizeof tag - strlen(tag), " W=%d", window);
     if (docs) snprintf(tag + strlen(tag), sizeof tag - strlen(tag), " doclen<=%d", docs);
     if (scale > 0) snprintf(tag + strlen(tag), sizeof tag - strlen(tag), " scale=%.3f", scale);
-    if (cap > 0) snprintf(tag + strlen(tag), sizeof tag - strlen(tag), " softcap=%.2f (generic kernels)", cap);
+    if (cap > 0)  // the WMMA path has no capped kernels: the generic ones run
+        snprintf(tag + strlen(tag), sizeof tag - strlen(tag), " softcap=%.2f%s", cap,
+                 !strncmp(k_attention_path(c, D), "wmma", 4) ? " (generic kernels)" : "");
     const size_t nq = (size_t)B * T * Hq * D, nk = (size_t)B * T * Hkv * D;
     std::vector<float> q = randn(nq), k = randn(nk), v = randn(nk), dO = randn(nq);
     round_act(q, bf), round_act(k, bf), round_act(v, bf), round_act(dO, bf);
@@ -287,10 +289,15 @@ int main(int argc, char **argv) {
         // query tiles of 64 (tiled_attention): uneven last tile, GQA, window + documents, both paths
         one(c, 2, 200, 4, 2, 16, 0, 45, 70, 64);
         one(c, 1, 150, 2, 1, 24, 0, 0, 0, 64);  // generic (D 24)
-        // Gemma 2: a given score scale and soft-capped scores (the generic kernels, whatever the
-        // path asked for), with a window, GQA and query tiles
+        // Gemma 2: a given score scale and soft-capped scores (the generic kernels, the mma
+        // kernels' capped instances; the WMMA path falls back to the generic ones), with a
+        // window, GQA and query tiles
         one(c, 1, 70, 4, 2, 16, 0, 0, 0, 0, 0.2f, 0.9f);
         one(c, 2, 130, 4, 2, 16, bf ? 2 : 0, 20, 0, 64, 0.3f, 1.5f);
+        if (bf) {  // the mma kernels' capped instances at other head dims, with documents, GQA 4
+            one(c, 1, 130, 2, 1, 64, 2, 0, 0, 0, 0.125f, 2.0f);
+            one(c, 1, 150, 8, 2, 128, 2, 45, 30, 0, 0, 1.0f);
+        }
         one(c, 1, 130, 2, 1, 64, bf ? 2 : 0, 0, 0, 0, 0.11f);  // a given scale alone: the tensor-core kernels
         if (bf) {  // the mma.sync kernels (the trainer's default), every head-dim instance and mask
             one(c, 2, 70, 4, 2, 16, 2);

@@ -780,10 +780,12 @@ __device__ __forceinline__ void acc_afrag(uint32_t a[4], const float (*acc)[4], 
 
 // P (LLMC_ATT_PIPELINE=1): two K/V buffers, the next tile's copies in flight (cp.async) while
 // the current one is multiplied; the same arithmetic in the same order, so the same bits.
-template <int D, bool P>
+// CAP (Gemma 2's soft-capped scores, cap tanh(s / cap) of the scaled score; its own instances, so
+// the uncapped kernels are compiled as before): cap is the cap.
+template <int D, bool P, bool CAP>
 __global__ void __launch_bounds__(MT) att_fwd_mma(bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v,
                                                  int T_, AttSpan sp, int Hq, int Hkv, float scale, int window,
-                                                 const int32_t *doc_start) {
+                                                 const int32_t *doc_start, float cap) {
     DYNAMIC_SMEM(smem);
     constexpr int LDH = D + 8;  // padded rows (elements): 16-byte aligned; ldmatrix's 8 rows hit 8 bank groups
     const float sl2 = scale * ATT_LOG2E;
@@ -828,7 +830,8 @@ __global__ void __launch_bounds__(MT) att_fwd_mma(bf16 *out, float *lse, const b
 #pragma unroll
             for (int e = 0; e < 4; e++) {
                 const int j = j0 + nt * 8 + 2 * t + (e & 1), i = e < 2 ? ia : ib, lo = e < 2 ? loa : lob;
-                s[nt][e] = j <= i && j < T_ && j >= lo ? s[nt][e] * sl2 : -INFINITY;
+                s[nt][e] = j <= i && j < T_ && j >= lo ? (CAP ? att_cap(s[nt][e] * scale, cap) * ATT_LOG2E : s[nt][e] * sl2)
+                                                       : -INFINITY;
                 mt[e >> 1] = fmaxf(mt[e >> 1], s[nt][e]);
             }
         float corr[2], mnew[2];
@@ -893,20 +896,24 @@ static int att_pipelined(const CudaCtx *c, int D) {
     return c->att_pipeline && mma_bwd_smem(D, true) <= c->smem_optin && mma_fwd_smem(D, true) <= c->smem_optin;
 }
 
-template <int D, bool P>
+template <int D, bool P, bool CAP>
 static void launch_fwd_mma_p(CudaCtx *c, void *out, float *lse, const void *q, const void *k, const void *v, int B,
-                             int T, AttSpan sp, int Hq, int Hkv, float scale, int window, const int32_t *doc_start) {
+                             int T, AttSpan sp, int Hq, int Hkv, float scale, int window, const int32_t *doc_start,
+                             float cap) {
     const size_t sm = mma_fwd_smem(D, P);
-    smem_optin(c, att_fwd_mma<D, P>, sm, D);
+    smem_optin(c, att_fwd_mma<D, P, CAP>, sm, D);
     dim3 g((sp.nq + MB - 1) / MB, Hq, B);
-    LAUNCH(g, MT, sm, c->stream, att_fwd_mma<D, P>)((bf16 *)out, lse, (const bf16 *)q, (const bf16 *)k, (const bf16 *)v, T, sp, Hq, Hkv, scale, window, doc_start);
+    LAUNCH(g, MT, sm, c->stream, att_fwd_mma<D, P, CAP>)((bf16 *)out, lse, (const bf16 *)q, (const bf16 *)k, (const bf16 *)v, T, sp, Hq, Hkv, scale, window, doc_start, cap);
 }
 template <int D>
 static void launch_fwd_mma(CudaCtx *c, void *out, float *lse, const void *q, const void *k, const void *v, int B,
-                           int T, AttSpan sp, int Hq, int Hkv, float scale, int window, const int32_t *doc_start) {
-    if (att_pipelined(c, D))
-        launch_fwd_mma_p<D, true>(c, out, lse, q, k, v, B, T, sp, Hq, Hkv, scale, window, doc_start);
-    else launch_fwd_mma_p<D, false>(c, out, lse, q, k, v, B, T, sp, Hq, Hkv, scale, window, doc_start);
+                           int T, AttSpan sp, int Hq, int Hkv, float scale, int window, const int32_t *doc_start,
+                           float cap) {
+    if (cap > 0.0f)  // soft-capped: the unpipelined kernel only, as in the backward
+        launch_fwd_mma_p<D, false, true>(c, out, lse, q, k, v, B, T, sp, Hq, Hkv, scale, window, doc_start, cap);
+    else if (att_pipelined(c, D))
+        launch_fwd_mma_p<D, true, false>(c, out, lse, q, k, v, B, T, sp, Hq, Hkv, scale, window, doc_start, 0.0f);
+    else launch_fwd_mma_p<D, false, false>(c, out, lse, q, k, v, B, T, sp, Hq, Hkv, scale, window, doc_start, 0.0f);
 }
 
 // The backward in the same style (chosen with the forward): the two kernels of the WMMA path,
@@ -919,13 +926,13 @@ static void launch_fwd_mma(CudaCtx *c, void *out, float *lse, const void *q, con
 
 // One block's work of each kernel, on the block's dynamic shared memory: att_bwd_mma below runs
 // both kinds of block in one grid.
-template <int D, bool P>
+template <int D, bool P, bool CAP>
 __device__ __forceinline__ void att_bwd_dkdv_block(unsigned char *smem, int kb, int hk, int b, bf16 *dk, bf16 *dv,
                                                    const bf16 *dout, const bf16 *q, const bf16 *k, const bf16 *v,
                                                    const float *lse, const float *Di, int T_, AttSpan sp, int Hq,
                                                    int Hkv, float scale, int window, const int32_t *doc_start,
                                                    int accumulate, float *acck, float *accv, int s, int nsplit,
-                                                   float *pk, float *pv) {
+                                                   float *pk, float *pv, float cap) {
     constexpr int LDH = D + 8;
     const float sl2 = scale * ATT_LOG2E;
     const int group = Hq / Hkv, hpart = group / nsplit, h1 = hk * group + s * hpart;
@@ -1011,8 +1018,9 @@ __device__ __forceinline__ void att_bwd_dkdv_block(unsigned char *smem, int kb, 
             for (int e = 0; e < 4; e++) {
                 const int col = nt * 8 + 2 * t + (e & 1), i = i0 + col, j = e < 2 ? ja : jb;
                 const bool vis = i < sp.qend && j <= i && j < T_ && j >= sLo[col];
-                const float p = vis ? exp2f(st[nt][e] * sl2 - __fmul_rn(sL[col], ATT_LOG2E)) : 0.0f;
-                dpt[nt][e] = vis ? p * (dpt[nt][e] - sDi[col]) * scale : 0.0f;
+                const float sc = CAP ? att_cap(st[nt][e] * scale, cap) : 0.0f;  // the capped score
+                const float p = vis ? exp2f((CAP ? sc * ATT_LOG2E : st[nt][e] * sl2) - __fmul_rn(sL[col], ATT_LOG2E)) : 0.0f;
+                dpt[nt][e] = vis ? p * (dpt[nt][e] - sDi[col]) * (CAP ? att_cap_slope(sc, cap) * scale : scale) : 0.0f;
                 st[nt][e] = p;
             }
 #pragma unroll
@@ -1041,11 +1049,11 @@ __device__ __forceinline__ void att_bwd_dkdv_block(unsigned char *smem, int kb, 
     }
 }
 
-template <int D, bool P>
+template <int D, bool P, bool CAP>
 __device__ __forceinline__ void att_bwd_dq_block(unsigned char *smem, int qb, int h, int b, bf16 *dq,
                                                  const bf16 *dout, const bf16 *q, const bf16 *k, const bf16 *v,
                                                  const float *lse, const float *Di, int T_, AttSpan sp, int Hq,
-                                                 int Hkv, float scale, int window, const int32_t *doc_start) {
+                                                 int Hkv, float scale, int window, const int32_t *doc_start, float cap) {
     constexpr int LDH = D + 8;
     const float sl2 = scale * ATT_LOG2E;
     const int hk = h / (Hq / Hkv), i0 = sp.q0 + qb * MB, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -1096,8 +1104,10 @@ __device__ __forceinline__ void att_bwd_dq_block(unsigned char *smem, int qb, in
             for (int e = 0; e < 4; e++) {
                 const int j = j0 + nt * 8 + 2 * t + (e & 1), i = e < 2 ? ia : ib, lo = e < 2 ? loa : lob;
                 const bool vis = i < sp.qend && j <= i && j < T_ && j >= lo;
-                const float p = vis ? exp2f(s[nt][e] * sl2 - (e < 2 ? La : Lb)) : 0.0f;
-                s[nt][e] = vis ? p * (dp[nt][e] - (e < 2 ? Da : Db)) * scale : 0.0f;  // now dS
+                const float sc = CAP ? att_cap(s[nt][e] * scale, cap) : 0.0f;  // the capped score
+                const float p = vis ? exp2f((CAP ? sc * ATT_LOG2E : s[nt][e] * sl2) - (e < 2 ? La : Lb)) : 0.0f;
+                s[nt][e] = vis ? p * (dp[nt][e] - (e < 2 ? Da : Db)) * (CAP ? att_cap_slope(sc, cap) * scale : scale)
+                               : 0.0f;  // now dS
             }
 #pragma unroll
         for (int ks = 0; ks < MB / 16; ks++) {
@@ -1165,12 +1175,12 @@ __global__ void att_dkdv_parts_sum(bf16 *dk, bf16 *dv, float *acck, float *accv,
 // Pipelined (P), at least 2 blocks an SM: left to itself ptxas gave D 64's dK/dV 168 registers and
 // 156 bytes of spill; asked for 2 blocks it uses 237 and spills nothing (0: no minimum, so the
 // unpipelined kernels keep the registers they ran with on the H200).
-template <int D, int ROLE, bool P>
+template <int D, int ROLE, bool P, bool CAP>
 __global__ void __launch_bounds__(MT, P ? 2 : 0) att_bwd_mma(bf16 *dq, bf16 *dk, bf16 *dv, const bf16 *dout, const bf16 *q,
                                                  const bf16 *k, const bf16 *v, const float *lse, const float *Di,
                                                  int B_, int T_, AttSpan sp, int Hq, int Hkv, float scale, int window,
                                                  const int32_t *doc_start, int accumulate, float *acck, float *accv,
-                                                 int nsplit, float *parts) {
+                                                 int nsplit, float *parts, float cap) {
     DYNAMIC_SMEM(smem);
     const int nkv = Hkv * nsplit;  // dK/dV blocks per (row, key tile)
     int id = (int)blockIdx.x, kb = blockIdx.z, b = blockIdx.y;
@@ -1178,44 +1188,45 @@ __global__ void __launch_bounds__(MT, P ? 2 : 0) att_bwd_mma(bf16 *dq, bf16 *dk,
         const int n1 = (T_ + MB - 1) / MB * nkv * B_;
         if (id >= n1) {
             const int i = id - n1, nqb = (sp.nq + MB - 1) / MB, r = i % (Hq * B_);
-            att_bwd_dq_block<D, P>(smem, nqb - 1 - i / (Hq * B_), r % Hq, r / Hq, dq, dout, q, k, v, lse, Di, T_, sp, Hq,
-                                Hkv, scale, window, doc_start);
+            att_bwd_dq_block<D, P, CAP>(smem, nqb - 1 - i / (Hq * B_), r % Hq, r / Hq, dq, dout, q, k, v, lse, Di, T_, sp,
+                                     Hq, Hkv, scale, window, doc_start, cap);
             return;
         }
         kb = id / (nkv * B_), b = id % (nkv * B_) / nkv, id %= nkv;
     }
     if (ROLE == 2) {  // grid (Hq, B, query tiles): the last (heaviest) query tile first
-        att_bwd_dq_block<D, P>(smem, gridDim.z - 1 - blockIdx.z, blockIdx.x, blockIdx.y, dq, dout, q, k, v, lse, Di, T_,
-                            sp, Hq, Hkv, scale, window, doc_start);
+        att_bwd_dq_block<D, P, CAP>(smem, gridDim.z - 1 - blockIdx.z, blockIdx.x, blockIdx.y, dq, dout, q, k, v, lse, Di,
+                                 T_, sp, Hq, Hkv, scale, window, doc_start, cap);
         return;
     }
     // ROLE 1: grid (Hkv x parts, B, key tiles): key tile 0 of every (row, kv head, part) first
     const int hk = id / nsplit, s = id % nsplit;
     const size_t n = (size_t)B_ * T_ * Hkv * D;
     float *pk = parts ? parts + (size_t)s * n : nullptr, *pv = parts ? parts + (size_t)(nsplit + s) * n : nullptr;
-    att_bwd_dkdv_block<D, P>(smem, kb, hk, b, dk, dv, dout, q, k, v, lse, Di, T_, sp, Hq, Hkv, scale, window, doc_start,
-                          accumulate, acck, accv, s, nsplit, pk, pv);
+    att_bwd_dkdv_block<D, P, CAP>(smem, kb, hk, b, dk, dv, dout, q, k, v, lse, Di, T_, sp, Hq, Hkv, scale, window,
+                               doc_start, accumulate, acck, accv, s, nsplit, pk, pv, cap);
 }
 
-template <int D, bool P>
+template <int D, bool P, bool CAP>
 static void launch_bwd_mma_p(CudaCtx *c, void *dq, void *dk, void *dv, const void *dout, const void *q, const void *k,
                              const void *v, const float *lse, const float *Di, int B, int T, AttSpan sp, int Hq, int Hkv,
-                             float scale, int window, const int32_t *doc_start, int accumulate, float *acck, float *accv) {
+                             float scale, int window, const int32_t *doc_start, int accumulate, float *acck, float *accv,
+                             float cap) {
     const size_t smem = mma_bwd_smem(D, P);
     const int nsplit = att_kv_parts(c, B, T, Hq, Hkv, D);
     const size_t n = (size_t)B * T * Hkv * D;
     float *parts = nsplit > 1 ? (float *)ctx_scratch(c, SCR_ATT_KV, 2 * nsplit * n * sizeof(float)) : nullptr;
     const int n1 = (T + MB - 1) / MB * Hkv * nsplit * B, n2 = (sp.nq + MB - 1) / MB * Hq * B;
 #define ATT_BWD_ARGS (bf16 *)dq, (bf16 *)dk, (bf16 *)dv, (const bf16 *)dout, (const bf16 *)q, (const bf16 *)k, \
-        (const bf16 *)v, lse, Di, B, T, sp, Hq, Hkv, scale, window, doc_start, accumulate, acck, accv, nsplit, parts
+        (const bf16 *)v, lse, Di, B, T, sp, Hq, Hkv, scale, window, doc_start, accumulate, acck, accv, nsplit, parts, cap
     if (c->att_bwd_one_grid) {
-        smem_optin(c, att_bwd_mma<D, 0, P>, smem, D);
-        LAUNCH(dim3(n1 + n2), MT, smem, c->stream, att_bwd_mma<D, 0, P>)(ATT_BWD_ARGS);
+        smem_optin(c, att_bwd_mma<D, 0, P, CAP>, smem, D);
+        LAUNCH(dim3(n1 + n2), MT, smem, c->stream, att_bwd_mma<D, 0, P, CAP>)(ATT_BWD_ARGS);
     } else {
-        smem_optin(c, att_bwd_mma<D, 1, P>, smem, D);
-        smem_optin(c, att_bwd_mma<D, 2, P>, smem, D);
-        LAUNCH(dim3(Hkv * nsplit, B, (T + MB - 1) / MB), MT, smem, c->stream, att_bwd_mma<D, 1, P>)(ATT_BWD_ARGS);
-        LAUNCH(dim3(Hq, B, (sp.nq + MB - 1) / MB), MT, smem, c->stream, att_bwd_mma<D, 2, P>)(ATT_BWD_ARGS);
+        smem_optin(c, att_bwd_mma<D, 1, P, CAP>, smem, D);
+        smem_optin(c, att_bwd_mma<D, 2, P, CAP>, smem, D);
+        LAUNCH(dim3(Hkv * nsplit, B, (T + MB - 1) / MB), MT, smem, c->stream, att_bwd_mma<D, 1, P, CAP>)(ATT_BWD_ARGS);
+        LAUNCH(dim3(Hq, B, (sp.nq + MB - 1) / MB), MT, smem, c->stream, att_bwd_mma<D, 2, P, CAP>)(ATT_BWD_ARGS);
     }
 #undef ATT_BWD_ARGS
     if (parts) {
@@ -1227,13 +1238,17 @@ static void launch_bwd_mma_p(CudaCtx *c, void *dq, void *dk, void *dv, const voi
 template <int D>
 static void launch_bwd_mma(CudaCtx *c, void *dq, void *dk, void *dv, const void *dout, const void *q, const void *k,
                            const void *v, const float *lse, const float *Di, int B, int T, AttSpan sp, int Hq, int Hkv,
-                           float scale, int window, const int32_t *doc_start, int accumulate, float *acck, float *accv) {
-    if (att_pipelined(c, D))
-        launch_bwd_mma_p<D, true>(c, dq, dk, dv, dout, q, k, v, lse, Di, B, T, sp, Hq, Hkv, scale, window, doc_start,
-                                  accumulate, acck, accv);
+                           float scale, int window, const int32_t *doc_start, int accumulate, float *acck, float *accv,
+                           float cap) {
+    if (cap > 0.0f)  // soft-capped: the unpipelined kernels only (fewer instances to compile)
+        launch_bwd_mma_p<D, false, true>(c, dq, dk, dv, dout, q, k, v, lse, Di, B, T, sp, Hq, Hkv, scale, window,
+                                         doc_start, accumulate, acck, accv, cap);
+    else if (att_pipelined(c, D))
+        launch_bwd_mma_p<D, true, false>(c, dq, dk, dv, dout, q, k, v, lse, Di, B, T, sp, Hq, Hkv, scale, window, doc_start,
+                                         accumulate, acck, accv, 0.0f);
     else
-        launch_bwd_mma_p<D, false>(c, dq, dk, dv, dout, q, k, v, lse, Di, B, T, sp, Hq, Hkv, scale, window, doc_start,
-                                   accumulate, acck, accv);
+        launch_bwd_mma_p<D, false, false>(c, dq, dk, dv, dout, q, k, v, lse, Di, B, T, sp, Hq, Hkv, scale, window,
+                                          doc_start, accumulate, acck, accv, 0.0f);
 }
 
 // ==== dispatch ===============================================================================
@@ -1267,15 +1282,16 @@ void k_attention_fwd(CudaCtx *c, void *out, float *lse, const void *q, const voi
     if (!(scale > 0.0f)) scale = att_scale(D);
     const AttSpan sp = {q0, q0 + nq, nq};
     const void *ptrs[] = {out, q, k, v};
-    // Soft-capped scores go through the generic kernels only (the tensor-core ones do not cap).
-    const bool mma = softcap <= 0.0f && use_mma(c, D, ptrs, 4), wmma = softcap <= 0.0f && !mma && use_wmma(c, D, ptrs, 4);
+    // Soft-capped scores: the mma kernels' capped instances, else the generic kernels (the WMMA
+    // ones do not cap).
+    const bool mma = use_mma(c, D, ptrs, 4), wmma = softcap <= 0.0f && !mma && use_wmma(c, D, ptrs, 4);
     if (mma) {
         switch (D) {
-        case 16: launch_fwd_mma<16>(c, out, lse, q, k, v, B, T, sp, Hq, Hkv, scale, window, doc_start); break;
-        case 32: launch_fwd_mma<32>(c, out, lse, q, k, v, B, T, sp, Hq, Hkv, scale, window, doc_start); break;
-        case 64: launch_fwd_mma<64>(c, out, lse, q, k, v, B, T, sp, Hq, Hkv, scale, window, doc_start); break;
-        case 96: launch_fwd_mma<96>(c, out, lse, q, k, v, B, T, sp, Hq, Hkv, scale, window, doc_start); break;
-        default: launch_fwd_mma<128>(c, out, lse, q, k, v, B, T, sp, Hq, Hkv, scale, window, doc_start); break;
+        case 16: launch_fwd_mma<16>(c, out, lse, q, k, v, B, T, sp, Hq, Hkv, scale, window, doc_start, softcap); break;
+        case 32: launch_fwd_mma<32>(c, out, lse, q, k, v, B, T, sp, Hq, Hkv, scale, window, doc_start, softcap); break;
+        case 64: launch_fwd_mma<64>(c, out, lse, q, k, v, B, T, sp, Hq, Hkv, scale, window, doc_start, softcap); break;
+        case 96: launch_fwd_mma<96>(c, out, lse, q, k, v, B, T, sp, Hq, Hkv, scale, window, doc_start, softcap); break;
+        default: launch_fwd_mma<128>(c, out, lse, q, k, v, B, T, sp, Hq, Hkv, scale, window, doc_start, softcap); break;
         }
     } else if (wmma) {
         const size_t sm = wmma_fwd_smem(D);
@@ -1310,14 +1326,14 @@ void k_attention_bwd(CudaCtx *c, void *dq, void *dk, void *dv, const void *dout,
     else LAUNCH(dot_blocks, 256, 0, c->stream, att_bwd_dot<float>)(Di, (const float *)dout, (const float *)out, B, T, sp, Hq, D);
     LAUNCH_CHECK("attention_bwd dot");
     const void *ptrs[] = {dq, dk, dv, dout, q, k, v};
-    const bool mma = softcap <= 0.0f && use_mma(c, D, ptrs, 7), wmma = softcap <= 0.0f && !mma && use_wmma(c, D, ptrs, 7);
+    const bool mma = use_mma(c, D, ptrs, 7), wmma = softcap <= 0.0f && !mma && use_wmma(c, D, ptrs, 7);
     if (mma) {
         switch (D) {
-        case 16: launch_bwd_mma<16>(c, dq, dk, dv, dout, q, k, v, lse, Di, B, T, sp, Hq, Hkv, scale, window, doc_start, accumulate, acck, accv); break;
-        case 32: launch_bwd_mma<32>(c, dq, dk, dv, dout, q, k, v, lse, Di, B, T, sp, Hq, Hkv, scale, window, doc_start, accumulate, acck, accv); break;
-        case 64: launch_bwd_mma<64>(c, dq, dk, dv, dout, q, k, v, lse, Di, B, T, sp, Hq, Hkv, scale, window, doc_start, accumulate, acck, accv); break;
-        case 96: launch_bwd_mma<96>(c, dq, dk, dv, dout, q, k, v, lse, Di, B, T, sp, Hq, Hkv, scale, window, doc_start, accumulate, acck, accv); break;
-        default: launch_bwd_mma<128>(c, dq, dk, dv, dout, q, k, v, lse, Di, B, T, sp, Hq, Hkv, scale, window, doc_start, accumulate, acck, accv); break;
+        case 16: launch_bwd_mma<16>(c, dq, dk, dv, dout, q, k, v, lse, Di, B, T, sp, Hq, Hkv, scale, window, doc_start, accumulate, acck, accv, softcap); break;
+        case 32: launch_bwd_mma<32>(c, dq, dk, dv, dout, q, k, v, lse, Di, B, T, sp, Hq, Hkv, scale, window, doc_start, accumulate, acck, accv, softcap); break;
+        case 64: launch_bwd_mma<64>(c, dq, dk, dv, dout, q, k, v, lse, Di, B, T, sp, Hq, Hkv, scale, window, doc_start, accumulate, acck, accv, softcap); break;
+        case 96: launch_bwd_mma<96>(c, dq, dk, dv, dout, q, k, v, lse, Di, B, T, sp, Hq, Hkv, scale, window, doc_start, accumulate, acck, accv, softcap); break;
+        default: launch_bwd_mma<128>(c, dq, dk, dv, dout, q, k, v, lse, Di, B, T, sp, Hq, Hkv, scale, window, doc_start, accumulate, acck, accv, softcap); break;
         }
     } else if (wmma) {
         const size_t s1 = wmma_dkdv_smem(D), s2 = wmma_dq_smem(D);
