@@ -163,7 +163,8 @@ struct Backend {
     // Query tiles: only queries q0 .. q0+nq-1 of each row are computed (q0 = 0, nq = T: all);
     // q and out then hold just those rows, [B,nq,Hq,D], while k/v, lse and doc_start stay whole.
     // Tiles start at multiples of att_block; on the CPU they give the bits one call over all
-    // rows gives.
+    // rows gives. Scores are q.k * scale (scale 0: 1/sqrt(D)); softcap > 0 caps them as
+    // softcap * tanh(s / softcap) before the mask (Gemma 2), 0: not capped.
     void (*attention_fwd)(Backend *, void *out, float *lse_f32, const void *q, const void *k,
                           const void *v, int B, int T, int q0, int nq, int Hq, int Hkv, int D,
                           int window, const int32_t *doc_start, float scale, float softcap);
@@ -195,6 +196,7 @@ struct Backend {
     // logits never exist whole. losses_f32[n] = -log softmax(x W^T)[n, target[n]], 0 where
     // target < 0 (ignored). If dx is non-NULL it is written with scale * dloss/dx, and dW (if
     // non-NULL) accumulates scale * dloss/dW, where scale multiplies every token's loss.
+    // softcap > 0: the logits are softcap * tanh(z / softcap) (Gemma 2's final cap), 0: as they are.
     void (*classifier_ce)(Backend *, float *losses_f32, void *dx, float *dW_f32, const void *x,
                           const void *W, const int32_t *targets, int N, int V, int C,
                           float scale, float softcap);

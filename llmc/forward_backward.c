@@ -40,9 +40,6 @@ static const int32_t *pos_at(const Model *m, size_t r0, Span s) {
     return m->has_pos ? (const int32_t *)m->pos + r0 : NULL;
 }
 
-// Attention for a span's queries against its sequences' keys: the backend's op, or through
-// sequence parallelism's reshuffles (whole batch only) when each rank holds a slice of every
-// sequence. q, out, dq, dout hold the span's rows; k, v, dk, dv, lse are whole.
 // The attention's score scale: Gemma's query_pre_attn_scalar^-0.5 where it is not head_dim
 // (Gemma 2 27B: 144 against 128; Gemma 3 27B: 168), else 0: the op's head_dim^-0.5.
 static float att_scale(const ModelConfig *c) {
@@ -50,6 +47,10 @@ static float att_scale(const ModelConfig *c) {
     return qpas > 0 && qpas != c->head_dim ? (float)(1.0 / sqrt((double)qpas)) : 0.0f;
 }
 
+// Attention for a span's queries against its sequences' keys: the backend's op, or through
+// sequence parallelism's reshuffles (whole batch only) when each rank holds a slice of every
+// sequence. q, out, dq, dout hold the span's rows; k, v, dk, dv, lse are whole. Gemma's score
+// scale and soft-cap (ModelConfig.attn_softcap) go to the op.
 static void attend_fwd(Model *m, void *out, float *lse, const void *q, const void *k, const void *v, Span s,
                        int T, int window) {
     const ModelConfig *c = &m->cfg;
@@ -444,7 +445,6 @@ static void *qrows(const Model *m, void *t, size_t r0, size_t width) {
 // The RoPE tables of layer l: Gemma 3's sliding layers have their own (rope_local_base_freq).
 #define ROPE_COS(m, l) (family_layer_local_rope(&(m)->cfg, l) ? (m)->rope_loc_cos : (m)->rope_cos)
 #define ROPE_SIN(m, l) (family_layer_local_rope(&(m)->cfg, l) ? (m)->rope_loc_sin : (m)->rope_sin)
-
 
 // RoPE, and first the per-head q/k norms of families that have them (Qwen3): q' =
 // rope(rmsnorm(q) * q_norm), likewise k. Without norms the projection is rotated in place;
