@@ -66,14 +66,6 @@ __device__ __forceinline__ size_t qrow(const AttSpan &sp, int b, int i) { return
 #define GT 128  // threads per block
 
 template <class T> __device__ __forceinline__ float ldf(const T *p) { return to_f<T>(*p); }
-// Logit soft-capping (Gemma 2; cap 0: none): cap tanh(s / cap) of a scaled score, and its slope
-// 1 - (capped / cap)^2 that dS is multiplied by. Only the generic kernels take a cap.
-__device__ __forceinline__ float att_cap(float s, float cap) { return cap > 0.0f ? cap * tanhf(s / cap) : s; }
-__device__ __forceinline__ float att_cap_slope(float sc, float cap) {
-    if (!(cap > 0.0f)) return 1.0f;
-    const float t = sc / cap;
-    return 1.0f - t * t;
-}
 
 template <class T>
 __global__ void __launch_bounds__(GT) att_fwd_generic(T *out, float *lse, const T *q, const T *k, const T *v,
@@ -109,8 +101,7 @@ __global__ void __launch_bounds__(GT) att_fwd_generic(T *out, float *lse, const 
             if (j <= i && j < T_ && j >= sLo[r]) {
                 float acc = 0.0f;
                 for (int d = 0; d < D; d++) acc += sQ[r * D + d] * sK[cc * DK + d];
-                s = acc * scale;
-                if (softcap > 0.0f) s = softcap * tanhf(s / softcap);  // Gemma 2's attn_logit_softcapping
+                s = soft_cap(acc * scale, softcap);  // Gemma 2's attn_logit_softcapping
             }
             sS[r * (GB + 1) + cc] = s;
         }
@@ -230,9 +221,9 @@ __global__ void __launch_bounds__(GT) att_bwd_dkdv_generic(T *dk, T *dv, const T
                         s += sQ[r * D + d] * sK[cc * DK + d];
                         dp += sdO[r * D + d] * sV[cc * DK + d];
                     }
-                    const float sc = att_cap(s * scale, softcap);
+                    const float sc = soft_cap(s * scale, softcap);
                     p = expf(sc - sL[r]);
-                    ds = p * (dp - sDi[r]) * att_cap_slope(sc, softcap);
+                    ds = p * (dp - sDi[r]) * soft_cap_slope(sc, softcap);
                 }
                 sP[r * (GB + 1) + cc] = p;
                 sdS[r * (GB + 1) + cc] = ds * scale;
@@ -309,9 +300,9 @@ __global__ void __launch_bounds__(GT) att_bwd_dq_generic(T *dq, const T *dout, c
                     s += sQ[r * D + d] * sK[cc * DK + d];
                     dp += sdO[r * D + d] * sV[cc * DK + d];
                 }
-                const float sc = att_cap(s * scale, softcap);
+                const float sc = soft_cap(s * scale, softcap);
                 const float p = expf(sc - sL[r]);
-                ds = p * (dp - sDi[r]) * att_cap_slope(sc, softcap);
+                ds = p * (dp - sDi[r]) * soft_cap_slope(sc, softcap);
             }
             sdS[r * (GB + 1) + cc] = ds * scale;
         }
@@ -830,8 +821,9 @@ __global__ void __launch_bounds__(MT) att_fwd_mma(bf16 *out, float *lse, const b
 #pragma unroll
             for (int e = 0; e < 4; e++) {
                 const int j = j0 + nt * 8 + 2 * t + (e & 1), i = e < 2 ? ia : ib, lo = e < 2 ? loa : lob;
-                s[nt][e] = j <= i && j < T_ && j >= lo ? (CAP ? att_cap(s[nt][e] * scale, cap) * ATT_LOG2E : s[nt][e] * sl2)
-                                                       : -INFINITY;
+                s[nt][e] = j <= i && j < T_ && j >= lo
+                               ? (CAP ? soft_cap(s[nt][e] * scale, cap) * ATT_LOG2E : s[nt][e] * sl2)
+                               : -INFINITY;
                 mt[e >> 1] = fmaxf(mt[e >> 1], s[nt][e]);
             }
         float corr[2], mnew[2];
@@ -1018,9 +1010,9 @@ __device__ __forceinline__ void att_bwd_dkdv_block(unsigned char *smem, int kb, 
             for (int e = 0; e < 4; e++) {
                 const int col = nt * 8 + 2 * t + (e & 1), i = i0 + col, j = e < 2 ? ja : jb;
                 const bool vis = i < sp.qend && j <= i && j < T_ && j >= sLo[col];
-                const float sc = CAP ? att_cap(st[nt][e] * scale, cap) : 0.0f;  // the capped score
+                const float sc = CAP ? soft_cap(st[nt][e] * scale, cap) : 0.0f;  // the capped score
                 const float p = vis ? exp2f((CAP ? sc * ATT_LOG2E : st[nt][e] * sl2) - __fmul_rn(sL[col], ATT_LOG2E)) : 0.0f;
-                dpt[nt][e] = vis ? p * (dpt[nt][e] - sDi[col]) * (CAP ? att_cap_slope(sc, cap) * scale : scale) : 0.0f;
+                dpt[nt][e] = vis ? p * (dpt[nt][e] - sDi[col]) * (CAP ? soft_cap_slope(sc, cap) * scale : scale) : 0.0f;
                 st[nt][e] = p;
             }
 #pragma unroll
@@ -1104,9 +1096,9 @@ __device__ __forceinline__ void att_bwd_dq_block(unsigned char *smem, int qb, in
             for (int e = 0; e < 4; e++) {
                 const int j = j0 + nt * 8 + 2 * t + (e & 1), i = e < 2 ? ia : ib, lo = e < 2 ? loa : lob;
                 const bool vis = i < sp.qend && j <= i && j < T_ && j >= lo;
-                const float sc = CAP ? att_cap(s[nt][e] * scale, cap) : 0.0f;  // the capped score
+                const float sc = CAP ? soft_cap(s[nt][e] * scale, cap) : 0.0f;  // the capped score
                 const float p = vis ? exp2f((CAP ? sc * ATT_LOG2E : s[nt][e] * sl2) - (e < 2 ? La : Lb)) : 0.0f;
-                s[nt][e] = vis ? p * (dp[nt][e] - (e < 2 ? Da : Db)) * (CAP ? att_cap_slope(sc, cap) * scale : scale)
+                s[nt][e] = vis ? p * (dp[nt][e] - (e < 2 ? Da : Db)) * (CAP ? soft_cap_slope(sc, cap) * scale : scale)
                                : 0.0f;  // now dS
             }
 #pragma unroll

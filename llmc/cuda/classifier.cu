@@ -39,10 +39,7 @@ template <class G> __global__ void ce_row_kernel(float *losses, G *grad, const f
     for (int c = threadIdx.x; c < V; c += blockDim.x) {
         float g = expf(z[c] - lz) * sc;
         if (c == t) g -= sc;
-        if (softcap > 0.0f) {  // the capped logit's slope, 1 - (z / cap)^2
-            const float u = z[c] / softcap;
-            g *= 1.0f - u * u;
-        }
+        g *= soft_cap_slope(z[c], softcap);  // z is the capped logit (1 without a cap)
         gr[c] = from_f<G>(g);
     }
 }
@@ -50,7 +47,7 @@ template <class G> __global__ void ce_row_kernel(float *losses, G *grad, const f
 // Gemma 2's final_logit_softcapping: z = cap tanh(z / cap), in place over the fp32 logits.
 __global__ void ce_softcap_kernel(float *z, size_t n, float cap) {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
-        z[i] = cap * tanhf(z[i] / cap);
+        z[i] = soft_cap(z[i], cap);
 }
 
 void k_classifier_ce(CudaCtx *c, float *losses, void *dx, float *dW, const void *x, const void *W,

@@ -60,6 +60,15 @@ __device__ __forceinline__ float gelu_tanh_slope(float v) {
     return 0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * du;
 }
 
+// Logit soft-capping (Gemma 2; cap 0: none): cap tanh(s / cap), and its slope at the capped
+// value, 1 - (capped / cap)^2 (1 without a cap): the attention kernels' scores, the classifier's logits.
+__device__ __forceinline__ float soft_cap(float s, float cap) { return cap > 0.0f ? cap * tanhf(s / cap) : s; }
+__device__ __forceinline__ float soft_cap_slope(float sc, float cap) {
+    if (!(cap > 0.0f)) return 1.0f;
+    const float t = sc / cap;
+    return 1.0f - t * t;
+}
+
 template <class T> __device__ __forceinline__ float to_f(T x);
 template <> __device__ __forceinline__ float to_f<float>(float x) { return x; }
 template <> __device__ __forceinline__ float to_f<bf16>(bf16 x) { return __bfloat162float(x); }
