@@ -186,11 +186,11 @@ struct Backend {
     void (*swiglu_fwd)(Backend *, void *h, const void *gate, const void *up, size_t n);
     void (*swiglu_bwd)(Backend *, void *dgate, void *dup, const void *dh, const void *gate,
                        const void *up, size_t n);
-    // h = gelu(gate) * up, GELU's tanh approximation (Gemma's gelu_pytorch_tanh); backward
-    // as swiglu_bwd's.
-    void (*geglu_fwd)(Backend *, void *h, const void *gate, const void *up, size_t n);
+    // h = gelu(gate) * up, GELU's tanh approximation (gelu_pytorch_tanh: Gemma's) or with
+    // exact set the erf one (transformers' "gelu"); backward as swiglu_bwd's.
+    void (*geglu_fwd)(Backend *, void *h, const void *gate, const void *up, size_t n, int exact);
     void (*geglu_bwd)(Backend *, void *dgate, void *dup, const void *dh, const void *gate,
-                      const void *up, size_t n);
+                      const void *up, size_t n, int exact);
 
     // Fused, chunked classifier + cross-entropy over N rows of x [N,C] and W [V,C]; the N x V
     // logits never exist whole. losses_f32[n] = -log softmax(x W^T)[n, target[n]], 0 where

@@ -32,6 +32,11 @@ static const ModelFamily FAMILIES[] = {
     // (ModelConfig.attn_softcap/final_softcap; modeling_gemma2 of transformers 4.57).
     {"gemma2", "Gemma2ForCausalLM", BIAS_FROM_CONFIG, BIAS_FROM_CONFIG, 0, WIN_PATTERN, 256, 4096, 0, 0, 0,
      1, 1, 1, 1, 1},
+    // Gemma 1 (gemma-2b/7b, 1.1, CodeGemma; GemmaForCausalLM): Llama's block with (1 + w) norms,
+    // GeGLU (its GELU from the activation keys: hf.c) and scaled embeddings; head_dim 256 by
+    // default, tied, pad_token_id 0, no window (modeling_gemma / configuration_gemma of 4.57).
+    {"gemma", "GemmaForCausalLM", BIAS_FROM_CONFIG, BIAS_FROM_CONFIG, 0, WIN_NONE, 256, 0, 0, 0, 0,
+     1, 1, 1, 1, 0},
 };
 
 const ModelFamily *family_find(const char *model_type) {
@@ -51,10 +56,10 @@ const ModelFamily *family_by_architecture(const char *architecture) {
     return NULL;
 }
 
-const char *family_list(void) { return "llama, mistral, qwen2, qwen3, phi3, gemma2, gemma3_text"; }
+const char *family_list(void) { return "llama, mistral, qwen2, qwen3, phi3, gemma, gemma2, gemma3_text"; }
 const char *family_architectures(void) {
     return "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Phi3ForCausalLM, "
-           "Gemma2ForCausalLM, Gemma3ForCausalLM";
+           "GemmaForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM";
 }
 
 int family_layer_window(const ModelConfig *c, int l) {

@@ -31,10 +31,11 @@ typedef struct {
                                // apart; they are split at load and joined at save)
     int pad_token_id;          // default when the key is absent (-1: none)
     int tie_default;           // tie_word_embeddings when the key is absent
-    // Gemma 3: RMSNorms apply 1 + w (their files hold w; random init 0), the MLP is GeGLU
-    // (gelu_pytorch_tanh), the embedding's output is multiplied by sqrt(hidden_size), and
-    // each half of a layer has a norm on its output too (sandwich: post_attention_layernorm,
-    // then pre_feedforward_layernorm and post_feedforward_layernorm around the MLP).
+    // Gemma: RMSNorms apply 1 + w (their files hold w; random init 0), the MLP is GeGLU
+    // (which GELU: ModelConfig.gelu_exact), the embedding's output is multiplied by
+    // sqrt(hidden_size), and (Gemma 2 and 3) each half of a layer has a norm on its output too
+    // (sandwich: post_attention_layernorm, then pre_feedforward_layernorm and
+    // post_feedforward_layernorm around the MLP).
     int norm_add, gelu_mlp, embed_scale, sandwich;
 } ModelFamily;
 

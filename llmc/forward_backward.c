@@ -394,11 +394,11 @@ static void norm_fwd(Model *m, void *out, float *stats, const void *x, const voi
 
 // The gated MLP's activation: Llama's SwiGLU or Gemma's GeGLU.
 static void glu_fwd(Model *m, void *h, const void *gate, const void *up, size_t n) {
-    if (family_gelu_mlp(&m->cfg)) m->bk->geglu_fwd(m->bk, h, gate, up, n);
+    if (family_gelu_mlp(&m->cfg)) m->bk->geglu_fwd(m->bk, h, gate, up, n, m->cfg.gelu_exact);
     else m->bk->swiglu_fwd(m->bk, h, gate, up, n);
 }
 static void glu_bwd(Model *m, void *dgate, void *dup, const void *dh, const void *gate, const void *up, size_t n) {
-    if (family_gelu_mlp(&m->cfg)) m->bk->geglu_bwd(m->bk, dgate, dup, dh, gate, up, n);
+    if (family_gelu_mlp(&m->cfg)) m->bk->geglu_bwd(m->bk, dgate, dup, dh, gate, up, n, m->cfg.gelu_exact);
     else m->bk->swiglu_bwd(m->bk, dgate, dup, dh, gate, up, n);
 }
 

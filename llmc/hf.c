@@ -239,9 +239,10 @@ static void read_phi3_keys(const char *path, const cJSON *root, ModelConfig *c) 
     if (rs) read_longrope(path, rs, c);
 }
 
-// A logit soft-cap key: a positive number, or null (none); absent keys take `def` (0: none).
+// A logit soft-cap key: a positive number, or null (none: transformers tests `is not None`);
+// absent keys take `def` (0: none). Not get(), which reads null as absent.
 static double read_softcap(const char *path, const cJSON *root, const char *key, double def) {
-    const cJSON *v = get(root, key);
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, key);
     if (v ? cJSON_IsNull(v) : def == 0) return 0;
     const double cap = v ? opt_num(path, root, key, def) : def;
     if (!(isfinite(cap) && cap > 0 && cap < 1e30))
@@ -249,22 +250,51 @@ static double read_softcap(const char *path, const cJSON *root, const char *key,
     return cap;
 }
 
-// The Gemma keys (configuration_gemma2 / configuration_gemma3 of transformers 4.57: the
+// An activation key's GELU: 1 exact (erf: "gelu"), 0 the tanh approximation
+// ("gelu_pytorch_tanh", or "gelu_new": the same function); anything else is refused.
+static int read_gelu(const char *path, const cJSON *v, const char *key, const char *model_type) {
+    if (cJSON_IsString(v) && !strcmp(v->valuestring, "gelu")) return 1;
+    if (cJSON_IsString(v) && (!strcmp(v->valuestring, "gelu_pytorch_tanh") || !strcmp(v->valuestring, "gelu_new")))
+        return 0;
+    fail("%s: '%s' must be \"gelu_pytorch_tanh\" or \"gelu\" (GeGLU with GELU's tanh approximation or the "
+         "exact one, those implemented for %s)", path, key, model_type);
+}
+
+// Gemma 1's MLP activation. hidden_activation names it where set (transformers 4.39-4.44 read
+// only that key, and Google's configs give it as the tanh approximation Gemma was trained with);
+// without it, hidden_act (what 4.57's GemmaMLP reads, default "gelu_pytorch_tanh"). The hub's
+// Gemma 1 configs carry a legacy hidden_act "gelu" beside it: 4.57 runs exact GELU on them, so
+// the choice is said, not made quietly.
+static void read_gemma1_act(const char *path, const cJSON *root, ModelConfig *c) {
+    const cJSON *ha = get(root, "hidden_activation"), *act = get(root, "hidden_act");
+    const int by_act = act ? read_gelu(path, act, "hidden_act", c->model_type) : 0;
+    if (!ha || cJSON_IsNull(ha)) {
+        c->gelu_exact = by_act;
+        if (by_act)
+            snprintf(c->gelu_note, sizeof c->gelu_note, "%s: hidden_act \"gelu\" without hidden_activation: the "
+                     "MLP uses exact GELU, as transformers 4.57 does (4.39-4.44 used the tanh approximation)", path);
+        return;
+    }
+    c->gelu_exact = read_gelu(path, ha, "hidden_activation", c->model_type);
+    if (act && by_act != c->gelu_exact)
+        snprintf(c->gelu_note, sizeof c->gelu_note, "%s: hidden_act \"%s\" and hidden_activation \"%s\" disagree: "
+                 "the MLP uses hidden_activation's (transformers 4.57's GemmaMLP would use hidden_act's)", path,
+                 act->valuestring, ha->valuestring);
+}
+
+// The Gemma 2/3 keys (configuration_gemma2 / configuration_gemma3 of transformers 4.57: the
 // defaults of absent keys). Gemma 2 caps its attention scores and logits (50 and 30 unless
 // the keys say otherwise) and alternates sliding and global layers with one RoPE; Gemma 3 has
 // no caps unless set and gives its sliding layers their own RoPE base. What this trainer does
 // not implement is refused: bidirectional attention, another activation.
 static void read_gemma_keys(const char *path, const cJSON *root, ModelConfig *c, int gemma2) {
     const cJSON *ha = get(root, "hidden_activation"), *act = get(root, "hidden_act");
-    const char *want = "gelu_pytorch_tanh";
-    if (ha && (!cJSON_IsString(ha) || strcmp(ha->valuestring, want)))
-        fail("%s: 'hidden_activation' must be \"%s\" (GeGLU with GELU's tanh approximation, the only one "
-             "implemented for %s)", path, want, c->model_type);
-    // transformers' Gemma 3 reads hidden_activation only; a hidden_act that says otherwise is
+    c->gelu_exact = ha && !cJSON_IsNull(ha) ? read_gelu(path, ha, "hidden_activation", c->model_type) : 0;
+    // transformers' Gemma 2/3 read hidden_activation only; a hidden_act that says otherwise is
     // a config to look at, not one to guess about.
-    if (act && (!cJSON_IsString(act) || strcmp(act->valuestring, want)))
-        fail("%s: 'hidden_act' is not \"%s\": %s's MLP uses hidden_activation (\"%s\"); remove the key or "
-             "make them agree", path, want, c->model_type, want);
+    if (act && read_gelu(path, act, "hidden_act", c->model_type) != c->gelu_exact)
+        fail("%s: 'hidden_act' and 'hidden_activation' name different GELUs: %s's MLP uses hidden_activation "
+             "(default \"gelu_pytorch_tanh\"); remove hidden_act or make them agree", path, c->model_type);
     c->attn_softcap = read_softcap(path, root, "attn_logit_softcapping", gemma2 ? 50.0 : 0);
     c->final_softcap = read_softcap(path, root, "final_logit_softcapping", gemma2 ? 30.0 : 0);
     if (opt_bool(path, root, "use_bidirectional_attention", 0))
@@ -405,7 +435,9 @@ static void read_root(const char *path, const cJSON *root, ModelConfig *c) {
              "least 2", path, prf, c->rotary_dim, c->head_dim);
     if (c->rotary_dim == c->head_dim) c->rotary_dim = 0;
     const cJSON *act = get(root, "hidden_act");
-    if (fam->gelu_mlp) {
+    if (fam->gelu_mlp && fam->window != WIN_PATTERN) {
+        read_gemma1_act(path, root, c);
+    } else if (fam->gelu_mlp) {
         read_gemma_keys(path, root, c, !strcmp(model_type, "gemma2"));
     } else if (act && (!cJSON_IsString(act) || strcmp(act->valuestring, "silu") != 0)) {
         fail("%s: 'hidden_act' must be \"silu\" (the only activation implemented)", path);
@@ -727,8 +759,11 @@ static cJSON *config_json(const ModelConfig *c) {
         ADD(cJSON_AddBoolToObject(o, "use_sliding_window", c->use_sliding_window));
         ADD(cJSON_AddNumberToObject(o, "max_window_layers", c->max_window_layers));
     }
-    if (fam->gelu_mlp) {  // the Gemma keys as read (the others are their defaults: causal)
-        ADD(cJSON_AddStringToObject(o, "hidden_activation", "gelu_pytorch_tanh"));
+    if (fam->gelu_mlp) {  // both activation keys, so that every transformers version reads the one used
+        ADD(cJSON_AddStringToObject(o, "hidden_act", c->gelu_exact ? "gelu" : "gelu_pytorch_tanh"));
+        ADD(cJSON_AddStringToObject(o, "hidden_activation", c->gelu_exact ? "gelu" : "gelu_pytorch_tanh"));
+    }
+    if (fam->gelu_mlp && fam->window == WIN_PATTERN) {  // the Gemma 2/3 keys as read (the others are their defaults: causal)
         ADD(cJSON_AddNumberToObject(o, "query_pre_attn_scalar", c->query_pre_attn_scalar));
         if (c->attn_softcap > 0) ADD(add_real(o, "attn_logit_softcapping", c->attn_softcap, 0));
         else ADD(cJSON_AddNullToObject(o, "attn_logit_softcapping"));
@@ -742,9 +777,8 @@ static cJSON *config_json(const ModelConfig *c) {
         ADD(lt);
         for (int l = 0; lt && l < c->num_hidden_layers; l++)
             ADD(cJSON_AddItemToArray(lt, cJSON_CreateString(family_layer_sliding(c, l) ? "sliding_attention" : "full_attention")));
-    } else {
-        ADD(cJSON_AddStringToObject(o, "hidden_act", "silu"));
     }
+    if (!fam->gelu_mlp) ADD(cJSON_AddStringToObject(o, "hidden_act", "silu"));
     ADD(cJSON_AddStringToObject(o, "torch_dtype", c->torch_dtype[0] ? c->torch_dtype : "float32"));
     ADD(add_real(o, "initializer_range", c->initializer_range > 0 ? c->initializer_range : 0.02, 1));
     ADD(cJSON_AddBoolToObject(o, "use_cache", 1));

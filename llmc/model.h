@@ -82,6 +82,10 @@ typedef struct {
     // Gemma 2 (and Gemma 3 when set): logit soft-capping, cap tanh(x / cap), of the scaled
     // attention scores before the mask and softmax, and of the classifier's logits; 0: none.
     double attn_softcap, final_softcap;
+    // Gemma's GeGLU with exact GELU (erf; "gelu") instead of the tanh approximation, and when
+    // config.json's two activation keys disagree, a note saying which was followed (hf.c).
+    int gelu_exact;
+    char gelu_note[240];
     // Gemma 3 4B/12B/27B files (Gemma3ForConditionalGeneration, model_type gemma3): the text
     // model of text_config, its tensors under language_model.model. (or model.language_model.);
     // the vision tower is not loaded, so only adapters train (their module names as PEFT gives

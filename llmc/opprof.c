@@ -111,9 +111,11 @@ TIMED(layernorm_bwd, 0,
 TIMED(swiglu_fwd, 0, (Backend *bk, void *h, const void *gate, const void *up, size_t n), (bk, h, gate, up, n))
 TIMED(swiglu_bwd, 0, (Backend *bk, void *dgate, void *dup, const void *dh, const void *gate, const void *up, size_t n),
       (bk, dgate, dup, dh, gate, up, n))
-TIMED(geglu_fwd, 0, (Backend *bk, void *h, const void *gate, const void *up, size_t n), (bk, h, gate, up, n))
-TIMED(geglu_bwd, 0, (Backend *bk, void *dgate, void *dup, const void *dh, const void *gate, const void *up, size_t n),
-      (bk, dgate, dup, dh, gate, up, n))
+TIMED(geglu_fwd, 0, (Backend *bk, void *h, const void *gate, const void *up, size_t n, int exact),
+      (bk, h, gate, up, n, exact))
+TIMED(geglu_bwd, 0,
+      (Backend *bk, void *dgate, void *dup, const void *dh, const void *gate, const void *up, size_t n, int exact),
+      (bk, dgate, dup, dh, gate, up, n, exact))
 TIMED(gelu_fwd, 0, (Backend *bk, void *y, const void *x, size_t n), (bk, y, x, n))
 TIMED(gelu_bwd, 0, (Backend *bk, void *dx, const void *dout, const void *x, size_t n), (bk, dx, dout, x, n))
 TIMED(rope_fwd, 0,

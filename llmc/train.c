@@ -28,6 +28,7 @@
 #include "quantize.h"
 #include "rows.h"
 #include "export.h"
+#include "family.h"
 #include "gpt2_io.h"
 #include "gpt2_cli.h"
 #include "hf.h"
@@ -102,6 +103,8 @@ static void print_box(const Config *cfg, const Model *m, const Backend *bk, size
              c->hidden_size, c->intermediate_size, c->num_attention_heads, c->num_key_value_heads,
              c->head_dim, c->vocab_size, c->tie_word_embeddings ? " tied" : "");
     printf("| shape        %-50s |\n", shape);
+    if (family_gelu_mlp(c))  // Gemma: which GELU, as config.json's activation keys gave it (hf.c)
+        printf("| mlp          %-50s |\n", c->gelu_exact ? "GeGLU, exact GELU (erf)" : "GeGLU, GELU tanh approximation");
     if (c->arch == ARCH_LLAMA) {  // what the rotary embedding applies, as read from config.json
         char rope[160];
         const int orig = c->rope_type == ROPE_LONGROPE ? c->original_max_position_embeddings
@@ -432,6 +435,7 @@ int train_main(int argc, char **argv, int arch) {
                "not loaded (saved models carry it as it came; its adapters, which PEFT would create for the same "
                "module names, would keep B = 0 in a text-only run)\n", cfg.base_model);
     }
+    if (mc.gelu_note[0]) printf("note: %s\n", mc.gelu_note);  // Gemma 1's activation keys (hf.c)
     if (cfg.rope_scaling_json[0]) {  // Axolotl's rope_scaling: replaces the model's
         char where[1200];
         snprintf(where, sizeof where, "%s:%d", cfg.path, cfg.rope_scaling_line);

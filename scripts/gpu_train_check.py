@@ -94,12 +94,13 @@ def base_cfg(size, out, sizes=model_cfg, **over):
 
 
 def gemma_base(size, gen=3):
-    """A random Gemma 3 text model (Gemma3ForCausalLM; gen 2: Gemma2ForCausalLM) of the size's
-    shape as a Hugging Face directory (float32 safetensors written here): sandwich and (1 + w)
-    norms, GeGLU, scaled embeddings, sliding layers (pattern 2, half the sequence),
-    query_pre_attn_scalar 1.5 x head_dim (a score scale of its own); Gemma 3 with q/k norms and
-    the sliding layers' own RoPE, Gemma 2 with its attention scores and logits soft-capped (at
-    caps small enough to bend this init's values: the generic attention kernels)."""
+    """A random Gemma 3 text model (Gemma3ForCausalLM; gen 2: Gemma2ForCausalLM, gen 1:
+    GemmaForCausalLM) of the size's shape as a Hugging Face directory (float32 safetensors
+    written here): (1 + w) norms, GeGLU, scaled embeddings; Gemma 2 and 3 with sandwich norms,
+    sliding layers (pattern 2, half the sequence) and query_pre_attn_scalar 1.5 x head_dim (a
+    score scale of its own); Gemma 3 with q/k norms and the sliding layers' own RoPE, Gemma 2
+    with its attention scores and logits soft-capped (at caps small enough to bend this init's
+    values: the generic attention kernels); Gemma 1 Llama's block with exact GELU (erf)."""
     c = model_cfg(size)
     m, T = c["model"], c["sequence_len"]
     d = os.path.join(TMP, "gemma%d_%s" % (gen, size))
@@ -120,6 +121,11 @@ def gemma_base(size, gen=3):
                    final_logit_softcapping=2.0)
         for k in ("sliding_window_pattern", "rope_local_base_freq"):
             del cfg[k]
+    if gen == 1:
+        cfg.update(architectures=["GemmaForCausalLM"], model_type="gemma", hidden_act="gelu", hidden_activation="gelu",
+                   rope_theta=10000.0)
+        for k in ("sliding_window_pattern", "rope_local_base_freq", "query_pre_attn_scalar", "sliding_window"):
+            del cfg[k]
     with open(os.path.join(d, "config.json"), "w") as f:
         json.dump(cfg, f)
     rng = random.Random(5)
@@ -127,7 +133,8 @@ def gemma_base(size, gen=3):
     for l in range(L):
         p = "model.layers.%d." % l
         for n in ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm", "post_feedforward_layernorm"):
-            shapes[p + n + ".weight"] = (C,)
+            if gen > 1 or n in ("input_layernorm", "post_attention_layernorm"):  # Gemma 1: no sandwich
+                shapes[p + n + ".weight"] = (C,)
         shapes.update({p + "self_attn.q_proj.weight": (Hq * D, C), p + "self_attn.k_proj.weight": (Hkv * D, C),
                        p + "self_attn.v_proj.weight": (Hkv * D, C), p + "self_attn.o_proj.weight": (C, Hq * D),
                        p + "mlp.gate_proj.weight": (I, C), p + "mlp.up_proj.weight": (I, C),
@@ -345,7 +352,8 @@ def part_train(a):
     rows = []
     for label, extra, wfile in (("full", {}, "model.safetensors"), ("LoRA", LORA, "adapter_model.safetensors"),
                                 ("Gemma 3 full", {"base_model": gemma_base(size)}, "model.safetensors"),
-                                ("Gemma 2 full", {"base_model": gemma_base(size, 2)}, "model.safetensors")):
+                                ("Gemma 2 full", {"base_model": gemma_base(size, 2)}, "model.safetensors"),
+                                ("Gemma 1 full", {"base_model": gemma_base(size, 1)}, "model.safetensors")):
         # (1) a few steps of ordinary AdamW: the losses
         cpu = run("b_cpu_" + label, base_cfg(size, os.path.join(TMP, "b_cpu_" + label), device="cpu", **extra))
         gpu = run("b_gpu_" + label, base_cfg(size, os.path.join(TMP, "b_gpu_" + label), device=a.device,

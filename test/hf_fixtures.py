@@ -44,6 +44,7 @@ KINDS = {
                "eos": "<eos>", "pad": "<pad>", "template": None},
 }
 KINDS["gemma2"] = KINDS["gemma3"]  # Gemma 2's tokenizer has the same special tokens (chat_template: gemma)
+KINDS["gemma"] = KINDS["gemma3"]  # and Gemma 1's
 
 
 def corpus():
@@ -99,7 +100,8 @@ def hub_dir(hf_home, repo_id, rev="0123456789abcdef0123456789abcdef01234567"):
     return snap
 
 
-FAMILY_OF = {"llama3": "llama", "llama2": "mistral", "qwen2": "qwen2", "gemma2": "gemma2", "gemma3": "gemma3_text"}
+FAMILY_OF = {"llama3": "llama", "llama2": "mistral", "qwen2": "qwen2", "gemma": "gemma", "gemma2": "gemma2",
+             "gemma3": "gemma3_text"}
 
 
 def make_model(d, kind="llama3", vocab_size=1024, seed=0, multimodal=False, **shape):
@@ -120,6 +122,9 @@ def make_model(d, kind="llama3", vocab_size=1024, seed=0, multimodal=False, **sh
         extra.update(head_dim=16, hidden_act="gelu_pytorch_tanh", hidden_activation="gelu_pytorch_tanh",
                      query_pre_attn_scalar=16, sliding_window=512, attn_logit_softcapping=50.0,
                      final_logit_softcapping=30.0, pad_token_id=0, tie_word_embeddings=True)
+    if mt == "gemma":  # as the hub's Gemma 1 configs: the legacy hidden_act beside hidden_activation
+        extra.update(head_dim=16, hidden_act="gelu", hidden_activation="gelu_pytorch_tanh", pad_token_id=0,
+                     tie_word_embeddings=True)
     dims = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                 num_key_value_heads=2, max_position_embeddings=8192)
     dims.update(shape)

@@ -36,6 +36,11 @@ transformers 4.53+), not by running transformers:
              layer_types says so (default: even i); attention scores (after the scale) capped
              as cap * tanh(s / cap) before the mask, cap attn_logit_softcapping (default 50),
              and the logits likewise by final_logit_softcapping (default 30); null: no cap
+    gemma    (modeling_gemma / configuration_gemma of transformers 4.57) Llama's block with
+             gemma3_text's (1 + w) norms, sqrt(hidden_size) embedding scale and GeGLU, no
+             sandwich norms, no q/k norms, attention scaled by head_dim^-0.5, no window; the
+             GELU is hidden_activation's where set, else hidden_act's (default
+             gelu_pytorch_tanh): "gelu" is the exact one (erf); head_dim default 256
 Every family: the embedding is nn.Embedding(..., padding_idx=pad_token_id), so the lookup adds
 no gradient to the pad row (F.embedding's padding_idx).
 A sliding window W lets query i see keys j with i - W < j <= i (masking_utils'
@@ -121,8 +126,19 @@ def make_config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_
 
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
                  "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
-                 "phi3": "Phi3ForCausalLM", "gemma2": "Gemma2ForCausalLM", "gemma3_text": "Gemma3ForCausalLM"}
-GEMMAS = ("gemma2", "gemma3_text")
+                 "phi3": "Phi3ForCausalLM", "gemma": "GemmaForCausalLM", "gemma2": "Gemma2ForCausalLM",
+                 "gemma3_text": "Gemma3ForCausalLM"}
+GEMMAS = ("gemma", "gemma2", "gemma3_text")
+SANDWICH = ("gemma2", "gemma3_text")  # Gemma 2 and 3: a norm on each half's output too
+
+
+def gelu_exact(cfg):
+    """A Gemma config's GELU: True for exact (erf, "gelu"), False for the tanh approximation.
+    Gemma 2/3 read hidden_activation; Gemma 1 hidden_activation where set, else hidden_act."""
+    act = cfg.get("hidden_activation")
+    if act is None and cfg.get("model_type") == "gemma":
+        act = cfg.get("hidden_act", "gelu_pytorch_tanh")
+    return act == "gelu"
 
 
 def family(cfg):
@@ -132,12 +148,12 @@ def family(cfg):
     if mt not in ARCHITECTURES:
         raise ValueError(f"model_type {mt} not in the reference")
     ab = bool(cfg.get("attention_bias", False))
-    qkv_bias = {"llama": ab, "mistral": False, "qwen2": True, "qwen3": ab, "phi3": False, "gemma2": ab,
+    qkv_bias = {"llama": ab, "mistral": False, "qwen2": True, "qwen3": ab, "phi3": False, "gemma": ab, "gemma2": ab,
                 "gemma3_text": ab}[mt]
-    o_bias = {"llama": ab, "mistral": False, "qwen2": False, "qwen3": ab, "phi3": False, "gemma2": ab,
+    o_bias = {"llama": ab, "mistral": False, "qwen2": False, "qwen3": ab, "phi3": False, "gemma": ab, "gemma2": ab,
               "gemma3_text": ab}[mt]
     L = cfg["num_hidden_layers"]
-    sw = cfg["sliding_window"] if "sliding_window" in cfg else (None if mt in ("llama", "phi3") else 4096)
+    sw = cfg["sliding_window"] if "sliding_window" in cfg else (None if mt in ("llama", "phi3", "gemma") else 4096)
     local = [False] * L
     caps = (None, None)
     if mt == "gemma2":  # Gemma2Config: layer_types (default: even layers slide), soft-caps 50 / 30
@@ -157,9 +173,11 @@ def family(cfg):
         windows = [sw if sw is not None and i >= mwl else 0 for i in range(L)]
     else:
         windows = [0] * L
-    pad = cfg["pad_token_id"] if "pad_token_id" in cfg else {"phi3": 32000, "gemma2": 0, "gemma3_text": 0}.get(mt)
+    pad = cfg["pad_token_id"] if "pad_token_id" in cfg else {"phi3": 32000, "gemma": 0, "gemma2": 0,
+                                                            "gemma3_text": 0}.get(mt)
     return {"qkv_bias": qkv_bias, "o_bias": o_bias, "qk_norm": mt in ("qwen3", "gemma3_text"), "windows": windows,
-            "fused": mt == "phi3", "pad": pad, "gemma": mt in GEMMAS, "local_rope": local,
+            "fused": mt == "phi3", "pad": pad, "gemma": mt in GEMMAS, "sandwich": mt in SANDWICH,
+            "gelu_exact": mt in GEMMAS and gelu_exact(cfg), "local_rope": local,
             "attn_softcap": caps[0], "final_softcap": caps[1]}
 
 
@@ -167,7 +185,8 @@ def _dims(cfg):
     C = cfg["hidden_size"]
     Hq = cfg["num_attention_heads"]
     Hkv = cfg.get("num_key_value_heads") or Hq
-    D = cfg.get("head_dim") or {"qwen3": 128, "gemma2": 256, "gemma3_text": 256}.get(cfg.get("model_type"), C // Hq)
+    D = cfg.get("head_dim") or {"qwen3": 128, "gemma": 256, "gemma2": 256, "gemma3_text": 256}.get(cfg.get("model_type"),
+                                                                                                 C // Hq)
     return C, Hq, Hkv, D
 
 
@@ -204,7 +223,7 @@ def param_shapes(cfg):
             s[p + "self_attn.q_norm.weight"] = (D,)
             s[p + "self_attn.k_norm.weight"] = (D,)
         s[p + "post_attention_layernorm.weight"] = (C,)
-        if fam["gemma"]:
+        if fam["sandwich"]:
             s[p + "pre_feedforward_layernorm.weight"] = (C,)
             s[p + "post_feedforward_layernorm.weight"] = (C,)
         s[p + "mlp.gate_proj.weight"] = (I, C)
@@ -217,7 +236,7 @@ def param_shapes(cfg):
 
 
 def tied(cfg):
-    """tie_word_embeddings, whose absence means true for Gemma 2/3 and false otherwise."""
+    """tie_word_embeddings, whose absence means true for the Gemmas and false otherwise."""
     return bool(cfg.get("tie_word_embeddings", cfg.get("model_type") in GEMMAS))
 
 
@@ -731,9 +750,10 @@ class RefLlama(torch.nn.Module):
         self.windows = fam["windows"]
         self.fused, self.pad = fam["fused"], fam["pad"]
         self.gemma, self.local_rope = fam["gemma"], fam["local_rope"]
+        self.sandwich, self.gelu_exact = fam["sandwich"], fam["gelu_exact"]
         self.attn_cap, self.final_cap = fam["attn_softcap"], fam["final_softcap"]
         self.norm_add = 1.0 if self.gemma else 0.0
-        qpas = cfg.get("query_pre_attn_scalar", 256) if self.gemma else self.D
+        qpas = cfg.get("query_pre_attn_scalar", 256) if self.sandwich else self.D
         self.att_scale = qpas ** -0.5
         self.use_sdpa = use_sdpa and hasattr(F, "scaled_dot_product_attention")
         self.dtype = dtype
@@ -858,13 +878,14 @@ class RefLlama(torch.nn.Module):
                 y = torch.softmax(att, dim=-1) @ v
             y = y.transpose(1, 2).reshape(B, T, Hq * D)
             bo = self.p(pre + "self_attn.o_proj.bias") if self.o_bias else None
-            if self.gemma:  # Gemma3DecoderLayer: sandwich norms, GeGLU
+            gelu = "none" if self.gelu_exact else "tanh"  # the Gemmas' GeGLU
+            if self.sandwich:  # Gemma3DecoderLayer: sandwich norms, GeGLU
                 o = self.linear(y, pre + "self_attn.o_proj", bo)
                 x = x + self.rmsnorm(o, self.p(pre + "post_attention_layernorm.weight"))
                 h = self.rmsnorm(x, self.p(pre + "pre_feedforward_layernorm.weight"))
                 g = self.linear(h, pre + "mlp.gate_proj", None)
                 u = self.linear(h, pre + "mlp.up_proj", None)
-                f = self.linear(F.gelu(g, approximate="tanh") * u, pre + "mlp.down_proj", None)
+                f = self.linear(F.gelu(g, approximate=gelu) * u, pre + "mlp.down_proj", None)
                 x = x + self.rmsnorm(f, self.p(pre + "post_feedforward_layernorm.weight"))
                 continue
             x = x + self.linear(y, pre + "self_attn.o_proj", bo)
@@ -874,7 +895,8 @@ class RefLlama(torch.nn.Module):
             else:
                 g = self.linear(h, pre + "mlp.gate_proj", None)
                 u = self.linear(h, pre + "mlp.up_proj", None)
-            x = x + self.linear(F.silu(g) * u, pre + "mlp.down_proj", None)
+            act = F.gelu(g, approximate=gelu) if self.gemma else F.silu(g)  # Gemma 1: GeGLU
+            x = x + self.linear(act * u, pre + "mlp.down_proj", None)
         x = self.rmsnorm(x, self.p("model.norm.weight"))
         head = self.p("model.embed_tokens.weight" if self.tied else "lm_head.weight")
         logits = F.linear(x, head)

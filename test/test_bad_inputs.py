@@ -680,11 +680,11 @@ CASES = [
         lambda m: ["config.json", "llama3"])),
     ("adapter_config_duplicate_key", adapter_dup_key),
     ("hf_model_type_unsupported", hf_case(
-        edit_config_json(lambda c: c.update(model_type="gemma")),
-        lambda m: ["config.json", "'gemma'", "llama, mistral, qwen2, qwen3, phi3, gemma2, gemma3_text"])),
+        edit_config_json(lambda c: c.update(model_type="olmo")),
+        lambda m: ["config.json", "'olmo'", "llama, mistral, qwen2, qwen3, phi3, gemma, gemma2, gemma3_text"])),
     ("hf_architecture_unsupported", hf_case(
-        edit_config_json(lambda c: c.update(architectures=["GemmaForCausalLM"])),
-        lambda m: ["config.json", "GemmaForCausalLM", "Qwen3ForCausalLM, Phi3ForCausalLM"])),
+        edit_config_json(lambda c: c.update(architectures=["OlmoForCausalLM"])),
+        lambda m: ["config.json", "OlmoForCausalLM", "Qwen3ForCausalLM, Phi3ForCausalLM"])),
     ("hf_layer_types_unsupported_pattern", hf_case(
         edit_config_json(lambda c: c.update(model_type="qwen2", use_sliding_window=True, sliding_window=4,
                                             max_window_layers=0,

@@ -123,8 +123,8 @@ typedef struct {
                   float, float, int);
     double (*sumsq)(const float *, size_t);
     void (*gelu_bwd)(float *, const float *, const float *, size_t);
-    void (*geglu_fwd)(float *, const float *, const float *, size_t);
-    void (*geglu_bwd)(float *, float *, const float *, const float *, const float *, size_t);
+    void (*geglu_fwd)(float *, const float *, const float *, size_t, int);
+    void (*geglu_bwd)(float *, float *, const float *, const float *, const float *, size_t, int);
 } Variant;
 
 #define VARIANT(S)                                                                               \
@@ -194,9 +194,11 @@ static Outs run_variant(const Variant *k) {
     k->swiglu_bwd(dg, du, dh, g, u, n);
     k->gelu_bwd(dh, u, g, n);
     put(&o, h, n), put(&o, dg, n), put(&o, du, n), put(&o, dh, n);
-    k->geglu_fwd(h, g, u, n);
-    k->geglu_bwd(dg, du, dh, g, u, n);
-    put(&o, h, n), put(&o, dg, n), put(&o, du, n);
+    for (int exact = 0; exact < 2; exact++) {  // GELU's tanh approximation, then the erf one
+        k->geglu_fwd(h, g, u, n, exact);
+        k->geglu_bwd(dg, du, dh, g, u, n, exact);
+        put(&o, h, n), put(&o, dg, n), put(&o, du, n);
+    }
     // sumsq in double, all its bits: the stretches (SUMSQ_STREAMS x LANES), a tail, and on each thread
     const size_t ns = 5003;
     float *sq = arr(ns, 3), sb[2];

@@ -380,11 +380,12 @@ def main():
             check("(g) train_gpt (emulated CUDA) by gpu_train_check.py gpt --tiny: %d checks pass (%.1f s)"
                   % (len(passed), secs), ok and len(passed) == 4, out)
         # (i) the GPU check's part (b) as a GPU runs it, tiny: fp32 losses and one step's gradient
-        # against the CPU for full, LoRA and Gemma 3 and 2 directories the script writes itself
+        # against the CPU for full, LoRA and Gemma 3, 2 and 1 directories the script writes itself
         passed, ok, secs, out = gpu_check_part("train", binary, tmp)
-        check("(i) gpu_train_check.py train --tiny (emulated CUDA): %d checks pass, Gemma 3's and 2's among them "
-              "(%.1f s)" % (len(passed), secs),
-              ok and len(passed) == 8 and all(any(g in l for l in passed) for g in ("Gemma 3", "Gemma 2")), out)
+        check("(i) gpu_train_check.py train --tiny (emulated CUDA): %d checks pass, Gemma 3's, 2's and 1's among "
+              "them (%.1f s)" % (len(passed), secs),
+              ok and len(passed) == 10 and all(any(g in l for l in passed) for g in ("Gemma 3", "Gemma 2", "Gemma 1")),
+              out)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return 1 if FAILS else 0

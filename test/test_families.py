@@ -47,6 +47,15 @@ test/test_torch_ref.py (cases f-j).
                       the reference, the list and the caps written back (and no Gemma 3 keys).
   gemma2_refusals     a layer_types list that is not periodic, a negative cap, another
                       activation.
+  gemma_modes         Gemma 1 (Llama's block with (1 + w) norms, scaled embeddings, GeGLU with
+                      exact GELU here): gemma3_modes' runs and checks.
+  gemma_gelu          Gemma 1's GELU from each form of its activation keys (the hub's pair that
+                      disagree: hidden_activation's tanh one, with a note; hidden_act "gelu"
+                      alone: exact, with a note; hidden_activation "gelu": exact) and Gemma 2 with
+                      exact GELU and null caps: first loss against the reference (1e-6, the other
+                      GELU checked to move it further), both keys written back; the reference's
+                      logits against transformers 4.44.2's GemmaForCausalLM for both GELUs.
+  gemma_refusals      another activation in either key.
   gemma3_multimodal   Gemma3ForConditionalGeneration files (Gemma 3 4B/12B/27B: text_config with
                       absent keys at their defaults, tensors under language_model.model. or
                       model.language_model., a vision tower beside them): LoRA on the language
@@ -300,6 +309,110 @@ def gemma2_cfg(**kw):
     return R.make_config(**c)
 
 
+def gemma1_cfg(**kw):
+    """Gemma 1 at test size (head_dim 16 against hidden 48 / 4 heads), its activation keys as the
+    hub's configs have them: the legacy hidden_act "gelu" beside hidden_activation."""
+    c = dict(vocab_size=64, hidden_size=48, intermediate_size=64, num_hidden_layers=3,
+             num_attention_heads=4, num_key_value_heads=2, head_dim=16, model_type="gemma",
+             rms_norm_eps=1e-6, tie_word_embeddings=True, hidden_act="gelu",
+             hidden_activation="gelu_pytorch_tanh", pad_token_id=0)
+    c.update(kw)
+    return R.make_config(**c)
+
+
+def case_gemma_modes(root):
+    """Gemma 1 with exact GELU (the tanh one is Gemma 2/3's, above) in every memory mode."""
+    return gemma_modes(os.path.join(root, "gemma_modes"), gemma1_cfg(hidden_activation="gelu"))
+
+
+def case_gemma_gelu(root):
+    """Gemma 1's two GELUs. The reference's logits against transformers 4.44.2's
+    GemmaForCausalLM for each (4.44 reads hidden_activation); then the trainer's first loss
+    against the reference for each way configs give the activation: the hub's keys that
+    disagree (hidden_activation's tanh one is used, with a note), hidden_act "gelu" alone
+    (exact, as 4.57 reads it, with a note), hidden_activation "gelu" (exact, no note), and
+    Gemma 2 with both keys "gelu" (caps off: they would flatten the difference); config.json written back with both keys naming the one used.
+    Larger MLP weights than setup()'s and a tolerance 10x under LOSS_RTOL, so that the GELUs'
+    difference moves the loss well past it (checked)."""
+    GELU_RTOL = 1e-6
+    import torch
+    errs, notes = [], []
+    cases = [("hub_keys", gemma1_cfg(), False, "disagree"),
+             ("hidden_act_only", gemma1_cfg(hidden_activation=None), True, "without hidden_activation"),
+             ("activation_gelu", gemma1_cfg(hidden_activation="gelu", hidden_act="gelu"), True, None),
+             ("gemma2_gelu", gemma2_cfg(hidden_activation="gelu", hidden_act="gelu", attn_logit_softcapping=None,
+                                        final_logit_softcapping=None), True, None)]
+    for name, cfg, exact, note in cases:
+        if cfg.get("hidden_activation") is None:
+            cfg.pop("hidden_activation", None)
+        work = os.path.join(root, "gelu_" + name)
+        os.makedirs(work, exist_ok=True)
+        weights = R.init_weights(cfg, seed=5, std=0.3, qk_std=0.25, embed_std=0.1)
+        model_dir = os.path.join(work, "model")
+        R.save_hf_dir(model_dir, cfg, weights)
+        shard = os.path.join(work, "train.bin")
+        R.write_shard(shard, R.random_tokens(600, cfg["vocab_size"], seed=5), version=1)
+        tokens = R.read_shard(shard)
+        if R.family(cfg)["gelu_exact"] != exact:
+            errs.append(f"{name}: the reference reads exact={R.family(cfg)['gelu_exact']}, expected {exact}")
+        tc = R.train_config(sequence_len=12, micro_batch_size=1, max_steps=1, learning_rate=1e-3,
+                            warmup_steps=0, lr_scheduler="constant")
+        tc.update(base_model=model_dir, train_data=shard, output_dir=os.path.join(work, "out"))
+        p = run(work, tc)
+        out = p.stdout.decode()
+        loss = R.read_metrics(os.path.join(work, "out", "metrics.jsonl"))[0]["loss"]
+        batches = R.step_batches(tokens, 1, 12, 1, 1)
+        ref = R.batch_loss(cfg, weights, batches)
+        other = "gelu_pytorch_tanh" if exact else "gelu"
+        contrast = R.batch_loss(dict(cfg, hidden_activation=other, hidden_act=other), weights, batches)
+        if rel(loss, ref) > GELU_RTOL:
+            errs.append(f"{name}: loss {loss} vs reference {ref} ({rel(loss, ref):.1e})")
+        if rel(contrast, ref) < 5 * GELU_RTOL:
+            errs.append(f"{name}: the other GELU moves the loss only {rel(contrast, ref):.1e}: the test would not see it")
+        said = [ln for ln in out.splitlines() if ln.startswith("note: ") and "hidden_act" in ln]
+        if note is None and said:
+            errs.append(f"{name}: a note about the activation keys where they agree: {said[0]!r}")
+        if note and not any(note in ln for ln in said):
+            errs.append(f"{name}: no note saying {note!r} about the activation keys")
+        want_line = "GeGLU, exact GELU (erf)" if exact else "GeGLU, GELU tanh approximation"
+        if want_line not in out:
+            errs.append(f"{name}: the config box does not say {want_line!r}")
+        got = read_json(os.path.join(work, "out", "config.json"))
+        used = "gelu" if exact else "gelu_pytorch_tanh"
+        if got.get("hidden_act") != used or got.get("hidden_activation") != used:
+            errs.append(f"{name}: written back hidden_act {got.get('hidden_act')!r}, hidden_activation "
+                        f"{got.get('hidden_activation')!r}; expected both {used!r}")
+        if cfg["model_type"] == "gemma" and any(k in got for k in ("query_pre_attn_scalar", "layer_types",
+                                                                    "attn_logit_softcapping")):
+            errs.append(f"{name}: Gemma 2/3 keys written into a Gemma 1 config.json: {sorted(got)}")
+        notes.append(f"{name} {rel(loss, ref):.1e} (other GELU {rel(contrast, ref):.1e})")
+        if name in ("hub_keys", "activation_gelu"):  # transformers 4.44.2 reads hidden_activation
+            if not os.path.isfile(os.path.join(TF_DIR, "transformers", "__init__.py")):
+                errs.append(f"transformers 4.44.2 is not in {TF_DIR}: run scripts/install_deps.sh")
+                continue
+            ids = [list(map(int, tokens[:12])), list(map(int, tokens[12:24]))]
+            want = R.RefLlama(cfg, weights)(torch.tensor(ids)).detach().double().numpy()
+            npy = os.path.join(work, "hf.npy")
+            p = subprocess.run([sys.executable, "-c", HF_CHILD, model_dir, json.dumps(ids), npy],
+                               env=dict(os.environ, PYTHONPATH=TF_DIR), capture_output=True, timeout=ARGS.timeout)
+            if p.returncode != 0:
+                errs.append("transformers could not run: " + p.stderr.decode("utf-8", "replace")[-400:])
+                continue
+            hd = float(np.abs(np.load(npy) - want).max() / np.abs(want).max())
+            notes.append(f"vs transformers {hd:.1e}")
+            if not hd <= 1e-5:
+                errs.append(f"{name}: the reference's logits vs transformers 4.44.2's GemmaForCausalLM: {hd:.2e}")
+    return errs, "; ".join(notes)
+
+
+def case_gemma_refusals(root):
+    bad = [
+        ("hidden_act_silu", dict(hidden_act="silu", hidden_activation=None), "hidden_act"),
+        ("activation_relu", dict(hidden_activation="relu"), "hidden_activation"),
+    ]
+    return refusals(os.path.join(root, "gemma_refusals"), gemma1_cfg, bad)
+
+
 def case_gemma3_modes(root):
     return gemma_modes(os.path.join(root, "gemma3_modes"), gemma3_cfg())
 
@@ -546,8 +659,9 @@ def case_gemma3_refusals(root):
         ("softcap_zero", dict(final_logit_softcapping=0), "final_logit_softcapping"),
         ("attn_softcap_string", dict(attn_logit_softcapping="50"), "attn_logit_softcapping"),
         ("qpas", dict(query_pre_attn_scalar=0), "query_pre_attn_scalar"),
-        ("activation", dict(hidden_activation="gelu"), "hidden_activation"),
+        ("activation", dict(hidden_activation="gelu_fast"), "hidden_activation"),
         ("hidden_act", dict(hidden_act="silu"), "hidden_act"),
+        ("acts_disagree", dict(hidden_act="gelu"), "hidden_act"),
         ("bidirectional", dict(use_bidirectional_attention=True), "use_bidirectional_attention"),
         ("layer_types", dict(layer_types=["full_attention"] * 3), "layer_types[0]"),
         ("mm_no_text_config", dict(model_type="gemma3", architectures=["Gemma3ForConditionalGeneration"]), "text_config"),
@@ -710,7 +824,8 @@ def main():
              ("gemma3_layer_types", case_gemma3_layer_types), ("gemma3_multimodal", case_gemma3_multimodal),
              ("gemma3_refusals", case_gemma3_refusals), ("gemma2_modes", case_gemma2_modes),
              ("gemma2_layer_types", case_gemma2_layer_types), ("gemma2_refusals", case_gemma2_refusals),
-             ("gemma3_softcap", case_gemma3_softcap),
+             ("gemma3_softcap", case_gemma3_softcap), ("gemma_modes", case_gemma_modes),
+             ("gemma_gelu", case_gemma_gelu), ("gemma_refusals", case_gemma_refusals),
              ("yarn", case_yarn)]
     try:
         passed, failed = harness.run_cases(((n, lambda f=f: f(root)) for n, f in cases),

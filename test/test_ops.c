@@ -339,6 +339,7 @@ static void test_add_accumulate_scale(void) {
 typedef struct {
     size_t n;
     double *gate, *up, *wt, *h;
+    int exact;  // GeGLU: exact GELU (erf), else the tanh approximation
 } SwiCtx;
 
 static long double swiglu_loss(void *p) {
@@ -379,44 +380,54 @@ static void test_swiglu(void) {
 
 static long double geglu_loss(void *p) {
     SwiCtx *c = p;
-    geglu_fwd_f64(c->h, c->gate, c->up, c->n);
+    geglu_fwd_f64(c->h, c->gate, c->up, c->n, c->exact);
     return dot_wt(c->h, c->wt, c->n);
 }
 
-static void test_geglu(void) {
-    SwiCtx c = {.n = 257};
+// gelu_pytorch_tanh (exact 0) or transformers' "gelu", x Phi(x) by erf (exact 1), in long double.
+static long double gelu_ref(long double g, int exact) {
+    return exact ? 0.5L * g * (1 + erfl(g / sqrtl(2))) : 0.5L * g * (1 + tanhl(sqrtl(2 / M_PI) * (g + 0.044715L * g * g * g)));
+}
+
+static void test_geglu(int exact) {
+    const char *act = exact ? "gelu_erf" : "gelu_tanh";
+    char what[96];
+    SwiCtx c = {.n = 257, .exact = exact};
     c.gate = randn(c.n, 1), c.up = randn(c.n, 1), c.wt = randn(c.n, 1), c.h = zeros(c.n);
+    c.gate[0] = 4.5, c.gate[1] = -4.5, c.gate[2] = 0;  // the tails and the middle
     geglu_loss(&c);
     Cmp e = {0};
-    for (size_t i = 0; i < c.n; i++) {
-        long double g = c.gate[i];
-        cmp_rel(&e, "h", i, c.h[i], (double)(0.5L * g * (1 + tanhl(sqrtl(2 / M_PI) * (g + 0.044715L * g * g * g))) * c.up[i]));
-    }
-    report(&e, 1e-9, "geglu fwd vs gelu_tanh(gate) * up");  // 1 + tanh cancels for gate << 0
+    for (size_t i = 0; i < c.n; i++) cmp_rel(&e, "h", i, c.h[i], (double)(gelu_ref(c.gate[i], exact) * c.up[i]));
+    snprintf(what, sizeof what, "geglu fwd vs %s(gate) * up", act);
+    report(&e, 1e-9, what);  // 1 + tanh (or erf) cancels for gate << 0
     double *dg = zeros(c.n), *du = zeros(c.n);
-    geglu_bwd_f64(dg, du, c.wt, c.gate, c.up, c.n);
+    geglu_bwd_f64(dg, du, c.wt, c.gate, c.up, c.n, exact);
     e = (Cmp){0};
     fd_check(&e, "dgate", dg, c.gate, c.n, 300, FD_H, geglu_loss, &c);
-    report(&e, FD_TOL, "geglu bwd dgate vs finite differences");
+    snprintf(what, sizeof what, "geglu (%s) bwd dgate vs finite differences", act);
+    report(&e, FD_TOL, what);
     e = (Cmp){0};
     fd_check(&e, "dup", du, c.up, c.n, 300, FD_H, geglu_loss, &c);
-    report(&e, FD_TOL, "geglu bwd dup vs finite differences");
+    snprintf(what, sizeof what, "geglu (%s) bwd dup vs finite differences", act);
+    report(&e, FD_TOL, what);
     double *alias = dup_arr(c.wt, c.n), *du2 = zeros(c.n);
-    geglu_bwd_f64(alias, du2, alias, c.gate, c.up, c.n);
+    geglu_bwd_f64(alias, du2, alias, c.gate, c.up, c.n, exact);
     e = (Cmp){0};
     cmp_arrays(&e, "dgate", alias, dg, c.n);
     cmp_arrays(&e, "dup", du2, du, c.n);
-    report(&e, 0, "geglu bwd with dgate aliasing dh matches");
+    snprintf(what, sizeof what, "geglu (%s) bwd with dgate aliasing dh matches", act);
+    report(&e, 0, what);
     // The float kernel against the double one.
     float *gf = to_f32(c.gate, c.n), *uf = to_f32(c.up, c.n), *wf = to_f32(c.wt, c.n), *hf = xmalloc(c.n * sizeof(float)),
           *dgf = xmalloc(c.n * sizeof(float)), *duf = xmalloc(c.n * sizeof(float));
-    geglu_fwd_f32(hf, gf, uf, c.n);
-    geglu_bwd_f32(dgf, duf, wf, gf, uf, c.n);
+    geglu_fwd_f32(hf, gf, uf, c.n, exact);
+    geglu_bwd_f32(dgf, duf, wf, gf, uf, c.n, exact);
     e = (Cmp){0};
     cmp_f32(&e, "h", hf, c.h, c.n);
     cmp_f32(&e, "dgate", dgf, dg, c.n);
     cmp_f32(&e, "dup", duf, du, c.n);
-    report_norm(&e, 1e-5, "geglu f32 fwd+bwd vs f64");
+    snprintf(what, sizeof what, "geglu (%s) f32 fwd+bwd vs f64", act);
+    report_norm(&e, 1e-5, what);
     free(c.gate), free(c.up), free(c.wt), free(c.h), free(dg), free(du), free(alias), free(du2);
     free(gf), free(uf), free(wf), free(hf), free(dgf), free(duf);
 }
@@ -1642,7 +1653,8 @@ int main(void) {
     test_bias();
     test_add_accumulate_scale();
     test_swiglu();
-    test_geglu();
+    test_geglu(0);
+    test_geglu(1);
     test_rmsnorm(1, 0);
     test_rmsnorm(1e-3, 0);  // mean(x^2) ~ eps: eps matters
     test_rmsnorm(1, 1);     // Gemma's 1 + w

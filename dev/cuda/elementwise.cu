@@ -57,7 +57,7 @@ static void run(CudaCtx *c, size_t n, int off) {
     // GeGLU (Gemma): h = gelu_tanh(g) * u, and its backward (dgate may alias dh)
     auto gk = sqrt(2.0 / M_PI);
     auto gt = [&](double g) { return tanh(gk * (g + 0.044715 * g * g * g)); };
-    k_geglu_fwd(c, (char *)dh + o * es, da + o * es, db + o * es, n);
+    k_geglu_fwd(c, (char *)dh + o * es, da + o * es, db + o * es, n, 0);
     check(NAME("geglu_fwd"), got_of(dh), ref_of([&](size_t i) { return 0.5 * a[i] * (1 + gt(a[i])) * b[i]; }), tol_for(bf));
     void *d0 = up_act(d, bf);  // dh again: the aliased swiglu_bwd above overwrote it
     CUDA_CHECK(dev_copy(ddh, d0, (n + 1) * es, cudaMemcpyDeviceToDevice));
@@ -67,11 +67,28 @@ static void run(CudaCtx *c, size_t n, int off) {
         return d[i] * b[i] * (0.5 * (1 + t) + 0.5 * g * (1 - t * t) * dt);
     });
     auto gdu = ref_of([&](size_t i) { return d[i] * 0.5 * a[i] * (1 + gt(a[i])); });
-    k_geglu_bwd(c, (char *)dg + o * es, (char *)du + o * es, (char *)ddh + o * es, da + o * es, db + o * es, n);
+    k_geglu_bwd(c, (char *)dg + o * es, (char *)du + o * es, (char *)ddh + o * es, da + o * es, db + o * es, n, 0);
     check(NAME("geglu_bwd dgate"), got_of(dg), gdg, tol_for(bf));
     check(NAME("geglu_bwd dup"), got_of(du), gdu, tol_for(bf));
-    k_geglu_bwd(c, (char *)ddh + o * es, (char *)du + o * es, (char *)ddh + o * es, da + o * es, db + o * es, n);
+    k_geglu_bwd(c, (char *)ddh + o * es, (char *)du + o * es, (char *)ddh + o * es, da + o * es, db + o * es, n, 0);
     check(NAME("geglu_bwd dgate aliasing dh"), got_of(ddh), gdg, tol_for(bf));
+    // GeGLU with exact GELU (transformers' "gelu": g Phi(g), Phi by erf), and its backward
+    auto phi = [](double g) { return 0.5 * (1 + erf(g / sqrt(2.0))); };
+    k_geglu_fwd(c, (char *)dh + o * es, da + o * es, db + o * es, n, 1);
+    check(NAME("geglu_fwd exact"), got_of(dh), ref_of([&](size_t i) { return a[i] * phi(a[i]) * b[i]; }), tol_for(bf));
+    d0 = up_act(d, bf);  // dh again: the aliased geglu_bwd above overwrote it
+    CUDA_CHECK(dev_copy(ddh, d0, (n + 1) * es, cudaMemcpyDeviceToDevice));
+    cudaFree(d0);
+    auto edg = ref_of([&](size_t i) {
+        double g = a[i];
+        return d[i] * b[i] * (phi(g) + g * exp(-0.5 * g * g) / sqrt(2 * M_PI));
+    });
+    auto edu = ref_of([&](size_t i) { return d[i] * a[i] * phi(a[i]); });
+    k_geglu_bwd(c, (char *)dg + o * es, (char *)du + o * es, (char *)ddh + o * es, da + o * es, db + o * es, n, 1);
+    check(NAME("geglu_bwd exact dgate"), got_of(dg), edg, tol_for(bf));
+    check(NAME("geglu_bwd exact dup"), got_of(du), edu, tol_for(bf));
+    k_geglu_bwd(c, (char *)ddh + o * es, (char *)du + o * es, (char *)ddh + o * es, da + o * es, db + o * es, n, 1);
+    check(NAME("geglu_bwd exact dgate aliasing dh"), got_of(ddh), edg, tol_for(bf));
     // dropout: y = keep ? x / (1 - p) : 0, the CPU's mask exactly
     const float p = 0.3f;
     const uint64_t seed = 0x1234567890abcdefULL;

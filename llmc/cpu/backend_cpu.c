@@ -285,14 +285,14 @@ static void cpu_swiglu_bwd(Backend *bk, void *dg, void *du, const void *dh, cons
     (void)bk;
     swiglu_bwd_f32(dg, du, dh, g, u, n);
 }
-static void cpu_geglu_fwd(Backend *bk, void *h, const void *g, const void *u, size_t n) {
+static void cpu_geglu_fwd(Backend *bk, void *h, const void *g, const void *u, size_t n, int exact) {
     (void)bk;
-    geglu_fwd_f32(h, g, u, n);
+    geglu_fwd_f32(h, g, u, n, exact);
 }
 static void cpu_geglu_bwd(Backend *bk, void *dg, void *du, const void *dh, const void *g,
-                          const void *u, size_t n) {
+                          const void *u, size_t n, int exact) {
     (void)bk;
-    geglu_bwd_f32(dg, du, dh, g, u, n);
+    geglu_bwd_f32(dg, du, dh, g, u, n, exact);
 }
 static void cpu_classifier_ce(Backend *bk, float *losses, void *dx, float *dW, const void *x,
                               const void *W, const int32_t *tgt, int N, int V, int C, float scale,

@@ -26,8 +26,9 @@
                            const float *mean, const float *rstd, int N, int C);                  \
     void gelu_fwd_##S(R *y, const R *x, size_t n);                                               \
     void gelu_bwd_##S(R *dx, const R *dy, const R *x, size_t n);                                 \
-    void geglu_fwd_##S(R *h, const R *gate, const R *up, size_t n);                              \
-    void geglu_bwd_##S(R *dgate, R *dup, const R *dh, const R *gate, const R *up, size_t n);     \
+    void geglu_fwd_##S(R *h, const R *gate, const R *up, size_t n, int exact);                   \
+    void geglu_bwd_##S(R *dgate, R *dup, const R *dh, const R *gate, const R *up, size_t n,      \
+                       int exact);                                                               \
     void pos_fwd_##S(R *out, const R *wpe, int B, int T, int C);                                 \
     void pos_bwd_##S(R *dwpe, const R *dout, int B, int T, int C);                               \
     void rope_fwd_##S(R *x, const float *cosv, const float *sinv, const int32_t *pos, int B,    \

@@ -501,11 +501,12 @@ static void cu_swiglu_fwd(Backend *bk, void *h, const void *g, const void *u, si
 static void cu_swiglu_bwd(Backend *bk, void *dg, void *du, const void *dh, const void *g, const void *u, size_t n) {
     k_swiglu_bwd(ctx_of(bk), dg, du, dh, g, u, n);
 }
-static void cu_geglu_fwd(Backend *bk, void *h, const void *g, const void *u, size_t n) {
-    k_geglu_fwd(ctx_of(bk), h, g, u, n);
+static void cu_geglu_fwd(Backend *bk, void *h, const void *g, const void *u, size_t n, int exact) {
+    k_geglu_fwd(ctx_of(bk), h, g, u, n, exact);
 }
-static void cu_geglu_bwd(Backend *bk, void *dg, void *du, const void *dh, const void *g, const void *u, size_t n) {
-    k_geglu_bwd(ctx_of(bk), dg, du, dh, g, u, n);
+static void cu_geglu_bwd(Backend *bk, void *dg, void *du, const void *dh, const void *g, const void *u, size_t n,
+                         int exact) {
+    k_geglu_bwd(ctx_of(bk), dg, du, dh, g, u, n, exact);
 }
 static void cu_classifier_ce(Backend *bk, float *losses, void *dx, float *dW, const void *x, const void *W,
                              const int32_t *tgt, int N, int V, int C, float scale, float softcap) {

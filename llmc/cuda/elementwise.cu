@@ -82,6 +82,14 @@ struct GeluTanhAct {  // Gemma: gelu_pytorch_tanh, GPT-2's GELU (common.cuh)
         du = d * gelu_tanh(g);
     }
 };
+struct GeluErfAct {  // transformers' "gelu": g Phi(g), Phi by erf (Gemma 1 configs' hidden_act)
+    __device__ static float fwd(float g, float u) { return 0.5f * g * (1.0f + erff(g * 0.70710678f)) * u; }
+    __device__ static void bwd(float d, float g, float u, float &dg, float &du) {
+        const float p = 0.5f * (1.0f + erff(g * 0.70710678f));
+        dg = d * u * (p + g * 0.39894228f * expf(-0.5f * g * g));
+        du = d * g * p;
+    }
+};
 
 template <class A, class T, int V> struct GluFwdOp {
     T *h;
@@ -115,6 +123,8 @@ template <class T, int V> using SwigluFwdOp = GluFwdOp<SiluAct, T, V>;
 template <class T, int V> using SwigluBwdOp = GluBwdOp<SiluAct, T, V>;
 template <class T, int V> using GegluFwdOp = GluFwdOp<GeluTanhAct, T, V>;
 template <class T, int V> using GegluBwdOp = GluBwdOp<GeluTanhAct, T, V>;
+template <class T, int V> using GegluErfFwdOp = GluFwdOp<GeluErfAct, T, V>;
+template <class T, int V> using GegluErfBwdOp = GluBwdOp<GeluErfAct, T, V>;
 
 // The CPU's counter hash (kernels.inc dropout_u): element i is kept when
 // (double)(h >> 11) * 2^-53 >= p, i.e. when the 53-bit integer h >> 11 >= ceil(p * 2^53), which
@@ -200,9 +210,14 @@ void k_swiglu_fwd(CudaCtx *c, void *h, const void *gate, const void *up, size_t 
 void k_swiglu_bwd(CudaCtx *c, void *dgate, void *dup, const void *dh, const void *gate, const void *up, size_t n) {
     glu_bwd<SwigluBwdOp>(c, dgate, dup, dh, gate, up, n);
 }
-void k_geglu_fwd(CudaCtx *c, void *h, const void *gate, const void *up, size_t n) { glu_fwd<GegluFwdOp>(c, h, gate, up, n); }
-void k_geglu_bwd(CudaCtx *c, void *dgate, void *dup, const void *dh, const void *gate, const void *up, size_t n) {
-    glu_bwd<GegluBwdOp>(c, dgate, dup, dh, gate, up, n);
+void k_geglu_fwd(CudaCtx *c, void *h, const void *gate, const void *up, size_t n, int exact) {
+    if (exact) glu_fwd<GegluErfFwdOp>(c, h, gate, up, n);
+    else glu_fwd<GegluFwdOp>(c, h, gate, up, n);
+}
+void k_geglu_bwd(CudaCtx *c, void *dgate, void *dup, const void *dh, const void *gate, const void *up, size_t n,
+                 int exact) {
+    if (exact) glu_bwd<GegluErfBwdOp>(c, dgate, dup, dh, gate, up, n);
+    else glu_bwd<GegluBwdOp>(c, dgate, dup, dh, gate, up, n);
 }
 
 void k_dropout(CudaCtx *c, void *y, const void *x, size_t n, float p, uint64_t seed, size_t first) {

@@ -86,9 +86,10 @@ void k_bias_grad(CudaCtx *c, float *dbias, const void *dy, int N, int D);
 void k_swiglu_fwd(CudaCtx *c, void *h, const void *gate, const void *up, size_t n);
 void k_swiglu_bwd(CudaCtx *c, void *dgate, void *dup, const void *dh, const void *gate,
                   const void *up, size_t n);
-void k_geglu_fwd(CudaCtx *c, void *h, const void *gate, const void *up, size_t n);
+// GeGLU: GELU's tanh approximation, or with exact set the erf one.
+void k_geglu_fwd(CudaCtx *c, void *h, const void *gate, const void *up, size_t n, int exact);
 void k_geglu_bwd(CudaCtx *c, void *dgate, void *dup, const void *dh, const void *gate,
-                 const void *up, size_t n);
+                 const void *up, size_t n, int exact);
 void k_dropout(CudaCtx *c, void *y, const void *x, size_t n, float p, uint64_t seed, size_t first);
 // float <-> act conversion on the device (src and dst may not overlap).
 void k_f32_to_act(CudaCtx *c, void *dst, const float *src, size_t n);
