@@ -547,7 +547,8 @@ void hf_read_config(const char *path, ModelConfig *c) {
 static const char *const OVERRIDE_APPLIED[] = {
     "max_position_embeddings", "rope_theta", "rope_scaling", "rope_parameters", "rms_norm_eps", "initializer_range",
     "sliding_window", "bos_token_id", "eos_token_id", "pad_token_id", "attention_dropout", "partial_rotary_factor",
-    "hidden_act", "mlp_bias", "original_max_position_embeddings", "resid_pdrop", "embd_pdrop"};
+    "hidden_act", "mlp_bias", "original_max_position_embeddings", "resid_pdrop", "embd_pdrop", "hidden_activation",
+    "attn_logit_softcapping", "final_logit_softcapping", "query_pre_attn_scalar"};
 static const char *const OVERRIDE_SHAPE[] = {
     "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
     "num_key_value_heads", "head_dim", "tie_word_embeddings", "attention_bias", "model_type", "architectures"};

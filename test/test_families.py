@@ -331,7 +331,8 @@ def case_gemma_gelu(root):
     against the reference for each way configs give the activation: the hub's keys that
     disagree (hidden_activation's tanh one is used, with a note), hidden_act "gelu" alone
     (exact, as 4.57 reads it, with a note), hidden_activation "gelu" (exact, no note), and
-    Gemma 2 with both keys "gelu" (caps off: they would flatten the difference); config.json written back with both keys naming the one used.
+    Gemma 2 with both keys "gelu" (caps off: they would flatten the difference), and Axolotl's
+    model_config setting hidden_activation "gelu" over the hub's keys; config.json written back with both keys naming the one used.
     Larger MLP weights than setup()'s and a tolerance 10x under LOSS_RTOL, so that the GELUs'
     difference moves the loss well past it (checked)."""
     GELU_RTOL = 1e-6
@@ -386,6 +387,12 @@ def case_gemma_gelu(root):
                                                                     "attn_logit_softcapping")):
             errs.append(f"{name}: Gemma 2/3 keys written into a Gemma 1 config.json: {sorted(got)}")
         notes.append(f"{name} {rel(loss, ref):.1e} (other GELU {rel(contrast, ref):.1e})")
+        if name == "hub_keys":  # Axolotl's model_config sets the key before the model is built
+            tco = dict(tc, output_dir=os.path.join(work, "out_override"), model_config={"hidden_activation": "gelu"})
+            run(work, tco, "override.yaml")
+            lo = R.read_metrics(os.path.join(tco["output_dir"], "metrics.jsonl"))[0]["loss"]
+            if rel(lo, contrast) > GELU_RTOL:
+                errs.append(f"model_config hidden_activation gelu: loss {lo} vs the exact-GELU reference {contrast}")
         if name in ("hub_keys", "activation_gelu"):  # transformers 4.44.2 reads hidden_activation
             if not os.path.isfile(os.path.join(TF_DIR, "transformers", "__init__.py")):
                 errs.append(f"transformers 4.44.2 is not in {TF_DIR}: run scripts/install_deps.sh")
