@@ -102,6 +102,8 @@ static const Rule RULES[] = {
     {"gptq", R_REFUSE, NULL, "GPTQ models are not supported; use a bfloat16/float32 safetensors model (load_in_4bit: true quantizes it to NF4)"},
     {"float16", R_REFUSE, NULL, "float16 compute is not implemented; use bf16: true (dtype: bfloat16)"},
     {"qat", R_REFUSE, NULL, "quantization-aware training is not implemented"},
+    {"quantize_moe_experts", R_REFUSE, NULL, "mixture-of-experts models are not supported (the families here are dense)"},
+    {"llama4_linearized_experts", R_REFUSE, NULL, "mixture-of-experts models (Llama 4) are not supported"},
     {"quantization", R_REFUSE, NULL, "post-training quantization is not implemented (train_llama --quantize writes an NF4 copy)"},
     {"optim_args", R_REFUSE, NULL, "AdamW takes adam_beta1, adam_beta2, adam_epsilon and weight_decay"},
     {"optim_target_modules", R_REFUSE, NULL, "GaLore/APOLLO optimizers are not implemented"},
