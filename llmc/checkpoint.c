@@ -3,6 +3,7 @@
 #include <cjson/cJSON.h>
 #include <dirent.h>
 #include <errno.h>
+#include <math.h>
 #include <fcntl.h>
 #include <inttypes.h>
 #include <signal.h>
@@ -599,6 +600,88 @@ static void read_shard(Model *m, const char *path) {
     st_close(f);
 }
 
+// ---- 8-bit AdamW's state (optim.h) -------------------------------------------------------
+// One file of flat tensors in table order: the byte moments, their blocks' absmax, the small
+// tensors' float moments (each present when it has elements), and the two code maps (as
+// bitsandbytes' state keeps qmap1/qmap2), so that a resume restores the bytes exactly.
+static const char *const ADAM8_NAMES[] = {"adam8.exp_avg", "adam8.exp_avg_sq", "adam8.exp_avg.absmax",
+                                          "adam8.exp_avg_sq.absmax", "adam8.exp_avg.float", "adam8.exp_avg_sq.float",
+                                          "adam8.qmap1", "adam8.qmap2"};
+
+// The state arrays of ADAM8_NAMES' order, their element sizes and counts.
+static void adam8_arrays(const Model *m, void *arr[8], size_t esize[8], size_t count[8]) {
+    void *a[8] = {m->q_m, m->q_v, m->absmax_m, m->absmax_v, m->adam_m, m->adam_v, m->adam8_maps, m->adam8_maps + 256};
+    const size_t n[8] = {m->adam8_n, m->adam8_n, m->adam8_blocks, m->adam8_blocks, m->adam8_small, m->adam8_small, 256, 256};
+    for (int k = 0; k < 8; k++) arr[k] = a[k], esize[k] = k < 2 ? 1 : sizeof(float), count[k] = n[k];
+}
+
+// Bytes between the optimizer state (host memory under offload_optimizer) and the host.
+static void state_bytes(const Model *m, void *dst, const void *src, size_t n, int to_state) {
+    if (m->opt.offload_optimizer) memcpy(dst, src, n);
+    else if (to_state) m->bk->copy_h2d(m->bk, dst, src, n, NULL), m->bk->sync(m->bk);
+    else m->bk->copy_d2h(m->bk, dst, src, n, NULL), m->bk->sync(m->bk);
+}
+
+static int write_adam8(const Model *m, const char *path) {
+    void *arr[8];
+    size_t es[8], cnt[8];
+    adam8_arrays(m, arr, es, cnt);
+    StWriteItem items[8];
+    void *host[8] = {0};
+    int n = 0, rc = 0;
+    for (int k = 0; k < 8; k++) {
+        if (!cnt[k]) continue;
+        host[k] = xmalloc(cnt[k] * es[k]);
+        state_bytes(m, host[k], arr[k], cnt[k] * es[k], 0);
+        if (es[k] == sizeof(float))
+            for (size_t i = 0; i < cnt[k]; i++)
+                if (!isfinite(((float *)host[k])[i])) {
+                    errno = EINVAL;
+                    fprintf(stderr, "error: %s: refusing to write '%s': element %zu is %g (the optimizer state went "
+                            "non-finite)\n", path, ADAM8_NAMES[k], i, ((float *)host[k])[i]);
+                    rc = -1;
+                    goto done;
+                }
+        items[n++] = (StWriteItem){.name = ADAM8_NAMES[k], .ndim = 1, .shape = {(int64_t)cnt[k]},
+                                   .data = es[k] == 1 ? NULL : host[k], .dtype = es[k] == 1 ? "U8" : NULL,
+                                   .raw = es[k] == 1 ? host[k] : NULL, .nbytes = cnt[k] * es[k]};
+    }
+    rc = st_write(path, items, n, NULL);
+done:
+    for (int k = 0; k < 8; k++) free(host[k]);
+    return rc;
+}
+
+static void read_adam8(Model *m, const char *path) {
+    void *arr[8];
+    size_t es[8], cnt[8];
+    adam8_arrays(m, arr, es, cnt);
+    StFile *f = st_open(path);
+    for (int k = 0; k < 8; k++) {
+        const StTensor *t = st_find(f, ADAM8_NAMES[k]);
+        if (!cnt[k]) {
+            if (t) fail("%s: tensor '%s' is not part of this run's optimizer state", path, ADAM8_NAMES[k]);
+            continue;
+        }
+        if (!t || st_numel(t) != cnt[k] || strcmp(t->dtype, es[k] == 1 ? "U8" : "F32"))
+            fail("%s: tensor '%s' missing or not %s [%zu] (8-bit AdamW state of this model)", path, ADAM8_NAMES[k],
+                 es[k] == 1 ? "U8" : "F32", cnt[k]);
+        void *buf = xmalloc(cnt[k] * es[k]);
+        memcpy(buf, t->data, cnt[k] * es[k]);  // the mapping is not necessarily aligned
+        if (k >= 6) {  // the code maps: this build's, or the bytes would decode differently
+            float have[256];
+            state_bytes(m, have, arr[k], sizeof have, 0);
+            if (memcmp(have, buf, sizeof have))
+                fail("%s: tensor '%s' differs from this program's 8-bit code map: the moments would decode "
+                     "differently", path, ADAM8_NAMES[k]);
+        } else {
+            state_bytes(m, arr[k], buf, cnt[k] * es[k], 1);
+        }
+        free(buf);
+    }
+    st_close(f);
+}
+
 // Rank 0 writes the weights and loop state, every rank its optimizer shard (or rank 0 all of
 // it), into one temporary directory that rank 0 renames when everyone is done.
 void checkpoint_save(Model *m, const LoopState *ls, const char *output_dir) {
@@ -635,7 +718,7 @@ void checkpoint_save(Model *m, const LoopState *ls, const char *output_dir) {
     } else if (rc == 0 && rank == 0) {
         const int moments[] = {SEL_EXP_AVG, SEL_EXP_AVG_SQ};
         join_path(path, sizeof path, tmp_dir, "optimizer.safetensors");
-        rc = write_tensors(m, path, moments, 2, 0, NULL);
+        rc = m->opt.adam8 ? write_adam8(m, path) : write_tensors(m, path, moments, 2, 0, NULL);
     }
     if (rc != 0) fail("%s: writing checkpoint failed: %s (earlier checkpoints are intact)", final, strerror(errno));
     model_gather_done(m);
@@ -800,6 +883,8 @@ void run_identity(RunIdentity *id, const Config *cfg, const Model *m) {
     id_num(id, "adam_beta1", cfg->adam_beta1);
     id_num(id, "adam_beta2", cfg->adam_beta2);
     id_num(id, "adam_epsilon", cfg->adam_epsilon);
+    // the moments' form: a checkpoint's optimizer file holds one or the other
+    id_add(id, "optimizer_states", "%s", m->opt.adam8 ? "8-bit (bitsandbytes blockwise)" : "float32");
 }
 
 // The first key of this run that the checkpoint recorded differently stops the resume. The base
@@ -863,6 +948,10 @@ void checkpoint_load(Model *m, LoopState *ls, const char *dir) {
         return;
     }
     join_path(path, sizeof path, dir, "optimizer.safetensors");
+    if (m->opt.adam8) {
+        read_adam8(m, path);
+        return;
+    }
     StFile *f = st_open(path);
     load_params(m, path, find_in_file, f, SEL_EXP_AVG);
     load_params(m, path, find_in_file, f, SEL_EXP_AVG_SQ);

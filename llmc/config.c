@@ -3,6 +3,7 @@
 #include "config_rules.h"
 #include "deepspeed.h"
 #include "freeze.h"
+#include "optim.h"
 #include <dirent.h>
 #include <errno.h>
 #include <math.h>
@@ -445,7 +446,12 @@ static int set_key(Config *cfg, const char *key, const char *value, const char *
     if (strncmp(key, "model.", 6) == 0) cfg->has_model_block = 1;
     if (k->off == offsetof(Config, optimizer) && strcmp(origin, "default")) {
         int bits = strstr(value, "8bit") ? 8 : strstr(value, "4bit") ? 4 : 0;
-        if (bits)
+        if (optimizer_is_adam8(value)) {
+            printf("note: optimizer %s runs as bitsandbytes' blockwise 8-bit AdamW (one byte per moment for tensors "
+                   "of at least 4096 elements, float moments for smaller ones)%s\n", value,
+                   strstr(value, "paged") ? "; paged (unified-memory) states are not implemented: the moments stay in "
+                                            "device memory (offload_optimizer: true moves them to host memory)" : "");
+        } else if (bits)
             printf("note: optimizer %s runs as AdamW with float32 moments: %d-bit optimizer states are "
                    "not implemented (8 bytes per trainable parameter instead of about %d; "
                    "offload_optimizer: true moves them to host memory)\n", value, bits, bits / 4);

@@ -15,6 +15,7 @@
 #include "comm.h"
 #include "seqpar.h"
 #include "weights.h"
+#include "optim.h"
 #include "util.h"
 
 void model_config_defaults(ModelConfig *c) {
@@ -685,21 +686,42 @@ void model_create(Model *m, Backend *bk, const ModelConfig *cfg, const LoraConfi
     else
         m->grads = dev_alloc_zero(bk, (m->grads_n ? m->grads_n : 1) * sizeof(float),
                                   m->lisa_slot_of ? "gradients (the drawn layers')" : "gradients");
+    // 8-bit AdamW: byte moments and their blocks' absmax for the large tensors, float moments
+    // (ng of them) for the small ones; else float moments for all g.
+    size_t ng = g;
+    if (m->opt.adam8) {
+        adam8_layout(m);
+        ng = m->adam8_small;
+        float maps[512];
+        adam8_maps(maps);
+        const int host = m->opt.offload_optimizer;
+        void *(*alloc)(Backend *, size_t, const char *) = host ? host_alloc_zero : dev_alloc_zero;
+        m->q_m = alloc(bk, m->adam8_n ? m->adam8_n : 1, host ? "8-bit AdamW first moments (host)" : "8-bit AdamW first moments");
+        m->q_v = alloc(bk, m->adam8_n ? m->adam8_n : 1, host ? "8-bit AdamW second moments (host)" : "8-bit AdamW second moments");
+        const size_t nb = (m->adam8_blocks ? m->adam8_blocks : 1) * sizeof(float);
+        m->absmax_m = alloc(bk, nb, host ? "8-bit AdamW block scales (host)" : "8-bit AdamW block scales");
+        m->absmax_v = alloc(bk, nb, host ? "8-bit AdamW block scales (host)" : "8-bit AdamW block scales");
+        m->adam8_maps = alloc(bk, sizeof maps, "8-bit AdamW code maps");
+        if (!bk->dry_run) {
+            if (host) memcpy(m->adam8_maps, maps, sizeof maps);
+            else bk->copy_h2d(bk, m->adam8_maps, maps, sizeof maps, NULL), bk->sync(bk);
+        }
+    }
     if (m->opt.offload_optimizer) {
         // ZeRO-Offload: the optimizer's fp32 state lives on the host and the update runs there.
-        m->adam_m = bk->host_alloc(bk, g * sizeof(float), "AdamW first moments (host)");
-        m->adam_v = bk->host_alloc(bk, g * sizeof(float), "AdamW second moments (host)");
+        m->adam_m = bk->host_alloc(bk, (ng ? ng : 1) * sizeof(float), "AdamW first moments (host)");
+        m->adam_v = bk->host_alloc(bk, (ng ? ng : 1) * sizeof(float), "AdamW second moments (host)");
         m->master = bk->host_alloc(bk, g * sizeof(float), "fp32 master weights (host)");
         // offload_params: the gradients are in host memory already
         m->host_grads = m->opt.offload_params ? m->grads
                                                : bk->host_alloc(bk, model_grads_used(m) * sizeof(float), "gradients (host)");
         if (!bk->dry_run) {  // the planner's counting backend hands out fake addresses
-            memset(m->adam_m, 0, g * sizeof(float));
-            memset(m->adam_v, 0, g * sizeof(float));
+            memset(m->adam_m, 0, (ng ? ng : 1) * sizeof(float));
+            memset(m->adam_v, 0, (ng ? ng : 1) * sizeof(float));
         }
     } else {
-        m->adam_m = dev_alloc_zero(bk, g * sizeof(float), "AdamW first moments");
-        m->adam_v = dev_alloc_zero(bk, g * sizeof(float), "AdamW second moments");
+        m->adam_m = dev_alloc_zero(bk, (ng ? ng : 1) * sizeof(float), "AdamW first moments");
+        m->adam_v = dev_alloc_zero(bk, (ng ? ng : 1) * sizeof(float), "AdamW second moments");
         if (bk->act_bytes != sizeof(float))
             m->master = bk->dev_alloc(bk, g * sizeof(float), "fp32 master weights");
     }
@@ -960,6 +982,12 @@ void model_free(Model *m) {
     bk->dev_free(bk, m->z3_nl_grad);
     free(m->owned);
     free(m->lisa_slot_of);
+    void (*state_free)(Backend *, void *) = m->opt.offload_optimizer ? bk->host_free : bk->dev_free;
+    if (m->opt.adam8) {
+        state_free(bk, m->q_m), state_free(bk, m->q_v), state_free(bk, m->absmax_m), state_free(bk, m->absmax_v);
+        state_free(bk, m->adam8_maps);
+        free(m->adam8);
+    }
     if (m->opt.offload_optimizer) {
         bk->host_free(bk, m->adam_m);
         bk->host_free(bk, m->adam_v);

@@ -276,7 +276,14 @@ typedef struct {
                              // sequence (model_alloc_acts takes that local T); 0 or 1: off
     int lisa_layers;         // LISA's lisa_n_layers (lisa.h): under zero_stage 0 only that many
                              // layers' gradients exist at a time; 0: off
+    int adam8;               // bitsandbytes' 8-bit AdamW (optim.h): byte moments for tensors of
+                             // at least ADAM8_MIN elements
 } ModelOptions;
+
+// Under ModelOptions.adam8, where trainable tensor i's AdamW state lives (Model.adam8[i]):
+// 8-bit moments at byte q of q_m/q_v with absmax from block blk on, or (tensors under
+// ADAM8_MIN elements, as bitsandbytes keeps them) float moments at f of adam_m/adam_v.
+typedef struct { int on; size_t q, blk, f; } Adam8Slot;
 
 typedef struct {
     Backend *bk;
@@ -295,6 +302,13 @@ typedef struct {
                                   // tiles and chunks must not round to bf16); host memory under
                                   // offload_params
     float *master, *adam_m, *adam_v;  // fp32; master NULL when act precision is fp32 (and no offload)
+    // ModelOptions.adam8: the byte moments (adam8_n), their blocks' absmax (adam8_blocks), the
+    // two code maps (optim.h; 512 floats) where the update runs, each trainable tensor's slot;
+    // adam_m/adam_v then hold only the small tensors' float moments (adam8_small).
+    uint8_t *q_m, *q_v;
+    float *absmax_m, *absmax_v, *adam8_maps;
+    Adam8Slot *adam8;
+    size_t adam8_n, adam8_blocks, adam8_small;
     float *host_grads;            // offload_optimizer: gradients copied for the CPU update
     // The trainable indices whose optimizer state this rank keeps: each range [g0, g1) maps to
     // local index `local` onward (all of them; one shard under ZeRO-1; a piece of every unit

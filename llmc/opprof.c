@@ -14,7 +14,7 @@
     X(rmsnorm_fwd) X(rmsnorm_bwd) X(layernorm_fwd) X(layernorm_bwd) X(swiglu_fwd) X(swiglu_bwd)        \
     X(geglu_fwd) X(geglu_bwd) X(gelu_fwd) X(gelu_bwd) X(rope_fwd) X(rope_bwd) X(embedding_fwd)         \
     X(embedding_bwd) X(pos_fwd) X(pos_bwd) X(add_bias) X(bias_grad) X(add) X(accumulate) X(accumulate_f32) X(dropout) X(scale)    \
-    X(sumsq_many) X(sum_f32) X(adamw) X(dequantize) X(memzero) X(copy_h2d) X(copy_d2h) X(copy_d2d)      \
+    X(sumsq_many) X(sum_f32) X(adamw) X(adamw8) X(dequantize) X(memzero) X(copy_h2d) X(copy_d2h) X(copy_d2d)      \
     X(copy_2d) X(upload_act) X(download_act)
 
 enum {
@@ -146,6 +146,10 @@ TIMED(adamw, 0,
       (Backend *bk, void *p, float *master, const float *g, float *m, float *v, size_t n, float lr, float b1, float b2,
        float eps, float wd, float gs, int t),
       (bk, p, master, g, m, v, n, lr, b1, b2, eps, wd, gs, t))
+TIMED(adamw8, 0,
+      (Backend *bk, void *p, float *master, const float *g, uint8_t *qm, uint8_t *qv, float *am, float *av,
+       const float *maps, size_t n, float lr, float b1, float b2, float eps, float wd, float gs, int t),
+      (bk, p, master, g, qm, qv, am, av, maps, n, lr, b1, b2, eps, wd, gs, t))
 TIMED(dequantize, 0, (Backend *bk, void *out, const void *region, size_t n, int format), (bk, out, region, n, format))
 TIMED(memzero, 0, (Backend *bk, void *dst, size_t bytes, Queue *q), (bk, dst, bytes, q))
 TIMED(copy_h2d, 0, (Backend *bk, void *dst, const void *src, size_t bytes, Queue *q), (bk, dst, src, bytes, q))

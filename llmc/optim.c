@@ -3,6 +3,7 @@
 // tensor to the part inside this rank's range.
 #include "optim.h"
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 #include "comm.h"
 #include "cpu/kernels.h"
@@ -105,6 +106,34 @@ double grad_norm(Model *m) {
     return sqrt(ss);
 }
 
+// One tensor's update under 8-bit AdamW: its byte moments through adamw8, or (a small tensor)
+// its float moments through adamw; on the host with offload_optimizer, as the float path.
+static void adam8_update(Model *m, int i, size_t a, size_t loc, const float *g, const OptimConfig *oc, float lr,
+                         float wd, float clip, int t) {
+    Backend *bk = m->bk;
+    const ParamSpec *p = &m->tab.specs[i];
+    const Adam8Slot *s = &m->adam8[i];
+    const size_t n = p->numel;
+    const float b1 = (float)oc->beta1, b2 = (float)oc->beta2, eps = (float)oc->eps;
+    if (m->opt.offload_optimizer) {
+        float *w = m->master + loc;
+        const float *hg = m->host_grads + (g - m->grads);
+        if (s->on)
+            adamw8_f32(w, hg, m->q_m + s->q, m->q_v + s->q, m->absmax_m + s->blk, m->absmax_v + s->blk, m->adam8_maps,
+                       n, lr, b1, b2, eps, wd, clip, t);
+        else
+            adamw_f32(w, hg, m->adam_m + s->f, m->adam_v + s->f, n, lr, b1, b2, eps, wd, clip, t);
+        if (m->opt.offload_params) bk->host_from_f32(bk, param_at(m, a, loc), w, n);
+        else bk->upload_act(bk, param_at(m, a, loc), w, n);
+    } else if (s->on) {
+        bk->adamw8(bk, param_at(m, a, loc), m->master ? m->master + loc : NULL, g, m->q_m + s->q, m->q_v + s->q,
+                   m->absmax_m + s->blk, m->absmax_v + s->blk, m->adam8_maps, n, lr, b1, b2, eps, wd, clip, t);
+    } else {
+        bk->adamw(bk, param_at(m, a, loc), m->master ? m->master + loc : NULL, g, m->adam_m + s->f, m->adam_v + s->f,
+                  n, lr, b1, b2, eps, wd, clip, t);
+    }
+}
+
 float optim_step(Model *m, const OptimConfig *oc, double lr, double norm, int step) {
     Backend *bk = m->bk;
     // torch.nn.utils.clip_grad_norm_: coefficient max / (norm + 1e-6), only when below 1.
@@ -131,6 +160,10 @@ float optim_step(Model *m, const OptimConfig *oc, double lr, double norm, int st
         }
         float wd = p->decay ? (float)oc->weight_decay : 0.0f;
         float *g = model_grad_at(m, p, loc);
+        if (m->opt.adam8) {
+            adam8_update(m, i, a, loc, g, oc, (float)lr, wd, clip, t);
+            continue;
+        }
         if (m->opt.offload_optimizer) {
             // ZeRO-Offload: the update runs on the host's threads on the fp32 master.
             adamw_f32(m->master + loc, m->host_grads + (g - m->grads), m->adam_m + loc, m->adam_v + loc, b - a,
@@ -152,3 +185,73 @@ float optim_step(Model *m, const OptimConfig *oc, double lr, double norm, int st
                                 act_at(bk, m->params, (size_t)m->opt.comm->rank * m->tab.shard), m->tab.shard);
     return clip;
 }
+
+// ---- 8-bit AdamW --------------------------------------------------------------------------
+
+int optimizer_is_adam8(const char *name) {
+    return !strcmp(name, "adamw_bnb_8bit") || !strcmp(name, "adamw_8bit") || !strcmp(name, "paged_adamw_8bit");
+}
+
+// torch.linspace(start, end, steps)[i] in float32: computed in double from the float start and
+// rounded once. torch's CPU kernel (float steps, FMA and vector chunks as its build and CPU
+// give) lands within one unit in the last place of these, so bitsandbytes' maps differ between
+// machines in the last bit of a few codes; test_adamw8.py compares against torch's.
+static float linspace_at(float start, float end, int steps, int i) {
+    return (float)((double)start + ((double)end - (double)start) * i / (steps - 1));
+}
+
+static int cmp_float(const void *a, const void *b) {
+    const float x = *(const float *)a, y = *(const float *)b;
+    return x < y ? -1 : x > y;
+}
+
+// create_dynamic_map(signed, max_exponent_bits 7, total_bits 8): for exponent i = 0..6, the
+// midpoints of linspace(0.1, 1, 2^i + 1 (signed) or 2^(i+1) + 1 points) times 10^(i - 6), with
+// their negatives when signed; then 0 and 1; sorted. Each product is float32 (torch multiplies
+// the float32 midpoints by the Python float).
+static void dynamic_map(float *out, int is_signed) {
+    int n = 0;
+    for (int i = 0; i < 7; i++) {
+        const int items = is_signed ? (1 << i) + 1 : (1 << (i + 1)) + 1;
+        const float scale = (float)pow(10.0, i - 6);
+        for (int k = 0; k + 1 < items; k++) {
+            const float mean = (linspace_at(0.1f, 1.0f, items, k) + linspace_at(0.1f, 1.0f, items, k + 1)) / 2.0f;
+            out[n++] = scale * mean;
+            if (is_signed) out[n++] = -scale * mean;
+        }
+    }
+    out[n++] = 0.0f;
+    out[n++] = 1.0f;
+    if (n != 256) fail("internal: the dynamic map has %d entries", n);
+    qsort(out, 256, sizeof(float), cmp_float);
+}
+
+void adam8_maps(float *map) {
+    dynamic_map(map, 1);
+    dynamic_map(map + 256, 0);
+}
+
+void adam8_layout(Model *m) {
+    const int nspec = (int)arrlen(m->tab.specs);
+    m->adam8 = xcalloc((size_t)(nspec ? nspec : 1), sizeof *m->adam8);
+    m->adam8_n = m->adam8_blocks = m->adam8_small = 0;
+    for (int i = 0; i < nspec; i++) {
+        const ParamSpec *p = &m->tab.specs[i];
+        size_t a, b, loc;
+        if (!model_owned_part(m, p, &a, &b, &loc)) continue;
+        if (a != p->goff || b != p->goff + p->numel)
+            fail("optimizer adamw_bnb_8bit: %s is split between ranks (ZeRO over %d ranks); 8-bit AdamW needs each "
+                 "tensor on one rank (its blocks' absmax): use one rank, or a 32-bit optimizer with ZeRO",
+                 p->name, m->opt.comm ? m->opt.comm->world : 1);
+        Adam8Slot *s = &m->adam8[i];
+        if (p->numel >= ADAM8_MIN) {
+            s->on = 1, s->q = m->adam8_n, s->blk = m->adam8_blocks;
+            m->adam8_n += p->numel;
+            m->adam8_blocks += (p->numel + ADAM8_BLOCK - 1) / ADAM8_BLOCK;
+        } else {
+            s->f = m->adam8_small;
+            m->adam8_small += p->numel;
+        }
+    }
+}
+

@@ -1,6 +1,7 @@
 // optim.h: learning-rate schedules, global-norm clipping and AdamW over the parameter table.
 #pragma once
 #include "model.h"
+#include "cpu/kernels.h"
 
 typedef struct {
     double lr, beta1, beta2, eps, weight_decay, max_grad_norm;
@@ -27,3 +28,21 @@ double lr_at(const OptimConfig *oc, int s);
 double grad_norm(Model *m);
 // One AdamW update of every trainable tensor; step is 1-based. Returns the clip coefficient.
 float optim_step(Model *m, const OptimConfig *oc, double lr, double norm, int step);
+
+// bitsandbytes' 8-bit AdamW (bnb.optim.AdamW8bit, what Axolotl's adamw_bnb_8bit, adamw_8bit
+// and paged_adamw_8bit build; blockwise, as bitsandbytes >= 0.44 always is): a tensor of at
+// least ADAM8_MIN elements (its min_8bit_size) keeps each moment as one byte per element, an
+// index into a 256-entry code map (create_dynamic_map: signed for the first moment, unsigned
+// for the second) scaled by its block's absmax, blocks of ADAM8_BLOCK elements from the
+// tensor's start; smaller tensors keep float moments and the ordinary AdamW. About 2.03 bytes
+// of state per parameter instead of 8.
+#define ADAM8_MIN 4096  // and ADAM8_BLOCK (backend.h): 256
+// 1 for the optimizer names that mean bitsandbytes' 8-bit AdamW.
+int optimizer_is_adam8(const char *name);
+// map[0..255]: the signed map (first moment), map[256..511]: the unsigned one, ascending, the
+// float values bitsandbytes' create_dynamic_map(signed) computes with torch.
+void adam8_maps(float *map);
+// Model.adam8 and the sizes for a model whose owned parts are laid out (model_create); fails
+// when a tensor is split between ranks (ZeRO over several ranks cuts tensors, and a block's
+// absmax needs all of it).
+void adam8_layout(Model *m);

@@ -130,7 +130,8 @@ static void print_box(const Config *cfg, const Model *m, const Backend *bk, size
              cfg->sequence_len, cfg->gradient_accumulation_steps);
     printf("| tokens/step  %-50s |\n", tok);
     char opt[128];
-    snprintf(opt, sizeof opt, "AdamW lr %.3g %s warmup %d wd %g clip %g", cfg->learning_rate,
+    snprintf(opt, sizeof opt, "%s lr %.3g %s warmup %d wd %g clip %g", m->opt.adam8 ? "AdamW 8-bit" : "AdamW",
+             cfg->learning_rate,
              cfg->lr_scheduler, cfg->warmup_steps, cfg->weight_decay, cfg->max_grad_norm);
     printf("| optimizer    %-50s |\n", opt);
     if (cfg->lisa_n_layers) {
@@ -152,7 +153,11 @@ static void print_box(const Config *cfg, const Model *m, const Backend *bk, size
     printf("| device       %-50s |\n", dev);
     size_t pbytes = m->tab.num_params * bk->act_bytes, gbytes = (m->lisa_slot_of ? m->grads_n : m->tab.num_trainable) * sizeof(float);  // float grads
     format_bytes(a, sizeof a, (double)(pbytes + gbytes));
-    format_bytes(b, sizeof b, (double)m->tab.num_trainable * sizeof(float) * (m->master ? 3 : 2));
+    // AdamW's state: two float moments a parameter (8-bit: bytes, block scales and the small
+    // tensors' floats), and the fp32 master when there is one
+    const double moments = m->opt.adam8 ? 2.0 * m->adam8_n + 8.0 * (m->adam8_blocks + m->adam8_small) + 2048
+                                         : 8.0 * m->tab.num_trainable;
+    format_bytes(b, sizeof b, moments + (m->master ? 4.0 * m->tab.num_trainable : 0));
     format_bytes(d, sizeof d, (double)acts_bytes);
     char mem[192];
     snprintf(mem, sizeof mem, "params+grads %s, optimizer %s, activations %s", a, b, d);
@@ -492,7 +497,7 @@ int train_main(int argc, char **argv, int arch) {
                        .offload_optimizer = cfg.offload_optimizer, .offload_params = cfg.offload_params,
                        .load_in_4bit = cfg.load_in_4bit, .load_in_8bit = cfg.load_in_8bit,
                        .unfrozen = cfg.unfrozen_parameters, .seq_parallel = spn,
-                       .lisa_layers = cfg.lisa_n_layers};
+                       .lisa_layers = cfg.lisa_n_layers, .adam8 = optimizer_is_adam8(cfg.optimizer)};
     PlanRow rows[32];
     int nrows = 0;
     char fitting[1024] = "";

@@ -734,6 +734,103 @@ def grad_norm_clip(params, max_norm):
     return float(torch.sqrt(sum((p.grad.double() ** 2).sum() for p in params if p.grad is not None)))
 
 
+# --------------------------------------------------------------------------------------------
+# bitsandbytes' 8-bit AdamW (bnb.optim.AdamW8bit: Axolotl's adamw_bnb_8bit, adamw_8bit,
+# paged_adamw_8bit), written from its algorithm (optimizer.py's init_state, functional.py's
+# create_dynamic_map, the pure-PyTorch 8-bit blockwise update): tensors of at least 4096
+# elements keep each moment as a uint8 index into a 256-entry map (signed for the first moment,
+# unsigned for the second) times one float absmax per block of 256 elements; smaller tensors
+# keep float32 moments. The update runs in float32.
+
+ADAM8_NAMES = ("adamw_bnb_8bit", "adamw_8bit", "paged_adamw_8bit")
+
+
+def dynamic_map(signed):
+    """The 256 ascending float32 codes: for exponent i = 0..6 the midpoints of linspace(0.1, 1)
+    with 2^i + 1 points (unsigned: 2^(i+1) + 1) times 10^(i - 6), and their negatives when
+    signed; then 0 and 1."""
+    vals = []
+    for i in range(7):
+        n = (2 ** i if signed else 2 ** (i + 1)) + 1
+        b = torch.linspace(0.1, 1, n, dtype=torch.float32)
+        mid = (b[:-1] + b[1:]) / 2.0
+        vals += ((10 ** (i - 6)) * mid).tolist()
+        if signed:
+            vals += (-(10 ** (i - 6)) * mid).tolist()
+    vals += [0.0, 1.0]
+    assert len(vals) == 256
+    return torch.tensor(sorted(vals), dtype=torch.float32)
+
+
+def _blocks(x):
+    n = x.numel()
+    nb = (n + 255) // 256
+    return F.pad(x.reshape(-1), (0, nb * 256 - n)).reshape(nb, 256), n
+
+
+def quantize8(x, code):
+    """(uint8 indices of the nearest codes to x / its block's absmax, absmax per block)."""
+    xb, n = _blocks(x.float())
+    absmax = xb.abs().max(dim=1, keepdim=True)[0]
+    absmax[absmax == 0] = 1.0
+    idx = torch.argmin((xb / absmax).unsqueeze(2).sub(code).abs(), dim=2).to(torch.uint8)
+    return idx.reshape(-1)[:n].reshape(x.shape), absmax.reshape(-1)
+
+
+def dequantize8(q, absmax, code):
+    qb, n = _blocks(code[q.long()])
+    return (qb * absmax.unsqueeze(1)).reshape(-1)[:n].reshape(q.shape)
+
+
+class AdamW8bit(torch.optim.Optimizer):
+    """The reference's bitsandbytes 8-bit AdamW (see above); params of any float dtype are
+    updated through a float32 copy, as bitsandbytes' update does."""
+
+    def __init__(self, params, lr, betas, eps, weight_decay=0.0, codes=None):
+        super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))
+        # codes: (signed, unsigned) maps to use instead of torch's (whose last bits vary by CPU)
+        self.code1, self.code2 = codes if codes is not None else (dynamic_map(True), dynamic_map(False))
+
+    @torch.no_grad()
+    def step(self):
+        for g in self.param_groups:
+            b1, b2 = g["betas"]
+            lr, eps, wd = g["lr"], g["eps"], g["weight_decay"]
+            for p in g["params"]:
+                if p.grad is None:
+                    continue
+                st = self.state[p]
+                small = p.numel() < 4096
+                if not st:
+                    st["step"] = 0
+                    if small:
+                        st["m"] = torch.zeros(p.shape, dtype=torch.float32)
+                        st["v"] = torch.zeros(p.shape, dtype=torch.float32)
+                    else:
+                        nb = (p.numel() + 255) // 256
+                        st["q1"] = torch.zeros(p.shape, dtype=torch.uint8)
+                        st["q2"] = torch.zeros(p.shape, dtype=torch.uint8)
+                        st["a1"] = torch.zeros(nb, dtype=torch.float32)
+                        st["a2"] = torch.zeros(nb, dtype=torch.float32)
+                st["step"] += 1
+                t = st["step"]
+                grad = p.grad.float()
+                w = p.detach().float()
+                m = st["m"] if small else dequantize8(st["q1"], st["a1"], self.code1)
+                v = st["v"] if small else dequantize8(st["q2"], st["a2"], self.code2)
+                m.mul_(b1).add_(grad, alpha=1.0 - b1)
+                v.mul_(b2).addcmul_(grad, grad, value=1.0 - b2)
+                bc1, bc2 = 1.0 - b1 ** t, 1.0 - b2 ** t
+                denom = (v.sqrt() / math.sqrt(bc2)).add_(eps)
+                if wd > 0.0:
+                    w.mul_(1.0 - lr * wd)
+                w.addcdiv_(m, denom, value=-lr / bc1)
+                p.copy_(w.to(p.dtype))
+                if not small:
+                    st["q1"], st["a1"] = quantize8(m, self.code1)
+                    st["q2"], st["a2"] = quantize8(v, self.code2)
+
+
 class RefLlama(torch.nn.Module):
     """lora: a lora_spec dict; then the base is frozen (requires_grad False) and the adapted
     projections add scale * B(A(x))."""
@@ -1044,11 +1141,14 @@ class RefTrainer:
         nodecay = [p for n, p in named if not is_decay_param(n)]
         self.all_params = [p for _, p in named]
         self.base_lr = float(tc["learning_rate"])
-        self.opt = torch.optim.AdamW(
-            [{"params": decay, "weight_decay": float(tc["weight_decay"])},
-             {"params": nodecay, "weight_decay": 0.0}],
-            lr=self.base_lr, betas=(float(tc["adam_beta1"]), float(tc["adam_beta2"])),
-            eps=float(tc["adam_epsilon"]))
+        groups = [{"params": decay, "weight_decay": float(tc["weight_decay"])},
+                  {"params": nodecay, "weight_decay": 0.0}]
+        hyper = dict(lr=self.base_lr, betas=(float(tc["adam_beta1"]), float(tc["adam_beta2"])),
+                     eps=float(tc["adam_epsilon"]))
+        if tc.get("optimizer") in ADAM8_NAMES:  # tc["_adam8_codes"]: AdamW8bit's codes
+            self.opt = AdamW8bit(groups, codes=tc.get("_adam8_codes"), **hyper)
+        else:
+            self.opt = torch.optim.AdamW(groups, **hyper)
         self.s = 0  # 0-based index of the next optimizer step
         # LISA (Axolotl's callback): before a drawing step every decoder layer is frozen and the
         # drawn ones unfrozen; a frozen tensor has no gradient (zero_grad sets them to None), so

@@ -23,6 +23,7 @@
 #include <omp.h>
 #include "cpu/kernels.h"
 #include "model.h"
+#include "optim.h"
 #include "util.h"
 
 static int n_pass, n_fail;
@@ -1247,6 +1248,92 @@ static void test_adamw(float lr, float wd, float gscale, int t) {
     free(p), free(g), free(p0), free(m), free(v), free(rm), free(rv), free(rp);
 }
 
+// ---- 8-bit AdamW (optim.h) ------------------------------------------------------------------
+// adamw8_f32 against the algorithm written plainly: the same float operations in the same order,
+// the nearest code by a scan of all 256 (argmin, the first on a tie), so the two agree bit for
+// bit: the kernel's table-started search finds the same codes.
+static uint8_t argmin_code(const float *map, float x) {
+    int best = 0;
+    for (int i = 1; i < 256; i++)
+        if (fabsf(x - map[i]) < fabsf(x - map[best])) best = i;
+    return (uint8_t)best;
+}
+
+static void naive_adamw8(float *p, const float *g, uint8_t *qm, uint8_t *qv, float *am, float *av, const float *map,
+                         size_t n, float lr, float b1, float b2, float eps, float wd, float gs, int t) {
+    const double bc1 = 1.0 - pow(b1, t), bc2 = 1.0 - pow(b2, t);
+    const float value = (float)(-(double)lr / bc1), bc2s = (float)sqrt(bc2), decay = (float)(1.0 - (double)lr * wd);
+    for (size_t b = 0; b * ADAM8_BLOCK < n; b++) {
+        const size_t i0 = b * ADAM8_BLOCK, k = n - i0 < ADAM8_BLOCK ? n - i0 : ADAM8_BLOCK;
+        float ms[ADAM8_BLOCK], vs[ADAM8_BLOCK], mm = 0, mv = 0;
+        for (size_t j = 0; j < k; j++) {
+            const size_t i = i0 + j;
+            const float gr = g[i] * gs;
+            float mi = map[qm[i]] * am[b], vi = map[256 + qv[i]] * av[b];
+            mi = mi * b1 + (float)(1.0 - b1) * gr;
+            vi = vi * b2 + (float)(1.0 - b2) * gr * gr;
+            float w = p[i];
+            if (wd > 0) w *= decay;
+            p[i] = w + value * (mi / (sqrtf(vi) / bc2s + eps));
+            ms[j] = mi, vs[j] = vi;
+            if (fabsf(mi) > mm) mm = fabsf(mi);
+            if (fabsf(vi) > mv) mv = fabsf(vi);
+        }
+        am[b] = mm == 0 ? 1.0f : mm, av[b] = mv == 0 ? 1.0f : mv;
+        for (size_t j = 0; j < k; j++)
+            qm[i0 + j] = argmin_code(map, ms[j] / am[b]), qv[i0 + j] = argmin_code(map + 256, vs[j] / av[b]);
+    }
+}
+
+static void test_adamw8(void) {
+    float map[512];
+    adam8_maps(map);
+    Cmp e = {0};
+    int ascending = 1;
+    for (int i = 1; i < 256; i++) ascending &= map[i - 1] < map[i] && map[256 + i - 1] < map[256 + i];
+    cmp_rel(&e, "signed map: last", 0, map[255], 1.0);
+    cmp_rel(&e, "unsigned map: first", 0, map[256], 0.0);
+    cmp_rel(&e, "unsigned map: last", 0, map[511], 1.0);
+    cmp_rel(&e, "ascending", 0, ascending, 1.0);
+    report(&e, 0, "adam8 maps: 256 ascending codes each, signed up to 1, unsigned from 0 to 1");
+    // Every code, the midpoints between neighbours and points around them: the kernel's search
+    // (through adamw8's tables, run by one step on a tensor of those values) is argmin's.
+    const size_t n = 1000;  // three whole blocks and a partial one; block 1 gets no gradient
+    float *p = xmalloc(n * sizeof(float)), *q = xmalloc(n * sizeof(float)), *g = xmalloc(n * sizeof(float));
+    uint8_t *qm = xcalloc(n, 1), *qv = xcalloc(n, 1), *rqm = xcalloc(n, 1), *rqv = xcalloc(n, 1);
+    float *am = xcalloc(4, sizeof(float)), *av = xcalloc(4, sizeof(float)), *ram = xcalloc(4, sizeof(float)),
+          *rav = xcalloc(4, sizeof(float));
+    for (size_t i = 0; i < n; i++) p[i] = q[i] = (float)rng_normal(&rng);
+    e = (Cmp){0};
+    for (int t = 1; t <= 4; t++) {
+        for (size_t i = 0; i < n; i++) {  // magnitudes over six decades, so small states meet the map's fine end
+            const double mag = pow(10.0, -6.0 * (double)(rng_next(&rng) >> 11) / 9007199254740992.0);
+            g[i] = i / ADAM8_BLOCK == 1 ? 0.0f : (float)(mag * rng_normal(&rng));
+        }
+        adamw8_f32(p, g, qm, qv, am, av, map, n, 1e-2f, 0.9f, 0.999f, 1e-8f, t == 3 ? 0.0f : 0.1f, 0.7f, t);
+        naive_adamw8(q, g, rqm, rqv, ram, rav, map, n, 1e-2f, 0.9f, 0.999f, 1e-8f, t == 3 ? 0.0f : 0.1f, 0.7f, t);
+        for (size_t i = 0; i < n; i++) {
+            cmp_rel(&e, "p", i, p[i], q[i]);
+            cmp_rel(&e, "q_m", i, qm[i], rqm[i]);
+            cmp_rel(&e, "q_v", i, qv[i], rqv[i]);
+        }
+        for (int b = 0; b < 4; b++) cmp_rel(&e, "absmax_m", b, am[b], ram[b]), cmp_rel(&e, "absmax_v", b, av[b], rav[b]);
+    }
+    report(&e, 0, "adamw8 (4 steps, a block without gradient, wd on and off) vs the plain algorithm, bit for bit");
+    // the search alone, on every code, the midpoints and their neighbouring floats
+    e = (Cmp){0};
+    for (int half = 0; half < 2; half++)
+        for (int i = 0; i < 256; i++) {
+            const float *mp = map + 256 * half;
+            float xs[4] = {mp[i], i < 255 ? (mp[i] + mp[i + 1]) / 2 : 1.5f, 0, 0};
+            xs[2] = nextafterf(xs[1], -INFINITY), xs[3] = nextafterf(xs[1], INFINITY);
+            for (int k = 0; k < 4; k++)
+                cmp_rel(&e, half ? "unsigned" : "signed", i * 4 + k, adam8_code_f32(mp, xs[k]), argmin_code(mp, xs[k]));
+        }
+    report(&e, 0, "adam8 nearest code: every code, midpoint and the floats beside each midpoint, as argmin");
+    free(p), free(q), free(g), free(qm), free(qv), free(rqm), free(rqv), free(am), free(av), free(ram), free(rav);
+}
+
 // ---- float kernels against double --------------------------------------------------------
 
 static void test_f32_attention(int window, int T, int D) {
@@ -1715,6 +1802,7 @@ int main(void) {
     test_sumsq();
     test_adamw(1e-2f, 0.1f, 0.5f, 3);
     test_adamw(3e-3f, 0.0f, 1.0f, 1);
+    test_adamw8();
 
     test_f32_attention(0, 70, 16);
     test_f32_attention(23, 70, 16);

@@ -3,6 +3,50 @@
 // params with an fp32 master (the master is checked at fp32 tolerance, the bf16 copy must be
 // the master rounded to bf16); gradients are float in both precisions; then GB/s.
 #include "dev_common.cuh"
+extern "C" {
+#include "llmc/optim.h"  // adam8_maps, and adamw8_f32 (llmc/cpu/kernels.h): the CPU's 8-bit AdamW
+}
+
+// bitsandbytes' 8-bit AdamW (llmc/optim.h): k_adamw8 against the CPU kernel over three steps,
+// bit for bit (both compute the same float operations, uncontracted): params (or the fp32
+// master, whose bf16 copy must be its rounding), the moments' bytes and the blocks' absmax;
+// one block of the tensor without gradient, a partial last block, decay off at step 2.
+static void check_adamw8(CudaCtx *c, int bf) {
+    const size_t n = 1000, nb = (n + ADAM8_BLOCK - 1) / ADAM8_BLOCK;
+    float maps[512];
+    adam8_maps(maps);
+    std::vector<float> p = randn(n), q = p;
+    void *dp = up_act(p, bf), *dmaster = bf ? up_act(p, 0) : NULL;
+    float *dmaps = (float *)up_act(std::vector<float>(maps, maps + 512), 0);
+    std::vector<unsigned char> zb(n, 0), qm(n, 0), qv(n, 0);
+    std::vector<float> za(nb, 0.0f), am(nb, 0.0f), av(nb, 0.0f);
+    unsigned char *dqm = (unsigned char *)up_bytes(zb.data(), n), *dqv = (unsigned char *)up_bytes(zb.data(), n);
+    float *dam = (float *)up_act(za, 0), *dav = (float *)up_act(za, 0);
+    for (int t = 1; t <= 3; t++) {
+        std::vector<float> g = randn(n, t == 2 ? 1e-4 : 1.0);
+        for (size_t i = ADAM8_BLOCK; i < 2 * ADAM8_BLOCK; i++) g[i] = 0;
+        float *dg = (float *)up_act(g, 0);
+        const float wd = t == 2 ? 0.0f : 0.1f;
+        k_adamw8(c, dp, (float *)dmaster, dg, dqm, dqv, dam, dav, dmaps, n, 1e-2f, 0.9f, 0.999f, 1e-8f, wd, 0.7f, t);
+        adamw8_f32(q.data(), g.data(), qm.data(), qv.data(), am.data(), av.data(), maps, n, 1e-2f, 0.9f, 0.999f,
+                   1e-8f, wd, 0.7f, t);
+        cudaFree(dg);
+    }
+    std::vector<unsigned char> gqm(n), gqv(n);
+    CUDA_CHECK(dev_copy(gqm.data(), dqm, n, cudaMemcpyDeviceToHost));
+    CUDA_CHECK(dev_copy(gqv.data(), dqv, n, cudaMemcpyDeviceToHost));
+    std::vector<float> gam = down_f32(dam, nb), gav = down_f32(dav, nb);
+    std::vector<float> w = bf ? down_f32((float *)dmaster, n) : down_act(dp, n, 0);
+    char name[96];
+    snprintf(name, sizeof name, "adamw8 %s: weights, bytes and absmax after 3 steps equal the CPU kernel's", prec(bf));
+    check_true(name, !memcmp(w.data(), q.data(), n * 4) && gqm == qm && gqv == qv && gam == am && gav == av, "differ");
+    if (bf) {
+        std::vector<float> pb = down_act(dp, n, 1), mr = w;
+        round_act(mr, 1);
+        check_true("adamw8 bf16 params are the master rounded", !memcmp(mr.data(), pb.data(), n * 4), "differ");
+    }
+    cudaFree(dp), cudaFree(dmaster), cudaFree(dmaps), cudaFree(dqm), cudaFree(dqv), cudaFree(dam), cudaFree(dav);
+}
 
 int main(int argc, char **argv) {
     dev_init(argc, argv);
@@ -60,6 +104,7 @@ int main(int argc, char **argv) {
             cudaFree(P), cudaFree(G), cudaFree(M), cudaFree(Vv), cudaFree(Ms);
         }
         cudaFree(dp), cudaFree(dmaster), cudaFree(dm), cudaFree(dv);
+        check_adamw8(c, bf);
         cuda_ctx_destroy(c);
     }
     return dev_finish("adamw");

@@ -316,6 +316,12 @@ static void cpu_adamw(Backend *bk, void *p, float *master, const float *g, float
     (void)bk; (void)master;  // float params are their own master copy
     adamw_f32(p, g, m, v, n, lr, b1, b2, eps, wd, gscale, t);
 }
+static void cpu_adamw8(Backend *bk, void *p, float *master, const float *g, uint8_t *qm, uint8_t *qv, float *am,
+                       float *av, const float *maps, size_t n, float lr, float b1, float b2, float eps, float wd,
+                       float gscale, int t) {
+    (void)bk; (void)master;
+    adamw8_f32(p, g, qm, qv, am, av, maps, n, lr, b1, b2, eps, wd, gscale, t);
+}
 
 static void cpu_dequantize(Backend *bk, void *out, const void *region, size_t n, int format) {
     (void)bk, (void)n;
@@ -414,6 +420,7 @@ Backend *backend_cpu_create(int threads) {
     bk->sum_f32 = cpu_sum_f32;
     bk->scale = cpu_scale;
     bk->adamw = cpu_adamw;
+    bk->adamw8 = cpu_adamw8;
     bk->dequantize = cpu_dequantize;
     bk->destroy = cpu_destroy;
     return bk;

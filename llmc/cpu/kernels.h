@@ -51,7 +51,11 @@
     double sumsq_##S(const R *x, size_t n);                                                      \
     void exp_inplace_##S(R *x, size_t n);                                                        \
     void adamw_##S(R *p, const R *g, float *m, float *v, size_t n, float lr, float b1, float b2, \
-                   float eps, float wd, float gscale, int t);
+                   float eps, float wd, float gscale, int t);                                    \
+    void adamw8_##S(R *p, const R *g, uint8_t *qm, uint8_t *qv, float *am, float *av,            \
+                    const float *map, size_t n, float lr, float b1, float b2, float eps, float wd, \
+                    float gscale, int t);                                                       \
+    uint8_t adam8_code_##S(const float *map, float x);
 
 DECLARE_KERNELS(float, f32)
 DECLARE_KERNELS(float, f32_base)    // any x86-64
@@ -65,7 +69,7 @@ DECLARE_KERNELS(double, f64)
     X(embedding_bwd) X(rmsnorm_fwd) X(rmsnorm_bwd) X(layernorm_fwd) X(layernorm_bwd) \
     X(gelu_fwd) X(gelu_bwd) X(geglu_fwd) X(geglu_bwd) X(pos_fwd) X(pos_bwd) X(rope_fwd) X(rope_bwd) X(attention_block) \
     X(attention_fwd) X(attention_bwd) X(swiglu_fwd) X(dropout) X(swiglu_bwd) X(classifier_ce) \
-    X(sumsq) X(exp_inplace) X(adamw)
+    X(sumsq) X(exp_inplace) X(adamw) X(adamw8) X(adam8_code)
 
 // Which variant name_f32 runs on this CPU: 0 base, 1 AVX2, 2 AVX-512.
 int kernels_f32_level(void);

@@ -42,6 +42,7 @@
 extern "C" {
 #include "../backend.h"
 }
+static_assert(ADAM8_BLOCK == ADAM8_BLOCK_CU, "adamw.cu's blocks are backend.h's");
 
 void cuda_fail(const char *what, cudaError_t e, const char *file, int line) {
     fail("CUDA: %s failed at %s:%d: %s (%s)", what, file, line, cudaGetErrorString(e), cudaGetErrorName(e));
@@ -521,6 +522,11 @@ static void cu_adamw(Backend *bk, void *p, float *master, const float *g, float 
                      float b1, float b2, float eps, float wd, float gscale, int t) {
     k_adamw(ctx_of(bk), p, master, g, m, v, n, lr, b1, b2, eps, wd, gscale, t);
 }
+static void cu_adamw8(Backend *bk, void *p, float *master, const float *g, uint8_t *qm, uint8_t *qv, float *am,
+                      float *av, const float *maps, size_t n, float lr, float b1, float b2, float eps, float wd,
+                      float gscale, int t) {
+    k_adamw8(ctx_of(bk), p, master, g, qm, qv, am, av, maps, n, lr, b1, b2, eps, wd, gscale, t);
+}
 static void cu_dequantize(Backend *bk, void *out, const void *region, size_t n, int format) {
     if (format == 1) k_int8_dequantize(ctx_of(bk), out, region, n);  // REGION_INT8 (nf4.h)
     else k_nf4_dequantize(ctx_of(bk), out, region, n);
@@ -654,6 +660,7 @@ extern "C" Backend *backend_cuda_create(int dtype_bf16, int device_index) {
     bk->sum_f32 = cu_sum_f32;
     bk->scale = cu_scale;
     bk->adamw = cu_adamw;
+    bk->adamw8 = cu_adamw8;
     bk->dequantize = cu_dequantize;
     bk->destroy = cu_destroy;
     return bk;

@@ -16,6 +16,8 @@
 // llmc/cpu/kernels.inc are the reference). Run on one GPU once (H200, 2026-11-27: dev/results/gpu_h200_2026-11-27/).
 #pragma once
 #include "common.cuh"
+// adamw8 blocks: backend.h's ADAM8_BLOCK (backend_cuda.cu checks that they agree)
+#define ADAM8_BLOCK_CU 256
 #ifndef LLMC_EMU
 #include <cublasLt.h>
 #endif
@@ -157,6 +159,10 @@ void k_classifier_ce(CudaCtx *c, float *losses, void *dx, float *dW, const void 
 void k_adamw(CudaCtx *c, void *params, float *master, const float *grads, float *m, float *v,
              size_t n, float lr, float beta1, float beta2, float eps, float wd, float grad_scale,
              int t);
+// bitsandbytes' blockwise 8-bit AdamW on one tensor (llmc/optim.h); maps: 512 device floats.
+void k_adamw8(CudaCtx *c, void *params, float *master, const float *grads, unsigned char *qm, unsigned char *qv,
+              float *am, float *av, const float *maps, size_t n, float lr, float beta1, float beta2, float eps,
+              float wd, float grad_scale, int t);
 
 // ---- nf4.cu ----------------------------------------------------------------------------------
 void k_nf4_dequantize(CudaCtx *c, void *out, const void *region, size_t n);
