@@ -569,7 +569,8 @@ void model_check_memory(const ModelConfig *c, const LoraConfig *lora, const Mode
     const double train_b = trainable * (A + sizeof(float)) / (zero >= 3 ? world : 1);  // weights, float grads
     // (offload_optimizer's host copy of the gradients is the gradients themselves under
     // offload_params)
-    const double opt_b = trainable * (8 + (A != 4 || offload ? 4 : 0) + (offload && !offload_params ? 4 : 0)) /
+    const double moments = mo && mo->adam8 ? 2 : 8;  // 8-bit AdamW: a byte each, at least
+    const double opt_b = trainable * (moments + (A != 4 || offload ? 4 : 0) + (offload && !offload_params ? 4 : 0)) /
                          (zero >= 1 ? world : 1);
     double host = table;
     if (backend_is_host(bk)) host += frozen_b + train_b + opt_b;  // "device" memory is host memory
