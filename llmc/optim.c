@@ -232,7 +232,11 @@ void adam8_maps(float *map) {
 }
 
 void adam8_layout(Model *m) {
-    const int nspec = (int)arrlen(m->tab.specs);
+    const int nspec = (int)arrlen(m->tab.specs), world = m->opt.comm ? m->opt.comm->world : 1;
+    if (world > 1 && m->opt.zero_stage >= 1)  // its shards cut tensors (even where one happens not to)
+        fail("optimizer adamw_bnb_8bit with ZeRO-%d over %d ranks: each rank would hold parts of tensors, and 8-bit "
+             "AdamW needs whole ones (its blocks' absmax): use one rank, zero_stage 0, or a 32-bit optimizer",
+             m->opt.zero_stage, world);
     m->adam8 = xcalloc((size_t)(nspec ? nspec : 1), sizeof *m->adam8);
     m->adam8_n = m->adam8_blocks = m->adam8_small = 0;
     for (int i = 0; i < nspec; i++) {
@@ -240,9 +244,7 @@ void adam8_layout(Model *m) {
         size_t a, b, loc;
         if (!model_owned_part(m, p, &a, &b, &loc)) continue;
         if (a != p->goff || b != p->goff + p->numel)
-            fail("optimizer adamw_bnb_8bit: %s is split between ranks (ZeRO over %d ranks); 8-bit AdamW needs each "
-                 "tensor on one rank (its blocks' absmax): use one rank, or a 32-bit optimizer with ZeRO",
-                 p->name, m->opt.comm ? m->opt.comm->world : 1);
+            fail("internal: optimizer adamw_bnb_8bit: %s is split between ranks", p->name);
         Adam8Slot *s = &m->adam8[i];
         if (p->numel >= ADAM8_MIN) {
             s->on = 1, s->q = m->adam8_n, s->blk = m->adam8_blocks;

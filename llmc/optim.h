@@ -43,6 +43,5 @@ int optimizer_is_adam8(const char *name);
 // float values bitsandbytes' create_dynamic_map(signed) computes with torch.
 void adam8_maps(float *map);
 // Model.adam8 and the sizes for a model whose owned parts are laid out (model_create); fails
-// when a tensor is split between ranks (ZeRO over several ranks cuts tensors, and a block's
-// absmax needs all of it).
+// under ZeRO over several ranks (its shards cut tensors, and a block's absmax needs all of one).
 void adam8_layout(Model *m);
