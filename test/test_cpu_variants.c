@@ -18,6 +18,7 @@
 #include <string.h>
 #include "cpu/kernels.h"
 #include "cpu/vexp.h"
+#include "optim.h"
 
 static int n_pass, n_fail;
 
@@ -125,12 +126,14 @@ typedef struct {
     void (*gelu_bwd)(float *, const float *, const float *, size_t);
     void (*geglu_fwd)(float *, const float *, const float *, size_t, int);
     void (*geglu_bwd)(float *, float *, const float *, const float *, const float *, size_t, int);
+    void (*adamw8)(float *, const float *, uint8_t *, uint8_t *, float *, float *, const float *, size_t, float,
+                   float, float, float, float, float, int);
 } Variant;
 
 #define VARIANT(S)                                                                               \
     {#S, attention_fwd_f32_##S, attention_bwd_f32_##S, classifier_ce_f32_##S, swiglu_fwd_f32_##S, \
      swiglu_bwd_f32_##S, rmsnorm_fwd_f32_##S, rmsnorm_bwd_f32_##S, adamw_f32_##S, sumsq_f32_##S,   \
-     gelu_bwd_f32_##S, geglu_fwd_f32_##S, geglu_bwd_f32_##S}
+     gelu_bwd_f32_##S, geglu_fwd_f32_##S, geglu_bwd_f32_##S, adamw8_f32_##S}
 
 static const Variant variants[] = {VARIANT(base), VARIANT(avx2), VARIANT(avx512)};
 
@@ -219,6 +222,18 @@ static Outs run_variant(const Variant *k) {
     for (size_t i = 0; i < n; i++) vv[i] = fabsf(vv[i]);
     k->adamw(p, u, m, vv, n, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.1f, 0.5f, 3);
     put(&o, p, n), put(&o, m, n), put(&o, vv, n);
+    {  // 8-bit AdamW: two steps from zero states, the weights and the block scales
+        float maps[512], *am = calloc((n + ADAM8_BLOCK - 1) / ADAM8_BLOCK, sizeof(float)),
+                         *av = calloc((n + ADAM8_BLOCK - 1) / ADAM8_BLOCK, sizeof(float));
+        uint8_t *qm = calloc(n, 1), *qv = calloc(n, 1);
+        adam8_maps(maps);
+        for (int t = 1; t <= 2; t++) k->adamw8(p, u, qm, qv, am, av, maps, n, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.1f, 0.5f, t);
+        put(&o, p, n), put(&o, am, (n + ADAM8_BLOCK - 1) / ADAM8_BLOCK), put(&o, av, (n + ADAM8_BLOCK - 1) / ADAM8_BLOCK);
+        float *bytes = malloc(n * sizeof(float));  // the moments' bytes, both in one float each
+        for (size_t i = 0; i < n; i++) bytes[i] = qm[i] + 256.0f * qv[i];
+        put(&o, bytes, n);
+        free(am), free(av), free(qm), free(qv), free(bytes);
+    }
     free(g), free(u), free(h), free(dh), free(dg), free(du), free(xn), free(w), free(y), free(rstd);
     free(dy), free(dxn), free(dw), free(p), free(m), free(vv);
     return o;
