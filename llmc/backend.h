@@ -218,12 +218,13 @@ struct Backend {
     void (*adamw)(Backend *, void *params, float *master_f32, const float *grads_f32, float *m_f32,
                   float *v_f32, size_t n, float lr, float beta1, float beta2, float eps,
                   float weight_decay, float grad_scale, int t);
-    // bitsandbytes' blockwise 8-bit AdamW on one tensor of n elements (optim.h): moments as
-    // bytes q_m/q_v with one absmax per ADAM8_BLOCK elements; maps: adam8_maps' 512 floats in
-    // device memory. params/master_f32 as adamw.
+    // Blockwise 8-bit AdamW on one tensor of n elements (optim.h): bitsandbytes' or, with
+    // torchao set, torchao's update and rounding; moments as bytes q_m/q_v with one absmax per
+    // ADAM8_BLOCK elements; maps: adam8_maps' 512 floats in device memory. params/master_f32
+    // as adamw.
     void (*adamw8)(Backend *, void *params, float *master_f32, const float *grads_f32, uint8_t *q_m, uint8_t *q_v,
                    float *absmax_m, float *absmax_v, const float *maps, size_t n, float lr, float beta1,
-                   float beta2, float eps, float weight_decay, float grad_scale, int t);
+                   float beta2, float eps, float weight_decay, float grad_scale, int t, int torchao);
 
     // QLoRA and load_in_8bit: out[n] (act) = the weight held in a region (nf4.h's device
     // layout; format REGION_NF4 or REGION_INT8, as its header says).

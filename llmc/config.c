@@ -446,7 +446,10 @@ static int set_key(Config *cfg, const char *key, const char *value, const char *
     if (strncmp(key, "model.", 6) == 0) cfg->has_model_block = 1;
     if (k->off == offsetof(Config, optimizer) && strcmp(origin, "default")) {
         int bits = strstr(value, "8bit") ? 8 : strstr(value, "4bit") ? 4 : 0;
-        if (optimizer_is_adam8(value)) {
+        if (optimizer_adam8_kind(value) == ADAM8_TORCHAO) {
+            printf("note: optimizer %s runs as torchao's AdamW8bit (one byte per moment for tensors of at least 4096 "
+                   "elements whose size is a multiple of 256, float moments for the others)\n", value);
+        } else if (optimizer_adam8_kind(value)) {
             printf("note: optimizer %s runs as bitsandbytes' blockwise 8-bit AdamW (one byte per moment for tensors "
                    "of at least 4096 elements, float moments for smaller ones)%s\n", value,
                    strstr(value, "paged") ? "; paged (unified-memory) states are not implemented: the moments stay in "

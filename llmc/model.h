@@ -276,8 +276,8 @@ typedef struct {
                              // sequence (model_alloc_acts takes that local T); 0 or 1: off
     int lisa_layers;         // LISA's lisa_n_layers (lisa.h): under zero_stage 0 only that many
                              // layers' gradients exist at a time; 0: off
-    int adam8;               // bitsandbytes' 8-bit AdamW (optim.h): byte moments for tensors of
-                             // at least ADAM8_MIN elements
+    int adam8;               // 8-bit AdamW (optim.h: ADAM8_BNB, ADAM8_TORCHAO; 0: float AdamW):
+                             // byte moments for tensors of at least ADAM8_MIN elements
 } ModelOptions;
 
 // Under ModelOptions.adam8, where trainable tensor i's AdamW state lives (Model.adam8[i]):

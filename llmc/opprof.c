@@ -148,8 +148,8 @@ TIMED(adamw, 0,
       (bk, p, master, g, m, v, n, lr, b1, b2, eps, wd, gs, t))
 TIMED(adamw8, 0,
       (Backend *bk, void *p, float *master, const float *g, uint8_t *qm, uint8_t *qv, float *am, float *av,
-       const float *maps, size_t n, float lr, float b1, float b2, float eps, float wd, float gs, int t),
-      (bk, p, master, g, qm, qv, am, av, maps, n, lr, b1, b2, eps, wd, gs, t))
+       const float *maps, size_t n, float lr, float b1, float b2, float eps, float wd, float gs, int t, int ta),
+      (bk, p, master, g, qm, qv, am, av, maps, n, lr, b1, b2, eps, wd, gs, t, ta))
 TIMED(dequantize, 0, (Backend *bk, void *out, const void *region, size_t n, int format), (bk, out, region, n, format))
 TIMED(memzero, 0, (Backend *bk, void *dst, size_t bytes, Queue *q), (bk, dst, bytes, q))
 TIMED(copy_h2d, 0, (Backend *bk, void *dst, const void *src, size_t bytes, Queue *q), (bk, dst, src, bytes, q))

@@ -115,19 +115,20 @@ static void adam8_update(Model *m, int i, size_t a, size_t loc, const float *g, 
     const Adam8Slot *s = &m->adam8[i];
     const size_t n = p->numel;
     const float b1 = (float)oc->beta1, b2 = (float)oc->beta2, eps = (float)oc->eps;
+    const int torchao = m->opt.adam8 == ADAM8_TORCHAO;
     if (m->opt.offload_optimizer) {
         float *w = m->master + loc;
         const float *hg = m->host_grads + (g - m->grads);
         if (s->on)
             adamw8_f32(w, hg, m->q_m + s->q, m->q_v + s->q, m->absmax_m + s->blk, m->absmax_v + s->blk, m->adam8_maps,
-                       n, lr, b1, b2, eps, wd, clip, t);
+                       n, lr, b1, b2, eps, wd, clip, t, torchao);
         else
             adamw_f32(w, hg, m->adam_m + s->f, m->adam_v + s->f, n, lr, b1, b2, eps, wd, clip, t);
         if (m->opt.offload_params) bk->host_from_f32(bk, param_at(m, a, loc), w, n);
         else bk->upload_act(bk, param_at(m, a, loc), w, n);
     } else if (s->on) {
         bk->adamw8(bk, param_at(m, a, loc), m->master ? m->master + loc : NULL, g, m->q_m + s->q, m->q_v + s->q,
-                   m->absmax_m + s->blk, m->absmax_v + s->blk, m->adam8_maps, n, lr, b1, b2, eps, wd, clip, t);
+                   m->absmax_m + s->blk, m->absmax_v + s->blk, m->adam8_maps, n, lr, b1, b2, eps, wd, clip, t, torchao);
     } else {
         bk->adamw(bk, param_at(m, a, loc), m->master ? m->master + loc : NULL, g, m->adam_m + s->f, m->adam_v + s->f,
                   n, lr, b1, b2, eps, wd, clip, t);
@@ -188,8 +189,10 @@ float optim_step(Model *m, const OptimConfig *oc, double lr, double norm, int st
 
 // ---- 8-bit AdamW --------------------------------------------------------------------------
 
-int optimizer_is_adam8(const char *name) {
-    return !strcmp(name, "adamw_bnb_8bit") || !strcmp(name, "adamw_8bit") || !strcmp(name, "paged_adamw_8bit");
+int optimizer_adam8_kind(const char *name) {
+    if (!strcmp(name, "adamw_bnb_8bit") || !strcmp(name, "adamw_8bit") || !strcmp(name, "paged_adamw_8bit"))
+        return ADAM8_BNB;
+    return !strcmp(name, "adamw_torch_8bit") ? ADAM8_TORCHAO : 0;
 }
 
 // torch.linspace(start, end, steps)[i] in float32: computed in double from the float start and
@@ -234,9 +237,9 @@ void adam8_maps(float *map) {
 void adam8_layout(Model *m) {
     const int nspec = (int)arrlen(m->tab.specs), world = m->opt.comm ? m->opt.comm->world : 1;
     if (world > 1 && m->opt.zero_stage >= 1)  // its shards cut tensors (even where one happens not to)
-        fail("optimizer adamw_bnb_8bit with ZeRO-%d over %d ranks: each rank would hold parts of tensors, and 8-bit "
+        fail("8-bit AdamW (optimizer %s) with ZeRO-%d over %d ranks: each rank would hold parts of tensors, and 8-bit "
              "AdamW needs whole ones (its blocks' absmax): use one rank, zero_stage 0, or a 32-bit optimizer",
-             m->opt.zero_stage, world);
+             m->opt.adam8 == ADAM8_TORCHAO ? "adamw_torch_8bit" : "adamw_bnb_8bit", m->opt.zero_stage, world);
     m->adam8 = xcalloc((size_t)(nspec ? nspec : 1), sizeof *m->adam8);
     m->adam8_n = m->adam8_blocks = m->adam8_small = 0;
     for (int i = 0; i < nspec; i++) {
@@ -244,9 +247,9 @@ void adam8_layout(Model *m) {
         size_t a, b, loc;
         if (!model_owned_part(m, p, &a, &b, &loc)) continue;
         if (a != p->goff || b != p->goff + p->numel)
-            fail("internal: optimizer adamw_bnb_8bit: %s is split between ranks", p->name);
+            fail("internal: 8-bit AdamW: %s is split between ranks", p->name);
         Adam8Slot *s = &m->adam8[i];
-        if (p->numel >= ADAM8_MIN) {
+        if (p->numel >= ADAM8_MIN && (m->opt.adam8 != ADAM8_TORCHAO || p->numel % ADAM8_BLOCK == 0)) {
             s->on = 1, s->q = m->adam8_n, s->blk = m->adam8_blocks;
             m->adam8_n += p->numel;
             m->adam8_blocks += (p->numel + ADAM8_BLOCK - 1) / ADAM8_BLOCK;

@@ -37,8 +37,13 @@ float optim_step(Model *m, const OptimConfig *oc, double lr, double norm, int st
 // tensor's start; smaller tensors keep float moments and the ordinary AdamW. About 2.03 bytes
 // of state per parameter instead of 8.
 #define ADAM8_MIN 4096  // and ADAM8_BLOCK (backend.h): 256
-// 1 for the optimizer names that mean bitsandbytes' 8-bit AdamW.
-int optimizer_is_adam8(const char *name);
+// torchao's AdamW8bit (transformers' adamw_torch_8bit) is the same scheme with its own float
+// steps (lerp moments, lr (m / bc1) / denom), rounding (up from half the step between codes),
+// a scale of at least 1e-12, and byte moments only for tensors whose size is also a multiple
+// of 256 (its block).
+enum { ADAM8_BNB = 1, ADAM8_TORCHAO = 2 };
+// ADAM8_BNB or ADAM8_TORCHAO for the optimizer names that mean one, else 0.
+int optimizer_adam8_kind(const char *name);
 // map[0..255]: the signed map (first moment), map[256..511]: the unsigned one, ascending, the
 // float values bitsandbytes' create_dynamic_map(signed) computes with torch.
 void adam8_maps(float *map);

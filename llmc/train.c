@@ -130,7 +130,8 @@ static void print_box(const Config *cfg, const Model *m, const Backend *bk, size
              cfg->sequence_len, cfg->gradient_accumulation_steps);
     printf("| tokens/step  %-50s |\n", tok);
     char opt[128];
-    snprintf(opt, sizeof opt, "%s lr %.3g %s warmup %d wd %g clip %g", m->opt.adam8 ? "AdamW 8-bit" : "AdamW",
+    snprintf(opt, sizeof opt, "%s lr %.3g %s warmup %d wd %g clip %g",
+             m->opt.adam8 == ADAM8_TORCHAO ? "AdamW 8-bit (torchao)" : m->opt.adam8 ? "AdamW 8-bit" : "AdamW",
              cfg->learning_rate,
              cfg->lr_scheduler, cfg->warmup_steps, cfg->weight_decay, cfg->max_grad_norm);
     printf("| optimizer    %-50s |\n", opt);
@@ -497,7 +498,7 @@ int train_main(int argc, char **argv, int arch) {
                        .offload_optimizer = cfg.offload_optimizer, .offload_params = cfg.offload_params,
                        .load_in_4bit = cfg.load_in_4bit, .load_in_8bit = cfg.load_in_8bit,
                        .unfrozen = cfg.unfrozen_parameters, .seq_parallel = spn,
-                       .lisa_layers = cfg.lisa_n_layers, .adam8 = optimizer_is_adam8(cfg.optimizer)};
+                       .lisa_layers = cfg.lisa_n_layers, .adam8 = optimizer_adam8_kind(cfg.optimizer)};
     PlanRow rows[32];
     int nrows = 0;
     char fitting[1024] = "";

@@ -742,7 +742,11 @@ def grad_norm_clip(params, max_norm):
 # unsigned for the second) times one float absmax per block of 256 elements; smaller tensors
 # keep float32 moments. The update runs in float32.
 
-ADAM8_NAMES = ("adamw_bnb_8bit", "adamw_8bit", "paged_adamw_8bit")
+ADAM8_NAMES = ("adamw_bnb_8bit", "adamw_8bit", "paged_adamw_8bit", "adamw_torch_8bit")
+# torchao's AdamW8bit (transformers' adamw_torch_8bit; torchao/optim: adam.py's single_param_adam,
+# quant_utils' scale_tensor and quantize_8bit_with_qmap): byte moments only for tensors of at
+# least 4096 elements whose size is a multiple of its 256-element block, moments by lerp, the
+# scale clipped to at least 1e-12, a code rounded up when x - down >= (up - down) / 2.
 
 
 def dynamic_map(signed):
@@ -768,12 +772,20 @@ def _blocks(x):
     return F.pad(x.reshape(-1), (0, nb * 256 - n)).reshape(nb, 256), n
 
 
-def quantize8(x, code):
+def quantize8(x, code, torchao=False):
     """(uint8 indices of the nearest codes to x / its block's absmax, absmax per block)."""
     xb, n = _blocks(x.float())
     absmax = xb.abs().max(dim=1, keepdim=True)[0]
-    absmax[absmax == 0] = 1.0
-    idx = torch.argmin((xb / absmax).unsqueeze(2).sub(code).abs(), dim=2).to(torch.uint8)
+    if torchao:
+        absmax = absmax.clip(1e-12)
+        y = xb / absmax
+        lo = (y.unsqueeze(2) >= code).sum(dim=2).sub(1).clamp(min=0)  # the last code <= y (0 if none)
+        up = (lo + 1).clamp(max=255)
+        down_v, up_v = code[lo], code[up]
+        idx = torch.where(y - down_v >= (up_v - down_v) * 0.5, up, lo).to(torch.uint8)
+    else:
+        absmax[absmax == 0] = 1.0
+        idx = torch.argmin((xb / absmax).unsqueeze(2).sub(code).abs(), dim=2).to(torch.uint8)
     return idx.reshape(-1)[:n].reshape(x.shape), absmax.reshape(-1)
 
 
@@ -786,8 +798,9 @@ class AdamW8bit(torch.optim.Optimizer):
     """The reference's bitsandbytes 8-bit AdamW (see above); params of any float dtype are
     updated through a float32 copy, as bitsandbytes' update does."""
 
-    def __init__(self, params, lr, betas, eps, weight_decay=0.0, codes=None):
+    def __init__(self, params, lr, betas, eps, weight_decay=0.0, codes=None, torchao=False):
         super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))
+        self.torchao = torchao
         # codes: (signed, unsigned) maps to use instead of torch's (whose last bits vary by CPU)
         self.code1, self.code2 = codes if codes is not None else (dynamic_map(True), dynamic_map(False))
 
@@ -800,7 +813,7 @@ class AdamW8bit(torch.optim.Optimizer):
                 if p.grad is None:
                     continue
                 st = self.state[p]
-                small = p.numel() < 4096
+                small = p.numel() < 4096 or (self.torchao and p.numel() % 256 != 0)
                 if not st:
                     st["step"] = 0
                     if small:
@@ -818,17 +831,25 @@ class AdamW8bit(torch.optim.Optimizer):
                 w = p.detach().float()
                 m = st["m"] if small else dequantize8(st["q1"], st["a1"], self.code1)
                 v = st["v"] if small else dequantize8(st["q2"], st["a2"], self.code2)
-                m.mul_(b1).add_(grad, alpha=1.0 - b1)
-                v.mul_(b2).addcmul_(grad, grad, value=1.0 - b2)
                 bc1, bc2 = 1.0 - b1 ** t, 1.0 - b2 ** t
-                denom = (v.sqrt() / math.sqrt(bc2)).add_(eps)
-                if wd > 0.0:
-                    w.mul_(1.0 - lr * wd)
-                w.addcdiv_(m, denom, value=-lr / bc1)
+                if self.torchao:  # single_param_adam
+                    w = w - lr * wd * w
+                    m = m.lerp(grad, 1 - b1)
+                    v = v.lerp(grad.square(), 1 - b2)
+                    w = w - lr * (m / bc1) / ((v.sqrt() / math.sqrt(bc2)) + eps)
+                    if small:
+                        st["m"], st["v"] = m, v
+                else:
+                    m.mul_(b1).add_(grad, alpha=1.0 - b1)
+                    v.mul_(b2).addcmul_(grad, grad, value=1.0 - b2)
+                    denom = (v.sqrt() / math.sqrt(bc2)).add_(eps)
+                    if wd > 0.0:
+                        w.mul_(1.0 - lr * wd)
+                    w.addcdiv_(m, denom, value=-lr / bc1)
                 p.copy_(w.to(p.dtype))
                 if not small:
-                    st["q1"], st["a1"] = quantize8(m, self.code1)
-                    st["q2"], st["a2"] = quantize8(v, self.code2)
+                    st["q1"], st["a1"] = quantize8(m, self.code1, self.torchao)
+                    st["q2"], st["a2"] = quantize8(v, self.code2, self.torchao)
 
 
 class RefLlama(torch.nn.Module):
@@ -1146,7 +1167,8 @@ class RefTrainer:
         hyper = dict(lr=self.base_lr, betas=(float(tc["adam_beta1"]), float(tc["adam_beta2"])),
                      eps=float(tc["adam_epsilon"]))
         if tc.get("optimizer") in ADAM8_NAMES:  # tc["_adam8_codes"]: AdamW8bit's codes
-            self.opt = AdamW8bit(groups, codes=tc.get("_adam8_codes"), **hyper)
+            self.opt = AdamW8bit(groups, codes=tc.get("_adam8_codes"), torchao=tc["optimizer"] == "adamw_torch_8bit",
+                                 **hyper)
         else:
             self.opt = torch.optim.AdamW(groups, **hyper)
         self.s = 0  # 0-based index of the next optimizer step

@@ -1,6 +1,7 @@
 #!/usr/bin/python3
-"""bitsandbytes' 8-bit AdamW (optimizer: adamw_bnb_8bit, adamw_8bit, paged_adamw_8bit;
-llmc/optim.h) against test/llama_ref.py's AdamW8bit, written from bitsandbytes' algorithm.
+"""8-bit AdamW (llmc/optim.h): bitsandbytes' (optimizer: adamw_bnb_8bit, adamw_8bit,
+paged_adamw_8bit) and torchao's (adamw_torch_8bit), against test/llama_ref.py's AdamW8bit,
+written from their algorithms.
 
     /usr/bin/python3 test/test_adamw8.py --bin build/train_llama
 
@@ -18,6 +19,9 @@ llmc/optim.h) against test/llama_ref.py's AdamW8bit, written from bitsandbytes' 
                rounding boundary, and a second moment rounded to 0 beside a first that is not
                moves its element by lr m / eps; the kernel itself is compared with the algorithm
                bit for bit in test_ops (adamw8).
+  torchao      torchao's AdamW8bit (adamw_torch_8bit) against the reference's torchao variant, as
+               full; its embedding (8256 elements, not a multiple of 256) keeps float moments, so
+               its update differs from bitsandbytes' rule's (checked).
   modes        offload_optimizer (the update on the host), recompute and layer offload give the
                plain 8-bit run's weights bit for bit.
   resume       2 steps, a checkpoint, 2 more from it: the same weights bit for bit as 4 steps in
@@ -163,6 +167,35 @@ def case_full(root):
     return errs, f"loss {wl:.1e}, grad norm {wg:.1e}, updates {eu:.1e} ({en}); float AdamW's {e32:.1e}"
 
 
+def case_torchao(root):
+    """torchao's AdamW8bit (adamw_torch_8bit): the embedding and head of 129 x 64 (8256 elements,
+    not a multiple of 256) keep float moments there, where bitsandbytes' takes them to bytes."""
+    work = os.path.join(root, "torchao")
+    cfg = cfg_small(vocab_size=129)
+    model_dir, shard, tokens, weights = setup(work, cfg)
+    tc = tconf(model_dir, shard, os.path.join(work, "out"), save_steps=4, optimizer="adamw_torch_8bit")
+    p = run(work, tc)
+    got = R.read_safetensors(os.path.join(work, "out", "model.safetensors"))
+    codes = trainer_codes(tc["output_dir"], 4)
+    ref = R.train_reference(cfg, weights, tokens, dict(tc, _adam8_codes=codes))
+    bnb = R.train_reference(cfg, weights, tokens, dict(tc, _adam8_codes=codes, optimizer="adamw_bnb_8bit"))
+    errs = []
+    rr = rows(tc["output_dir"])
+    wl = max(rel(r["loss"], l) for r, l in zip(rr, ref["losses"]))
+    if len(rr) != 4 or wl > 1e-4:
+        errs.append(f"{len(rr)} steps; loss rel {wl:.2e} (1e-4)")
+    w0 = {k: np.asarray(v, np.float64) for k, v in weights.items()}
+    eu, en = update_errors(got, ref["weights"], w0)
+    eb, nb_ = update_errors(got, bnb["weights"], w0, only="embed_tokens")
+    if eu > 2e-3:
+        errs.append(f"updates vs the torchao reference: {eu:.2e} at {en} (2e-3)")
+    if eb < 10 * 2e-3:
+        errs.append(f"the embedding's update is bitsandbytes' too ({eb:.2e}): the test would not see the rule")
+    if "AdamW 8-bit (torchao)" not in p.stdout:
+        errs.append("the config box does not name torchao's 8-bit AdamW")
+    return errs, f"loss {wl:.1e}, updates {eu:.1e} ({en}); bitsandbytes' embedding update differs {eb:.1e}"
+
+
 def case_modes(root):
     work = os.path.join(root, "modes")
     model_dir, shard, _, _ = setup(work, cfg_small())
@@ -287,7 +320,8 @@ def main():
     ARGS = ap.parse_args()
     ARGS.bin = os.path.abspath(ARGS.bin)
     root = tempfile.mkdtemp(prefix="test_adamw8_")
-    cases = [("maps", case_maps), ("full", case_full), ("modes", case_modes), ("resume", case_resume),
+    cases = [("maps", case_maps), ("full", case_full), ("torchao", case_torchao), ("modes", case_modes),
+             ("resume", case_resume),
              ("lora", case_lora), ("memory", case_memory), ("zero_refused", case_zero_refused)]
     try:
         passed, failed = harness.run_cases(((n, lambda f=f: f(root)) for n, f in cases), ARGS.only, ARGS.verbose)

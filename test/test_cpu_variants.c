@@ -127,7 +127,7 @@ typedef struct {
     void (*geglu_fwd)(float *, const float *, const float *, size_t, int);
     void (*geglu_bwd)(float *, float *, const float *, const float *, const float *, size_t, int);
     void (*adamw8)(float *, const float *, uint8_t *, uint8_t *, float *, float *, const float *, size_t, float,
-                   float, float, float, float, float, int);
+                   float, float, float, float, float, int, int);
 } Variant;
 
 #define VARIANT(S)                                                                               \
@@ -227,7 +227,8 @@ static Outs run_variant(const Variant *k) {
                          *av = calloc((n + ADAM8_BLOCK - 1) / ADAM8_BLOCK, sizeof(float));
         uint8_t *qm = calloc(n, 1), *qv = calloc(n, 1);
         adam8_maps(maps);
-        for (int t = 1; t <= 2; t++) k->adamw8(p, u, qm, qv, am, av, maps, n, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.1f, 0.5f, t);
+        for (int t = 1; t <= 4; t++)  // bitsandbytes' steps, then torchao's
+            k->adamw8(p, u, qm, qv, am, av, maps, n, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.1f, 0.5f, t, t > 2);
         put(&o, p, n), put(&o, am, (n + ADAM8_BLOCK - 1) / ADAM8_BLOCK), put(&o, av, (n + ADAM8_BLOCK - 1) / ADAM8_BLOCK);
         float *bytes = malloc(n * sizeof(float));  // the moments' bytes, both in one float each
         for (size_t i = 0; i < n; i++) bytes[i] = qm[i] + 256.0f * qv[i];

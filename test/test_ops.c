@@ -1259,8 +1259,20 @@ static uint8_t argmin_code(const float *map, float x) {
     return (uint8_t)best;
 }
 
+// torchao's quantize_8bit_with_qmap: the last code <= x (0 if none), up when x - down >= half
+// the step to the next.
+static uint8_t torchao_code(const float *map, float x) {
+    int lo = 0;
+    for (int i = 1; i < 256; i++)
+        if (map[i] <= x) lo = i;
+    const int up = lo < 255 ? lo + 1 : 255;
+    return (uint8_t)(x - map[lo] >= (map[up] - map[lo]) * 0.5f ? up : lo);
+}
+
+static float lerp_ref(float a, float b, float w) { return w < 0.5f ? a + w * (b - a) : b - (b - a) * (1.0f - w); }
+
 static void naive_adamw8(float *p, const float *g, uint8_t *qm, uint8_t *qv, float *am, float *av, const float *map,
-                         size_t n, float lr, float b1, float b2, float eps, float wd, float gs, int t) {
+                         size_t n, float lr, float b1, float b2, float eps, float wd, float gs, int t, int torchao) {
     const double bc1 = 1.0 - pow(b1, t), bc2 = 1.0 - pow(b2, t);
     const float value = (float)(-(double)lr / bc1), bc2s = (float)sqrt(bc2), decay = (float)(1.0 - (double)lr * wd);
     for (size_t b = 0; b * ADAM8_BLOCK < n; b++) {
@@ -1270,22 +1282,32 @@ static void naive_adamw8(float *p, const float *g, uint8_t *qm, uint8_t *qv, flo
             const size_t i = i0 + j;
             const float gr = g[i] * gs;
             float mi = map[qm[i]] * am[b], vi = map[256 + qv[i]] * av[b];
-            mi = mi * b1 + (float)(1.0 - b1) * gr;
-            vi = vi * b2 + (float)(1.0 - b2) * gr * gr;
             float w = p[i];
-            if (wd > 0) w *= decay;
-            p[i] = w + value * (mi / (sqrtf(vi) / bc2s + eps));
+            if (torchao) {  // torchao's single_param_adam
+                w = w - lr * wd * w;
+                mi = lerp_ref(mi, gr, (float)(1.0 - b1));
+                vi = lerp_ref(vi, gr * gr, (float)(1.0 - b2));
+                p[i] = w - lr * (mi / (float)bc1) / (sqrtf(vi) / bc2s + eps);
+            } else {
+                mi = mi * b1 + (float)(1.0 - b1) * gr;
+                vi = vi * b2 + (float)(1.0 - b2) * gr * gr;
+                if (wd > 0) w *= decay;
+                p[i] = w + value * (mi / (sqrtf(vi) / bc2s + eps));
+            }
             ms[j] = mi, vs[j] = vi;
             if (fabsf(mi) > mm) mm = fabsf(mi);
             if (fabsf(vi) > mv) mv = fabsf(vi);
         }
-        am[b] = mm == 0 ? 1.0f : mm, av[b] = mv == 0 ? 1.0f : mv;
+        if (torchao) am[b] = fmaxf(mm, 1e-12f), av[b] = fmaxf(mv, 1e-12f);  // scale_tensor's clip
+        else am[b] = mm == 0 ? 1.0f : mm, av[b] = mv == 0 ? 1.0f : mv;
         for (size_t j = 0; j < k; j++)
-            qm[i0 + j] = argmin_code(map, ms[j] / am[b]), qv[i0 + j] = argmin_code(map + 256, vs[j] / av[b]);
+            if (torchao) qm[i0 + j] = torchao_code(map, ms[j] / am[b]), qv[i0 + j] = torchao_code(map + 256, vs[j] / av[b]);
+            else qm[i0 + j] = argmin_code(map, ms[j] / am[b]), qv[i0 + j] = argmin_code(map + 256, vs[j] / av[b]);
     }
 }
 
-static void test_adamw8(void) {
+static void test_adamw8(int torchao) {
+    const char *who = torchao ? "torchao" : "bitsandbytes";
     float map[512];
     adam8_maps(map);
     Cmp e = {0};
@@ -1295,7 +1317,7 @@ static void test_adamw8(void) {
     cmp_rel(&e, "unsigned map: first", 0, map[256], 0.0);
     cmp_rel(&e, "unsigned map: last", 0, map[511], 1.0);
     cmp_rel(&e, "ascending", 0, ascending, 1.0);
-    report(&e, 0, "adam8 maps: 256 ascending codes each, signed up to 1, unsigned from 0 to 1");
+    if (!torchao) report(&e, 0, "adam8 maps: 256 ascending codes each, signed up to 1, unsigned from 0 to 1");
     // Every code, the midpoints between neighbours and points around them: the kernel's search
     // (through adamw8's tables, run by one step on a tensor of those values) is argmin's.
     const size_t n = 1000;  // three whole blocks and a partial one; block 1 gets no gradient
@@ -1310,8 +1332,10 @@ static void test_adamw8(void) {
             const double mag = pow(10.0, -6.0 * (double)(rng_next(&rng) >> 11) / 9007199254740992.0);
             g[i] = i / ADAM8_BLOCK == 1 ? 0.0f : (float)(mag * rng_normal(&rng));
         }
-        adamw8_f32(p, g, qm, qv, am, av, map, n, 1e-2f, 0.9f, 0.999f, 1e-8f, t == 3 ? 0.0f : 0.1f, 0.7f, t);
-        naive_adamw8(q, g, rqm, rqv, ram, rav, map, n, 1e-2f, 0.9f, 0.999f, 1e-8f, t == 3 ? 0.0f : 0.1f, 0.7f, t);
+        // beta1 0.3 at step 4: torch.lerp's other branch (weight 1 - beta1 >= 0.5)
+        const float b1 = t == 4 ? 0.3f : 0.9f;
+        adamw8_f32(p, g, qm, qv, am, av, map, n, 1e-2f, b1, 0.999f, 1e-8f, t == 3 ? 0.0f : 0.1f, 0.7f, t, torchao);
+        naive_adamw8(q, g, rqm, rqv, ram, rav, map, n, 1e-2f, b1, 0.999f, 1e-8f, t == 3 ? 0.0f : 0.1f, 0.7f, t, torchao);
         for (size_t i = 0; i < n; i++) {
             cmp_rel(&e, "p", i, p[i], q[i]);
             cmp_rel(&e, "q_m", i, qm[i], rqm[i]);
@@ -1319,7 +1343,8 @@ static void test_adamw8(void) {
         }
         for (int b = 0; b < 4; b++) cmp_rel(&e, "absmax_m", b, am[b], ram[b]), cmp_rel(&e, "absmax_v", b, av[b], rav[b]);
     }
-    report(&e, 0, "adamw8 (4 steps, a block without gradient, wd on and off) vs the plain algorithm, bit for bit");
+    report(&e, 0, "adamw8 %s (4 steps, a block without gradient, wd on and off) vs the plain algorithm, bit for bit",
+           who);
     // the search alone, on every code, the midpoints and their neighbouring floats
     e = (Cmp){0};
     for (int half = 0; half < 2; half++)
@@ -1328,9 +1353,11 @@ static void test_adamw8(void) {
             float xs[4] = {mp[i], i < 255 ? (mp[i] + mp[i + 1]) / 2 : 1.5f, 0, 0};
             xs[2] = nextafterf(xs[1], -INFINITY), xs[3] = nextafterf(xs[1], INFINITY);
             for (int k = 0; k < 4; k++)
-                cmp_rel(&e, half ? "unsigned" : "signed", i * 4 + k, adam8_code_f32(mp, xs[k]), argmin_code(mp, xs[k]));
+                cmp_rel(&e, half ? "unsigned" : "signed", i * 4 + k, adam8_code_f32(mp, xs[k], torchao),
+                        torchao ? torchao_code(mp, xs[k]) : argmin_code(mp, xs[k]));
         }
-    report(&e, 0, "adam8 nearest code: every code, midpoint and the floats beside each midpoint, as argmin");
+    report(&e, 0, "adam8 %s code: every code, midpoint and the floats beside each midpoint, as %s", who,
+           torchao ? "quantize_8bit_with_qmap" : "argmin");
     free(p), free(q), free(g), free(qm), free(qv), free(rqm), free(rqv), free(am), free(av), free(ram), free(rav);
 }
 
@@ -1802,7 +1829,8 @@ int main(void) {
     test_sumsq();
     test_adamw(1e-2f, 0.1f, 0.5f, 3);
     test_adamw(3e-3f, 0.0f, 1.0f, 1);
-    test_adamw8();
+    test_adamw8(0);
+    test_adamw8(1);
 
     test_f32_attention(0, 70, 16);
     test_f32_attention(23, 70, 16);

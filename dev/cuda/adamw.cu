@@ -11,7 +11,7 @@ extern "C" {
 // bit for bit (both compute the same float operations, uncontracted): params (or the fp32
 // master, whose bf16 copy must be its rounding), the moments' bytes and the blocks' absmax;
 // one block of the tensor without gradient, a partial last block, decay off at step 2.
-static void check_adamw8(CudaCtx *c, int bf) {
+static void check_adamw8(CudaCtx *c, int bf, int torchao) {
     const size_t n = 1000, nb = (n + ADAM8_BLOCK - 1) / ADAM8_BLOCK;
     float maps[512];
     adam8_maps(maps);
@@ -27,9 +27,10 @@ static void check_adamw8(CudaCtx *c, int bf) {
         for (size_t i = ADAM8_BLOCK; i < 2 * ADAM8_BLOCK; i++) g[i] = 0;
         float *dg = (float *)up_act(g, 0);
         const float wd = t == 2 ? 0.0f : 0.1f;
-        k_adamw8(c, dp, (float *)dmaster, dg, dqm, dqv, dam, dav, dmaps, n, 1e-2f, 0.9f, 0.999f, 1e-8f, wd, 0.7f, t);
-        adamw8_f32(q.data(), g.data(), qm.data(), qv.data(), am.data(), av.data(), maps, n, 1e-2f, 0.9f, 0.999f,
-                   1e-8f, wd, 0.7f, t);
+        const float b1 = t == 3 ? 0.3f : 0.9f;  // torch.lerp's other branch for torchao
+        k_adamw8(c, dp, (float *)dmaster, dg, dqm, dqv, dam, dav, dmaps, n, 1e-2f, b1, 0.999f, 1e-8f, wd, 0.7f, t, torchao);
+        adamw8_f32(q.data(), g.data(), qm.data(), qv.data(), am.data(), av.data(), maps, n, 1e-2f, b1, 0.999f,
+                   1e-8f, wd, 0.7f, t, torchao);
         cudaFree(dg);
     }
     std::vector<unsigned char> gqm(n), gqv(n);
@@ -38,7 +39,8 @@ static void check_adamw8(CudaCtx *c, int bf) {
     std::vector<float> gam = down_f32(dam, nb), gav = down_f32(dav, nb);
     std::vector<float> w = bf ? down_f32((float *)dmaster, n) : down_act(dp, n, 0);
     char name[96];
-    snprintf(name, sizeof name, "adamw8 %s: weights, bytes and absmax after 3 steps equal the CPU kernel's", prec(bf));
+    snprintf(name, sizeof name, "adamw8 %s %s: weights, bytes and absmax after 3 steps equal the CPU kernel's",
+             torchao ? "torchao" : "bitsandbytes", prec(bf));
     check_true(name, !memcmp(w.data(), q.data(), n * 4) && gqm == qm && gqv == qv && gam == am && gav == av, "differ");
     if (bf) {
         std::vector<float> pb = down_act(dp, n, 1), mr = w;
@@ -104,7 +106,8 @@ int main(int argc, char **argv) {
             cudaFree(P), cudaFree(G), cudaFree(M), cudaFree(Vv), cudaFree(Ms);
         }
         cudaFree(dp), cudaFree(dmaster), cudaFree(dm), cudaFree(dv);
-        check_adamw8(c, bf);
+        check_adamw8(c, bf, 0);
+        check_adamw8(c, bf, 1);
         cuda_ctx_destroy(c);
     }
     return dev_finish("adamw");

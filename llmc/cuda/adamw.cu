@@ -38,24 +38,34 @@ void k_adamw(CudaCtx *c, void *params, float *master, const float *grads, float 
     LAUNCH_CHECK("adamw");
 }
 
-// bitsandbytes' blockwise 8-bit AdamW (llmc/optim.h), as adamw8_f32 in llmc/cpu/kernels.inc and
-// in the same float operations, none contracted (__fmul_rn / __fadd_rn; division and sqrtf are
-// IEEE without --use_fast_math): one thread block per ADAM8_BLOCK_CU elements, one thread an
-// element. Dequantize (map times the block's absmax), update, the block's new absmax by a
-// shared-memory max, then the nearest code by binary search in the maps copied to shared
-// memory. Not yet run on a GPU (emulated: dev/cuda/adamw.cu).
-__device__ __forceinline__ unsigned char nearest_code(const float *map, float x) {
+// Blockwise 8-bit AdamW (llmc/optim.h), bitsandbytes' or torchao's, as adamw8_f32 in
+// llmc/cpu/kernels.inc and in the same float operations, none contracted (__fmul_rn /
+// __fadd_rn; division and sqrtf are IEEE without --use_fast_math): one thread block per
+// ADAM8_BLOCK elements, one thread an element. Dequantize (map times the block's absmax),
+// update, the block's new absmax by a shared-memory max, then the nearest code by binary search
+// in the maps copied to shared memory. Not yet run on a GPU (emulated: dev/cuda/adamw.cu).
+__device__ __forceinline__ unsigned char nearest_code(const float *map, float x, int torchao) {
     int lo = 0;
     for (int step = 128; step; step >>= 1)
         if (lo + step <= 255 && map[lo + step] <= x) lo += step;
-    if (lo < 255 && fabsf(x - map[lo + 1]) < fabsf(x - map[lo])) lo++;
+    if (torchao)
+        return (unsigned char)(lo < 255 && __fadd_rn(x, -map[lo]) >= __fmul_rn(__fadd_rn(map[lo + 1], -map[lo]), 0.5f)
+                                   ? lo + 1 : lo);
+    if (lo < 255 && fabsf(__fadd_rn(x, -map[lo + 1])) < fabsf(__fadd_rn(x, -map[lo]))) lo++;
     return (unsigned char)lo;
+}
+
+// torch.lerp(a, b, w), uncontracted.
+__device__ __forceinline__ float lerp_rn(float a, float b, float w) {
+    return w < 0.5f ? __fadd_rn(a, __fmul_rn(w, __fadd_rn(b, -a)))
+                    : __fadd_rn(b, -__fmul_rn(__fadd_rn(b, -a), __fadd_rn(1.0f, -w)));
 }
 
 template <class T>
 __global__ void adamw8_kernel(T *p, float *master, const float *g, unsigned char *qm, unsigned char *qv, float *am,
                               float *av, const float *maps, size_t n, float b1, float b2, float c1, float c2,
-                              float eps, int decays, float decay, float value, float bc2s, float gscale) {
+                              float eps, int decays, float decay, float value, float bc2s, float gscale, int torchao,
+                              float lr, float lrwd, float bc1f) {
     __shared__ float map[512], mx[2][ADAM8_BLOCK_CU];
     const int tid = threadIdx.x;
     const size_t b = blockIdx.x, i = b * ADAM8_BLOCK_CU + tid;
@@ -66,11 +76,18 @@ __global__ void adamw8_kernel(T *p, float *master, const float *g, unsigned char
         const float grad = __fmul_rn(g[i], gscale);
         mi = __fmul_rn(map[qm[i]], am[b]);
         vi = __fmul_rn(map[256 + qv[i]], av[b]);
-        mi = __fadd_rn(__fmul_rn(mi, b1), __fmul_rn(c1, grad));
-        vi = __fadd_rn(__fmul_rn(vi, b2), __fmul_rn(__fmul_rn(c2, grad), grad));
         float w = master ? master[i] : to_f<T>(p[i]);
-        if (decays) w = __fmul_rn(w, decay);
-        w = __fadd_rn(w, __fmul_rn(value, mi / __fadd_rn(sqrtf(vi) / bc2s, eps)));
+        if (torchao) {
+            w = __fadd_rn(w, -__fmul_rn(lrwd, w));
+            mi = lerp_rn(mi, grad, c1);
+            vi = lerp_rn(vi, __fmul_rn(grad, grad), c2);
+            w = __fadd_rn(w, -(__fmul_rn(lr, mi / bc1f) / __fadd_rn(sqrtf(vi) / bc2s, eps)));
+        } else {
+            mi = __fadd_rn(__fmul_rn(mi, b1), __fmul_rn(c1, grad));
+            vi = __fadd_rn(__fmul_rn(vi, b2), __fmul_rn(__fmul_rn(c2, grad), grad));
+            if (decays) w = __fmul_rn(w, decay);
+            w = __fadd_rn(w, __fmul_rn(value, mi / __fadd_rn(sqrtf(vi) / bc2s, eps)));
+        }
         if (master) master[i] = w;
         p[i] = from_f<T>(w);
     }
@@ -83,31 +100,32 @@ __global__ void adamw8_kernel(T *p, float *master, const float *g, unsigned char
         }
         __syncthreads();
     }
-    const float sm = mx[0][0] == 0 ? 1.0f : mx[0][0], sv = mx[1][0] == 0 ? 1.0f : mx[1][0];
+    float sm = mx[0][0], sv = mx[1][0];
+    if (torchao) sm = sm < 1e-12f ? 1e-12f : sm, sv = sv < 1e-12f ? 1e-12f : sv;
+    else sm = sm == 0 ? 1.0f : sm, sv = sv == 0 ? 1.0f : sv;
     if (i < n) {
-        qm[i] = nearest_code(map, mi / sm);
-        qv[i] = nearest_code(map + 256, vi / sv);
+        qm[i] = nearest_code(map, mi / sm, torchao);
+        qv[i] = nearest_code(map + 256, vi / sv, torchao);
     }
     if (tid == 0) am[b] = sm, av[b] = sv;
 }
 
 void k_adamw8(CudaCtx *c, void *params, float *master, const float *grads, unsigned char *qm, unsigned char *qv,
               float *am, float *av, const float *maps, size_t n, float lr, float beta1, float beta2, float eps,
-              float wd, float grad_scale, int t) {
+              float wd, float grad_scale, int t, int torchao) {
     if (!n) return;
     if (c->bf16 && !master) fail("internal: adamw8 on bf16 parameters needs the fp32 master copy");
     const double bc1 = 1.0 - pow(beta1, t), bc2 = 1.0 - pow(beta2, t);
-    const float value = (float)(-(double)lr / bc1), bc2s = (float)sqrt(bc2);
+    const float value = (float)(-(double)lr / bc1), bc2s = (float)sqrt(bc2), bc1f = (float)bc1, lrwd = lr * wd;
     const float decay = (float)(1.0 - (double)lr * wd), c1 = (float)(1.0 - beta1), c2 = (float)(1.0 - beta2);
     const unsigned nb = (unsigned)((n + ADAM8_BLOCK_CU - 1) / ADAM8_BLOCK_CU);
     if (c->bf16)
-        LAUNCH(nb, ADAM8_BLOCK_CU, 0, c->stream, adamw8_kernel<bf16>)((bf16 *)params, master, grads, qm, qv, am, av, maps, n,
-                                                                   beta1, beta2, c1, c2, eps, wd > 0, decay, value, bc2s,
-                                                                   grad_scale);
+        LAUNCH(nb, ADAM8_BLOCK_CU, 0, c->stream, adamw8_kernel<bf16>)((bf16 *)params, master, grads, qm, qv, am, av, maps,
+                                                                      n, beta1, beta2, c1, c2, eps, wd > 0, decay, value,
+                                                                      bc2s, grad_scale, torchao, lr, lrwd, bc1f);
     else
-        LAUNCH(nb, ADAM8_BLOCK_CU, 0, c->stream, adamw8_kernel<float>)((float *)params, master, grads, qm, qv, am, av, maps,
-                                                                    n, beta1, beta2, c1, c2, eps, wd > 0, decay, value,
-                                                                    bc2s, grad_scale);
+        LAUNCH(nb, ADAM8_BLOCK_CU, 0, c->stream, adamw8_kernel<float>)((float *)params, master, grads, qm, qv, am, av,
+                                                                       maps, n, beta1, beta2, c1, c2, eps, wd > 0, decay,
+                                                                       value, bc2s, grad_scale, torchao, lr, lrwd, bc1f);
     LAUNCH_CHECK("adamw8");
 }
-

@@ -159,10 +159,11 @@ void k_classifier_ce(CudaCtx *c, float *losses, void *dx, float *dW, const void 
 void k_adamw(CudaCtx *c, void *params, float *master, const float *grads, float *m, float *v,
              size_t n, float lr, float beta1, float beta2, float eps, float wd, float grad_scale,
              int t);
-// bitsandbytes' blockwise 8-bit AdamW on one tensor (llmc/optim.h); maps: 512 device floats.
+// Blockwise 8-bit AdamW on one tensor (llmc/optim.h): bitsandbytes', or torchao's; maps: 512
+// device floats.
 void k_adamw8(CudaCtx *c, void *params, float *master, const float *grads, unsigned char *qm, unsigned char *qv,
               float *am, float *av, const float *maps, size_t n, float lr, float beta1, float beta2, float eps,
-              float wd, float grad_scale, int t);
+              float wd, float grad_scale, int t, int torchao);
 
 // ---- nf4.cu ----------------------------------------------------------------------------------
 void k_nf4_dequantize(CudaCtx *c, void *out, const void *region, size_t n);
