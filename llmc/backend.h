@@ -31,8 +31,10 @@
 
 typedef struct Backend Backend;
 
-// adamw8's blocks: the elements that share one absmax (optim.h: bitsandbytes' 8-bit AdamW).
+// adamw8's blocks: the elements that share one absmax (optim.h: 8-bit AdamW; torchao's 4-bit
+// one: ADAM4_BLOCK).
 #define ADAM8_BLOCK 256
+#define ADAM4_BLOCK 128
 typedef struct Queue Queue;  // an in-order stream of work (a CUDA stream; immediate on the CPU)
 typedef struct Event Event;  // a point in a queue that other queues or the host can wait for
 
@@ -218,13 +220,13 @@ struct Backend {
     void (*adamw)(Backend *, void *params, float *master_f32, const float *grads_f32, float *m_f32,
                   float *v_f32, size_t n, float lr, float beta1, float beta2, float eps,
                   float weight_decay, float grad_scale, int t);
-    // Blockwise 8-bit AdamW on one tensor of n elements (optim.h): bitsandbytes' or, with
-    // torchao set, torchao's update and rounding; moments as bytes q_m/q_v with one absmax per
-    // ADAM8_BLOCK elements; maps: adam8_maps' 512 floats in device memory. params/master_f32
-    // as adamw.
+    // Blockwise low-bit AdamW on one tensor of n elements (optim.h): flavor 0 bitsandbytes'
+    // 8-bit, 1 torchao's 8-bit (its update and rounding), 2 torchao's 4-bit (two codes a byte,
+    // ADAM4_BLOCK); moments as bytes q_m/q_v with one absmax per block; maps: adam8_maps' (or
+    // adam4_maps') 512 floats in device memory. params/master_f32 as adamw.
     void (*adamw8)(Backend *, void *params, float *master_f32, const float *grads_f32, uint8_t *q_m, uint8_t *q_v,
                    float *absmax_m, float *absmax_v, const float *maps, size_t n, float lr, float beta1,
-                   float beta2, float eps, float weight_decay, float grad_scale, int t, int torchao);
+                   float beta2, float eps, float weight_decay, float grad_scale, int t, int flavor);
 
     // QLoRA and load_in_8bit: out[n] (act) = the weight held in a region (nf4.h's device
     // layout; format REGION_NF4 or REGION_INT8, as its header says).

@@ -886,7 +886,10 @@ void run_identity(RunIdentity *id, const Config *cfg, const Model *m) {
     id_num(id, "adam_epsilon", cfg->adam_epsilon);
     // the moments' form: a checkpoint's optimizer file holds one or the other
     id_add(id, "optimizer_states", "%s",
-           m->opt.adam8 == ADAM8_TORCHAO ? "8-bit (torchao)" : m->opt.adam8 ? "8-bit (bitsandbytes blockwise)" : "float32");
+           m->opt.adam8 == ADAM4_TORCHAO   ? "4-bit (torchao)"
+           : m->opt.adam8 == ADAM8_TORCHAO ? "8-bit (torchao)"
+           : m->opt.adam8                  ? "8-bit (bitsandbytes blockwise)"
+                                           : "float32");
 }
 
 // The first key of this run that the checkpoint recorded differently stops the resume. The base

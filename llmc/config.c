@@ -446,7 +446,10 @@ static int set_key(Config *cfg, const char *key, const char *value, const char *
     if (strncmp(key, "model.", 6) == 0) cfg->has_model_block = 1;
     if (k->off == offsetof(Config, optimizer) && strcmp(origin, "default")) {
         int bits = strstr(value, "8bit") ? 8 : strstr(value, "4bit") ? 4 : 0;
-        if (optimizer_adam8_kind(value) == ADAM8_TORCHAO) {
+        if (optimizer_adam8_kind(value) == ADAM4_TORCHAO) {
+            printf("note: optimizer %s runs as torchao's AdamW4bit (4-bit moments, two to a byte, for tensors of at "
+                   "least 4096 elements whose size is a multiple of 128, float moments for the others)\n", value);
+        } else if (optimizer_adam8_kind(value) == ADAM8_TORCHAO) {
             printf("note: optimizer %s runs as torchao's AdamW8bit (one byte per moment for tensors of at least 4096 "
                    "elements whose size is a multiple of 256, float moments for the others)\n", value);
         } else if (optimizer_adam8_kind(value)) {

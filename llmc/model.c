@@ -569,7 +569,8 @@ void model_check_memory(const ModelConfig *c, const LoraConfig *lora, const Mode
     const double train_b = trainable * (A + sizeof(float)) / (zero >= 3 ? world : 1);  // weights, float grads
     // (offload_optimizer's host copy of the gradients is the gradients themselves under
     // offload_params)
-    const double moments = mo && mo->adam8 ? 2 : 8;  // 8-bit AdamW: a byte each, at least
+    // low-bit AdamW: at least a byte each (8-bit), half a byte (4-bit)
+    const double moments = !mo || !mo->adam8 ? 8 : mo->adam8 == ADAM4_TORCHAO ? 1 : 2;
     const double opt_b = trainable * (moments + (A != 4 || offload ? 4 : 0) + (offload && !offload_params ? 4 : 0)) /
                          (zero >= 1 ? world : 1);
     double host = table;
@@ -694,7 +695,8 @@ void model_create(Model *m, Backend *bk, const ModelConfig *cfg, const LoraConfi
         adam8_layout(m);
         ng = m->adam8_small;
         float maps[512];
-        adam8_maps(maps);
+        if (m->opt.adam8 == ADAM4_TORCHAO) adam4_maps(maps);
+        else adam8_maps(maps);
         const int host = m->opt.offload_optimizer;
         void *(*alloc)(Backend *, size_t, const char *) = host ? host_alloc_zero : dev_alloc_zero;
         m->q_m = alloc(bk, m->adam8_n ? m->adam8_n : 1, host ? "8-bit AdamW first moments (host)" : "8-bit AdamW first moments");

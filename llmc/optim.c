@@ -115,20 +115,20 @@ static void adam8_update(Model *m, int i, size_t a, size_t loc, const float *g, 
     const Adam8Slot *s = &m->adam8[i];
     const size_t n = p->numel;
     const float b1 = (float)oc->beta1, b2 = (float)oc->beta2, eps = (float)oc->eps;
-    const int torchao = m->opt.adam8 == ADAM8_TORCHAO;
+    const int flavor = m->opt.adam8 - 1;  // adamw8's: 0 bitsandbytes, 1 torchao, 2 torchao 4-bit
     if (m->opt.offload_optimizer) {
         float *w = m->master + loc;
         const float *hg = m->host_grads + (g - m->grads);
         if (s->on)
             adamw8_f32(w, hg, m->q_m + s->q, m->q_v + s->q, m->absmax_m + s->blk, m->absmax_v + s->blk, m->adam8_maps,
-                       n, lr, b1, b2, eps, wd, clip, t, torchao);
+                       n, lr, b1, b2, eps, wd, clip, t, flavor);
         else
             adamw_f32(w, hg, m->adam_m + s->f, m->adam_v + s->f, n, lr, b1, b2, eps, wd, clip, t);
         if (m->opt.offload_params) bk->host_from_f32(bk, param_at(m, a, loc), w, n);
         else bk->upload_act(bk, param_at(m, a, loc), w, n);
     } else if (s->on) {
         bk->adamw8(bk, param_at(m, a, loc), m->master ? m->master + loc : NULL, g, m->q_m + s->q, m->q_v + s->q,
-                   m->absmax_m + s->blk, m->absmax_v + s->blk, m->adam8_maps, n, lr, b1, b2, eps, wd, clip, t, torchao);
+                   m->absmax_m + s->blk, m->absmax_v + s->blk, m->adam8_maps, n, lr, b1, b2, eps, wd, clip, t, flavor);
     } else {
         bk->adamw(bk, param_at(m, a, loc), m->master ? m->master + loc : NULL, g, m->adam_m + s->f, m->adam_v + s->f,
                   n, lr, b1, b2, eps, wd, clip, t);
@@ -192,7 +192,7 @@ float optim_step(Model *m, const OptimConfig *oc, double lr, double norm, int st
 int optimizer_adam8_kind(const char *name) {
     if (!strcmp(name, "adamw_bnb_8bit") || !strcmp(name, "adamw_8bit") || !strcmp(name, "paged_adamw_8bit"))
         return ADAM8_BNB;
-    return !strcmp(name, "adamw_torch_8bit") ? ADAM8_TORCHAO : 0;
+    return !strcmp(name, "adamw_torch_8bit") ? ADAM8_TORCHAO : !strcmp(name, "adamw_torch_4bit") ? ADAM4_TORCHAO : 0;
 }
 
 // torch.linspace(start, end, steps)[i] in float32: computed in double from the float start and
@@ -208,15 +208,15 @@ static int cmp_float(const void *a, const void *b) {
     return x < y ? -1 : x > y;
 }
 
-// create_dynamic_map(signed, max_exponent_bits 7, total_bits 8): for exponent i = 0..6, the
-// midpoints of linspace(0.1, 1, 2^i + 1 (signed) or 2^(i+1) + 1 points) times 10^(i - 6), with
-// their negatives when signed; then 0 and 1; sorted. Each product is float32 (torch multiplies
-// the float32 midpoints by the Python float).
-static void dynamic_map(float *out, int is_signed) {
+// create_dynamic_map(signed, max_exponent_bits e (7 or 3), total_bits e + 1): for exponent i
+// = 0..e-1, the midpoints of linspace(0.1, 1, 2^i + 1 (signed) or 2^(i+1) + 1 points) times
+// 10^(i - e + 1), with their negatives when signed; then 0 and 1; sorted. Each product is float32
+// (torch multiplies the float32 midpoints by the Python float).
+static void dynamic_map(float *out, int is_signed, int e) {
     int n = 0;
-    for (int i = 0; i < 7; i++) {
+    for (int i = 0; i < e; i++) {
         const int items = is_signed ? (1 << i) + 1 : (1 << (i + 1)) + 1;
-        const float scale = (float)pow(10.0, i - 6);
+        const float scale = (float)pow(10.0, i - e + 1);
         for (int k = 0; k + 1 < items; k++) {
             const float mean = (linspace_at(0.1f, 1.0f, items, k) + linspace_at(0.1f, 1.0f, items, k + 1)) / 2.0f;
             out[n++] = scale * mean;
@@ -225,13 +225,19 @@ static void dynamic_map(float *out, int is_signed) {
     }
     out[n++] = 0.0f;
     out[n++] = 1.0f;
-    if (n != 256) fail("internal: the dynamic map has %d entries", n);
-    qsort(out, 256, sizeof(float), cmp_float);
+    if (n != 1 << (e + 1)) fail("internal: the dynamic map has %d entries", n);
+    qsort(out, (size_t)n, sizeof(float), cmp_float);
 }
 
 void adam8_maps(float *map) {
-    dynamic_map(map, 1);
-    dynamic_map(map + 256, 0);
+    dynamic_map(map, 1, 7);
+    dynamic_map(map + 256, 0, 7);
+}
+
+void adam4_maps(float *map) {
+    memset(map, 0, 512 * sizeof(float));
+    dynamic_map(map, 1, 3);
+    for (int k = 1; k <= 16; k++) map[256 + k - 1] = linspace_at(0.0f, 1.0f, 17, k);  // linspace(0, 1, 17)[1:]
 }
 
 void adam8_layout(Model *m) {
@@ -239,7 +245,9 @@ void adam8_layout(Model *m) {
     if (world > 1 && m->opt.zero_stage >= 1)  // its shards cut tensors (even where one happens not to)
         fail("8-bit AdamW (optimizer %s) with ZeRO-%d over %d ranks: each rank would hold parts of tensors, and 8-bit "
              "AdamW needs whole ones (its blocks' absmax): use one rank, zero_stage 0, or a 32-bit optimizer",
-             m->opt.adam8 == ADAM8_TORCHAO ? "adamw_torch_8bit" : "adamw_bnb_8bit", m->opt.zero_stage, world);
+             m->opt.adam8 == ADAM4_TORCHAO ? "adamw_torch_4bit" : m->opt.adam8 == ADAM8_TORCHAO ? "adamw_torch_8bit"
+                                                                                 : "adamw_bnb_8bit",
+             m->opt.zero_stage, world);
     m->adam8 = xcalloc((size_t)(nspec ? nspec : 1), sizeof *m->adam8);
     m->adam8_n = m->adam8_blocks = m->adam8_small = 0;
     for (int i = 0; i < nspec; i++) {
@@ -249,10 +257,12 @@ void adam8_layout(Model *m) {
         if (a != p->goff || b != p->goff + p->numel)
             fail("internal: 8-bit AdamW: %s is split between ranks", p->name);
         Adam8Slot *s = &m->adam8[i];
-        if (p->numel >= ADAM8_MIN && (m->opt.adam8 != ADAM8_TORCHAO || p->numel % ADAM8_BLOCK == 0)) {
+        const int four = m->opt.adam8 == ADAM4_TORCHAO;
+        const size_t blk = four ? ADAM4_BLOCK : ADAM8_BLOCK;
+        if (p->numel >= ADAM8_MIN && (m->opt.adam8 == ADAM8_BNB || p->numel % blk == 0)) {
             s->on = 1, s->q = m->adam8_n, s->blk = m->adam8_blocks;
-            m->adam8_n += p->numel;
-            m->adam8_blocks += (p->numel + ADAM8_BLOCK - 1) / ADAM8_BLOCK;
+            m->adam8_n += four ? p->numel / 2 : p->numel;  // bytes
+            m->adam8_blocks += (p->numel + blk - 1) / blk;
         } else {
             s->f = m->adam8_small;
             m->adam8_small += p->numel;

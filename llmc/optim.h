@@ -41,9 +41,16 @@ float optim_step(Model *m, const OptimConfig *oc, double lr, double norm, int st
 // steps (lerp moments, lr (m / bc1) / denom), rounding (up from half the step between codes),
 // a scale of at least 1e-12, and byte moments only for tensors whose size is also a multiple
 // of 256 (its block).
-enum { ADAM8_BNB = 1, ADAM8_TORCHAO = 2 };
-// ADAM8_BNB or ADAM8_TORCHAO for the optimizer names that mean one, else 0.
+// torchao's AdamW4bit (adamw_torch_4bit): the same steps as its AdamW8bit over 4-bit codes, two
+// to a byte (the even element in the high half), blocks of ADAM4_BLOCK (backend.h: 128), a 16-entry dynamic map
+// (create_dynamic_map(signed, 3, 4)) for the first moment and linspace(0, 1, 17)[1:] (no zero)
+// for the second; byte moments for tensors of at least 4096 elements whose size is a multiple
+// of 128. Its maps sit where the 8-bit ones do (adam8_maps' layout), in the first 16 of each half.
+enum { ADAM8_BNB = 1, ADAM8_TORCHAO = 2, ADAM4_TORCHAO = 3 };
+// ADAM8_BNB, ADAM8_TORCHAO or ADAM4_TORCHAO for the optimizer names that mean one, else 0.
 int optimizer_adam8_kind(const char *name);
+// adam8_maps' layout with torchao's 4-bit maps (zeros after the 16 of each half).
+void adam4_maps(float *map);
 // map[0..255]: the signed map (first moment), map[256..511]: the unsigned one, ascending, the
 // float values bitsandbytes' create_dynamic_map(signed) computes with torch.
 void adam8_maps(float *map);

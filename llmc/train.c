@@ -131,7 +131,10 @@ static void print_box(const Config *cfg, const Model *m, const Backend *bk, size
     printf("| tokens/step  %-50s |\n", tok);
     char opt[128];
     snprintf(opt, sizeof opt, "%s lr %.3g %s warmup %d wd %g clip %g",
-             m->opt.adam8 == ADAM8_TORCHAO ? "AdamW 8-bit (torchao)" : m->opt.adam8 ? "AdamW 8-bit" : "AdamW",
+             m->opt.adam8 == ADAM4_TORCHAO   ? "AdamW 4-bit (torchao)"
+             : m->opt.adam8 == ADAM8_TORCHAO ? "AdamW 8-bit (torchao)"
+             : m->opt.adam8                  ? "AdamW 8-bit"
+                                             : "AdamW",
              cfg->learning_rate,
              cfg->lr_scheduler, cfg->warmup_steps, cfg->weight_decay, cfg->max_grad_norm);
     printf("| optimizer    %-50s |\n", opt);

@@ -742,45 +742,54 @@ def grad_norm_clip(params, max_norm):
 # unsigned for the second) times one float absmax per block of 256 elements; smaller tensors
 # keep float32 moments. The update runs in float32.
 
-ADAM8_NAMES = ("adamw_bnb_8bit", "adamw_8bit", "paged_adamw_8bit", "adamw_torch_8bit")
+ADAM8_NAMES = ("adamw_bnb_8bit", "adamw_8bit", "paged_adamw_8bit", "adamw_torch_8bit", "adamw_torch_4bit")
+# torchao's AdamW4bit (adamw_torch_4bit; its subclass_4bit.py): the AdamW8bit steps over 4-bit
+# codes, blocks of 128 (and sizes a multiple of 128), maps create_dynamic_map(True, 3, 4) and
+# linspace(0, 1, 17)[1:].
 # torchao's AdamW8bit (transformers' adamw_torch_8bit; torchao/optim: adam.py's single_param_adam,
 # quant_utils' scale_tensor and quantize_8bit_with_qmap): byte moments only for tensors of at
 # least 4096 elements whose size is a multiple of its 256-element block, moments by lerp, the
 # scale clipped to at least 1e-12, a code rounded up when x - down >= (up - down) / 2.
 
 
-def dynamic_map(signed):
-    """The 256 ascending float32 codes: for exponent i = 0..6 the midpoints of linspace(0.1, 1)
-    with 2^i + 1 points (unsigned: 2^(i+1) + 1) times 10^(i - 6), and their negatives when
-    signed; then 0 and 1."""
+def dynamic_map(signed, e=7):
+    """The 2^(e+1) ascending float32 codes: for exponent i = 0..e-1 the midpoints of
+    linspace(0.1, 1) with 2^i + 1 points (unsigned: 2^(i+1) + 1) times 10^(i - e + 1), and their
+    negatives when signed; then 0 and 1."""
     vals = []
-    for i in range(7):
+    for i in range(e):
         n = (2 ** i if signed else 2 ** (i + 1)) + 1
         b = torch.linspace(0.1, 1, n, dtype=torch.float32)
         mid = (b[:-1] + b[1:]) / 2.0
-        vals += ((10 ** (i - 6)) * mid).tolist()
+        vals += ((10 ** (i - e + 1)) * mid).tolist()
         if signed:
-            vals += (-(10 ** (i - 6)) * mid).tolist()
+            vals += (-(10 ** (i - e + 1)) * mid).tolist()
     vals += [0.0, 1.0]
-    assert len(vals) == 256
+    assert len(vals) == 2 ** (e + 1)
     return torch.tensor(sorted(vals), dtype=torch.float32)
 
 
-def _blocks(x):
+def torchao4_maps():
+    """torchao's 4-bit maps: create_dynamic_map(True, 3, 4), linspace(0, 1, 17)[1:]."""
+    return dynamic_map(True, 3), torch.linspace(0, 1, 17, dtype=torch.float32)[1:]
+
+
+def _blocks(x, block=256):
     n = x.numel()
-    nb = (n + 255) // 256
-    return F.pad(x.reshape(-1), (0, nb * 256 - n)).reshape(nb, 256), n
+    nb = (n + block - 1) // block
+    return F.pad(x.reshape(-1), (0, nb * block - n)).reshape(nb, block), n
 
 
-def quantize8(x, code, torchao=False):
+def quantize8(x, code, torchao=False, block=256):
     """(uint8 indices of the nearest codes to x / its block's absmax, absmax per block)."""
-    xb, n = _blocks(x.float())
+    xb, n = _blocks(x.float(), block)
+    last = code.numel() - 1
     absmax = xb.abs().max(dim=1, keepdim=True)[0]
     if torchao:
         absmax = absmax.clip(1e-12)
         y = xb / absmax
         lo = (y.unsqueeze(2) >= code).sum(dim=2).sub(1).clamp(min=0)  # the last code <= y (0 if none)
-        up = (lo + 1).clamp(max=255)
+        up = (lo + 1).clamp(max=last)
         down_v, up_v = code[lo], code[up]
         idx = torch.where(y - down_v >= (up_v - down_v) * 0.5, up, lo).to(torch.uint8)
     else:
@@ -789,8 +798,8 @@ def quantize8(x, code, torchao=False):
     return idx.reshape(-1)[:n].reshape(x.shape), absmax.reshape(-1)
 
 
-def dequantize8(q, absmax, code):
-    qb, n = _blocks(code[q.long()])
+def dequantize8(q, absmax, code, block=256):
+    qb, n = _blocks(code[q.long()], block)
     return (qb * absmax.unsqueeze(1)).reshape(-1)[:n].reshape(q.shape)
 
 
@@ -798,11 +807,13 @@ class AdamW8bit(torch.optim.Optimizer):
     """The reference's bitsandbytes 8-bit AdamW (see above); params of any float dtype are
     updated through a float32 copy, as bitsandbytes' update does."""
 
-    def __init__(self, params, lr, betas, eps, weight_decay=0.0, codes=None, torchao=False):
+    def __init__(self, params, lr, betas, eps, weight_decay=0.0, codes=None, torchao=False, bits=8):
         super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))
-        self.torchao = torchao
+        self.torchao = torchao or bits == 4
+        self.block = 128 if bits == 4 else 256
         # codes: (signed, unsigned) maps to use instead of torch's (whose last bits vary by CPU)
-        self.code1, self.code2 = codes if codes is not None else (dynamic_map(True), dynamic_map(False))
+        self.code1, self.code2 = codes if codes is not None else (
+            torchao4_maps() if bits == 4 else (dynamic_map(True), dynamic_map(False)))
 
     @torch.no_grad()
     def step(self):
@@ -813,14 +824,14 @@ class AdamW8bit(torch.optim.Optimizer):
                 if p.grad is None:
                     continue
                 st = self.state[p]
-                small = p.numel() < 4096 or (self.torchao and p.numel() % 256 != 0)
+                small = p.numel() < 4096 or (self.torchao and p.numel() % self.block != 0)
                 if not st:
                     st["step"] = 0
                     if small:
                         st["m"] = torch.zeros(p.shape, dtype=torch.float32)
                         st["v"] = torch.zeros(p.shape, dtype=torch.float32)
                     else:
-                        nb = (p.numel() + 255) // 256
+                        nb = (p.numel() + self.block - 1) // self.block
                         st["q1"] = torch.zeros(p.shape, dtype=torch.uint8)
                         st["q2"] = torch.zeros(p.shape, dtype=torch.uint8)
                         st["a1"] = torch.zeros(nb, dtype=torch.float32)
@@ -829,8 +840,8 @@ class AdamW8bit(torch.optim.Optimizer):
                 t = st["step"]
                 grad = p.grad.float()
                 w = p.detach().float()
-                m = st["m"] if small else dequantize8(st["q1"], st["a1"], self.code1)
-                v = st["v"] if small else dequantize8(st["q2"], st["a2"], self.code2)
+                m = st["m"] if small else dequantize8(st["q1"], st["a1"], self.code1, self.block)
+                v = st["v"] if small else dequantize8(st["q2"], st["a2"], self.code2, self.block)
                 bc1, bc2 = 1.0 - b1 ** t, 1.0 - b2 ** t
                 if self.torchao:  # single_param_adam
                     w = w - lr * wd * w
@@ -848,8 +859,8 @@ class AdamW8bit(torch.optim.Optimizer):
                     w.addcdiv_(m, denom, value=-lr / bc1)
                 p.copy_(w.to(p.dtype))
                 if not small:
-                    st["q1"], st["a1"] = quantize8(m, self.code1, self.torchao)
-                    st["q2"], st["a2"] = quantize8(v, self.code2, self.torchao)
+                    st["q1"], st["a1"] = quantize8(m, self.code1, self.torchao, self.block)
+                    st["q2"], st["a2"] = quantize8(v, self.code2, self.torchao, self.block)
 
 
 class RefLlama(torch.nn.Module):
@@ -1168,7 +1179,7 @@ class RefTrainer:
                      eps=float(tc["adam_epsilon"]))
         if tc.get("optimizer") in ADAM8_NAMES:  # tc["_adam8_codes"]: AdamW8bit's codes
             self.opt = AdamW8bit(groups, codes=tc.get("_adam8_codes"), torchao=tc["optimizer"] == "adamw_torch_8bit",
-                                 **hyper)
+                                 bits=4 if tc["optimizer"] == "adamw_torch_4bit" else 8, **hyper)
         else:
             self.opt = torch.optim.AdamW(groups, **hyper)
         self.s = 0  # 0-based index of the next optimizer step

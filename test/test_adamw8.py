@@ -1,7 +1,7 @@
 #!/usr/bin/python3
-"""8-bit AdamW (llmc/optim.h): bitsandbytes' (optimizer: adamw_bnb_8bit, adamw_8bit,
-paged_adamw_8bit) and torchao's (adamw_torch_8bit), against test/llama_ref.py's AdamW8bit,
-written from their algorithms.
+"""Low-bit AdamW (llmc/optim.h): bitsandbytes' 8-bit (optimizer: adamw_bnb_8bit, adamw_8bit,
+paged_adamw_8bit) and torchao's 8-bit and 4-bit (adamw_torch_8bit, adamw_torch_4bit), against
+test/llama_ref.py's AdamW8bit, written from their algorithms.
 
     /usr/bin/python3 test/test_adamw8.py --bin build/train_llama
 
@@ -22,6 +22,9 @@ written from their algorithms.
   torchao      torchao's AdamW8bit (adamw_torch_8bit) against the reference's torchao variant, as
                full; its embedding (8256 elements, not a multiple of 256) keeps float moments, so
                its update differs from bitsandbytes' rule's (checked).
+  torchao4     torchao's AdamW4bit (adamw_torch_4bit): its 16-entry maps against torchao's (2
+               ulps), the run against the reference's 4-bit variant as full (the 8-bit
+               reference's updates differ far more: checked), half a byte per element a moment.
   modes        offload_optimizer (the update on the host), recompute and layer offload give the
                plain 8-bit run's weights bit for bit.
   resume       2 steps, a checkpoint, 2 more from it: the same weights bit for bit as 4 steps in
@@ -196,6 +199,46 @@ def case_torchao(root):
     return errs, f"loss {wl:.1e}, updates {eu:.1e} ({en}); bitsandbytes' embedding update differs {eb:.1e}"
 
 
+def case_torchao4(root):
+    """torchao's AdamW4bit (adamw_torch_4bit): the checkpoint's 16-entry maps against torchao's
+    (create_dynamic_map(True, 3, 4), linspace(0, 1, 17)[1:]), the run against the reference's
+    4-bit variant, and half a byte per element of each moment."""
+    import torch
+    work = os.path.join(root, "torchao4")
+    cfg = cfg_small()
+    model_dir, shard, tokens, weights = setup(work, cfg)
+    tc = tconf(model_dir, shard, os.path.join(work, "out"), save_steps=4, optimizer="adamw_torch_4bit")
+    p = run(work, tc)
+    got = R.read_safetensors(os.path.join(work, "out", "model.safetensors"))
+    codes = tuple(c[:16] for c in trainer_codes(tc["output_dir"], 4))
+    errs = []
+    for have, want, name in zip(codes, R.torchao4_maps(), ("signed", "unsigned")):
+        ulps = np.abs(have.numpy().view(np.int32).astype(np.int64) - want.numpy().view(np.int32).astype(np.int64))
+        if ulps.max() > 2:
+            errs.append(f"the {name} 4-bit map differs from torchao's by {ulps.max()} ulps")
+    ref = R.train_reference(cfg, weights, tokens, dict(tc, _adam8_codes=codes))
+    rr = rows(tc["output_dir"])
+    wl = max(rel(r["loss"], l) for r, l in zip(rr, ref["losses"]))
+    if len(rr) != 4 or wl > 1e-4:
+        errs.append(f"{len(rr)} steps; loss rel {wl:.2e} (1e-4)")
+    w0 = {k: np.asarray(v, np.float64) for k, v in weights.items()}
+    eu, en = update_errors(got, ref["weights"], w0)
+    e8, _ = update_errors(got, R.train_reference(cfg, weights, tokens, dict(tc, optimizer="adamw_torch_8bit"))["weights"],
+                          w0)
+    if eu > 2e-3:
+        errs.append(f"updates vs the 4-bit reference: {eu:.2e} at {en} (2e-3)")
+    if e8 < 10 * 2e-3:
+        errs.append(f"the 8-bit reference's updates differ only {e8:.2e}: the test would not see 4-bit codes")
+    if "AdamW 4-bit (torchao)" not in p.stdout:
+        errs.append("the config box does not name torchao's 4-bit AdamW")
+    st = R.read_safetensors(os.path.join(tc["output_dir"], "checkpoint-4", "optimizer.safetensors"))
+    n4 = np.asarray(st["adam8.exp_avg"]).size
+    big = sum(np.asarray(v).size for k, v in weights.items() if np.asarray(v).size >= 4096)
+    if n4 * 2 != big:
+        errs.append(f"4-bit moments hold {n4} bytes for {big} elements")
+    return errs, f"loss {wl:.1e}, updates {eu:.1e} ({en}); the 8-bit reference's differ {e8:.1e}; {n4} bytes a moment"
+
+
 def case_modes(root):
     work = os.path.join(root, "modes")
     model_dir, shard, _, _ = setup(work, cfg_small())
@@ -320,7 +363,8 @@ def main():
     ARGS = ap.parse_args()
     ARGS.bin = os.path.abspath(ARGS.bin)
     root = tempfile.mkdtemp(prefix="test_adamw8_")
-    cases = [("maps", case_maps), ("full", case_full), ("torchao", case_torchao), ("modes", case_modes),
+    cases = [("maps", case_maps), ("full", case_full), ("torchao", case_torchao), ("torchao4", case_torchao4),
+             ("modes", case_modes),
              ("resume", case_resume),
              ("lora", case_lora), ("memory", case_memory), ("zero_refused", case_zero_refused)]
     try:

@@ -352,9 +352,9 @@ def optimizer_family(e):
         rc, out, err = e.run("opt%d" % i, e.base("opt%d" % i, optimizer=name, max_steps=4))
         ok_run(rc, out, err)
         bits = "4" if "4bit" in name else "8"
-        if name == "adamw_torch_8bit":  # torchao's AdamW8bit (test_adamw8.py)
-            check(re.search(r"^note: optimizer %s runs as torchao's AdamW8bit" % name, out, re.M),
-                  "no torchao 8-bit note for " + name)
+        if name in ("adamw_torch_8bit", "adamw_torch_4bit"):  # torchao's AdamW8bit/4bit (test_adamw8.py)
+            check(re.search(r"^note: optimizer %s runs as torchao's AdamW%sbit" % (name, bits), out, re.M),
+                  "no torchao %s-bit note for %s" % (bits, name))
         elif name in ("adamw_bnb_8bit", "paged_adamw_8bit"):  # bitsandbytes' 8-bit AdamW (test_adamw8.py)
             check(re.search(r"^note: optimizer %s runs as bitsandbytes' blockwise 8-bit AdamW" % name, out, re.M),
                   "no 8-bit AdamW note for " + name)
@@ -375,7 +375,9 @@ def optimizer_family(e):
     l6 = [r["loss"] for r in e.metrics("opt6") if "loss" in r]
     check(l0[0] == l6[0] and l6[1:] != l0[1:], "adamw_torch_8bit trained as adamw_torch: %s" % l6)
     l7 = [r["loss"] for r in e.metrics("opt7") if "loss" in r]
-    check(l0 == l7, "adamw_torch_4bit trained differently from adamw_torch")
+    check(l0[0] == l7[0] and l7[1:] != l0[1:], "adamw_torch_4bit trained as adamw_torch: %s" % l7)
+    l8 = [r["loss"] for r in e.metrics("opt8") if "loss" in r]
+    check(l0 == l8, "ao_adamw_8bit (float AdamW behind a note) trained differently from adamw_torch")
 
 
 def checkpointing_offload(e):

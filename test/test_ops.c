@@ -1306,6 +1306,77 @@ static void naive_adamw8(float *p, const float *g, uint8_t *qm, uint8_t *qv, flo
     }
 }
 
+// torchao's AdamW4bit written plainly: its steps, 16 codes by a linear scan with its rounding,
+// packed two to a byte (element 2k in the high half).
+static unsigned torchao_code4(const float *map, float x) {
+    unsigned lo = 0;
+    for (unsigned i = 1; i < 16; i++)
+        if (map[i] <= x) lo = i;
+    const unsigned up = lo < 15 ? lo + 1 : 15;
+    return x - map[lo] >= (map[up] - map[lo]) * 0.5f ? up : lo;
+}
+
+static void naive_adamw4(float *p, const float *g, uint8_t *qm, uint8_t *qv, float *am, float *av, const float *map,
+                         size_t n, float lr, float b1, float b2, float eps, float wd, float gs, int t) {
+    const double bc1 = 1.0 - pow(b1, t), bc2 = 1.0 - pow(b2, t);
+    const float bc2s = (float)sqrt(bc2);
+    for (size_t b = 0; b * ADAM4_BLOCK < n; b++) {
+        float ms[ADAM4_BLOCK], vs[ADAM4_BLOCK], mm = 0, mv = 0;
+        for (size_t j = 0; j < ADAM4_BLOCK; j++) {
+            const size_t i = b * ADAM4_BLOCK + j;
+            const int code_m = i % 2 ? qm[i / 2] & 15 : qm[i / 2] >> 4, code_v = i % 2 ? qv[i / 2] & 15 : qv[i / 2] >> 4;
+            const float gr = g[i] * gs;
+            float mi = map[code_m] * am[b], vi = map[256 + code_v] * av[b], w = p[i];
+            w = w - lr * wd * w;
+            mi = lerp_ref(mi, gr, (float)(1.0 - b1));
+            vi = lerp_ref(vi, gr * gr, (float)(1.0 - b2));
+            p[i] = w - lr * (mi / (float)bc1) / (sqrtf(vi) / bc2s + eps);
+            ms[j] = mi, vs[j] = vi;
+            mm = fmaxf(mm, fabsf(mi)), mv = fmaxf(mv, fabsf(vi));
+        }
+        am[b] = fmaxf(mm, 1e-12f), av[b] = fmaxf(mv, 1e-12f);
+        for (size_t j = 0; j < ADAM4_BLOCK; j += 2) {
+            const size_t k = (b * ADAM4_BLOCK + j) / 2;
+            qm[k] = (uint8_t)(torchao_code4(map, ms[j] / am[b]) << 4 | torchao_code4(map, ms[j + 1] / am[b]));
+            qv[k] = (uint8_t)(torchao_code4(map + 256, vs[j] / av[b]) << 4 | torchao_code4(map + 256, vs[j + 1] / av[b]));
+        }
+    }
+}
+
+static void test_adamw4(void) {
+    float map[512];
+    adam4_maps(map);
+    Cmp e = {0};
+    int ascending = 1;
+    for (int i = 1; i < 16; i++) ascending &= map[i - 1] < map[i] && map[256 + i - 1] < map[256 + i];
+    cmp_rel(&e, "ascending", 0, ascending, 1.0);
+    cmp_rel(&e, "signed last", 0, map[15], 1.0);
+    cmp_rel(&e, "unsigned first", 0, map[256], 1.0 / 16);
+    cmp_rel(&e, "unsigned last", 0, map[271], 1.0);
+    report(&e, 0, "adam4 maps: 16 ascending codes each, signed up to 1, unsigned 1/16 .. 1");
+    const size_t n = 640;  // five blocks; block 1 gets no gradient
+    float *p = xmalloc(n * sizeof(float)), *q = xmalloc(n * sizeof(float)), *g = xmalloc(n * sizeof(float));
+    uint8_t *qm = xcalloc(n / 2, 1), *qv = xcalloc(n / 2, 1), *rqm = xcalloc(n / 2, 1), *rqv = xcalloc(n / 2, 1);
+    float *am = xcalloc(5, sizeof(float)), *av = xcalloc(5, sizeof(float)), *ram = xcalloc(5, sizeof(float)),
+          *rav = xcalloc(5, sizeof(float));
+    for (size_t i = 0; i < n; i++) p[i] = q[i] = (float)rng_normal(&rng);
+    e = (Cmp){0};
+    for (int t = 1; t <= 4; t++) {
+        for (size_t i = 0; i < n; i++) {
+            const double mag = pow(10.0, -4.0 * (double)(rng_next(&rng) >> 11) / 9007199254740992.0);
+            g[i] = i / ADAM4_BLOCK == 1 ? 0.0f : (float)(mag * rng_normal(&rng));
+        }
+        const float b1 = t == 4 ? 0.3f : 0.9f, wd = t == 3 ? 0.0f : 0.1f;
+        adamw8_f32(p, g, qm, qv, am, av, map, n, 1e-2f, b1, 0.999f, 1e-8f, wd, 0.7f, t, 2);
+        naive_adamw4(q, g, rqm, rqv, ram, rav, map, n, 1e-2f, b1, 0.999f, 1e-8f, wd, 0.7f, t);
+        for (size_t i = 0; i < n; i++) cmp_rel(&e, "p", i, p[i], q[i]);
+        for (size_t i = 0; i < n / 2; i++) cmp_rel(&e, "q_m", i, qm[i], rqm[i]), cmp_rel(&e, "q_v", i, qv[i], rqv[i]);
+        for (int b = 0; b < 5; b++) cmp_rel(&e, "absmax_m", b, am[b], ram[b]), cmp_rel(&e, "absmax_v", b, av[b], rav[b]);
+    }
+    report(&e, 0, "adamw4 torchao (4 steps, a block without gradient, wd on and off) vs the plain algorithm, bit for bit");
+    free(p), free(q), free(g), free(qm), free(qv), free(rqm), free(rqv), free(am), free(av), free(ram), free(rav);
+}
+
 static void test_adamw8(int torchao) {
     const char *who = torchao ? "torchao" : "bitsandbytes";
     float map[512];
@@ -1831,6 +1902,7 @@ int main(void) {
     test_adamw(3e-3f, 0.0f, 1.0f, 1);
     test_adamw8(0);
     test_adamw8(1);
+    test_adamw4();
 
     test_f32_attention(0, 70, 16);
     test_f32_attention(23, 70, 16);

@@ -11,20 +11,22 @@ extern "C" {
 // bit for bit (both compute the same float operations, uncontracted): params (or the fp32
 // master, whose bf16 copy must be its rounding), the moments' bytes and the blocks' absmax;
 // one block of the tensor without gradient, a partial last block, decay off at step 2.
-static void check_adamw8(CudaCtx *c, int bf, int torchao) {
-    const size_t n = 1000, nb = (n + ADAM8_BLOCK - 1) / ADAM8_BLOCK;
+static void check_adamw8(CudaCtx *c, int bf, int torchao) {  // torchao 2: its 4-bit flavour
+    const int four = torchao == 2, blk = four ? ADAM4_BLOCK : ADAM8_BLOCK;
+    const size_t n = four ? 640 : 1000, nb = (n + blk - 1) / blk, nq = four ? n / 2 : n;
     float maps[512];
-    adam8_maps(maps);
+    if (four) adam4_maps(maps);
+    else adam8_maps(maps);
     std::vector<float> p = randn(n), q = p;
     void *dp = up_act(p, bf), *dmaster = bf ? up_act(p, 0) : NULL;
     float *dmaps = (float *)up_act(std::vector<float>(maps, maps + 512), 0);
-    std::vector<unsigned char> zb(n, 0), qm(n, 0), qv(n, 0);
+    std::vector<unsigned char> zb(nq, 0), qm(nq, 0), qv(nq, 0);
     std::vector<float> za(nb, 0.0f), am(nb, 0.0f), av(nb, 0.0f);
-    unsigned char *dqm = (unsigned char *)up_bytes(zb.data(), n), *dqv = (unsigned char *)up_bytes(zb.data(), n);
+    unsigned char *dqm = (unsigned char *)up_bytes(zb.data(), nq), *dqv = (unsigned char *)up_bytes(zb.data(), nq);
     float *dam = (float *)up_act(za, 0), *dav = (float *)up_act(za, 0);
     for (int t = 1; t <= 3; t++) {
         std::vector<float> g = randn(n, t == 2 ? 1e-4 : 1.0);
-        for (size_t i = ADAM8_BLOCK; i < 2 * ADAM8_BLOCK; i++) g[i] = 0;
+        for (size_t i = blk; i < 2 * (size_t)blk; i++) g[i] = 0;
         float *dg = (float *)up_act(g, 0);
         const float wd = t == 2 ? 0.0f : 0.1f;
         const float b1 = t == 3 ? 0.3f : 0.9f;  // torch.lerp's other branch for torchao
@@ -33,14 +35,14 @@ static void check_adamw8(CudaCtx *c, int bf, int torchao) {
                    1e-8f, wd, 0.7f, t, torchao);
         cudaFree(dg);
     }
-    std::vector<unsigned char> gqm(n), gqv(n);
-    CUDA_CHECK(dev_copy(gqm.data(), dqm, n, cudaMemcpyDeviceToHost));
-    CUDA_CHECK(dev_copy(gqv.data(), dqv, n, cudaMemcpyDeviceToHost));
+    std::vector<unsigned char> gqm(nq), gqv(nq);
+    CUDA_CHECK(dev_copy(gqm.data(), dqm, nq, cudaMemcpyDeviceToHost));
+    CUDA_CHECK(dev_copy(gqv.data(), dqv, nq, cudaMemcpyDeviceToHost));
     std::vector<float> gam = down_f32(dam, nb), gav = down_f32(dav, nb);
     std::vector<float> w = bf ? down_f32((float *)dmaster, n) : down_act(dp, n, 0);
     char name[96];
     snprintf(name, sizeof name, "adamw8 %s %s: weights, bytes and absmax after 3 steps equal the CPU kernel's",
-             torchao ? "torchao" : "bitsandbytes", prec(bf));
+             four ? "torchao 4-bit" : torchao ? "torchao" : "bitsandbytes", prec(bf));
     check_true(name, !memcmp(w.data(), q.data(), n * 4) && gqm == qm && gqv == qv && gam == am && gav == av, "differ");
     if (bf) {
         std::vector<float> pb = down_act(dp, n, 1), mr = w;
@@ -108,6 +110,7 @@ int main(int argc, char **argv) {
         cudaFree(dp), cudaFree(dmaster), cudaFree(dm), cudaFree(dv);
         check_adamw8(c, bf, 0);
         check_adamw8(c, bf, 1);
+        check_adamw8(c, bf, 2);
         cuda_ctx_destroy(c);
     }
     return dev_finish("adamw");

@@ -318,9 +318,9 @@ static void cpu_adamw(Backend *bk, void *p, float *master, const float *g, float
 }
 static void cpu_adamw8(Backend *bk, void *p, float *master, const float *g, uint8_t *qm, uint8_t *qv, float *am,
                        float *av, const float *maps, size_t n, float lr, float b1, float b2, float eps, float wd,
-                       float gscale, int t, int torchao) {
+                       float gscale, int t, int flavor) {
     (void)bk; (void)master;
-    adamw8_f32(p, g, qm, qv, am, av, maps, n, lr, b1, b2, eps, wd, gscale, t, torchao);
+    adamw8_f32(p, g, qm, qv, am, av, maps, n, lr, b1, b2, eps, wd, gscale, t, flavor);
 }
 
 static void cpu_dequantize(Backend *bk, void *out, const void *region, size_t n, int format) {

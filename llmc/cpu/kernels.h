@@ -54,7 +54,7 @@
                    float eps, float wd, float gscale, int t);                                    \
     void adamw8_##S(R *p, const R *g, uint8_t *qm, uint8_t *qv, float *am, float *av,            \
                     const float *map, size_t n, float lr, float b1, float b2, float eps, float wd, \
-                    float gscale, int t, int torchao);                                          \
+                    float gscale, int t, int flavor);                                           \
     uint8_t adam8_code_##S(const float *map, float x, int torchao);
 
 DECLARE_KERNELS(float, f32)

@@ -110,14 +110,78 @@ __global__ void adamw8_kernel(T *p, float *master, const float *g, unsigned char
     if (tid == 0) am[b] = sm, av[b] = sv;
 }
 
+// torchao's AdamW4bit (llmc/optim.h; adamw4 in kernels.inc): one thread block per ADAM4_BLOCK
+// elements, each thread a pair (2k, 2k + 1: one byte of codes), torchao's steps, the 16-entry
+// maps searched linearly.
+__device__ __forceinline__ unsigned code4(const float *map, float x) {
+    unsigned lo = 0;
+    for (unsigned i = 1; i < 16; i++)
+        if (map[i] <= x) lo = i;
+    const unsigned up = lo < 15 ? lo + 1 : 15;
+    return __fadd_rn(x, -map[lo]) >= __fmul_rn(__fadd_rn(map[up], -map[lo]), 0.5f) ? up : lo;
+}
+
+template <class T>
+__global__ void adamw4_kernel(T *p, float *master, const float *g, unsigned char *qm, unsigned char *qv, float *am,
+                              float *av, const float *maps, float c1, float c2, float eps, float bc2s, float gscale,
+                              float lr, float lrwd, float bc1f) {
+    __shared__ float map[32], mx[2][ADAM4_BLOCK_CU / 2];
+    const int tid = threadIdx.x;
+    const size_t b = blockIdx.x, k = b * (ADAM4_BLOCK_CU / 2) + tid;  // the pair's byte
+    if (tid < 16) map[tid] = maps[tid], map[16 + tid] = maps[256 + tid];
+    __syncthreads();
+    float ms[2], vs[2];
+    for (int e = 0; e < 2; e++) {
+        const size_t i = 2 * k + e;
+        const int sh = e ? 0 : 4;
+        const float grad = __fmul_rn(g[i], gscale);
+        float mi = __fmul_rn(map[(qm[k] >> sh) & 15], am[b]), vi = __fmul_rn(map[16 + ((qv[k] >> sh) & 15)], av[b]);
+        float w = master ? master[i] : to_f<T>(p[i]);
+        w = __fadd_rn(w, -__fmul_rn(lrwd, w));
+        mi = lerp_rn(mi, grad, c1);
+        vi = lerp_rn(vi, __fmul_rn(grad, grad), c2);
+        w = __fadd_rn(w, -(__fmul_rn(lr, mi / bc1f) / __fadd_rn(sqrtf(vi) / bc2s, eps)));
+        if (master) master[i] = w;
+        p[i] = from_f<T>(w);
+        ms[e] = mi, vs[e] = vi;
+    }
+    mx[0][tid] = fmaxf(fabsf(ms[0]), fabsf(ms[1])), mx[1][tid] = fmaxf(fabsf(vs[0]), fabsf(vs[1]));
+    __syncthreads();
+    for (int s = ADAM4_BLOCK_CU / 4; s > 0; s >>= 1) {
+        if (tid < s) {
+            mx[0][tid] = fmaxf(mx[0][tid], mx[0][tid + s]);
+            mx[1][tid] = fmaxf(mx[1][tid], mx[1][tid + s]);
+        }
+        __syncthreads();
+    }
+    const float sm = mx[0][0] < 1e-12f ? 1e-12f : mx[0][0], sv = mx[1][0] < 1e-12f ? 1e-12f : mx[1][0];
+    qm[k] = (unsigned char)(code4(map, ms[0] / sm) << 4 | code4(map, ms[1] / sm));
+    qv[k] = (unsigned char)(code4(map + 16, vs[0] / sv) << 4 | code4(map + 16, vs[1] / sv));
+    if (tid == 0) am[b] = sm, av[b] = sv;
+}
+
 void k_adamw8(CudaCtx *c, void *params, float *master, const float *grads, unsigned char *qm, unsigned char *qv,
               float *am, float *av, const float *maps, size_t n, float lr, float beta1, float beta2, float eps,
-              float wd, float grad_scale, int t, int torchao) {
+              float wd, float grad_scale, int t, int flavor) {
     if (!n) return;
+    const int torchao = flavor != 0;
     if (c->bf16 && !master) fail("internal: adamw8 on bf16 parameters needs the fp32 master copy");
     const double bc1 = 1.0 - pow(beta1, t), bc2 = 1.0 - pow(beta2, t);
     const float value = (float)(-(double)lr / bc1), bc2s = (float)sqrt(bc2), bc1f = (float)bc1, lrwd = lr * wd;
     const float decay = (float)(1.0 - (double)lr * wd), c1 = (float)(1.0 - beta1), c2 = (float)(1.0 - beta2);
+    if (flavor == 2) {  // n is a multiple of the block (optim.c's layout)
+        const unsigned nb4 = (unsigned)(n / ADAM4_BLOCK_CU);
+        if (c->bf16)
+            LAUNCH(nb4, ADAM4_BLOCK_CU / 2, 0, c->stream, adamw4_kernel<bf16>)((bf16 *)params, master, grads, qm, qv, am,
+                                                                               av, maps, c1, c2, eps, bc2s, grad_scale,
+                                                                               lr, lrwd, bc1f);
+        else
+            LAUNCH(nb4, ADAM4_BLOCK_CU / 2, 0, c->stream, adamw4_kernel<float>)((float *)params, master, grads, qm, qv,
+                                                                                am, av, maps, c1, c2, eps, bc2s,
+                                                                                grad_scale, lr, lrwd, bc1f);
+        LAUNCH_CHECK("adamw4");
+        return;
+    }
     const unsigned nb = (unsigned)((n + ADAM8_BLOCK_CU - 1) / ADAM8_BLOCK_CU);
     if (c->bf16)
         LAUNCH(nb, ADAM8_BLOCK_CU, 0, c->stream, adamw8_kernel<bf16>)((bf16 *)params, master, grads, qm, qv, am, av, maps,

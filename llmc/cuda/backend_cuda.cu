@@ -42,7 +42,7 @@
 extern "C" {
 #include "../backend.h"
 }
-static_assert(ADAM8_BLOCK == ADAM8_BLOCK_CU, "adamw.cu's blocks are backend.h's");
+static_assert(ADAM8_BLOCK == ADAM8_BLOCK_CU && ADAM4_BLOCK == ADAM4_BLOCK_CU, "adamw.cu's blocks are backend.h's");
 
 void cuda_fail(const char *what, cudaError_t e, const char *file, int line) {
     fail("CUDA: %s failed at %s:%d: %s (%s)", what, file, line, cudaGetErrorString(e), cudaGetErrorName(e));
@@ -524,8 +524,8 @@ static void cu_adamw(Backend *bk, void *p, float *master, const float *g, float 
 }
 static void cu_adamw8(Backend *bk, void *p, float *master, const float *g, uint8_t *qm, uint8_t *qv, float *am,
                       float *av, const float *maps, size_t n, float lr, float b1, float b2, float eps, float wd,
-                      float gscale, int t, int torchao) {
-    k_adamw8(ctx_of(bk), p, master, g, qm, qv, am, av, maps, n, lr, b1, b2, eps, wd, gscale, t, torchao);
+                      float gscale, int t, int flavor) {
+    k_adamw8(ctx_of(bk), p, master, g, qm, qv, am, av, maps, n, lr, b1, b2, eps, wd, gscale, t, flavor);
 }
 static void cu_dequantize(Backend *bk, void *out, const void *region, size_t n, int format) {
     if (format == 1) k_int8_dequantize(ctx_of(bk), out, region, n);  // REGION_INT8 (nf4.h)

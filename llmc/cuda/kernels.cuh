@@ -16,8 +16,9 @@
 // llmc/cpu/kernels.inc are the reference). Run on one GPU once (H200, 2026-11-27: dev/results/gpu_h200_2026-11-27/).
 #pragma once
 #include "common.cuh"
-// adamw8 blocks: backend.h's ADAM8_BLOCK (backend_cuda.cu checks that they agree)
+// adamw8 blocks: backend.h's ADAM8_BLOCK and ADAM4_BLOCK (backend_cuda.cu checks that they agree)
 #define ADAM8_BLOCK_CU 256
+#define ADAM4_BLOCK_CU 128
 #ifndef LLMC_EMU
 #include <cublasLt.h>
 #endif
@@ -159,11 +160,11 @@ void k_classifier_ce(CudaCtx *c, float *losses, void *dx, float *dW, const void 
 void k_adamw(CudaCtx *c, void *params, float *master, const float *grads, float *m, float *v,
              size_t n, float lr, float beta1, float beta2, float eps, float wd, float grad_scale,
              int t);
-// Blockwise 8-bit AdamW on one tensor (llmc/optim.h): bitsandbytes', or torchao's; maps: 512
-// device floats.
+// Blockwise low-bit AdamW on one tensor (llmc/optim.h), flavor 0 bitsandbytes' 8-bit, 1
+// torchao's 8-bit, 2 torchao's 4-bit; maps: 512 device floats.
 void k_adamw8(CudaCtx *c, void *params, float *master, const float *grads, unsigned char *qm, unsigned char *qv,
               float *am, float *av, const float *maps, size_t n, float lr, float beta1, float beta2, float eps,
-              float wd, float grad_scale, int t, int torchao);
+              float wd, float grad_scale, int t, int flavor);
 
 // ---- nf4.cu ----------------------------------------------------------------------------------
 void k_nf4_dequantize(CudaCtx *c, void *out, const void *region, size_t n);
