@@ -616,13 +616,6 @@ static void adam8_arrays(const Model *m, void *arr[8], size_t esize[8], size_t c
     for (int k = 0; k < 8; k++) arr[k] = a[k], esize[k] = k < 2 ? 1 : sizeof(float), count[k] = n[k];
 }
 
-// Bytes between the optimizer state (host memory under offload_optimizer) and the host.
-static void state_bytes(const Model *m, void *dst, const void *src, size_t n, int to_state) {
-    if (m->opt.offload_optimizer) memcpy(dst, src, n);
-    else if (to_state) m->bk->copy_h2d(m->bk, dst, src, n, NULL), m->bk->sync(m->bk);
-    else m->bk->copy_d2h(m->bk, dst, src, n, NULL), m->bk->sync(m->bk);
-}
-
 static int write_adam8(const Model *m, const char *path) {
     void *arr[8];
     size_t es[8], cnt[8];
@@ -633,7 +626,7 @@ static int write_adam8(const Model *m, const char *path) {
     for (int k = 0; k < 8; k++) {
         if (!cnt[k]) continue;
         host[k] = xmalloc(cnt[k] * es[k]);
-        state_bytes(m, host[k], arr[k], cnt[k] * es[k], 0);
+        model_state_copy(m, host[k], arr[k], cnt[k] * es[k], 0);
         if (es[k] == sizeof(float))
             for (size_t i = 0; i < cnt[k]; i++)
                 if (!isfinite(((float *)host[k])[i])) {
@@ -671,12 +664,12 @@ static void read_adam8(Model *m, const char *path) {
         memcpy(buf, t->data, cnt[k] * es[k]);  // the mapping is not necessarily aligned
         if (k >= 6) {  // the code maps: this build's, or the bytes would decode differently
             float have[256];
-            state_bytes(m, have, arr[k], sizeof have, 0);
+            model_state_copy(m, have, arr[k], sizeof have, 0);
             if (memcmp(have, buf, sizeof have))
                 fail("%s: tensor '%s' differs from this program's 8-bit code map: the moments would decode "
                      "differently", path, ADAM8_NAMES[k]);
         } else {
-            state_bytes(m, arr[k], buf, cnt[k] * es[k], 1);
+            model_state_copy(m, arr[k], buf, cnt[k] * es[k], 1);
         }
         free(buf);
     }

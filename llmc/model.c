@@ -1052,22 +1052,19 @@ void model_set_param(Model *m, int i, const float *src) {
     if (m->master && own) model_state_put(m, m->master + loc, src + (a - p->goff), b - a);
 }
 
+void model_state_copy(const Model *m, void *dst, const void *src, size_t bytes, int to_state) {
+    if (m->opt.offload_optimizer) memcpy(dst, src, bytes);
+    else if (to_state) m->bk->copy_h2d(m->bk, dst, src, bytes, NULL);
+    else m->bk->copy_d2h(m->bk, dst, src, bytes, NULL);
+    if (!m->opt.offload_optimizer) m->bk->sync(m->bk);
+}
+
 void model_state_put(const Model *m, float *state, const float *src, size_t n) {
-    if (m->opt.offload_optimizer) {
-        memcpy(state, src, n * sizeof(float));
-        return;
-    }
-    m->bk->copy_h2d(m->bk, state, src, n * sizeof(float), NULL);
-    m->bk->sync(m->bk);
+    model_state_copy(m, state, src, n * sizeof(float), 1);
 }
 
 void model_state_get(const Model *m, float *dst, const float *state, size_t n) {
-    if (m->opt.offload_optimizer) {
-        memcpy(dst, state, n * sizeof(float));
-        return;
-    }
-    m->bk->copy_d2h(m->bk, dst, state, n * sizeof(float), NULL);
-    m->bk->sync(m->bk);
+    model_state_copy(m, dst, state, n * sizeof(float), 0);
 }
 
 // ---- reading a sharded model's tensors (saving) ------------------------------------------

@@ -404,6 +404,8 @@ void model_get_param_merged(const Model *m, int i, float *dst);
 // under offload_optimizer and device memory otherwise; both return with the copy done.
 void model_state_put(const Model *m, float *state, const float *src, size_t n);
 void model_state_get(const Model *m, float *dst, const float *state, size_t n);
+// The same for any bytes of the optimizer state (8-bit AdamW's codes): into it (to_state) or out.
+void model_state_copy(const Model *m, void *dst, const void *src, size_t bytes, int to_state);
 // ZeRO-3 keeps only pieces of the trainable weights, and under ZeRO >= 1 with an fp32 master
 // the master is spread over the ranks: to read whole tensors (saving), every rank calls
 // model_gather_all (collective); rank 0 returns at once and reads what it wants with

@@ -106,6 +106,12 @@ double grad_norm(Model *m) {
     return sqrt(ss);
 }
 
+// offload_optimizer: the updated fp32 master of [a, b) (local index loc) into the weights.
+static void master_to_params(Model *m, size_t a, size_t loc, size_t n) {
+    if (m->opt.offload_params) m->bk->host_from_f32(m->bk, param_at(m, a, loc), m->master + loc, n);
+    else m->bk->upload_act(m->bk, param_at(m, a, loc), m->master + loc, n);
+}
+
 // One tensor's update under 8-bit AdamW: its byte moments through adamw8, or (a small tensor)
 // its float moments through adamw; on the host with offload_optimizer, as the float path.
 static void adam8_update(Model *m, int i, size_t a, size_t loc, const float *g, const OptimConfig *oc, float lr,
@@ -124,8 +130,7 @@ static void adam8_update(Model *m, int i, size_t a, size_t loc, const float *g, 
                        n, lr, b1, b2, eps, wd, clip, t, flavor);
         else
             adamw_f32(w, hg, m->adam_m + s->f, m->adam_v + s->f, n, lr, b1, b2, eps, wd, clip, t);
-        if (m->opt.offload_params) bk->host_from_f32(bk, param_at(m, a, loc), w, n);
-        else bk->upload_act(bk, param_at(m, a, loc), w, n);
+        master_to_params(m, a, loc, n);
     } else if (s->on) {
         bk->adamw8(bk, param_at(m, a, loc), m->master ? m->master + loc : NULL, g, m->q_m + s->q, m->q_v + s->q,
                    m->absmax_m + s->blk, m->absmax_v + s->blk, m->adam8_maps, n, lr, b1, b2, eps, wd, clip, t, flavor);
@@ -169,8 +174,7 @@ float optim_step(Model *m, const OptimConfig *oc, double lr, double norm, int st
             // ZeRO-Offload: the update runs on the host's threads on the fp32 master.
             adamw_f32(m->master + loc, m->host_grads + (g - m->grads), m->adam_m + loc, m->adam_v + loc, b - a,
                       (float)lr, (float)oc->beta1, (float)oc->beta2, (float)oc->eps, wd, clip, t);
-            if (m->opt.offload_params) bk->host_from_f32(bk, param_at(m, a, loc), m->master + loc, b - a);
-            else bk->upload_act(bk, param_at(m, a, loc), m->master + loc, b - a);
+            master_to_params(m, a, loc, b - a);
         } else {
             bk->adamw(bk, param_at(m, a, loc), m->master ? m->master + loc : NULL,
                       g, m->adam_m + loc, m->adam_v + loc, b - a, (float)lr,
@@ -250,6 +254,8 @@ void adam8_layout(Model *m) {
              m->opt.zero_stage, world);
     m->adam8 = xcalloc((size_t)(nspec ? nspec : 1), sizeof *m->adam8);
     m->adam8_n = m->adam8_blocks = m->adam8_small = 0;
+    const int four = m->opt.adam8 == ADAM4_TORCHAO;
+    const size_t blk = four ? ADAM4_BLOCK : ADAM8_BLOCK;
     for (int i = 0; i < nspec; i++) {
         const ParamSpec *p = &m->tab.specs[i];
         size_t a, b, loc;
@@ -257,8 +263,6 @@ void adam8_layout(Model *m) {
         if (a != p->goff || b != p->goff + p->numel)
             fail("internal: 8-bit AdamW: %s is split between ranks", p->name);
         Adam8Slot *s = &m->adam8[i];
-        const int four = m->opt.adam8 == ADAM4_TORCHAO;
-        const size_t blk = four ? ADAM4_BLOCK : ADAM8_BLOCK;
         if (p->numel >= ADAM8_MIN && (m->opt.adam8 == ADAM8_BNB || p->numel % blk == 0)) {
             s->on = 1, s->q = m->adam8_n, s->blk = m->adam8_blocks;
             m->adam8_n += four ? p->numel / 2 : p->numel;  // bytes

@@ -110,6 +110,25 @@ def update_errors(got, want, w0, only=None):
     return worst, name
 
 
+def ulps(a, b):
+    """|a - b| in units in the last place of float32, elementwise."""
+    a, b = (np.asarray(x, np.float32).view(np.int32).astype(np.int64) for x in (a, b))
+    return np.abs(a - b)
+
+
+def against(tc, got, ref, weights, what, errs):
+    """Per-step losses (1e-4) and each tensor's update (2e-3 normwise) of a run against a
+    reference's; returns the metrics rows, the worst loss error and the worst update (and where)."""
+    rr = rows(tc["output_dir"])
+    wl = max(rel(r["loss"], l) for r, l in zip(rr, ref["losses"]))
+    if len(rr) != tc["max_steps"] or wl > 1e-4:
+        errs.append(f"{len(rr)} steps; loss rel {wl:.2e} (1e-4)")
+    eu, en = update_errors(got, ref["weights"], {k: np.asarray(v, np.float64) for k, v in weights.items()})
+    if eu > 2e-3:
+        errs.append(f"updates vs the {what} reference: {eu:.2e} at {en} (2e-3)")
+    return rr, wl, eu, en
+
+
 def trainer_codes(out, step):
     """The trainer's code maps as its checkpoint holds them, for the reference to use (the map
     itself is case maps' business: here only the update is compared)."""
@@ -133,12 +152,12 @@ def case_maps(root):
         if got.shape != want.shape or not np.all(np.diff(got) > 0):
             errs.append(f"{name}: shape {got.shape}, or not strictly ascending")
             continue
-        ulps = np.abs(got.view(np.int32).astype(np.int64) - want.view(np.int32).astype(np.int64))
-        same.append(int((ulps == 0).sum()))
-        if ulps.max() > 2:
-            errs.append(f"{name} differs from create_dynamic_map(signed={signed}) by {ulps.max()} ulps at "
-                        f"{int(ulps.argmax())}")
-    # the stored bytes and absmax decode to the reference's moments after one step (same start)
+        u = ulps(got, want)
+        same.append(int((u == 0).sum()))
+        if u.max() > 2:
+            errs.append(f"{name} differs from create_dynamic_map(signed={signed}) by {u.max()} ulps at "
+                        f"{int(u.argmax())}")
+    # the moments are stored as bytes
     q = np.asarray(st["adam8.exp_avg"], np.uint8)
     if q.dtype != np.uint8 or q.size == 0:
         errs.append("adam8.exp_avg is not a byte tensor")
@@ -155,16 +174,12 @@ def case_full(root):
     ref = R.train_reference(cfg, weights, tokens, dict(tc, _adam8_codes=trainer_codes(tc["output_dir"], 4)))
     f32 = R.train_reference(cfg, weights, tokens, dict(tc, optimizer="adamw_torch"))
     errs = []
-    rr = rows(tc["output_dir"])
-    wl = max(rel(r["loss"], l) for r, l in zip(rr, ref["losses"]))
+    rr, wl, eu, en = against(tc, got, ref, weights, "8-bit", errs)
     wg = max(rel(r["grad_norm"], g) for r, g in zip(rr, ref["grad_norms"]))
-    if len(rr) != 4 or wl > 1e-4 or wg > 1e-3:
-        errs.append(f"{len(rr)} steps; loss rel {wl:.2e} (1e-4), grad norm rel {wg:.2e} (1e-3)")
+    if wg > 1e-3:
+        errs.append(f"grad norm rel {wg:.2e} (1e-3)")
     w0 = {k: np.asarray(v, np.float64) for k, v in weights.items()}
-    eu, en = update_errors(got, ref["weights"], w0)
     e32, n32 = update_errors(ref["weights"], f32["weights"], w0)
-    if eu > 2e-3:
-        errs.append(f"updates vs the 8-bit reference: {eu:.2e} at {en} (2e-3)")
     if e32 < 10 * 2e-3:
         errs.append(f"the float AdamW reference's updates differ only {e32:.2e} ({n32}): the test would not see it")
     return errs, f"loss {wl:.1e}, grad norm {wg:.1e}, updates {eu:.1e} ({en}); float AdamW's {e32:.1e}"
@@ -183,15 +198,9 @@ def case_torchao(root):
     ref = R.train_reference(cfg, weights, tokens, dict(tc, _adam8_codes=codes))
     bnb = R.train_reference(cfg, weights, tokens, dict(tc, _adam8_codes=codes, optimizer="adamw_bnb_8bit"))
     errs = []
-    rr = rows(tc["output_dir"])
-    wl = max(rel(r["loss"], l) for r, l in zip(rr, ref["losses"]))
-    if len(rr) != 4 or wl > 1e-4:
-        errs.append(f"{len(rr)} steps; loss rel {wl:.2e} (1e-4)")
-    w0 = {k: np.asarray(v, np.float64) for k, v in weights.items()}
-    eu, en = update_errors(got, ref["weights"], w0)
-    eb, nb_ = update_errors(got, bnb["weights"], w0, only="embed_tokens")
-    if eu > 2e-3:
-        errs.append(f"updates vs the torchao reference: {eu:.2e} at {en} (2e-3)")
+    _, wl, eu, en = against(tc, got, ref, weights, "torchao", errs)
+    eb, _ = update_errors(got, bnb["weights"], {k: np.asarray(v, np.float64) for k, v in weights.items()},
+                          only="embed_tokens")
     if eb < 10 * 2e-3:
         errs.append(f"the embedding's update is bitsandbytes' too ({eb:.2e}): the test would not see the rule")
     if "AdamW 8-bit (torchao)" not in p.stdout:
@@ -203,7 +212,6 @@ def case_torchao4(root):
     """torchao's AdamW4bit (adamw_torch_4bit): the checkpoint's 16-entry maps against torchao's
     (create_dynamic_map(True, 3, 4), linspace(0, 1, 17)[1:]), the run against the reference's
     4-bit variant, and half a byte per element of each moment."""
-    import torch
     work = os.path.join(root, "torchao4")
     cfg = cfg_small()
     model_dir, shard, tokens, weights = setup(work, cfg)
@@ -213,20 +221,13 @@ def case_torchao4(root):
     codes = tuple(c[:16] for c in trainer_codes(tc["output_dir"], 4))
     errs = []
     for have, want, name in zip(codes, R.torchao4_maps(), ("signed", "unsigned")):
-        ulps = np.abs(have.numpy().view(np.int32).astype(np.int64) - want.numpy().view(np.int32).astype(np.int64))
-        if ulps.max() > 2:
-            errs.append(f"the {name} 4-bit map differs from torchao's by {ulps.max()} ulps")
+        u = ulps(have.numpy(), want.numpy())
+        if u.max() > 2:
+            errs.append(f"the {name} 4-bit map differs from torchao's by {u.max()} ulps")
     ref = R.train_reference(cfg, weights, tokens, dict(tc, _adam8_codes=codes))
-    rr = rows(tc["output_dir"])
-    wl = max(rel(r["loss"], l) for r, l in zip(rr, ref["losses"]))
-    if len(rr) != 4 or wl > 1e-4:
-        errs.append(f"{len(rr)} steps; loss rel {wl:.2e} (1e-4)")
-    w0 = {k: np.asarray(v, np.float64) for k, v in weights.items()}
-    eu, en = update_errors(got, ref["weights"], w0)
+    _, wl, eu, en = against(tc, got, ref, weights, "4-bit", errs)
     e8, _ = update_errors(got, R.train_reference(cfg, weights, tokens, dict(tc, optimizer="adamw_torch_8bit"))["weights"],
-                          w0)
-    if eu > 2e-3:
-        errs.append(f"updates vs the 4-bit reference: {eu:.2e} at {en} (2e-3)")
+                          {k: np.asarray(v, np.float64) for k, v in weights.items()})
     if e8 < 10 * 2e-3:
         errs.append(f"the 8-bit reference's updates differ only {e8:.2e}: the test would not see 4-bit codes")
     if "AdamW 4-bit (torchao)" not in p.stdout:
@@ -261,11 +262,9 @@ def case_resume(root):
     model_dir, shard, _, _ = setup(work, cfg_small())
     one = tconf(model_dir, shard, os.path.join(work, "one"))
     run(work, one, "one.yaml")
+    # checkpoint-2 of a run of the whole length (a checkpoint records its run's max_steps)
     two = tconf(model_dir, shard, os.path.join(work, "two"), save_steps=2)
-    run(work, dict(two, max_steps=2), "two_a.yaml")
-    # the checkpoint's max_steps must be the whole run's: make the first leg end by a stop instead
     errs = []
-    shutil.rmtree(two["output_dir"])
     run(work, two, "two_full.yaml")  # writes checkpoint-2 and checkpoint-4
     ck = os.path.join(two["output_dir"], "checkpoint-2")
     three = dict(two, output_dir=os.path.join(work, "three"), resume_from_checkpoint=ck)

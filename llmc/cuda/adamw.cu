@@ -61,6 +61,17 @@ __device__ __forceinline__ float lerp_rn(float a, float b, float w) {
                     : __fadd_rn(b, -__fmul_rn(__fadd_rn(b, -a), __fadd_rn(1.0f, -w)));
 }
 
+// torchao's single_param_adam on one element, as torchao_step in kernels.inc: the moments
+// updated, the new weight returned; and its block scale, max |state| clipped to >= 1e-12.
+__device__ __forceinline__ float torchao_step(float w, float grad, float &mi, float &vi, float lr, float lrwd,
+                                              float c1, float c2, float bc1f, float bc2s, float eps) {
+    w = __fadd_rn(w, -__fmul_rn(lrwd, w));
+    mi = lerp_rn(mi, grad, c1);
+    vi = lerp_rn(vi, __fmul_rn(grad, grad), c2);
+    return __fadd_rn(w, -(__fmul_rn(lr, mi / bc1f) / __fadd_rn(sqrtf(vi) / bc2s, eps)));
+}
+__device__ __forceinline__ float torchao_scale(float mx) { return mx < 1e-12f ? 1e-12f : mx; }
+
 template <class T>
 __global__ void adamw8_kernel(T *p, float *master, const float *g, unsigned char *qm, unsigned char *qv, float *am,
                               float *av, const float *maps, size_t n, float b1, float b2, float c1, float c2,
@@ -78,10 +89,7 @@ __global__ void adamw8_kernel(T *p, float *master, const float *g, unsigned char
         vi = __fmul_rn(map[256 + qv[i]], av[b]);
         float w = master ? master[i] : to_f<T>(p[i]);
         if (torchao) {
-            w = __fadd_rn(w, -__fmul_rn(lrwd, w));
-            mi = lerp_rn(mi, grad, c1);
-            vi = lerp_rn(vi, __fmul_rn(grad, grad), c2);
-            w = __fadd_rn(w, -(__fmul_rn(lr, mi / bc1f) / __fadd_rn(sqrtf(vi) / bc2s, eps)));
+            w = torchao_step(w, grad, mi, vi, lr, lrwd, c1, c2, bc1f, bc2s, eps);
         } else {
             mi = __fadd_rn(__fmul_rn(mi, b1), __fmul_rn(c1, grad));
             vi = __fadd_rn(__fmul_rn(vi, b2), __fmul_rn(__fmul_rn(c2, grad), grad));
@@ -101,7 +109,7 @@ __global__ void adamw8_kernel(T *p, float *master, const float *g, unsigned char
         __syncthreads();
     }
     float sm = mx[0][0], sv = mx[1][0];
-    if (torchao) sm = sm < 1e-12f ? 1e-12f : sm, sv = sv < 1e-12f ? 1e-12f : sv;
+    if (torchao) sm = torchao_scale(sm), sv = torchao_scale(sv);
     else sm = sm == 0 ? 1.0f : sm, sv = sv == 0 ? 1.0f : sv;
     if (i < n) {
         qm[i] = nearest_code(map, mi / sm, torchao);
@@ -136,11 +144,7 @@ __global__ void adamw4_kernel(T *p, float *master, const float *g, unsigned char
         const int sh = e ? 0 : 4;
         const float grad = __fmul_rn(g[i], gscale);
         float mi = __fmul_rn(map[(qm[k] >> sh) & 15], am[b]), vi = __fmul_rn(map[16 + ((qv[k] >> sh) & 15)], av[b]);
-        float w = master ? master[i] : to_f<T>(p[i]);
-        w = __fadd_rn(w, -__fmul_rn(lrwd, w));
-        mi = lerp_rn(mi, grad, c1);
-        vi = lerp_rn(vi, __fmul_rn(grad, grad), c2);
-        w = __fadd_rn(w, -(__fmul_rn(lr, mi / bc1f) / __fadd_rn(sqrtf(vi) / bc2s, eps)));
+        const float w = torchao_step(master ? master[i] : to_f<T>(p[i]), grad, mi, vi, lr, lrwd, c1, c2, bc1f, bc2s, eps);
         if (master) master[i] = w;
         p[i] = from_f<T>(w);
         ms[e] = mi, vs[e] = vi;
@@ -154,7 +158,7 @@ __global__ void adamw4_kernel(T *p, float *master, const float *g, unsigned char
         }
         __syncthreads();
     }
-    const float sm = mx[0][0] < 1e-12f ? 1e-12f : mx[0][0], sv = mx[1][0] < 1e-12f ? 1e-12f : mx[1][0];
+    const float sm = torchao_scale(mx[0][0]), sv = torchao_scale(mx[1][0]);
     qm[k] = (unsigned char)(code4(map, ms[0] / sm) << 4 | code4(map, ms[1] / sm));
     qv[k] = (unsigned char)(code4(map + 16, vs[0] / sv) << 4 | code4(map + 16, vs[1] / sv));
     if (tid == 0) am[b] = sm, av[b] = sv;
