@@ -16,7 +16,7 @@ override CFLAGS += $(MPI_CFLAGS)
 LDLIBS := -L$(BLAS_LIB) -Wl,-rpath,$(BLAS_LIB) -lopenblas -lyaml -lcjson -lm $(MPI_LIBS)
 BUILD ?= build
 
-LIB_SRC := llmc/util.c llmc/hfcache.c llmc/json.c llmc/metrics.c llmc/export.c llmc/peft.c llmc/config.c llmc/config_rules.c llmc/model.c llmc/forward_backward.c llmc/family.c llmc/actstore.c llmc/diskio.c llmc/plan.c llmc/weights.c llmc/comm.c llmc/quantize.c llmc/gpt2_io.c llmc/gpt2_cli.c llmc/train.c llmc/optim.c llmc/data.c llmc/rows.c llmc/prepare.c llmc/seqpar.c llmc/checkpoint.c llmc/opprof.c \
+LIB_SRC := llmc/util.c llmc/hfcache.c llmc/json.c llmc/metrics.c llmc/export.c llmc/peft.c llmc/config.c llmc/config_rules.c llmc/model.c llmc/forward_backward.c llmc/family.c llmc/actstore.c llmc/diskio.c llmc/plan.c llmc/weights.c llmc/comm.c llmc/quantize.c llmc/gpt2_io.c llmc/gpt2_cli.c llmc/train.c llmc/optim.c llmc/data.c llmc/rows.c llmc/preference.c llmc/prepare.c llmc/seqpar.c llmc/checkpoint.c llmc/opprof.c \
            llmc/safetensors.c llmc/hf.c llmc/nf4.c llmc/int8.c llmc/freeze.c llmc/lisa.c llmc/deepspeed.c llmc/stb_ds_impl.c llmc/cpu/backend_cpu.c \
            llmc/cpu/kernels_f32.c llmc/cpu/kernels_f32_base.c llmc/cpu/kernels_f32_avx2.c \
            llmc/cpu/kernels_f32_avx512.c llmc/cpu/kernels_f64.c

@@ -213,6 +213,19 @@ static const KeyDef KEYS[] = {
     NUM("offload_params", T_BOOL, offload_params, "false", 0, 1,
         "weights in host memory: a full fine-tune keeps its ZeRO-3 pieces and their gradients there (zero_stage 3 "
         "and offload_optimizer follow); an adapter run streams its frozen base (layer_offloading)"),
+    STR("rl", rl, "", "preference training: dpo or ipo over datasets: of prompt/chosen/rejected pairs (TRL 1.8's "
+        "DPOTrainer; the reference is the starting model); \"\": supervised"),
+    NUM("rl_beta", T_FLOAT, rl_beta, "0", 0, 1e6, "rl: DPO's beta (0: unset, then dpo_beta, orpo_alpha or 0.1)"),
+    NUM("dpo_beta", T_FLOAT, dpo_beta, "0", 0, 1e6, "rl: Axolotl's deprecated name of rl_beta"),
+    NUM("orpo_alpha", T_FLOAT, orpo_alpha, "0", 0, 1e6, "rl: dpo takes it as beta when rl_beta is unset (Axolotl's order)"),
+    NUM("dpo_label_smoothing", T_FLOAT, dpo_label_smoothing, "0", 0, 0.4999,
+        "rl: dpo: label smoothing of the robust loss (TRL's sigmoid loss does not use it)"),
+    {"dpo_loss_type", T_LIST, offsetof(Config, dpo_loss_type), sizeof(((Config *)0)->dpo_loss_type), "", 0, 0, NULL,
+     "rl: dpo: TRL's loss types summed (sigmoid, hinge, ipo, robust, sft); \"\": sigmoid"},
+    {"dpo_loss_weights", T_LIST, offsetof(Config, dpo_loss_weights), sizeof(((Config *)0)->dpo_loss_weights), "", 0, 0,
+     NULL, "rl: dpo: a weight per dpo_loss_type (default 1 each)"},
+    NUM("precompute_ref_log_probs", T_BOOL, precompute_ref_log_probs, "false", 0, 1,
+        "rl: the reference log-probabilities are always computed once before training here; either value"),
     ENUM("device", device, "auto", "auto|cpu|cuda",
          "backend; auto = CUDA when a GPU is present ($LLMC_DEVICE sets the default)"),
     ENUM("dtype", precision, "bfloat16", "bfloat16|float32",
@@ -829,6 +842,59 @@ static void finish_deepspeed(Config *cfg, const char *src) {
 
 // Axolotl's keys that combine with others: precision, FSDP options, schedule and cadence
 // conflicts, auto-resume, and a hub id as base_model.
+// rl: dpo / ipo (preference.h). Axolotl's beta order is rl_beta, then dpo_beta (deprecated),
+// then orpo_alpha, else TRL's 0.1; TRL 1.8's DPOTrainer turns every dropout off (LoRA's too).
+static void finish_rl(Config *cfg, const char *src) {
+    const char *rl_keys[] = {"rl_beta", "dpo_beta", "orpo_alpha", "dpo_label_smoothing", "dpo_loss_type",
+                             "dpo_loss_weights", "precompute_ref_log_probs"};
+    if (!cfg->rl[0]) {
+        for (size_t i = 0; i < sizeof rl_keys / sizeof *rl_keys; i++)
+            if (given(cfg, rl_keys[i]))
+                printf("note: %s has no effect without rl (supervised training)\n", rl_keys[i]);
+        return;
+    }
+    const char *rl = cfg->rl;
+    if (!strcmp(rl, "orpo") || !strcmp(rl, "kto") || !strcmp(rl, "simpo") || !strcmp(rl, "grpo") ||
+        !strcmp(rl, "gdpo") || !strcmp(rl, "ebft"))
+        fail("%s: rl: %s is not implemented (rl: dpo and rl: ipo are)", src, rl);
+    if (strcmp(rl, "dpo") && strcmp(rl, "ipo"))
+        fail("%s: rl: '%s' is not a preference method here (dpo, ipo)", src, rl);
+    if (cfg->arch == ARCH_GPT2) fail("%s: rl: %s trains Llama-family models (train_llama)", src, rl);
+    if (!cfg->datasets_run)
+        fail("%s: rl: %s reads preference pairs from datasets: (prompt, chosen, rejected), not train_data shards", src, rl);
+    if (cfg->sequence_parallel_degree > 1)
+        fail("%s: rl: %s with sequence_parallel_degree %d is not implemented", src, rl, cfg->sequence_parallel_degree);
+    if (cfg->total_batch_size)
+        fail("%s: rl: %s with total_batch_size: steps are counted in pairs (micro_batch_size x "
+             "gradient_accumulation_steps)", src, rl);
+    if (!given(cfg, "rl_beta")) {
+        if (given(cfg, "dpo_beta")) {
+            cfg->rl_beta = cfg->dpo_beta;
+            printf("note: dpo_beta is deprecated in Axolotl; taken as rl_beta %g\n", cfg->rl_beta);
+        } else if (given(cfg, "orpo_alpha")) {
+            cfg->rl_beta = cfg->orpo_alpha;
+            printf("note: rl: %s takes orpo_alpha %g as its beta (Axolotl's order: rl_beta, then orpo_alpha)\n", rl,
+                   cfg->rl_beta);
+        } else cfg->rl_beta = 0.1;
+    }
+    if (!(cfg->rl_beta > 0)) fail("%s: rl_beta must be above 0 (DPO divides by it in ipo)", src);
+    if (!strcmp(rl, "ipo")) {
+        if (cfg->dpo_loss_type[0] || cfg->dpo_label_smoothing > 0)
+            printf("note: rl: ipo sets the loss to ipo; dpo_loss_type and dpo_label_smoothing have no effect (as in "
+                   "Axolotl)\n");
+        snprintf(cfg->dpo_loss_type, sizeof cfg->dpo_loss_type, "ipo");
+        cfg->dpo_loss_weights[0] = 0;
+        cfg->dpo_label_smoothing = 0;
+    }
+    if (cfg->lora_dropout > 0) {
+        printf("note: lora_dropout %g is off: TRL's DPOTrainer disables every dropout (disable_dropout), the "
+               "adapters' too\n", cfg->lora_dropout);
+        cfg->lora_dropout = 0;
+    }
+    cfg->pairs_per_micro = cfg->micro_batch_size;
+    cfg->micro_batch_size *= 2;  // rows: each pair is a chosen and a rejected row
+}
+
 static void finish_axolotl_keys(Config *cfg, const char *src) {
     // Axolotl derives gradient_accumulation_steps from batch_size when it is unset (floor
     // division), and sizes its schedule by batch_size: a remainder, or both keys disagreeing,
@@ -1096,6 +1162,7 @@ void config_finish(Config *cfg) {
     if (cfg->fsdp) cfg->zero_stage = 3;
     if (cfg->zero_stage == 2) fail("%s: zero_stage 2 is not supported: use 1 (optimizer state) or 3 (fsdp)", src);
     finish_data_keys(cfg, src);
+    finish_rl(cfg, src);
     if (cfg->has_model_block) {
         ModelConfig *m = &cfg->model;
         if (cfg->arch == ARCH_GPT2) gpt2_complete_config(m);  // 4C MLP, MHA, padded vocab

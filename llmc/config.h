@@ -66,6 +66,14 @@ typedef struct {
     int lisa_n_layers, lisa_step_interval;  // LISA (lisa.h): both > 0 turn it on
     char lisa_layers_attribute[64];
     double lora_alpha, lora_dropout;
+    // preference training (preference.h): rl dpo or ipo ("": supervised); beta (rl_beta, else
+    // Axolotl's fallbacks dpo_beta and orpo_alpha, else 0.1); TRL's loss types and weights as
+    // comma-joined lists. With rl set, micro_batch_size counts rows after config_finish: two per
+    // pair (pairs_per_micro is the value as written).
+    char rl[16];
+    double rl_beta, dpo_beta, orpo_alpha, dpo_label_smoothing;
+    char dpo_loss_type[256], dpo_loss_weights[256];
+    int precompute_ref_log_probs, pairs_per_micro;
     // sharding
     int fsdp, zero_stage, offload_optimizer;
     // Parameters in host memory (the key offload_params, FSDP's offload_params, fsdp: offload,

@@ -31,7 +31,7 @@ typedef struct {
 #define NOTE_DATASET_OPT "it tunes how Axolotl loads data; here scripts/prepare_data.py prepares datasets once into a cache, and train_data shards need no preparing"
 #define NOTE_SHARDS_DATA "it applies to datasets:, which this run does not use (train_data shards are already tokenized rows)"
 #define NOTE_WANDB_EVAL "prediction tables and generation metrics are not computed; eval reports val_loss (eval_loss with datasets:)"
-#define REFUSE_RL "RL/preference training (rl, dpo, orpo, kto, grpo, reward models) is not implemented; this program does supervised next-token training"
+#define REFUSE_RL "of preference and RL training only rl: dpo and rl: ipo are implemented (not ORPO, KTO, SimPO/CPO, GRPO or reward models)"
 #define REFUSE_PEFT_VARIANT "only plain LoRA/QLoRA (lora_r, lora_alpha, lora_dropout, lora_target_modules, use_rslora) is implemented"
 
 static const Rule RULES[] = {
@@ -128,8 +128,19 @@ static const Rule RULES[] = {
     {"ring_attn_func", R_NOTE, NULL, "sequence parallelism here is Ulysses (all-to-all around attention), not ring attention; the result is the same"},
     {"torchdistx_path", R_NOTE, NULL, "used only by adamw_anyprecision"},
     // training modes
-    {"rl", R_REFUSE, NULL, REFUSE_RL}, {"rl_beta", R_REFUSE, NULL, REFUSE_RL}, {"trl", R_REFUSE, NULL, REFUSE_RL},
-    {"dpo_*", R_REFUSE, NULL, REFUSE_RL}, {"rpo_alpha", R_REFUSE, NULL, REFUSE_RL}, {"orpo_alpha", R_REFUSE, NULL, REFUSE_RL},
+    {"trl", R_REFUSE, NULL, "TRL's own settings (GRPO, vLLM generation) are not implemented; DPO takes rl_beta, "
+     "dpo_loss_type, dpo_loss_weights and dpo_label_smoothing"},
+    {"rpo_alpha", R_REFUSE, NULL, "removed in TRL 1.8 and refused by Axolotl; use dpo_loss_type: [sigmoid, sft] with "
+     "dpo_loss_weights: [1.0, alpha]"},
+    {"dpo_norm_loss", R_REFUSE, NULL, "deprecated and refused by Axolotl (TRL 1.8 has no such option); dpo_loss_type: "
+     "[sigmoid_norm] is not implemented here"},
+    {"dpo_use_logits_to_keep", R_REFUSE, NULL, "deprecated and refused by Axolotl (TRL 1.8 has no such option)"},
+    {"dpo_generate_during_eval", R_REFUSE, NULL, "deprecated and refused by Axolotl; no generation during evaluation"},
+    {"dpo_use_weighting", R_REFUSE, NULL, "WPO weighting is not implemented (rl: dpo without it)"},
+    {"dpo_padding_free", R_NOTE, NULL, "TRL 1.8 turns padding_free off for DPO; rows here are one completion each"},
+    {"dpo_use_liger_kernel", R_NOTE, NULL, NOTE_KERNEL},
+    {"max_prompt_len", R_NOTE, NULL, "Axolotl reads it nowhere with TRL 1.8; rows are cut to sequence_len from the start"},
+    {"rl_adapter_ref_model", R_NOTE, NULL, "Axolotl's schema drops it; an adapter run's reference is the base model"},
     {"kto_*", R_REFUSE, NULL, REFUSE_RL}, {"cpo_alpha", R_REFUSE, NULL, REFUSE_RL}, {"simpo_gamma", R_REFUSE, NULL, REFUSE_RL},
     {"reward_model", R_REFUSE, NULL, REFUSE_RL}, {"process_reward_model", R_REFUSE, NULL, REFUSE_RL},
     {"s2_attention", R_REFUSE, NULL, "shifted-sparse attention is not implemented (attention is full causal)"},

@@ -319,7 +319,7 @@ static const void *lora_input(Model *m, int l, int t, const void *x, int row0, i
 static void lora_fwd(Model *m, int l, int t, void *y, const void *x, int row0, int N, int in, int out) {
     size_t brow;
     const int s = model_lora_slot(m, l, t, &brow);
-    if (s < 0) return;
+    if (s < 0 || m->adapters_off) return;
     Backend *bk = m->bk;
     const int r = m->tab.lora.r;
     const void *xd = lora_input(m, l, s, x, row0, N, in);
@@ -738,36 +738,46 @@ static void embedding_bwd(Model *m, int N) {
     if (pad) bk->copy_d2d(bk, pad, m->pad_row, (size_t)C * sizeof(float), NULL);
 }
 
-double model_forward_backward(Model *m, int B, int T, float loss_scale) {
-    Backend *bk = m->bk;
-    const ModelConfig *c = &m->cfg;
-    const ParamTable *t = &m->tab;
-    const int N = B * T, C = c->hidden_size;
+// The forward up to the token losses (m->losses), and ZeRO-3's head gathered for what follows.
+// for_backward keeps what the backward needs. Returns the final residual.
+static void *forward_to_head(Model *m, int B, int T, int for_backward) {
     if (B != m->B || T != m->T) fail("internal: batch %dx%d differs from the activations' %dx%d", B, T, m->B, m->T);
-    int train = loss_scale > 0;
     // ZeRO-3: the embedding's unit is gathered for the lookup (tied, it holds the head too and
     // stays for the pass; its gradients start from zero here and are reduced at the end).
     if (m->opt.zero_stage >= 3) {
         z3_begin_pass(m);
-        if (train && t->nl_units == 1) z3_zero_grad(m, 0, m->z3_nl_grad);
+        if (for_backward && m->tab.nl_units == 1) z3_zero_grad(m, 0, m->z3_nl_grad);
     }
-    forward_layers(m, m->store, B, T, train);
-    z3_head_begin(m, train);
-    void *res = act_final_residual(m->store);
-    // The final norm and the fused classifier (which produces d(final_ln) and the head's
-    // gradient in the same pass) run over the MLP's row chunks, so the norm's output exists
-    // one chunk at a time.
-    const int R = act_tile_rows(m->store);
-    for (int r0 = 0; r0 < N; r0 += R) {
-        const int n = N - r0 < R ? N - r0 : R;
-        norm_fwd_rows(m, m->final_ln, m->final_rstd, N, r0, act_at(bk, res, (size_t)r0 * C), P(m, t->final_norm),
-                      opt_param_global(m, t->final_norm_bias), n);
-        bk->classifier_ce(bk, m->losses + r0, train ? act_at(bk, m->d_ln, (size_t)r0 * C) : NULL,
-                          train ? G(m, t->lm_head) : NULL, m->final_ln, P(m, t->lm_head), m->targets + r0, n,
-                          c->vocab_size, C, loss_scale, (float)c->final_softcap);
-    }
-    double loss = bk->sum_f32(bk, m->losses, N);
-    if (!train) return loss;
+    forward_layers(m, m->store, B, T, for_backward);
+    z3_head_begin(m, for_backward);
+    return act_final_residual(m->store);
+}
+
+// The final norm of rows [r0, r0+n) into m->final_ln (a chunk: the norm's output exists one
+// of the MLP's row chunks at a time).
+static void final_norm_chunk(Model *m, void *res, int N, int r0, int n) {
+    const ParamTable *t = &m->tab;
+    norm_fwd_rows(m, m->final_ln, m->final_rstd, N, r0, act_at(m->bk, res, (size_t)r0 * m->cfg.hidden_size),
+                  P(m, t->final_norm), opt_param_global(m, t->final_norm_bias), n);
+}
+
+// The classifier of rows [r0, r0+n) whose final norm is in m->final_ln from row c0 on: the
+// token losses, and with grad their gradients times scale into d_ln and the head's gradient.
+static void head_rows(Model *m, int c0, int r0, int n, int grad, float scale) {
+    Backend *bk = m->bk;
+    const int C = m->cfg.hidden_size;
+    bk->classifier_ce(bk, m->losses + r0, grad ? act_at(bk, m->d_ln, (size_t)r0 * C) : NULL,
+                      grad ? G(m, m->tab.lm_head) : NULL, act_at(bk, m->final_ln, (size_t)(r0 - c0) * C),
+                      P(m, m->tab.lm_head), m->targets + r0, n, m->cfg.vocab_size, C, scale,
+                      (float)m->cfg.final_softcap);
+}
+
+// From d_ln (dLoss/d final norm output) down through the final norm, the layers and the
+// embedding into the gradients.
+static void backward_from_head(Model *m, int B, int T, void *res) {
+    Backend *bk = m->bk;
+    const ParamTable *t = &m->tab;
+    const int N = B * T, C = m->cfg.hidden_size, R = act_tile_rows(m->store);
     bk->memzero(bk, m->d_res, (size_t)N * C * bk->act_bytes, NULL);
     for (int r0 = 0; r0 < N; r0 += R) {
         const int n = N - r0 < R ? N - r0 : R;
@@ -784,7 +794,58 @@ double model_forward_backward(Model *m, int B, int T, float loss_scale) {
     if (G(m, t->embed)) embedding_bwd(m, N);
     if (t->pos_embed >= 0 && G(m, t->pos_embed)) bk->pos_bwd(bk, G(m, t->pos_embed), m->d_res, B, T, C);
     if (m->opt.zero_stage >= 3) z3_reduce(m, 0, m->z3_nl_grad);
+}
+
+double model_forward_backward(Model *m, int B, int T, float loss_scale) {
+    const int N = B * T, R = act_tile_rows(m->store);
+    const int train = loss_scale > 0;
+    void *res = forward_to_head(m, B, T, train);
+    // The fused classifier produces d(final_ln) and the head's gradient in the same pass.
+    for (int r0 = 0; r0 < N; r0 += R) {
+        const int n = N - r0 < R ? N - r0 : R;
+        final_norm_chunk(m, res, N, r0, n);
+        head_rows(m, r0, r0, n, train, loss_scale);
+    }
+    double loss = m->bk->sum_f32(m->bk, m->losses, N);
+    if (train) backward_from_head(m, B, T, res);
     return loss;
+}
+
+// Preference losses need every row's log-likelihood before any gradient can be scaled: the
+// forward ends at the token losses, and the backward runs the classifier again (one more head
+// product per token) with each row's own scale.
+void model_forward_rows(Model *m, int B, int T, int for_backward, double *row_loss) {
+    const int N = B * T, R = act_tile_rows(m->store);
+    void *res = forward_to_head(m, B, T, for_backward);
+    for (int r0 = 0; r0 < N; r0 += R) {
+        const int n = N - r0 < R ? N - r0 : R;
+        final_norm_chunk(m, res, N, r0, n);
+        head_rows(m, r0, r0, n, 0, 0.0f);
+    }
+    float *tl = xmalloc(sizeof(float) * (size_t)N);
+    m->bk->copy_d2h(m->bk, tl, m->losses, sizeof(float) * (size_t)N, NULL);
+    m->bk->sync(m->bk);
+    for (int b = 0; b < B; b++) {
+        double s = 0;
+        for (int t = 0; t < T; t++) s += tl[(size_t)b * T + t];
+        row_loss[b] = s;
+    }
+    free(tl);
+}
+
+void model_backward_rows(Model *m, int B, int T, const float *row_scale) {
+    const int N = B * T, R = act_tile_rows(m->store);
+    void *res = act_final_residual(m->store);
+    for (int r0 = 0; r0 < N; r0 += R) {
+        const int n = N - r0 < R ? N - r0 : R;
+        final_norm_chunk(m, res, N, r0, n);
+        for (int p0 = r0; p0 < r0 + n;) {  // the chunk's pieces of each row
+            const int b = p0 / T, p1 = (b + 1) * T < r0 + n ? (b + 1) * T : r0 + n;
+            head_rows(m, r0, p0, p1 - p0, 1, row_scale[b]);
+            p0 = p1;
+        }
+    }
+    backward_from_head(m, B, T, res);
 }
 
 // Sampling runs forward only at batch 1 on its own small store: one layer's working set plus

@@ -343,6 +343,7 @@ typedef struct {
     void *deq;                    // dequantized linear weights of one layer
     int deq_layer;                // which layer deq holds (-1: none)
     uint64_t dropout_seed;        // per micro-batch; set by the training loop
+    int adapters_off;             // forward without the LoRA terms (a preference run's reference)
     size_t row_base;              // this rank's first row in the global micro-batch: dropout
                                   // masks follow global rows, so N ranks match one process
     // Activations, sized for B x T at model_alloc_acts, kept/offloaded/recomputed as the
@@ -434,6 +435,11 @@ void model_set_batch(Model *m, const int32_t *tokens, const int32_t *targets,
 // Forward pass of the current batch. With loss_scale > 0 it also runs backward, accumulating
 // loss_scale * d(sum of token losses) into m->grads. Returns the sum of the token losses.
 double model_forward_backward(Model *m, int B, int T, float loss_scale);
+// The same in two halves, for losses that need whole rows first (preference.h): the forward
+// (kept for a backward when for_backward) writes each row's summed token loss into row_loss[B];
+// the backward then adds row_scale[b] * d(row b's summed token loss) into m->grads.
+void model_forward_rows(Model *m, int B, int T, int for_backward, double *row_loss);
+void model_backward_rows(Model *m, int B, int T, const float *row_scale);
 // Zeroes the gradients model_forward_backward accumulates into (a step's start), wherever
 // they live; the _range form n of them from g, a pointer into m->grads.
 void model_zero_grads(Model *m);

@@ -111,13 +111,19 @@ void rows_open(RowLoader *rl, const char *path, int B, int accum, int T, int voc
         fail("%s: rows of %d tokens, but sequence_len is %d (prepare the data again for this sequence_len)",
              path, h[2], T);
     if (h[3] <= 0) fail("%s: %s file has %d rows (at least one is needed)", path, what, h[3]);
-    if (h[4] & ~ROWS_FLAG_PACKED) fail("%s: unknown flags 0x%x in the header", path, (unsigned)h[4]);
+    if (h[4] & ~(ROWS_FLAG_PACKED | ROWS_FLAG_PAIRED)) fail("%s: unknown flags 0x%x in the header", path, (unsigned)h[4]);
+    if ((h[4] & ROWS_FLAG_PACKED) && (h[4] & ROWS_FLAG_PAIRED))
+        fail("%s: the header says packed and paired (preference pairs are one sample a row)", path);
+    if ((h[4] & ROWS_FLAG_PAIRED) && h[3] % 2)
+        fail("%s: paired rows, but an odd row count %d (each pair is a chosen and a rejected row)", path, h[3]);
     if (h[5] < 0) fail("%s: negative token id bound %d in the header", path, h[5]);
     if (h[5] > vocab)
         fail("%s: token ids go up to %d, but the model's vocab_size is %d (a tokenizer of another model?)",
              path, h[5] - 1, vocab);
     if (h[6] < 0) fail("%s: negative document count %d in the header", path, h[6]);
     rl->T = T, rl->vocab = vocab, rl->nrows = (size_t)h[3], rl->packed = h[4] & ROWS_FLAG_PACKED;
+    rl->unit = h[4] & ROWS_FLAG_PAIRED ? 2 : 1;
+    rl->nunits = rl->nrows / (size_t)rl->unit;
     rl->max_id1 = h[5], rl->ndocs = (uint64_t)h[6];
     rl->ntargets = (uint64_t)(uint32_t)h[7] | (uint64_t)(uint32_t)h[8] << 32;
     const uint64_t want = HEADER_BYTES + (uint64_t)rl->nrows * row_bytes(rl);
@@ -130,14 +136,19 @@ void rows_open(RowLoader *rl, const char *path, int B, int accum, int T, int voc
     if (chunk > rl->nrows) chunk = rl->nrows;
     int32_t *buf = xmalloc(chunk * row_bytes(rl));
     uint64_t ntargets = 0;
+    if (rl->unit == 2 && chunk % 2) chunk = chunk > 1 ? chunk - 1 : 2;  // whole pairs
     int mx = 0;
     for (size_t r0 = 0; r0 < rl->nrows; r0 += chunk) {
         size_t n = rl->nrows - r0 < chunk ? rl->nrows - r0 : chunk;
         read_rows(rl, r0, n, buf);
         for (size_t i = 0; i < n; i++) {
             const int32_t *row = buf + i * 3 * (size_t)T;
+            const uint64_t before = ntargets;
             int m = check_row(rl, r0 + i, row, row + T, row + 2 * T, &ntargets);
             if (m > mx) mx = m;
+            if (rl->unit == 2 && ntargets == before)
+                fail("%s: row %zu is the %s completion of pair %zu but has no target token (each completion "
+                     "needs at least one)", path, r0 + i, (r0 + i) % 2 ? "rejected" : "chosen", (r0 + i) / 2);
         }
     }
     free(buf);
@@ -147,28 +158,30 @@ void rows_open(RowLoader *rl, const char *path, int B, int accum, int T, int voc
         fail("%s: the header says %llu target tokens, the rows have %llu", path,
              (unsigned long long)rl->ntargets, (unsigned long long)ntargets);
     rl->B = B, rl->accum = accum, rl->shuffle = shuffle, rl->seed = seed;
-    serve(rl, rl->nrows);
-    rl->order = xmalloc(sizeof(size_t) * rl->nrows);
+    serve(rl, rl->nunits);
+    rl->order = xmalloc(sizeof(size_t) * rl->nunits);
     rl->buf = xmalloc(row_bytes(rl));
+    rl->ids = xmalloc(sizeof(size_t) * (size_t)B * rl->unit);
     rows_seek(rl, 0, 0);
 }
 
 void rows_drop_last(RowLoader *rl) {
-    if (rl->nrows < (size_t)rl->B)
-        fail("%s: %zu rows, fewer than one micro-batch of %d (micro_batch_size x ranks): with dataloader_drop_last "
-             "no batch is left", rl->path, rl->nrows, rl->B);
-    serve(rl, rl->nrows / (size_t)rl->B * (size_t)rl->B);  // the epoch's order is the same: only its end moves
+    const char *what = rl->unit == 2 ? "pairs" : "rows";
+    if (rl->nunits < (size_t)rl->B)
+        fail("%s: %zu %s, fewer than one micro-batch of %d (micro_batch_size x ranks): with dataloader_drop_last "
+             "no batch is left", rl->path, rl->nunits, what, rl->B);
+    serve(rl, rl->nunits / (size_t)rl->B * (size_t)rl->B);  // the epoch's order is the same: only its end moves
 }
 
 size_t rows_steps_per_epoch(const RowLoader *rl) { return rl->slots / ((size_t)rl->B * rl->accum); }
 
 // The order of an epoch depends only on (seed, epoch).
 static void build_order(RowLoader *rl) {
-    for (size_t i = 0; i < rl->nrows; i++) rl->order[i] = i;
+    for (size_t i = 0; i < rl->nunits; i++) rl->order[i] = i;
     if (!rl->shuffle) return;
     Rng r;
     rng_seed(&r, rl->seed * 0xD1B54A32D192ED03ULL + rl->epoch + 1);
-    for (size_t i = rl->nrows - 1; i > 0; i--) {
+    for (size_t i = rl->nunits - 1; i > 0; i--) {
         size_t j = rng_next(&r) % (i + 1), t = rl->order[i];
         rl->order[i] = rl->order[j];
         rl->order[j] = t;
@@ -193,6 +206,7 @@ void rows_read(RowLoader *rl, size_t r, int32_t *tokens, int32_t *targets, int32
     read_rows(rl, r, 1, rl->buf);
     uint64_t n = 0;
     check_row(rl, r, rl->buf, rl->buf + T, rl->buf + 2 * T, &n);
+    if (rl->unit == 2 && !n) fail("%s: row %zu (a completion of pair %zu) has no target token", rl->path, r, r / 2);
     memcpy(tokens, rl->buf, sizeof(int32_t) * T);
     memcpy(targets, rl->buf + T, sizeof(int32_t) * T);
     memcpy(doc_start, rl->buf + 2 * T, sizeof(int32_t) * T);
@@ -203,8 +217,11 @@ void rows_next(RowLoader *rl, int32_t *tokens, int32_t *targets, int32_t *doc_st
     for (int i = 0; i < rl->B; i++) {
         if (rl->next >= rl->slots) rows_seek(rl, rl->epoch + 1, 0);
         size_t s = rl->next++;
-        rows_read(rl, s < rl->served ? rl->order[s] : rl->nrows, tokens + i * T, targets + i * T,
-                  doc_start + i * T);
+        for (int u = 0; u < rl->unit; u++) {
+            const size_t r = s < rl->served ? rl->order[s] * rl->unit + u : rl->nrows, k = (size_t)i * rl->unit + u;
+            rows_read(rl, r, tokens + k * T, targets + k * T, doc_start + k * T);
+            rl->ids[k] = r;
+        }
     }
 }
 
@@ -213,6 +230,7 @@ void rows_close(RowLoader *rl) {
     free(rl->path);
     free(rl->order);
     free(rl->buf);
+    free(rl->ids);
     memset(rl, 0, sizeof *rl);
     rl->fd = -1;
 }

@@ -3,7 +3,7 @@
 //
 //   header: 256 int32, little endian
 //     [0] magic 20241124  [1] version 1  [2] T (row length = sequence_len)  [3] nrows
-//     [4] flags (bit 0: packed)  [5] max token id + 1  [6] ndocs  [7..8] target count (uint64)
+//     [4] flags (bit 0: packed, bit 1: paired)  [5] max token id + 1  [6] ndocs  [7..8] target count (uint64)
 //   then nrows rows of 3*T int32: tokens[T], targets[T], doc_start[T]
 //
 // targets[t] is the id to predict at t (tokens[t+1] of the same document) or -1 (not trained);
@@ -12,6 +12,11 @@
 // vocabulary, targets against the next token of the same document, the document map), and
 // the whole file once at open, so a bad file ends the run before training with one line
 // naming the file and the row.
+//
+// Paired rows (preference training, preference.h) come in pairs: row 2k the prompt and chosen
+// completion, row 2k+1 the same prompt and the rejected one, each with at least one target; the
+// loader serves, shuffles and counts whole pairs (its units) and a micro-batch of B pairs is 2B
+// rows.
 //
 // Batches: a loader serves micro-batches of B rows (B = world x micro_batch_size: every rank
 // reads the global micro-batch and trains on its part, as with token shards). An epoch is
@@ -26,6 +31,7 @@
 #define ROWS_MAGIC 20241124
 #define ROWS_VERSION 1
 #define ROWS_FLAG_PACKED 1
+#define ROWS_FLAG_PAIRED 2
 
 typedef struct {
     char *path;
@@ -33,17 +39,20 @@ typedef struct {
     int fd;
     int T, packed, vocab;
     size_t nrows;
+    int unit;                  // rows served together: 1, or 2 for preference pairs (chosen, rejected)
+    size_t nunits;             // nrows / unit
     uint64_t ndocs, ntargets;  // from the header, checked against the rows at open
     int max_id1;               // header [5]
-    int B, accum, shuffle;
+    int B, accum, shuffle;     // B: units (rows or pairs) per micro-batch
     uint64_t seed;
-    size_t served;             // rows of each epoch's order that are read: nrows, or whole micro-batches (drop_last)
-    size_t slots;              // slots one epoch has: steps_per_epoch x B x accum >= served
+    size_t served;             // units of each epoch's order that are read: nunits, or whole micro-batches (drop_last)
+    size_t slots;              // unit slots one epoch has: steps_per_epoch x B x accum >= served
     // position: epoch and the index of the next slot in that epoch
     uint64_t epoch;
     size_t next;
-    size_t *order;             // the epoch's row order (a permutation of 0..nrows-1)
+    size_t *order;             // the epoch's unit order (a permutation of 0..nunits-1)
     int32_t *buf;              // one row: 3*T int32
+    size_t *ids;               // the rows rows_next served last (B x unit; nrows for an empty row)
 } RowLoader;
 
 // Opens and checks path (every row is read once). B rows per micro-batch, accum micro-batches

@@ -24,6 +24,7 @@
 #include "optim.h"
 #include "plan.h"
 #include "peft.h"
+#include "preference.h"
 #include "prepare.h"
 #include "quantize.h"
 #include "rows.h"
@@ -124,6 +125,14 @@ static void print_box(const Config *cfg, const Model *m, const Backend *bk, size
         default: snprintf(rope, sizeof rope, "theta %g", c->rope_theta);
         }
         printf("| rope         %-50s |\n", rope);
+    }
+    if (cfg->rl[0]) {  // preference training (preference.h)
+        PrefLoss pl;
+        char what[320], desc[120];
+        pref_loss_from_config(&pl, cfg);
+        pref_loss_describe(&pl, desc, sizeof desc);
+        snprintf(what, sizeof what, "%s, beta %g, %s; B counts 2 rows a pair", cfg->rl, cfg->rl_beta, desc);
+        printf("| preference   %-50s |\n", what);
     }
     char tok[128];
     snprintf(tok, sizeof tok, "%lld (B=%d x T=%d x accum %d)", tokens, cfg->micro_batch_size,
@@ -278,6 +287,49 @@ static double evaluate_rows(Model *m, RowLoader *ev, int32_t *tok, int32_t *tgt,
     *hf = hn ? hsum / (double)hn : NAN;
     *ntargets = n;
     return n ? tot / (double)n : NAN;
+}
+
+// Evaluation of preference pairs: every eval pair once, in global batches of B rows per rank
+// (the last filled with empty pairs); the pairs' figures summed over ranks.
+static PrefStats evaluate_pairs(Model *m, RowLoader *ev, const PrefLoss *pl, const double *ref, int32_t *tok,
+                                int32_t *tgt, int32_t *ds, Split *sp) {
+    Comm *c = m->opt.comm;
+    const int T = ev->T, B = ev->B * ev->unit / sp->dp;  // rows per rank
+    const size_t GB = (size_t)B * sp->dp;
+    size_t *ids = xmalloc(sizeof(size_t) * GB);
+    PrefStats st = {0};
+    for (size_t r0 = 0; r0 < ev->nrows; r0 += GB) {
+        for (size_t j = 0; j < GB; j++) {
+            rows_read(ev, r0 + j, tok + j * T, tgt + j * T, ds + j * T);
+            ids[j] = r0 + j < ev->nrows ? r0 + j : ev->nrows;
+        }
+        const int Tm = set_part(m, sp, tok, tgt, NULL, B, T);
+        pref_micro_batch(m, pl, B, Tm, tgt + (size_t)sp->rank * B * T, ids + (size_t)sp->rank * B, ref, ev->nrows, 0,
+                         0, 0, &st);
+    }
+    free(ids);
+    pref_stats_reduce(&st, c);
+    return st;
+}
+
+// The step line's and metrics.jsonl's preference figures (TRL's names; prefix "eval_" or "").
+static void pref_print(const PrefStats *st, char *line, size_t cap) {
+    const double n = st->pairs ? (double)st->pairs : NAN;
+    snprintf(line, cap, "rewards acc %.3f margin %.4f (chosen %.4f rejected %.4f)", st->correct / n, st->margin / n,
+             st->reward_c / n, st->reward_r / n);
+}
+static void pref_metrics(const PrefStats *st, const char *prefix, char *out, size_t cap) {
+    const double n = st->pairs ? (double)st->pairs : NAN;
+    const double v[6] = {st->reward_c / n, st->reward_r / n, st->correct / n, st->margin / n, st->logp_c / n,
+                         st->logp_r / n};
+    const char *k[6] = {"rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins", "logps/chosen",
+                        "logps/rejected"};
+    size_t len = 0;
+    out[0] = 0;
+    for (int i = 0; i < 6 && len < cap; i++) {
+        char num[32];
+        len += (size_t)snprintf(out + len, cap - len, ", \"%s%s\": %s", prefix, k[i], metrics_num(num, sizeof num, v[i]));
+    }
 }
 
 // "1h02m", "3m05s", "12s": the time left at the mean step time so far.
@@ -540,6 +592,11 @@ int train_main(int argc, char **argv, int arch) {
         fail("load_in_8bit and load_in_4bit: set one of them (8-bit with adapter: lora, 4-bit with adapter: qlora)");
     if (cfg.load_in_8bit && !lora.r)
         fail("load_in_8bit: an 8-bit base can only be trained through adapters (adapter: lora)");
+    if (cfg.rl[0] && cfg.lora_model_dir[0])
+        fail("rl: %s with lora_model_dir: the reference would be the base without that adapter and training would "
+             "start from it; merge the adapter into base_model first (merge_lora) and train a new one", cfg.rl);
+    PrefLoss pref_loss = {0};
+    if (cfg.rl[0]) pref_loss_from_config(&pref_loss, &cfg);
     if (cfg.layer_offloading && !lora.r)
         fail("layer_offloading streams the frozen weights of adapter runs; a full fine-tune keeps its weights "
              "resident%s (use adapter: lora)", cfg.unfrozen_parameters[0] ? ", unfrozen_parameters or not" : "");
@@ -587,11 +644,16 @@ int train_main(int argc, char **argv, int arch) {
     if (prepared) {
         char p[1200];
         snprintf(p, sizeof p, "%s/train.bin", cfg.prepared_dir);
-        rows_open(&rtrain, p, split0.dp * B, accum, T, mc.vocab_size, cfg.shuffle, (uint64_t)config_data_seed(&cfg), "train rows");
+        const int unit = cfg.rl[0] ? 2 : 1;  // preference pairs: two rows a unit
+        rows_open(&rtrain, p, split0.dp * B / unit, accum, T, mc.vocab_size, cfg.shuffle, (uint64_t)config_data_seed(&cfg), "train rows");
+        if (rtrain.unit != unit)
+            fail("%s: %s, but the run %s (prepare the data again)", p, rtrain.unit == 2 ? "preference pairs" : "rows of "
+                 "samples, not preference pairs", cfg.rl[0] ? "has rl set" : "has no rl");
         if (cfg.dataloader_drop_last) rows_drop_last(&rtrain);
         snprintf(p, sizeof p, "%s/eval.bin", cfg.prepared_dir);
         have_val = cfg.has_eval_rows = path_exists(p);
-        if (have_val) rows_open(&rval, p, split0.dp * B, 1, T, mc.vocab_size, 0, 0, "eval rows");
+        if (have_val) rows_open(&rval, p, split0.dp * B / unit, 1, T, mc.vocab_size, 0, 0, "eval rows");
+        if (have_val && rval.unit != unit) fail("%s: paired and unpaired rows mixed (prepare the data again)", p);
         if (arch == ARCH_GPT2 && (rtrain.packed || (have_val && rval.packed)))
             fail("sample_packing needs rotary positions that restart per document; GPT-2 has learned positions: "
                  "set sample_packing: false (and eval_sample_packing: false)");
@@ -601,10 +663,11 @@ int train_main(int argc, char **argv, int arch) {
         if (have_val)
             printf("; %zu eval rows%s, %llu target tokens", rval.nrows, rval.packed ? " (packed)" : "",
                    (unsigned long long)rval.ntargets);
-        printf("\ndata: %.0f steps per epoch = ceil(%zu rows / %d rows per step (micro_batch_size %d x "
-               "gradient_accumulation_steps %d x %d ranks))%s\n", steps_per_epoch, rtrain.served,
-               B * accum * split0.dp, B, accum, split0.dp,
-               rtrain.served < rtrain.nrows ? " (dataloader_drop_last: an epoch's last partial micro-batch left out)" : "");
+        const char *units = unit == 2 ? "pairs" : "rows";
+        printf("\ndata: %.0f steps per epoch = ceil(%zu %s / %d %s per step (micro_batch_size %d x "
+               "gradient_accumulation_steps %d x %d ranks))%s\n", steps_per_epoch, rtrain.served, units,
+               B / unit * accum * split0.dp, units, B / unit, accum, split0.dp,
+               rtrain.served < rtrain.nunits ? " (dataloader_drop_last: an epoch's last partial micro-batch left out)" : "");
         config_plan_steps(&cfg, rows_steps_per_epoch(&rtrain) * accum);  // num_epochs -> max_steps, ...
         if (cfg.eval_steps && !have_val)
             fail("eval_steps is %d but there is no eval data (set val_set_size or test_datasets)", cfg.eval_steps);
@@ -622,6 +685,19 @@ int train_main(int argc, char **argv, int arch) {
         steps_per_epoch = (double)train.total_windows / accum;
         config_plan_steps(&cfg, train.total_windows);  // num_epochs -> max_steps, warmup_ratio, cadences
         if (cfg.eval_steps && !have_val) fail("eval_steps is %d but no val_data is set", cfg.eval_steps);
+    }
+
+    // ---- preference training: the reference's log-probabilities, from the starting weights
+    // (before a resume loads other ones), adapters off
+    double *ref_train = NULL, *ref_eval = NULL;
+    if (cfg.rl[0]) {
+        double t0 = now_ms();
+        ref_train = pref_reference(&model, &rtrain, B);
+        if (have_val) ref_eval = pref_reference(&model, &rval, B);
+        char ev[64] = "";
+        if (have_val) snprintf(ev, sizeof ev, " and %zu eval pairs", rval.nunits);
+        printf("reference: log-probabilities of %zu train pairs%s from the starting weights%s in %.1f s\n",
+               rtrain.nunits, ev, lora.r ? " (adapters off)" : "", (now_ms() - t0) / 1000);
     }
 
     // ---- output and resume
@@ -673,6 +749,7 @@ int train_main(int argc, char **argv, int arch) {
     if (spn > 1) split.tok = xmalloc(sizeof(int32_t) * BT / spn), split.tgt = xmalloc(sizeof(int32_t) * BT / spn);
     int32_t *tok = xmalloc(sizeof(int32_t) * GBT * accum), *tgt = xmalloc(sizeof(int32_t) * GBT * accum);
     int32_t *dst = prepared ? xmalloc(sizeof(int32_t) * GBT * accum) : NULL;  // document starts
+    size_t *sid = cfg.rl[0] ? xmalloc(sizeof(size_t) * (size_t)B * split0.dp * accum) : NULL;  // the step's row ids
 
     int bad_in_row = 0;  // consecutive skipped (non-finite) steps
     int stopped = stop_requested(comm), last_saved = -1;  // a signal: stop after this step
@@ -703,9 +780,18 @@ int train_main(int argc, char **argv, int arch) {
         for (int a = 0; a < accum; a++) {
             if (prepared) rows_next(&rtrain, tok + a * GBT, tgt + a * GBT, dst + a * GBT);
             else loader_next(&train, tok + a * GBT, tgt + a * GBT);
+            if (sid) memcpy(sid + (size_t)a * B * split0.dp, rtrain.ids, sizeof(size_t) * B * split0.dp);
         }
         for (size_t i = 0; i < GBT * accum; i++) count += tgt[i] >= 0;
         float scale = count ? (float)(1.0 / (double)count) : 0.0f;
+        // Preference losses are means over the step's pairs (and the sft term over its chosen tokens).
+        long long step_pairs = 0, step_chosen = 0;
+        PrefStats pst = {0};
+        for (size_t i = 0; sid && i < (size_t)B * split0.dp * accum; i += 2)
+            if (sid[i] < rtrain.nrows) {
+                step_pairs++;
+                for (int t = 0; t < T; t++) step_chosen += tgt[i * T + t] >= 0;
+            }
         if (model.lisa && (step == first_step || lisa_draws_at(model.lisa, step))) {
             lisa_draw(model.lisa, lisa_last_draw(model.lisa, step));
             model_lisa_drawn(&model);
@@ -731,10 +817,22 @@ int train_main(int argc, char **argv, int arch) {
             Rng dr;
             rng_seed(&dr, (uint64_t)cfg.seed * 1000003ULL + (uint64_t)step * accum + a);
             model.dropout_seed = rng_next(&dr);
-            loss_sum += model_forward_backward(&model, B, Tm, scale);
+            if (cfg.rl[0]) {
+                const size_t mine = (size_t)a * B * split0.dp + (size_t)rank * B;
+                pref_micro_batch(&model, &pref_loss, B, Tm, tgt + mine * T, sid + mine, ref_train, rtrain.nrows, 1,
+                                 1.0 / (double)step_pairs, step_chosen ? 1.0 / (double)step_chosen : 0, &pst);
+            } else
+                loss_sum += model_forward_backward(&model, B, Tm, scale);
         }
         comm->all_reduce_sum_f64(comm, &loss_sum, 1);
         float loss = (float)(loss_sum * scale);
+        char pref_line[160] = "";
+        if (cfg.rl[0]) {
+            pref_stats_reduce(&pst, comm);
+            loss = (float)pref_stats_loss(&pst);
+            pref_print(&pst, pref_line + 3, sizeof pref_line - 3);
+            memcpy(pref_line, " | ", 3);
+        }
         double norm = grad_norm(&model);
         double lr = lr_at(&oc, step);
         // A non-finite loss or gradient must never reach the weights: the step is skipped (the
@@ -774,18 +872,20 @@ int train_main(int argc, char **argv, int arch) {
                    skip ? " | skipped" : "");
         } else if (ls.step % cfg.log_steps == 0 || ls.step == cfg.max_steps || ls.step == 1)
             printf("step %5d/%d | epoch %.2f/%.3g | loss %.6f | lr %.3e | norm %.4f | %.1f ms | %.0f tok/s | "
-                   "dev %s host %s disk %s | eta %s%s\n", ls.step, cfg.max_steps, ls.step / steps_per_epoch,
-                   cfg.max_steps / steps_per_epoch, loss, lr, norm, ms, tps, peak, hpeak, dpeak, eta,
+                   "dev %s host %s disk %s | eta %s%s%s\n", ls.step, cfg.max_steps, ls.step / steps_per_epoch,
+                   cfg.max_steps / steps_per_epoch, loss, lr, norm, ms, tps, peak, hpeak, dpeak, eta, pref_line,
                    skip ? " | skipped" : "");
+        char pref_keys[512] = "";
+        if (cfg.rl[0]) pref_metrics(&pst, "", pref_keys, sizeof pref_keys);
         char nl[32], nn[32];
         metrics_line(&metrics,
                      "\"step\": %d, \"epoch\": %.6g, \"loss\": %s, \"lr\": %.9g, \"grad_norm\": %s, \"ms\": %.3f, "
                      "\"tokens_per_sec\": %.1f, \"device_peak_bytes\": %zu, \"host_peak_bytes\": %zu, "
-                     "\"disk_peak_bytes\": %zu, \"streamed_weight_bytes\": %.0f, \"comm_ms\": %.3f%s",
+                     "\"disk_peak_bytes\": %zu, \"streamed_weight_bytes\": %.0f, \"comm_ms\": %.3f%s%s",
                      ls.step, ls.step / steps_per_epoch, metrics_num(nl, sizeof nl, loss), lr, metrics_num(nn, sizeof nn, norm), ms,
                      tps, bk->mem.peak, bk->mem.host_peak, bk->mem.disk_peak,
                      model.streamer ? streamer_bytes_loaded(model.streamer) - streamed0 : 0.0,
-                     comm->busy_ms - comm0, skip ? ", \"skipped\": true" : "");
+                     comm->busy_ms - comm0, pref_keys, skip ? ", \"skipped\": true" : "");
         if (bad_in_row >= MAX_BAD_STEPS)
             fail("step %d: loss %g, grad norm %g: %d consecutive non-finite steps; stopping "
                  "(the last checkpoint holds the last good weights; lower learning_rate or "
@@ -803,7 +903,17 @@ int train_main(int argc, char **argv, int arch) {
         fflush(stdout);
         if (cfg.eval_steps && (ls.step % cfg.eval_steps == 0 || ls.step == cfg.max_steps)) {
             double vl;
-            if (prepared) {
+            if (cfg.rl[0]) {
+                PrefStats es = evaluate_pairs(&model, &rval, &pref_loss, ref_eval, tok, tgt, dst, &split);
+                vl = pref_stats_loss(&es);
+                char line[160], keys[512];
+                pref_print(&es, line, sizeof line);
+                pref_metrics(&es, "eval_", keys, sizeof keys);
+                printf("step %5d/%d | eval_loss %.6f | eval_pairs %lld | eval %s\n", ls.step, cfg.max_steps, vl, es.pairs,
+                       line);
+                metrics_line(&metrics, "\"step\": %d, \"eval_loss\": %s, \"eval_pairs\": %lld%s", ls.step,
+                             metrics_num(nl, sizeof nl, vl), es.pairs, keys);
+            } else if (prepared) {
                 double hf;
                 long long ntg;
                 vl = evaluate_rows(&model, &rval, tok, tgt, dst, &split, &hf, &ntg);
@@ -874,6 +984,9 @@ int train_main(int argc, char **argv, int arch) {
     free(split.tok);
     free(split.tgt);
     free(dst);
+    free(sid);
+    free(ref_train);
+    free(ref_eval);
     if (prepared) {
         rows_close(&rtrain);
         if (have_val) rows_close(&rval);

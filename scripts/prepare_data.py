@@ -24,6 +24,7 @@ from array import array
 
 FORMAT_VERSION = 3  # 2: Axolotl's order (shuffle, length filter, dedup, dataset_shard, split); 3: the run's tokenizer in tokenizer/
 MAGIC, ROWS_VERSION, HEADER_INTS = 20241124, 1, 256
+ROWS_FLAG_PACKED, ROWS_FLAG_PAIRED = 1, 2
 IGNORE = -100
 
 # The config keys that decide the prepared rows (all of them go into the cache key).
@@ -35,7 +36,7 @@ DATA_KEYS = ("datasets", "test_datasets", "pretraining_dataset", "val_set_size",
              "dataset_exact_deduplication", "shuffle_before_merging_datasets", "dataset_shard_num",
              "dataset_shard_idx", "tokenizer_type", "tokenizer_use_fast", "tokenizer_legacy",
              "sample_packing_bin_size", "sample_packing_group_size", "resize_token_embeddings_to_32x",
-             "shrink_embeddings", "mean_resizing_embeddings", "pretrain_multipack_attn")
+             "shrink_embeddings", "mean_resizing_embeddings", "pretrain_multipack_attn", "rl")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
                    "chat_template.jinja", "chat_template.json", "vocab.json", "merges.txt", "added_tokens.json")
 DATA_EXT = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv", ".txt": "text"}
@@ -849,9 +850,9 @@ def pack(lengths, T, sequential=False, bin_size=200, group_size=100000):
     return rows, nrows
 
 
-def write_rows(path, samples, T, packed, pad, packer=None):
+def write_rows(path, samples, T, packed, pad, packer=None, flags=0):
     """The row file of the contract; returns (rows, target tokens, max id + 1). packer: pack()'s
-    keyword arguments."""
+    keyword arguments; flags: more header flags (ROWS_FLAG_PAIRED)."""
     if packed:
         where, nrows = pack([len(s[0]) for s in samples], T, **(packer or {}))
         members = [[] for _ in range(nrows)]
@@ -888,7 +889,7 @@ def write_rows(path, samples, T, packed, pad, packer=None):
             fh.write(tgt.tobytes())
             fh.write(ds.tobytes())
         h = [0] * HEADER_INTS
-        h[0:9] = [MAGIC, ROWS_VERSION, T, len(members), 1 if packed else 0, maxid, len(samples),
+        h[0:9] = [MAGIC, ROWS_VERSION, T, len(members), (ROWS_FLAG_PACKED if packed else 0) | flags, maxid, len(samples),
                   ntgt & 0xFFFFFFFF, ntgt >> 32]
         hdr = array("i", [x - (1 << 32) if x >= 1 << 31 else x for x in h])
         if sys.byteorder != "little":
@@ -1003,6 +1004,13 @@ def config_checks(spec):
 def prepare(spec, out_dir, h):
     cfg = config_checks(spec)
     tok = Tok(spec)
+    if cfg.get("rl"):  # preference pairs (rl: dpo / ipo): scripts/prepare_pairs.py
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        import prepare_pairs
+        meta = prepare_pairs.prepare(sys.modules[__name__], spec, cfg, tok, out_dir, h)
+        with open(os.path.join(out_dir, "meta.json"), "w") as fh:
+            json.dump(meta, fh, indent=1)
+        return meta
     T, seed = cfg["sequence_len"], int(spec["seed"])
     counts = []
     if cfg.get("pretraining_dataset"):
@@ -1113,9 +1121,10 @@ def run(args):
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
-        print("data: prepared %d samples -> %d rows%s in %s (%d eval samples -> %d rows)" % (
-            meta["train_samples"], meta["train_rows"], " (packed)" if meta["packed"] else "", d,
-            meta["eval_samples"], meta["eval_rows"]))
+        what = "preference pairs" if meta.get("paired") else "samples"
+        print("data: prepared %d %s -> %d rows%s in %s (%d eval %s -> %d rows)" % (
+            meta["train_samples"], what, meta["train_rows"], " (packed)" if meta["packed"] else "", d,
+            meta["eval_samples"], what, meta["eval_rows"]))
     mts = re.split(r"[\s,\[\]]+", spec.get("lora_modules_to_save") or "")
     if spec.get("adapter", "none") != "none" and meta.get("needs_embeddings") and not (
             "embed_tokens" in mts and "lm_head" in mts):

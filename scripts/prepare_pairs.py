@@ -1,0 +1,357 @@
+"""Preference pairs for `rl: dpo` / `rl: ipo` runs, for scripts/prepare_data.py (which passes
+itself in as `pd`, so that one DataError class and one tokenizer wrapper serve both files).
+
+What a pair becomes follows Axolotl (its prompt_strategies/dpo/*.py turn a record into prompt,
+chosen and rejected strings; utils/data/rl.py filters lengths, merges, deduplicates and splits)
+and TRL 1.8's DPOTrainer (which tokenizes them): the eos text is appended to a completion that
+does not end with it; the prompt is tokenized alone and prompt + completion jointly, both with
+the tokenizer's special tokens, and the completion is what follows the prompt's token count; the
+row is prompt + completion cut to sequence_len from the start (TRL's keep_start), and only the
+completion's tokens are targets. Row 2k holds pair k's chosen completion, row 2k+1 its rejected
+one (the paired row format in README's "Prepared datasets").
+"""
+
+CHATML = ("<|im_start|>system\n{system}<|im_end|>\n", "<|im_start|>user\n{prompt}<|im_end|>\n<|im_start|>assistant\n",
+          "<|im_end|>")
+LLAMA3 = ("<|start_header_id|>system<|end_header_id|>\n\n{system}<|eot_id|>",
+          "<|start_header_id|>user<|end_header_id|>\n\n{prompt}<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n",
+          "<|eot_id|>")
+MARKUP = {"chatml": CHATML, "llama3": LLAMA3}
+# Axolotl's functions of chatml.* and llama3.*: where the prompt and the completions are read.
+FIRST_OF = object()
+FORMS = {
+    "default": (FIRST_OF, None),
+    "argilla_chat": ("chosen[0]", "turn1"),
+    "icr": ("input", None),
+    "intel": ("question", None),
+    "prompt_pairs": ("prompt", None),
+    "ultra": ("prompt", "turn1"),
+}
+RL_DS_KEYS = {"path", "type", "data_files", "split", "ds_type", "name", "field_messages", "field_chosen",
+              "field_rejected"}
+USER_DEFINED_KEYS = {"field_prompt", "field_system", "field_chosen", "field_rejected", "prompt_format",
+                     "chosen_format", "rejected_format"}
+
+
+def text_of(pd, rec, name, loc):
+    v = pd.field(rec, name, loc)
+    if not v:
+        raise pd.DataError("%s: %s: empty (Axolotl requires a prompt, a chosen and a rejected text)" % (loc, name))
+    return v
+
+
+def turn_content(pd, rec, name, k, loc):
+    turns = rec.get(name)
+    if not isinstance(turns, list) or len(turns) <= k or not isinstance(turns[k], dict) or \
+            not isinstance(turns[k].get("content"), str):
+        raise pd.DataError("%s: %s[%d].content: missing (expected a list of {role, content} turns)" % (loc, name, k))
+    return turns[k]["content"]
+
+
+class Markup:
+    """chatml.* and llama3.*: the prompt as a user turn (after a system turn when the record has a
+    non-empty system), each completion followed by the end-of-turn text."""
+
+    def __init__(self, pd, markup, form):
+        self.pd, (self.sys, self.user, self.end) = pd, MARKUP[markup]
+        self.prompt_key, self.completion = FORMS[form]
+        self.form = form
+
+    def __call__(self, rec, loc):
+        pd = self.pd
+        if self.prompt_key is FIRST_OF:
+            pk = next((k for k in ("prompt", "input", "question") if k in rec), "instruction")
+            ck = "chosen" if "chosen" in rec else "chosen_response"
+            rk = "rejected" if "rejected" in rec else "rejected_response"
+            p, c, r = text_of(pd, rec, pk, loc), text_of(pd, rec, ck, loc), text_of(pd, rec, rk, loc)
+        elif self.prompt_key == "chosen[0]":
+            p = turn_content(pd, rec, "chosen", 0, loc)
+            c, r = turn_content(pd, rec, "chosen", 1, loc), turn_content(pd, rec, "rejected", 1, loc)
+        else:
+            p = text_of(pd, rec, self.prompt_key, loc)
+            if self.completion == "turn1":
+                c, r = turn_content(pd, rec, "chosen", 1, loc), turn_content(pd, rec, "rejected", 1, loc)
+            else:
+                c, r = text_of(pd, rec, "chosen", loc), text_of(pd, rec, "rejected", loc)
+        system = rec.get("system") if self.form != "argilla_chat" else None
+        head = self.sys.format(system=system) if isinstance(system, str) and system else ""
+        return head + self.user.format(prompt=p), c + self.end, r + self.end
+
+
+class UserDefined:
+    """A mapping as type: Axolotl's user_defined.default (field_* names, *_format strings)."""
+
+    def __init__(self, pd, spec, t, key):
+        self.pd = pd
+        for k, v in t.items():
+            if k not in USER_DEFINED_KEYS:
+                raise pd.DataError("%s.type.%s: not a user_defined key (%s)" % (
+                    pd.where_cfg(spec, key), k, ", ".join(sorted(USER_DEFINED_KEYS))))
+            if not isinstance(v, str):
+                raise pd.DataError("%s.type.%s: expected a string" % (pd.where_cfg(spec, key), k))
+        self.f = {k: t.get("field_" + k) or k for k in ("prompt", "system", "chosen", "rejected")}
+        self.fmt = {k: t.get(k + "_format") or "{%s}" % k for k in ("prompt", "chosen", "rejected")}
+        self.where = pd.where_cfg(spec, key)
+
+    def __call__(self, rec, loc):
+        pd, f = self.pd, self.f
+        vals = {k: text_of(pd, rec, f[k], loc) for k in ("prompt", "chosen", "rejected")}
+        try:
+            kw = {"prompt": vals["prompt"]}
+            if "{system}" in self.fmt["prompt"]:
+                s = rec.get(f["system"])
+                kw["system"] = s if isinstance(s, str) else ""
+            return (self.fmt["prompt"].format(**kw), self.fmt["chosen"].format(chosen=vals["chosen"]),
+                    self.fmt["rejected"].format(rejected=vals["rejected"]))
+        except (KeyError, IndexError, ValueError) as e:
+            raise pd.DataError("%s.type: a *_format string names a field it is not given: %s" % (self.where, e))
+
+
+class Passthrough:
+    """passthrough: the record's prompt, chosen and rejected strings as they are."""
+
+    def __init__(self, pd):
+        self.pd = pd
+
+    def __call__(self, rec, loc):
+        return tuple(text_of(self.pd, rec, k, loc) for k in ("prompt", "chosen", "rejected"))
+
+
+class ChatTemplatePairs:
+    """chat_template.default: the prompt messages rendered with the generation prompt; each
+    completion rendered as an assistant turn after a placeholder user turn, kept from its content
+    on and right-stripped (Axolotl's dpo/chat_template.py)."""
+
+    def __init__(self, pd, spec, tok, cfg, ds):
+        self.pd, self.tok = pd, tok
+        self.template = pd.chat_template_of(spec, tok, cfg, {})
+        self.kwargs = cfg.get("chat_template_kwargs") or {}
+        self.fm = ds.get("field_messages") or "messages"
+        self.fc = ds.get("field_chosen") or "chosen"
+        self.fr = ds.get("field_rejected") or "rejected"
+
+    def render(self, msgs, gen, loc):
+        try:
+            return self.tok.t.apply_chat_template(msgs, chat_template=self.template, tokenize=False,
+                                                  add_generation_prompt=gen, **self.kwargs)
+        except Exception as e:  # noqa: BLE001 - jinja's own errors
+            raise self.pd.DataError("%s: chat template failed: %s" % (loc, (str(e).splitlines() or [type(e).__name__])[0]))
+
+    def message(self, v, name, loc):
+        if isinstance(v, list) and v:
+            v = v[-1]
+        if isinstance(v, str):
+            return {"role": "assistant", "content": v}
+        if isinstance(v, dict) and isinstance(v.get("content"), str):
+            return {"role": v.get("role") or "assistant", "content": v["content"]}
+        raise self.pd.DataError("%s: %s: expected a string, a {role, content} turn or a list ending in one" % (loc, name))
+
+    def __call__(self, rec, loc):
+        pd = self.pd
+        msgs = rec.get(self.fm)
+        if isinstance(msgs, str):
+            msgs = [{"role": "user", "content": msgs}]
+        if not isinstance(msgs, list) or not msgs or not all(
+                isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in msgs):
+            raise pd.DataError("%s: %s: expected a non-empty list of {role, content} messages" % (loc, self.fm))
+        prompt = self.render([{"role": m["role"], "content": m["content"]} for m in msgs], True, loc)
+        out = [prompt]
+        for name in (self.fc, self.fr):
+            m = self.message(rec.get(name), name, loc)
+            s = self.render([{"role": "user", "content": "[[dummy_message]]"}, m], False, loc)
+            out.append(s[s.find(m["content"]):].rstrip())
+        return tuple(out)
+
+
+def strategy_of(pd, spec, tok, cfg, ds, key):
+    t = ds.get("type")
+    if isinstance(t, dict):
+        return UserDefined(pd, spec, t, key)
+    names = "chatml.{%s}, llama3.{...}, chat_template.default, passthrough, or a user_defined mapping" % \
+            ", ".join(FORMS)
+    if not isinstance(t, str) or not t:
+        raise pd.DataError("%s.type: missing (%s)" % (pd.where_cfg(spec, key), names))
+    for k in ds:
+        if k not in RL_DS_KEYS:
+            raise pd.DataError("%s.%s: not read for rl datasets (Axolotl's DPO dataset schema has %s)" % (
+                pd.where_cfg(spec, key), k, ", ".join(sorted(RL_DS_KEYS))))
+    base, _, form = t.partition(".")
+    form = form or "default"
+    if base in MARKUP and form in FORMS:
+        return Markup(pd, base, form)
+    if base == "chat_template" and form == "default":
+        return ChatTemplatePairs(pd, spec, tok, cfg, ds)
+    if base == "passthrough" and form == "default":
+        return Passthrough(pd)
+    raise pd.DataError("%s.type: '%s' is not a preference format here (%s)" % (pd.where_cfg(spec, key), t, names))
+
+
+def plain_len(tok, text):
+    return len(tok.encode(text, special=False))
+
+
+def fits(tok, strings, T):
+    """Axolotl's length filter: prompt + each completion, counted without special tokens."""
+    p = plain_len(tok, strings[0])
+    return p + plain_len(tok, strings[1]) <= T and p + plain_len(tok, strings[2]) <= T, p
+
+
+def truncated(tok, strings, T):
+    """excess_length_strategy: truncate, as Axolotl's: each completion's tokens (no special
+    tokens) cut to what sequence_len leaves after the prompt and decoded back to text; None when
+    the prompt alone fills it."""
+    ok, p = fits(tok, strings, T)
+    if ok:
+        return strings
+    room = T - p
+    if room <= 0:
+        return None
+    out = [strings[0]]
+    for text in strings[1:]:
+        ids = tok.encode(text, special=False)
+        out.append(tok.t.decode(ids[:room], skip_special_tokens=False) if len(ids) > room else text)
+    return tuple(out) if fits(tok, out, T)[0] else None
+
+
+def tokenize_pair(pd, tok, strings, T):
+    """TRL's tokenization of (prompt, chosen, rejected): (ids, labels) for chosen and rejected,
+    cut to T tokens from the start."""
+    prompt = strings[0]
+    eos = tok.t.eos_token
+    p_ids = tok.encode(prompt)
+    rows = []
+    for c in strings[1:]:
+        if eos and not c.endswith(eos):
+            c = c + eos
+        comp = tok.encode(prompt + c)[len(p_ids):]
+        rows.append(((p_ids + comp)[:T], ([pd.IGNORE] * len(p_ids) + comp)[:T]))
+    return rows
+
+
+def load_pairs(pd, spec, tok, cfg, entries, key, counts):
+    """All pairs of a datasets/test_datasets list, each dataset's long pairs dropped as Axolotl's
+    excess_length_strategy says: [(chosen (ids, labels), rejected (ids, labels), 'file:line')]."""
+    if isinstance(entries, dict):
+        entries = [entries]
+    if not isinstance(entries, list) or not entries:
+        raise pd.DataError("%s: expected a list of datasets (path, type, ...)" % pd.where_cfg(spec, key))
+    T, how = cfg["sequence_len"], (cfg.get("excess_length_strategy") or "drop")
+    if how not in ("drop", "truncate", "raise"):
+        raise pd.DataError("%s: '%s' is not one of drop, truncate, raise" % (pd.where_cfg(spec, "excess_length_strategy"), how))
+    out, dropped, first = [], 0, None
+    for i, ds in enumerate(entries):
+        k = "%s[%d]" % (key, i)
+        if not isinstance(ds, dict):
+            raise pd.DataError("%s: expected a mapping with path and type" % pd.where_cfg(spec, k))
+        strat = strategy_of(pd, spec, tok, cfg, ds, k)
+        mine = []
+        for f, kind in pd.data_files_of(spec, ds, k):
+            for line, rec in pd.apply_split(spec, pd.read_records(f, kind), ds.get("split"), k):
+                loc = "%s:%d" % (f, line)
+                if not isinstance(rec, dict):
+                    raise pd.DataError("%s: expected a JSON object per record" % loc)
+                strings = strat(rec, loc)
+                ok, _ = fits(tok, strings, T)
+                if not ok and how == "raise":
+                    raise pd.DataError("%s: prompt + completion is longer than sequence_len %d (counted without "
+                                       "special tokens, as Axolotl does; excess_length_strategy: raise)" % (loc, T))
+                if not ok:
+                    strings = truncated(tok, strings, T) if how == "truncate" else None
+                    if strings is None:
+                        dropped += 1
+                        first = first or loc
+                        continue
+                c, r = tokenize_pair(pd, tok, strings, T)
+                for ids, labels in (c, r):
+                    if all(x == pd.IGNORE for x in labels[1:]):
+                        raise pd.DataError("%s: no completion token is left in sequence_len %d to train on" % (loc, T))
+                mine.append((c, r, loc))
+        if cfg.get("shuffle_before_merging_datasets"):
+            mine = [mine[j] for j in pd.permutation(len(mine), int(spec["seed"]))]
+        out += mine
+        counts.append({"key": k, "path": ds.get("path"), "type": ds.get("type"), "samples": len(mine)})
+    return out, dropped, first
+
+
+def dedup_pairs(pairs):
+    seen, out = set(), []
+    for p in pairs:
+        key = (tuple(p[0][0]), tuple(p[1][0]))
+        if key not in seen:
+            seen.add(key)
+            out.append(p)
+    return out, len(pairs) - len(out)
+
+
+def rows_of(pairs):
+    """The flat sample list write_rows takes: chosen then rejected for each pair."""
+    out = []
+    for c, r, loc in pairs:
+        out.append((c[0], c[1], loc))
+        out.append((r[0], r[1], loc))
+    return out
+
+
+def prepare(pd, spec, cfg, tok, out_dir, h):
+    """prepare_data.prepare for an rl run: train.bin (and eval.bin) of paired rows; the meta."""
+    import os
+    T, seed = cfg["sequence_len"], int(spec["seed"])
+    rl = cfg.get("rl")
+    if cfg.get("sample_packing") or cfg.get("eval_sample_packing"):
+        raise pd.DataError("%s: sample_packing does not work with rl: %s (Axolotl refuses it too): each pair's "
+                           "completions are one sample a row" % (pd.where_cfg(spec, "sample_packing"), rl))
+    if cfg.get("pretraining_dataset"):
+        raise pd.DataError("%s: rl: %s trains on preference pairs from datasets:, not pretraining_dataset"
+                           % (pd.where_cfg(spec, "pretraining_dataset"), rl))
+    if pd.shard_on(cfg):
+        print("note: dataset_shard_num has no effect with rl (as in Axolotl, whose preference datasets are not sharded)")
+    counts = []
+    train, dropped, first = load_pairs(pd, spec, tok, cfg, cfg.get("datasets"), "datasets", counts)
+    evals, edrop, efirst = load_pairs(pd, spec, tok, cfg, cfg["test_datasets"], "test_datasets", counts) \
+        if cfg.get("test_datasets") else ([], 0, None)
+    for c, r, loc in train + evals:
+        m = max(max(c[0]), max(r[0]))
+        if m >= tok.vocab:
+            raise pd.DataError("%s: token id %d is not below the model's vocab_size %d (is the tokenizer in %s the "
+                               "model's?)" % (loc, m, tok.vocab, spec["tokenizer_dir"]))
+    # Axolotl's order for preference data: each dataset filtered, the merge shuffled by seed,
+    # deduplication, then the validation split off the end.
+    if cfg.get("shuffle_merged_datasets", True) is not False:
+        train = [train[j] for j in pd.permutation(len(train), seed)]
+        evals = [evals[j] for j in pd.permutation(len(evals), seed)]
+    dups = 0
+    if cfg.get("dataset_exact_deduplication"):
+        train, d1 = dedup_pairs(train)
+        evals, d2 = dedup_pairs(evals)
+        dups = d1 + d2
+    v = cfg.get("val_set_size") or 0
+    if v:
+        nt = int(v) if v >= 1 else -(-int(round(v * len(train) * 1e9)) // 10 ** 9)
+        if nt >= len(train):
+            raise pd.DataError("%s: %s leaves no training pairs out of %d" % (pd.where_cfg(spec, "val_set_size"), v,
+                                                                              len(train)))
+        train, evals = train[:len(train) - nt], train[len(train) - nt:]
+    if not train:
+        raise pd.DataError("%s: no training pairs left (%d longer than sequence_len %d)" % (
+            pd.where_cfg(spec, "datasets"), dropped, T))
+    os.makedirs(out_dir, exist_ok=True)
+    if cfg.get("chat_template"):
+        tok.t.chat_template = pd.chat_template_of(spec, tok, cfg, {})
+    tok.t.save_pretrained(os.path.join(out_dir, "tokenizer"))
+    flags = pd.ROWS_FLAG_PAIRED
+    tr_rows, tr_tgt, _ = pd.write_rows(os.path.join(out_dir, "train.bin"), rows_of(train), T, False, tok.pad, flags=flags)
+    ev_rows = ev_tgt = 0
+    if evals:
+        ev_rows, ev_tgt, _ = pd.write_rows(os.path.join(out_dir, "eval.bin"), rows_of(evals), T, False, tok.pad,
+                                           flags=flags)
+    if dups:
+        print("data: dataset_exact_deduplication removed %d duplicate pairs" % dups)
+    if dropped + edrop:
+        print("data: dropped %d pairs longer than sequence_len %d (the first: %s); excess_length_strategy: truncate "
+              "cuts their completions instead" % (dropped + edrop, T, first or efirst))
+    return {"format_version": pd.FORMAT_VERSION, "hash": h, "train_rows": tr_rows, "eval_rows": ev_rows,
+            "train_samples": len(train), "eval_samples": len(evals), "train_target_tokens": tr_tgt,
+            "eval_target_tokens": ev_tgt, "dropped_long": dropped + edrop, "duplicates_removed": dups,
+            "dataset_shard": None, "first_dropped": first or efirst, "sequence_len": T, "packed": False,
+            "eval_packed": False, "paired": True, "rl": rl, "tokenizer_dir": spec["tokenizer_dir"],
+            "pad_token_id": tok.pad, "datasets": counts, "needs_embeddings": tok.needs_embeddings}

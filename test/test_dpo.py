@@ -1,0 +1,514 @@
+#!/usr/bin/python3
+"""Preference training (rl: dpo / ipo; llmc/preference.h) against a float64 PyTorch reference
+written from TRL 1.8's DPOTrainer (test/llama_ref.py's model; the losses below in torch ops).
+
+    /usr/bin/python3 test/test_dpo.py --bin build/train_llama [--only CASE]
+
+Cases:
+  rows            what scripts/prepare_pairs.py writes: per pair a chosen and a rejected row,
+                  prompt tokens = tok(prompt), completion = tok(prompt + completion + eos text)
+                  past the prompt's count, targets on the completion only, the paired flag;
+                  the eos text not appended twice; Axolotl's length filter (drop / truncate /
+                  raise); the chatml, llama3, user_defined, passthrough, chat_template formats.
+  sigmoid_full    full fine-tune, default loss, accumulation, clipping, an eval split: per-step
+                  loss, grad norm and rewards/* as the reference computes them (its reference
+                  log-probabilities from the starting weights), eval_loss after the last step.
+  mixed_lora      LoRA with dpo_loss_type [sigmoid, ipo, hinge, robust, sft], weights and label
+                  smoothing, beta 0.5 (the initial adapter read from checkpoint-1, whose lr is 0).
+  ipo             rl: ipo (TRL's length-normalised loss), its note when dpo_loss_type is given.
+  memory_modes    recompute, activation offloading, tiled MLP, offload_optimizer: the plain
+                  run's losses and grad norms bit for bit.
+  resume          checkpoint-2 resumed: steps 3-4 identical to the uninterrupted run.
+  refusals        rl: orpo, sample_packing, rpo_alpha, an unknown loss type, train_data shards,
+                  lora_model_dir, dpo_loss_weights of the wrong length: one error line, exit 1.
+"""
+import argparse
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+import harness  # noqa: E402
+import hf_fixtures as FX  # noqa: E402
+import llama_ref as R  # noqa: E402
+
+ARGS = None
+WORK = None
+
+
+def rel(a, b):
+    return abs(a - b) / max(abs(b), 1e-12)
+
+
+# ---- fixtures ---------------------------------------------------------------------------------
+
+def model_dir():
+    d = os.path.join(WORK, "model")
+    if not os.path.exists(os.path.join(d, "config.json")):
+        FX.make_model(d, "llama3", seed=3)
+    return d
+
+
+def pairs(n, seed=0, system_every=3):
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(n):
+        r = {"question": FX.sentence(rng, 3, 9), "chosen": FX.sentence(rng, 2, 12), "rejected": FX.sentence(rng, 2, 12)}
+        if system_every and i % system_every == 0:
+            r["system"] = FX.sentence(rng, 2, 5)
+        out.append(r)
+    return out
+
+
+def run(cfg, *extra, expect_ok=True):
+    path = os.path.join(WORK, "cfg_%d.yaml" % abs(hash(json.dumps(cfg, sort_keys=True, default=str))))
+    with open(path, "w") as f:
+        json.dump(cfg, f, indent=1)  # JSON is YAML
+    env = dict(os.environ, LLMC_PYTHON=sys.executable, LLMC_SCRIPTS_DIR=os.path.join(ROOT, "scripts"),
+               TRANSFORMERS_VERBOSITY="error")
+    p = subprocess.run([ARGS.bin, "-c", path, *extra], cwd=WORK, env=env, capture_output=True, text=True, timeout=600)
+    if expect_ok and p.returncode != 0:
+        raise RuntimeError("trainer failed (rc %d): %s" % (p.returncode, (p.stderr or p.stdout).strip()[-600:]))
+    return p
+
+
+def base_cfg(out, data, **kw):
+    tc = R.train_config(sequence_len=48, micro_batch_size=2, gradient_accumulation_steps=2, max_steps=3,
+                        learning_rate=2e-3, lr_scheduler="constant", warmup_steps=0, weight_decay=0.0,
+                        max_grad_norm=1.0, seed=5)
+    tc.update(base_model=model_dir(), output_dir=os.path.join(WORK, out), rl="dpo",
+              datasets=[{"path": data, "type": "llama3.intel"}], dataset_prepared_path=os.path.join(WORK, "prepared"))
+    tc.update(kw)
+    return tc
+
+
+def prepared_dir(stdout):
+    for line in stdout.splitlines():
+        if line.startswith("data: ") and " train rows" in line:
+            return line.split(": ")[1]
+    raise RuntimeError("no prepared directory in the output")
+
+
+def read_rows(path):
+    a = np.fromfile(path, dtype="<i4")
+    h = a[:256]
+    T, n = int(h[2]), int(h[3])
+    rows = a[256:].reshape(n, 3, T)
+    return h, rows[:, 0, :], rows[:, 1, :]
+
+
+def metrics(out):
+    steps, evals = {}, {}
+    with open(os.path.join(out, "metrics.jsonl")) as f:
+        for line in f:
+            m = json.loads(line)
+            if "eval_loss" in m:
+                evals[m["step"]] = m
+            elif "loss" in m:
+                steps[m["step"]] = m
+    return steps, evals
+
+
+# ---- the reference ---------------------------------------------------------------------------
+
+def logps(model, tok, tgt):
+    """Per row: the sum of log p over the target (completion) tokens, and their count."""
+    logits = model(torch.tensor(tok, dtype=torch.long))
+    lp = F.log_softmax(logits.double(), -1)
+    t = torch.tensor(tgt, dtype=torch.long)
+    mask = t >= 0
+    g = lp.gather(-1, t.clamp(min=0).unsqueeze(-1)).squeeze(-1) * mask
+    return g.sum(-1), mask.sum(-1).double()
+
+
+def pref_loss(lp, n, ref, types, weights, beta, eps):
+    """TRL 1.8's DPOTrainer losses for rows (chosen, rejected, chosen, ...), each a mean over the
+    pairs (sft: the chosen completions' token mean), weighted and summed."""
+    pc, pr, rc, rr, nc, nr = lp[0::2], lp[1::2], ref[0::2], ref[1::2], n[0::2], n[1::2]
+    d = (pc - rc) - (pr - rr)
+    z = beta * d
+    total = 0
+    for t, w in zip(types, weights):
+        if t == "sigmoid":
+            l = -F.logsigmoid(z)
+        elif t == "hinge":
+            l = torch.relu(1 - z)
+        elif t == "ipo":
+            l = ((pc - rc) / nc - (pr - rr) / nr - 1 / (2 * beta)) ** 2
+        elif t == "robust":
+            l = (-(1 - eps) * F.logsigmoid(z) + eps * F.logsigmoid(-z)) / (1 - 2 * eps)
+        elif t == "sft":
+            total = total + w * (-pc.sum() / nc.sum())
+            continue
+        total = total + w * l.mean()
+    rw_c, rw_r = beta * (pc - rc), beta * (pr - rr)
+    stats = {"rewards/chosen": rw_c.mean().item(), "rewards/rejected": rw_r.mean().item(),
+             "rewards/accuracies": (rw_c > rw_r).double().mean().item(),
+             "rewards/margins": (rw_c - rw_r).mean().item(), "logps/chosen": pc.mean().item(),
+             "logps/rejected": pr.mean().item()}
+    return total, stats
+
+
+def reference_run(cfg, weights, tok, tgt, steps, pairs_per_step, lr, types, weights_l, beta, eps, lora=None,
+                  warmup=0, max_grad_norm=1.0, eval_rows=None):
+    """The trainer's run in float64: the reference log-probabilities from the starting model
+    (adapters off), then AdamW steps over consecutive pairs (shuffle false)."""
+    model = R.RefLlama(cfg, weights, lora=lora)
+    base = R.RefLlama(cfg, weights)
+    with torch.no_grad():
+        ref, _ = logps(base, tok, tgt)
+        eref = logps(base, *eval_rows)[0] if eval_rows is not None else None
+    params = [p for _, p in model.named_trainable_parameters()]
+    opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
+    out = []
+    for s in range(steps):
+        for g in opt.param_groups:
+            g["lr"] = lr * (s / warmup if s < warmup else 1.0)
+        opt.zero_grad()
+        r0 = s * pairs_per_step * 2
+        rows = slice(r0, r0 + pairs_per_step * 2)
+        lp, n = logps(model, tok[rows], tgt[rows])
+        loss, stats = pref_loss(lp, n, ref[rows], types, weights_l, beta, eps)
+        loss.backward()
+        gn = R.grad_norm_clip(params, max_grad_norm)
+        opt.step()
+        out.append(dict(stats, loss=loss.item(), grad_norm=gn))
+    ev = None
+    if eval_rows is not None:
+        with torch.no_grad():
+            lp, n = logps(model, *eval_rows)
+            ev = pref_loss(lp, n, eref, types, weights_l, beta, eps)
+            ev = dict(ev[1], loss=ev[0].item())
+    return out, ev
+
+
+def compare(errs, tag, got, want, rtol=1e-5, atol=1e-7):
+    if not (abs(got - want) <= atol + rtol * abs(want)):
+        errs.append("%s: %.9g, reference %.9g" % (tag, got, want))
+
+
+def compare_steps(errs, m, ref, keys=("loss", "grad_norm", "rewards/chosen", "rewards/rejected", "rewards/margins",
+                                      "logps/chosen", "logps/rejected", "rewards/accuracies")):
+    worst = 0.0
+    for s, r in enumerate(ref, 1):
+        if s not in m:
+            errs.append("step %d missing from metrics.jsonl" % s)
+            continue
+        for k in keys:
+            tol = 1e-4 if k == "grad_norm" else 1e-5
+            compare(errs, "step %d %s" % (s, k), m[s][k], r[k], rtol=tol, atol=1e-6)
+            if k == "loss":
+                worst = max(worst, rel(m[s][k], r[k]))
+    return worst
+
+
+# ---- cases -----------------------------------------------------------------------------------
+
+def case_rows():
+    from transformers import AutoTokenizer
+    errs = []
+    d = model_dir()
+    tk = AutoTokenizer.from_pretrained(d)
+    eos = tk.eos_token
+    recs = pairs(6, seed=1)
+    long = {"question": " ".join(["word"] * 60), "chosen": "yes", "rejected": "no"}
+    data = os.path.join(WORK, "rows.jsonl")
+    FX.write_jsonl(data, recs + [long])
+    cfg = base_cfg("rows_out", data, max_steps=1, sequence_len=40)
+    p = run(cfg, "--preprocess")
+    meta_dir = p.stdout.strip().split()[-1]
+    h, tok, tgt = read_rows(os.path.join(meta_dir, "train.bin"))
+    if int(h[4]) != 2:
+        errs.append("header flags %d, want 2 (paired)" % int(h[4]))
+    if "dropped 1 pairs" not in p.stdout:
+        errs.append("the 60-word prompt was not reported dropped: %s" % p.stdout.strip()[-200:])
+    # Axolotl shuffles the merged pairs by seed (numpy's permutation of 6): rows 2k, 2k+1 are
+    # pair perm[k]
+    perm = np.random.default_rng(5).permutation(6)
+    T = 40
+    for k, i in enumerate(perm):
+        r = recs[i]
+        sysp = ("<|start_header_id|>system<|end_header_id|>\n\n%s<|eot_id|>" % r["system"]) if r.get("system") else ""
+        prompt = sysp + "<|start_header_id|>user<|end_header_id|>\n\n%s<|eot_id|>" % r["question"] + \
+            "<|start_header_id|>assistant<|end_header_id|>\n\n"
+        P = tk(prompt)["input_ids"]
+        for j, comp in enumerate((r["chosen"], r["rejected"])):
+            comp = comp + "<|eot_id|>"
+            if not comp.endswith(eos):
+                comp += eos
+            C = tk(prompt + comp)["input_ids"][len(P):]
+            seq = (P + C)[:T]
+            row = 2 * k + j
+            if list(tok[row, :len(seq)]) != seq:
+                errs.append("row %d (pair %d %s): tokens differ" % (row, i, "chosen" if j == 0 else "rejected"))
+            want_t = [seq[t + 1] if t + 1 < len(seq) and t + 1 >= len(P) else -1 for t in range(T)]
+            if list(tgt[row]) != want_t:
+                errs.append("row %d: targets differ (want the completion's %d tokens)" % (row, len(seq) - len(P)))
+    # raise / truncate
+    cfg_r = dict(cfg, excess_length_strategy="raise", output_dir=os.path.join(WORK, "rows_raise"))
+    p = run(cfg_r, "--preprocess", expect_ok=False)
+    if p.returncode == 0 or "excess_length_strategy: raise" not in p.stderr:
+        errs.append("raise: rc %d %s" % (p.returncode, p.stderr.strip()[-200:]))
+    long2 = {"question": "a b", "chosen": " ".join(["word"] * 60), "rejected": "no"}
+    data2 = os.path.join(WORK, "rows2.jsonl")
+    FX.write_jsonl(data2, [long2])
+    cfg_t = base_cfg("rows_trunc", data2, max_steps=1, sequence_len=40, excess_length_strategy="truncate",
+                     micro_batch_size=1, gradient_accumulation_steps=1)
+    p = run(cfg_t, "--preprocess")
+    h, tok2, tgt2 = read_rows(os.path.join(p.stdout.strip().split()[-1], "train.bin"))
+    plain = len(tk("<|start_header_id|>user<|end_header_id|>\n\na b<|eot_id|><|start_header_id|>assistant<|end_header_id|>"
+                   "\n\n", add_special_tokens=False)["input_ids"])
+    prompt = "<|start_header_id|>user<|end_header_id|>\n\na b<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n"
+    cut = tk.decode(tk(" ".join(["word"] * 60) + "<|eot_id|>", add_special_tokens=False)["input_ids"][:40 - plain])
+    P = tk(prompt)["input_ids"]
+    want = (P + tk(prompt + cut + eos)["input_ids"][len(P):])[:40]
+    if int(h[3]) != 2 or list(tok2[0]) != want:
+        errs.append("truncate: the chosen completion is not cut to what sequence_len leaves after the prompt "
+                    "(Axolotl's decode of its first %d tokens)" % (40 - plain))
+    return errs, "%d pairs checked" % len(perm)
+
+
+def case_formats():
+    """Each preference format's strings, as decoded from the rows it produced."""
+    from transformers import AutoTokenizer
+    errs = []
+    tk = AutoTokenizer.from_pretrained(model_dir())
+    cases = [
+        ("chatml.argilla_chat", {"chosen": [{"role": "user", "content": "hi there"}, {"role": "assistant", "content": "good"}],
+                                 "rejected": [{"role": "user", "content": "hi there"}, {"role": "assistant", "content": "bad"}]},
+         "<|im_start|>user\nhi there<|im_end|>\n<|im_start|>assistant\n", "good<|im_end|>", "bad<|im_end|>"),
+        ("chatml.ultra", {"prompt": "q one", "system": "sys", "chosen": [{}, {"content": "a1"}], "rejected": [{}, {"content": "a2"}]},
+         "<|im_start|>system\nsys<|im_end|>\n<|im_start|>user\nq one<|im_end|>\n<|im_start|>assistant\n",
+         "a1<|im_end|>", "a2<|im_end|>"),
+        ("chatml", {"instruction": "do it", "chosen_response": "done", "rejected_response": "no"},
+         "<|im_start|>user\ndo it<|im_end|>\n<|im_start|>assistant\n", "done<|im_end|>", "no<|im_end|>"),
+        ("passthrough", {"prompt": "P: ", "chosen": "c<|end_of_text|>", "rejected": "r"}, "P: ", "c<|end_of_text|>", "r"),
+        ({"field_prompt": "q", "prompt_format": "Q {prompt} S {system} A ", "chosen_format": "<{chosen}>"},
+         {"q": "what", "system": "s", "chosen": "yes", "rejected": "no"}, "Q what S s A ", "<yes>", "no"),
+    ]
+    for i, (typ, rec, prompt, chosen, rejected) in enumerate(cases):
+        data = os.path.join(WORK, "fmt%d.jsonl" % i)
+        FX.write_jsonl(data, [rec])
+        cfg = base_cfg("fmt%d" % i, data, micro_batch_size=1, gradient_accumulation_steps=1, sequence_len=128)
+        cfg["datasets"] = [{"path": data, "type": typ}]
+        p = run(cfg, "--preprocess", expect_ok=False)
+        if p.returncode:
+            errs.append("%s: %s" % (typ, p.stderr.strip()[-200:]))
+            continue
+        _, tok, _ = read_rows(os.path.join(p.stdout.strip().split()[-1], "train.bin"))
+        for row, comp in ((0, chosen), (1, rejected)):
+            P = tk(prompt)["input_ids"]
+            c = comp if comp.endswith(tk.eos_token) else comp + tk.eos_token
+            want = P + tk(prompt + c)["input_ids"][len(P):]
+            if list(tok[row, :len(want)]) != want:
+                errs.append("%s row %d: %r, want %r" % (typ, row, tk.decode(tok[row, :len(want)]), prompt + c))
+    # chat_template.default with the tokenizer's template: the prompt with a generation prompt,
+    # each completion from its content on
+    rec = {"messages": [{"role": "user", "content": "tell me"}], "chosen": {"role": "assistant", "content": "sure"},
+           "rejected": "nope"}
+    data = os.path.join(WORK, "fmt_ct.jsonl")
+    FX.write_jsonl(data, [rec])
+    cfg = base_cfg("fmt_ct", data, micro_batch_size=1, gradient_accumulation_steps=1, sequence_len=128)
+    cfg["datasets"] = [{"path": data, "type": "chat_template.default"}]
+    p = run(cfg, "--preprocess", expect_ok=False)
+    if p.returncode:
+        errs.append("chat_template.default: %s" % p.stderr.strip()[-200:])
+    else:
+        _, tok, tgt = read_rows(os.path.join(p.stdout.strip().split()[-1], "train.bin"))
+        prompt = tk.apply_chat_template([{"role": "user", "content": "tell me"}], tokenize=False, add_generation_prompt=True)
+        for row, content in ((0, "sure"), (1, "nope")):
+            s = tk.apply_chat_template([{"role": "user", "content": "[[dummy_message]]"},
+                                        {"role": "assistant", "content": content}], tokenize=False)
+            comp = s[s.find(content):].rstrip()
+            if not comp.endswith(tk.eos_token):
+                comp += tk.eos_token
+            P = tk(prompt)["input_ids"]
+            want = P + tk(prompt + comp)["input_ids"][len(P):]
+            if list(tok[row, :len(want)]) != want:
+                errs.append("chat_template.default row %d: %r" % (row, tk.decode(tok[row, :len(want)])))
+    return errs, "%d formats" % (len(cases) + 1)
+
+
+def dpo_run(tag, n_pairs, steps, eval_pairs=0, lora=False, warmup=0, **kw):
+    data = os.path.join(WORK, tag + ".jsonl")
+    FX.write_jsonl(data, pairs(n_pairs + eval_pairs, seed=sum(map(ord, tag))))
+    cfg = base_cfg(tag, data, max_steps=steps, shuffle_merged_datasets=False, **kw)
+    if eval_pairs:
+        cfg.update(val_set_size=eval_pairs, eval_steps=steps)
+    if lora:
+        cfg.update({"adapter": "lora", "lora_r": 4, "lora_alpha": 8, "lora_target_linear": True, "save_steps": 1,
+                    "lr_scheduler": "constant_with_warmup", "warmup_steps": warmup})
+    p = run(cfg)
+    d = prepared_dir(p.stdout)
+    _, tok, tgt = read_rows(os.path.join(d, "train.bin"))
+    ev = read_rows(os.path.join(d, "eval.bin"))[1:] if eval_pairs else None
+    return cfg, p, tok, tgt, ev
+
+
+def case_sigmoid_full():
+    errs = []
+    cfg_m, w = R_cfg_weights()
+    cfg, p, tok, tgt, ev = dpo_run("sigmoid_full", 12, 3, eval_pairs=4)
+    ref, eref = reference_run(cfg_m, w, tok, tgt, 3, 4, 2e-3, ["sigmoid"], [1.0], 0.1, 0.0, eval_rows=ev)
+    m, e = metrics(cfg["output_dir"])
+    worst = compare_steps(errs, m, ref)
+    if abs(m[1]["loss"] - math.log(2)) > 1e-7:
+        errs.append("step 1 loss %.9g, not ln 2 (the policy is the reference)" % m[1]["loss"])
+    if 3 not in e:
+        errs.append("no eval at step 3")
+    else:
+        compare(errs, "eval_loss", e[3]["eval_loss"], eref["loss"])
+        compare(errs, "eval_rewards/margins", e[3]["eval_rewards/margins"], eref["rewards/margins"], atol=1e-6)
+    if "reference: log-probabilities of 12 train pairs and 4 eval pairs" not in p.stdout:
+        errs.append("no reference line")
+    return errs, "loss rel %.2e, step 3 loss %.6f" % (worst, m[3]["loss"] if 3 in m else float("nan"))
+
+
+def R_cfg_weights():
+    with open(os.path.join(model_dir(), "config.json")) as f:
+        cfg = json.load(f)
+    return cfg, R.read_safetensors(os.path.join(model_dir(), "model.safetensors"))
+
+
+def case_mixed_lora():
+    errs = []
+    cfg_m, w = R_cfg_weights()
+    types, wts = ["sigmoid", "ipo", "hinge", "robust", "sft"], [1.0, 0.5, 0.3, 0.7, 0.2]
+    cfg, p, tok, tgt, _ = dpo_run("mixed_lora", 16, 4, lora=True, warmup=1, rl_beta=2.0, dpo_label_smoothing=0.1,
+                                  dpo_loss_type=types, dpo_loss_weights=wts, learning_rate=3e-2)
+    spec = R.load_adapter_dir(os.path.join(cfg["output_dir"], "checkpoint-1"))
+    ref, _ = reference_run(cfg_m, w, tok, tgt, 4, 4, 3e-2, types, wts, 2.0, 0.1, lora=spec, warmup=1)
+    m, _ = metrics(cfg["output_dir"])
+    worst = compare_steps(errs, m, ref)
+    if "preference   dpo, beta 2, sigmoid + 0.5 ipo + 0.3 hinge + 0.7 robust + 0.2 sft" not in p.stdout:
+        errs.append("the box does not name the losses")
+    return errs, "loss rel %.2e over 4 steps, last margin %.3f" % (worst, m[4]["rewards/margins"] if 4 in m else 0)
+
+
+def case_ipo():
+    errs = []
+    cfg_m, w = R_cfg_weights()
+    cfg, p, tok, tgt, _ = dpo_run("ipo", 12, 3, rl="ipo", dpo_loss_type=["sigmoid"], rl_beta=0.2)
+    ref, _ = reference_run(cfg_m, w, tok, tgt, 3, 4, 2e-3, ["ipo"], [1.0], 0.2, 0.0)
+    m, _ = metrics(cfg["output_dir"])
+    worst = compare_steps(errs, m, ref)
+    if "rl: ipo sets the loss to ipo" not in p.stdout:
+        errs.append("no note that dpo_loss_type is overridden")
+    return errs, "loss rel %.2e" % worst
+
+
+def figures(out):
+    m, _ = metrics(out)
+    return [(m[s]["loss"], m[s]["grad_norm"], m[s]["rewards/margins"]) for s in sorted(m)]
+
+
+def case_memory_modes():
+    errs = []
+    data = os.path.join(WORK, "modes.jsonl")
+    FX.write_jsonl(data, pairs(12, seed=9))
+    plain = base_cfg("modes_plain", data, max_steps=3, tiled_mlp_shards=2)  # the MLP's row chunks of every mode
+    run(plain)
+    want = figures(plain["output_dir"])
+    for i, extra in enumerate([{"gradient_checkpointing": True}, {"activation_offloading": True},
+                               {"gradient_checkpointing": True, "tiled_mlp": True, "tiled_mlp_shards": 2},
+                               {"offload_optimizer": True},
+                               {"adapter": "lora", "lora_r": 4, "lora_alpha": 8, "lora_target_linear": True,
+                                "layer_offloading": True}]):
+        c = dict(plain, output_dir=os.path.join(WORK, "modes_%d" % i), **extra)
+        if "adapter" in extra:
+            base = dict(plain, output_dir=os.path.join(WORK, "modes_lora"), **{k: v for k, v in extra.items()
+                                                                               if k != "layer_offloading"})
+            run(base)
+            ref = figures(base["output_dir"])
+        else:
+            ref = want
+        run(c)
+        got = figures(c["output_dir"])
+        if got != ref:
+            errs.append("%s: %s vs %s" % (extra, got[-1], ref[-1]))
+    return errs, "5 modes"
+
+
+def case_resume():
+    errs = []
+    data = os.path.join(WORK, "resume.jsonl")
+    FX.write_jsonl(data, pairs(20, seed=11))
+    full = base_cfg("resume_full", data, max_steps=4, save_steps=2, shuffle=True,
+                    **{"adapter": "lora", "lora_r": 4, "lora_alpha": 8, "lora_target_linear": True})
+    run(full)
+    part = dict(full, output_dir=os.path.join(WORK, "resume_part"))
+    run(part, "--set", "max_steps=2")
+    p = run(part, "--set", "resume_from_checkpoint=auto")
+    a, b = figures(full["output_dir"]), figures(part["output_dir"])
+    if a[2:] != b[-2:]:
+        errs.append("steps 3-4 differ: %s vs %s" % (a[2:], b[-2:]))
+    if "reference: log-probabilities" not in p.stdout or "resumed from" not in p.stdout:
+        errs.append("the resumed run did not compute the reference and resume")
+    return errs, "steps 3-4 identical"
+
+
+def case_refusals():
+    errs = []
+    data = os.path.join(WORK, "ref.jsonl")
+    FX.write_jsonl(data, pairs(6, seed=2))
+    c = base_cfg("refusals", data, max_steps=1)
+    bad = [({"rl": "orpo"}, "rl: orpo is not implemented"),
+           ({"sample_packing": True}, "sample_packing does not work with rl"),
+           ({"rpo_alpha": 0.5}, "rpo_alpha"),
+           ({"dpo_loss_type": ["aot"]}, "'aot' is not implemented"),
+           ({"dpo_loss_type": ["sigmoid", "sft"], "dpo_loss_weights": [1.0]}, "1 weights for 2 loss types"),
+           ({"dpo_use_weighting": True}, "WPO"),
+           ({"datasets": None, "train_data": "x.bin"}, "reads preference pairs from datasets"),
+           ({"adapter": "lora", "lora_target_linear": True, "lora_model_dir": WORK}, "lora_model_dir"),
+           ({"datasets": [{"path": data, "type": "alpaca"}]}, "not a preference format")]
+    for extra, want in bad:
+        cfg = dict(c, **extra)
+        if cfg.get("datasets") is None:
+            cfg.pop("datasets")
+            cfg.pop("dataset_prepared_path")
+        p = run(cfg, expect_ok=False)
+        lines = [l for l in p.stderr.splitlines() if l.startswith("error")]
+        if p.returncode != 1 or not lines or want not in p.stderr:
+            errs.append("%s: rc %d, %s" % (extra, p.returncode, p.stderr.strip()[-200:]))
+    return errs, "%d refused" % len(bad)
+
+
+def main():
+    global ARGS, WORK
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--bin", default=os.path.join(ROOT, "build", "train_llama"))
+    ap.add_argument("--only", default="")
+    ap.add_argument("--keep", action="store_true")
+    ARGS = ap.parse_args()
+    ARGS.bin = os.path.abspath(ARGS.bin)
+    try:
+        import transformers  # noqa: F401
+    except ImportError:
+        print("SKIP dpo: transformers not installed (scripts/install_deps.sh)")
+        return
+    WORK = tempfile.mkdtemp(prefix="test_dpo.")
+    torch.set_num_threads(2)
+    cases = [("rows", case_rows), ("formats", case_formats), ("sigmoid_full", case_sigmoid_full),
+             ("mixed_lora", case_mixed_lora), ("ipo", case_ipo), ("memory_modes", case_memory_modes),
+             ("resume", case_resume), ("refusals", case_refusals)]
+    try:
+        passed, failed = harness.run_cases(cases, ARGS.only, verbose=True, timed=True)
+    finally:
+        if not ARGS.keep:
+            shutil.rmtree(WORK, ignore_errors=True)
+    print("%d passed, %d failed" % (passed, failed))
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()
