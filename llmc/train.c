@@ -669,8 +669,11 @@ int train_main(int argc, char **argv, int arch) {
                B / unit * accum * split0.dp, units, B / unit, accum, split0.dp,
                rtrain.served < rtrain.nunits ? " (dataloader_drop_last: an epoch's last partial micro-batch left out)" : "");
         config_plan_steps(&cfg, rows_steps_per_epoch(&rtrain) * accum);  // num_epochs -> max_steps, ...
-        if (cfg.eval_steps && !have_val)
-            fail("eval_steps is %d but there is no eval data (set val_set_size or test_datasets)", cfg.eval_steps);
+        if (cfg.eval_steps && !have_val) {  // Axolotl: no eval dataset and val_set_size 0 -> eval_strategy "no"
+            printf("note: no evaluation: there is no eval data (val_set_size 0 and no test_datasets), so Axolotl "
+                   "turns evaluation off whatever eval_steps or evals_per_epoch say\n");
+            cfg.eval_steps = 0;
+        }
     } else {
         if (cfg.overfit_single_batch && !cfg.val_data[0]) fail("overfit_single_batch needs val_data (its first batch is trained on)");
         if (cfg.overfit_single_batch)  // llm.c's -a 1: the first val batch, again and again

@@ -28,7 +28,9 @@ FORMS = {
     "ultra": ("prompt", "turn1"),
 }
 RL_DS_KEYS = {"path", "type", "data_files", "split", "ds_type", "name", "field_messages", "field_chosen",
-              "field_rejected"}
+              "field_rejected", "message_property_mappings", "roles", "chat_template", "chat_template_jinja"}
+CHAT_ONLY_KEYS = {"field_messages", "field_chosen", "field_rejected", "message_property_mappings", "roles",
+                  "chat_template", "chat_template_jinja"}
 USER_DEFINED_KEYS = {"field_prompt", "field_system", "field_chosen", "field_rejected", "prompt_format",
                      "chosen_format", "rejected_format"}
 
@@ -120,15 +122,25 @@ class Passthrough:
 class ChatTemplatePairs:
     """chat_template.default: the prompt messages rendered with the generation prompt; each
     completion rendered as an assistant turn after a placeholder user turn, kept from its content
-    on and right-stripped (Axolotl's dpo/chat_template.py)."""
+    on and right-stripped (Axolotl's dpo/chat_template.py, with its message_property_mappings and
+    roles)."""
 
-    def __init__(self, pd, spec, tok, cfg, ds):
+    def __init__(self, pd, spec, tok, cfg, ds, key):
         self.pd, self.tok = pd, tok
-        self.template = pd.chat_template_of(spec, tok, cfg, {})
+        self.template = pd.chat_template_of(spec, tok, cfg, ds)
         self.kwargs = cfg.get("chat_template_kwargs") or {}
         self.fm = ds.get("field_messages") or "messages"
         self.fc = ds.get("field_chosen") or "chosen"
         self.fr = ds.get("field_rejected") or "rejected"
+        mpm = ds.get("message_property_mappings") or {}
+        roles = ds.get("roles") or {"user": ["user"], "assistant": ["assistant"], "system": ["system"], "tool": ["tool"]}
+        where = pd.where_cfg(spec, key)
+        if not isinstance(mpm, dict) or any(k not in ("role", "content") or not isinstance(v, str) for k, v in mpm.items()):
+            raise pd.DataError("%s.message_property_mappings: expected {role: FIELD, content: FIELD}" % where)
+        if not isinstance(roles, dict) or not all(isinstance(v, list) for v in roles.values()):
+            raise pd.DataError("%s.roles: expected a mapping of role: [names in the data]" % where)
+        self.rk, self.ck = mpm.get("role", "role"), mpm.get("content", "content")
+        self.role_map = {src: dst for dst, srcs in roles.items() for src in srcs}
 
     def render(self, msgs, gen, loc):
         try:
@@ -137,27 +149,31 @@ class ChatTemplatePairs:
         except Exception as e:  # noqa: BLE001 - jinja's own errors
             raise self.pd.DataError("%s: chat template failed: %s" % (loc, (str(e).splitlines() or [type(e).__name__])[0]))
 
-    def message(self, v, name, loc):
-        if isinstance(v, list) and v:
-            v = v[-1]
+    def turn(self, m, where):
+        if not isinstance(m, dict) or not isinstance(m.get(self.rk), str) or not isinstance(m.get(self.ck), str):
+            raise self.pd.DataError("%s: expected a mapping with %s and %s strings" % (where, self.rk, self.ck))
+        if m[self.rk] not in self.role_map:
+            raise self.pd.DataError("%s: role '%s' is not in roles (%s)" % (where, m[self.rk], ", ".join(self.role_map)))
+        return {"role": self.role_map[m[self.rk]], "content": m[self.ck]}
+
+    def completion(self, v, name, loc):
         if isinstance(v, str):
-            return {"role": "assistant", "content": v}
-        if isinstance(v, dict) and isinstance(v.get("content"), str):
-            return {"role": v.get("role") or "assistant", "content": v["content"]}
-        raise self.pd.DataError("%s: %s: expected a string, a {role, content} turn or a list ending in one" % (loc, name))
+            v = {self.rk: "assistant", self.ck: v}
+        elif isinstance(v, list) and v:
+            v = v[-1]
+        return self.turn(v, "%s: %s" % (loc, name))
 
     def __call__(self, rec, loc):
         pd = self.pd
         msgs = rec.get(self.fm)
         if isinstance(msgs, str):
-            msgs = [{"role": "user", "content": msgs}]
-        if not isinstance(msgs, list) or not msgs or not all(
-                isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in msgs):
-            raise pd.DataError("%s: %s: expected a non-empty list of {role, content} messages" % (loc, self.fm))
-        prompt = self.render([{"role": m["role"], "content": m["content"]} for m in msgs], True, loc)
-        out = [prompt]
+            msgs = [{self.rk: "user", self.ck: msgs}]
+        if not isinstance(msgs, list) or not msgs:
+            raise pd.DataError("%s: %s: expected a non-empty list of messages (field_messages)" % (loc, self.fm))
+        turns = [self.turn(m, "%s: %s[%d]" % (loc, self.fm, i)) for i, m in enumerate(msgs)]
+        out = [self.render(turns, True, loc)]
         for name in (self.fc, self.fr):
-            m = self.message(rec.get(name), name, loc)
+            m = self.completion(rec.get(name), name, loc)
             s = self.render([{"role": "user", "content": "[[dummy_message]]"}, m], False, loc)
             out.append(s[s.find(m["content"]):].rstrip())
         return tuple(out)
@@ -173,14 +189,17 @@ def strategy_of(pd, spec, tok, cfg, ds, key):
         raise pd.DataError("%s.type: missing (%s)" % (pd.where_cfg(spec, key), names))
     for k in ds:
         if k not in RL_DS_KEYS:
-            raise pd.DataError("%s.%s: not read for rl datasets (Axolotl's DPO dataset schema has %s)" % (
+            raise pd.DataError("%s.%s: not read for rl datasets (they take %s)" % (
                 pd.where_cfg(spec, key), k, ", ".join(sorted(RL_DS_KEYS))))
     base, _, form = t.partition(".")
     form = form or "default"
+    for k in ds:
+        if k in CHAT_ONLY_KEYS and base != "chat_template":
+            raise pd.DataError("%s.%s: only type chat_template.default reads it" % (pd.where_cfg(spec, key), k))
     if base in MARKUP and form in FORMS:
         return Markup(pd, base, form)
     if base == "chat_template" and form == "default":
-        return ChatTemplatePairs(pd, spec, tok, cfg, ds)
+        return ChatTemplatePairs(pd, spec, tok, cfg, ds, key)
     if base == "passthrough" and form == "default":
         return Passthrough(pd)
     raise pd.DataError("%s.type: '%s' is not a preference format here (%s)" % (pd.where_cfg(spec, key), t, names))

@@ -19,6 +19,8 @@ Cases:
   memory_modes    recompute, activation offloading, tiled MLP, offload_optimizer: the plain
                   run's losses and grad norms bit for bit.
   resume          checkpoint-2 resumed: steps 3-4 identical to the uninterrupted run.
+  ranks           mpirun -np 2 (data parallel, and ZeRO-3), one pair a rank per micro-batch: the
+                  losses, grad norms, margins and eval_loss of one process with two pairs.
   refusals        rl: orpo, sample_packing, rpo_alpha, an unknown loss type, train_data shards,
                   lora_model_dir, dpo_loss_weights of the wrong length: one error line, exit 1.
 """
@@ -336,7 +338,27 @@ def case_formats():
             want = P + tk(prompt + comp)["input_ids"][len(P):]
             if list(tok[row, :len(want)]) != want:
                 errs.append("chat_template.default row %d: %r" % (row, tk.decode(tok[row, :len(want)])))
-    return errs, "%d formats" % (len(cases) + 1)
+    # the Axolotl examples' form: field_messages, message_property_mappings and roles applied
+    rec = {"conversation": [{"from": "system", "value": "be brief"}, {"from": "human", "value": "tell me"}],
+           "good": {"from": "gpt", "value": "sure"}, "bad": [{"from": "gpt", "value": "nope"}]}
+    data = os.path.join(WORK, "fmt_map.jsonl")
+    FX.write_jsonl(data, [rec])
+    cfg = base_cfg("fmt_map", data, micro_batch_size=1, gradient_accumulation_steps=1, sequence_len=128)
+    cfg["datasets"] = [{"path": data, "type": "chat_template.default", "field_messages": "conversation",
+                        "field_chosen": "good", "field_rejected": "bad",
+                        "message_property_mappings": {"role": "from", "content": "value"},
+                        "roles": {"user": ["human"], "assistant": ["gpt"], "system": ["system"]}}]
+    p = run(cfg, "--preprocess", expect_ok=False)
+    if p.returncode:
+        errs.append("chat_template.default with mappings: %s" % p.stderr.strip()[-200:])
+    else:
+        _, tok, _ = read_rows(os.path.join(p.stdout.strip().split()[-1], "train.bin"))
+        prompt = tk.apply_chat_template([{"role": "system", "content": "be brief"}, {"role": "user", "content": "tell me"}],
+                                        tokenize=False, add_generation_prompt=True)
+        P = tk(prompt)["input_ids"]
+        if list(tok[0, :len(P)]) != P:
+            errs.append("chat_template.default with mappings: prompt %r" % tk.decode(tok[0, :len(P)]))
+    return errs, "%d formats" % (len(cases) + 2)
 
 
 def dpo_run(tag, n_pairs, steps, eval_pairs=0, lora=False, warmup=0, **kw):
@@ -457,6 +479,46 @@ def case_resume():
     return errs, "steps 3-4 identical"
 
 
+def case_ranks():
+    """Two data-parallel ranks (plain and ZeRO-3) each take one pair of every micro-batch: the
+    losses and rewards of one process with both pairs (the gradients sum in another order)."""
+    import shutil as sh
+    if not sh.which("mpirun"):
+        return [], "SKIP: no mpirun"
+    errs = []
+    data = os.path.join(WORK, "ranks.jsonl")
+    FX.write_jsonl(data, pairs(16, seed=13))
+    one = base_cfg("ranks_one", data, max_steps=3, micro_batch_size=2, eval_steps=3, val_set_size=4)
+    run(one)
+    want = figures(one["output_dir"])
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "PMI_", "PMIX_", "PRTE_"))}
+    env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMPI_MCA_rmaps_base_oversubscribe="1",
+               LLMC_PYTHON=sys.executable, LLMC_SCRIPTS_DIR=os.path.join(ROOT, "scripts"), TRANSFORMERS_VERBOSITY="error")
+    worst = 0.0
+    for tag, extra in (("dp", {}), ("zero3", {"zero_stage": 3})):
+        c = dict(one, output_dir=os.path.join(WORK, "ranks_" + tag), micro_batch_size=1, **extra)
+        path = os.path.join(WORK, "ranks_%s.yaml" % tag)
+        with open(path, "w") as f:
+            json.dump(c, f)
+        p = subprocess.run(["mpirun", "-np", "2", "--oversubscribe", "--bind-to", "none", ARGS.bin, "-c", path],
+                           cwd=WORK, env=env, capture_output=True, text=True, timeout=600)
+        if p.returncode:
+            errs.append("%s: rc %d %s" % (tag, p.returncode, p.stderr.strip()[-300:]))
+            continue
+        got = figures(c["output_dir"])
+        for s, (a, b) in enumerate(zip(got, want), 1):
+            for i, name in enumerate(("loss", "grad_norm", "margin")):
+                compare(errs, "%s step %d %s" % (tag, s, name), a[i], b[i], rtol=1e-5, atol=1e-7)
+                worst = max(worst, rel(a[i], b[i]))
+        _, e1 = metrics(c["output_dir"])
+        _, e0 = metrics(one["output_dir"])
+        if 3 not in e1:
+            errs.append("%s: no eval" % tag)
+        else:
+            compare(errs, tag + " eval_loss", e1[3]["eval_loss"], e0[3]["eval_loss"])
+    return errs, "worst rel %.1e" % worst
+
+
 def case_refusals():
     errs = []
     data = os.path.join(WORK, "ref.jsonl")
@@ -500,7 +562,7 @@ def main():
     torch.set_num_threads(2)
     cases = [("rows", case_rows), ("formats", case_formats), ("sigmoid_full", case_sigmoid_full),
              ("mixed_lora", case_mixed_lora), ("ipo", case_ipo), ("memory_modes", case_memory_modes),
-             ("resume", case_resume), ("refusals", case_refusals)]
+             ("resume", case_resume), ("ranks", case_ranks), ("refusals", case_refusals)]
     try:
         passed, failed = harness.run_cases(cases, ARGS.only, verbose=True, timed=True)
     finally:
