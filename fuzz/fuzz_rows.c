@@ -19,14 +19,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     char path[512];
     fuzz_path(path, sizeof path, "train_rows.bin");
     fuzz_write(path, data + 4, size - 4);
-    static int32_t tok[4 * 64], tgt[4 * 64], ds[4 * 64];
+    static int32_t tok[8 * 64], tgt[8 * 64], ds[8 * 64];  // B pairs are 2B rows
     FUZZ_TRY({
         RowLoader rl;
         rows_open(&rl, path, B, accum, T, vocab, shuffle, 99, "train rows");
         const size_t steps = rows_steps_per_epoch(&rl);
         for (size_t i = 0; i < steps * accum + 2 && i < 16; i++) {  // into the next epoch
             rows_next(&rl, tok, tgt, ds);
-            for (int j = 0; j < B * T; j++)  // what the loader promises the trainer
+            for (int j = 0; j < B * rl.unit * T; j++)  // what the loader promises the trainer
                 if (tok[j] < 0 || tok[j] >= vocab || tgt[j] < -1 || tgt[j] >= vocab || ds[j] < 0 ||
                     ds[j] > j % T)
                     abort();

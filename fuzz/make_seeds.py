@@ -170,6 +170,12 @@ put("rows", "near_vocab", bytes([0, 0, 6, 0]) + rows_file([r1], 4))
 put("rows", "near_nrows_big", bytes([0, 0, 63, 0]) + rows_file([r1], 4, nrows=1 << 30))
 put("rows", "near_counts", bytes([0, 0, 63, 0]) + rows_file([r1, r2], 4, packed=1, ndocs=7, ntargets=99))
 put("rows", "near_header_only", bytes([0, 0, 63, 0]) + rows_file([r1], 4)[:1024])
+# preference pairs (flag 2): chosen and rejected rows, each with a target; odd counts, an
+# untrained completion, packed and paired at once are errors
+put("rows", "valid_pairs_shuffle", bytes([1, 1, 63, 1]) + rows_file([r1, r1, r1, r1], 4, packed=2))
+put("rows", "near_pair_odd", bytes([0, 0, 63, 0]) + rows_file([r1, r1, r1], 4, packed=2))
+put("rows", "near_pair_untrained", bytes([0, 0, 63, 0]) + rows_file([r1, ([5, 6, 7, 8], [-1] * 4, [0] * 4)], 4, packed=2))
+put("rows", "near_pair_packed", bytes([0, 0, 63, 0]) + rows_file([r1, r1], 4, packed=3))
 
 # ---- HellaSwag eval file: 3 bytes (T, vocab low, vocab high), then llm.c's format ----------
 # header 256 int32 [20240522, 1, n]; each example uint16: 65535, bytes, index, label, 4,
