@@ -15,6 +15,7 @@
 #include "gpt2_io.h"
 #include "hfcache.h"
 #include "peft.h"
+#include "preference.h"
 #include "prepare.h"
 #include "util.h"
 
@@ -886,6 +887,11 @@ static void finish_rl(Config *cfg, const char *src) {
         cfg->dpo_loss_weights[0] = 0;
         cfg->dpo_label_smoothing = 0;
     }
+    PrefLoss pl;
+    pref_loss_from_config(&pl, cfg);  // an unknown loss type or weight fails here, before --plan
+    if (cfg->dpo_label_smoothing > 0 && pl.smoothing == 0)
+        printf("note: dpo_label_smoothing %g has no effect: of TRL 1.8's losses here only robust reads it (its sigmoid "
+               "loss does not)\n", cfg->dpo_label_smoothing);
     if (cfg->lora_dropout > 0) {
         printf("note: lora_dropout %g is off: TRL's DPOTrainer disables every dropout (disable_dropout), the "
                "adapters' too\n", cfg->lora_dropout);

@@ -57,11 +57,7 @@ void pref_loss_from_config(PrefLoss *pl, const Config *cfg) {
     }
     int robust = 0;
     for (int i = 0; i < pl->n; i++) robust |= pl->kind[i] == PL_ROBUST;
-    if (pl->smoothing > 0 && !robust) {
-        printf("note: dpo_label_smoothing %g has no effect: of these losses only TRL's robust loss reads it (its sigmoid "
-               "loss does not, since TRL 1.8)\n", pl->smoothing);
-        pl->smoothing = 0;
-    }
+    if (!robust) pl->smoothing = 0;  // TRL 1.8's other losses do not read it (config.c says so)
 }
 
 void pref_loss_describe(const PrefLoss *pl, char *out, size_t cap) {

@@ -542,6 +542,10 @@ def case_refusals():
         lines = [l for l in p.stderr.splitlines() if l.startswith("error")]
         if p.returncode != 1 or not lines or want not in p.stderr:
             errs.append("%s: rc %d, %s" % (extra, p.returncode, p.stderr.strip()[-200:]))
+    # a note, once, for label smoothing without the robust loss (TRL 1.8's sigmoid ignores it)
+    p = run(dict(c, dpo_label_smoothing=0.1), "--plan", expect_ok=False)
+    if p.returncode or p.stdout.count("dpo_label_smoothing 0.1 has no effect") != 1:
+        errs.append("label smoothing note: rc %d, %d notes" % (p.returncode, p.stdout.count("dpo_label_smoothing")))
     return errs, "%d refused" % len(bad)
 
 
