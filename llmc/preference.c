@@ -81,7 +81,16 @@ double *pref_reference(Model *m, RowLoader *rl, int B) {
     double *ref = xcalloc(rl->nrows, sizeof(double));
     double *row = xmalloc(sizeof(double) * (size_t)B);
     m->adapters_off = 1;
+    const double t0 = now_ms();
+    double shown = t0;
     for (size_t r0 = 0; r0 < rl->nrows; r0 += GB) {
+        if (now_ms() - shown > 10000 && c->rank == 0) {  // a long pass shows progress
+            shown = now_ms();
+            const double done = (double)r0 / (double)rl->nrows;
+            printf("reference: %zu of %zu pairs (%.0f%%), %.0f s left\n", r0 / 2, rl->nunits, 100 * done,
+                   (shown - t0) / 1000 * (1 - done) / done);
+            fflush(stdout);
+        }
         for (size_t j = 0; j < GB; j++) rows_read(rl, r0 + j, tok + j * T, tgt + j * T, ds + j * T);
         const size_t mine = r0 + (size_t)c->rank * B;
         model_set_batch(m, tok + (size_t)c->rank * B * T, tgt + (size_t)c->rank * B * T, NULL, B, T);

@@ -542,6 +542,16 @@ def case_refusals():
         lines = [l for l in p.stderr.splitlines() if l.startswith("error")]
         if p.returncode != 1 or not lines or want not in p.stderr:
             errs.append("%s: rc %d, %s" % (extra, p.returncode, p.stderr.strip()[-200:]))
+    # bad records: one line naming the file, its line and the field
+    for i, (rec, want) in enumerate([({"question": "q", "chosen": "c"}, ":2: rejected: missing"),
+                                     ({"question": "q", "chosen": 5, "rejected": "r"}, ":2: chosen: expected a string"),
+                                     ({"question": "", "chosen": "c", "rejected": "r"}, ":2: question: empty")]):
+        bad_data = os.path.join(WORK, "bad%d.jsonl" % i)
+        FX.write_jsonl(bad_data, pairs(1, seed=2) + [rec])
+        p = run(dict(c, datasets=[{"path": bad_data, "type": "llama3.intel"}]), "--preprocess", expect_ok=False)
+        lines = [l for l in p.stderr.splitlines() if l.startswith("error")]
+        if p.returncode == 0 or not lines or bad_data + want not in lines[0]:
+            errs.append("bad record %d: rc %d, %s" % (i, p.returncode, p.stderr.strip()[-200:]))
     # a note, once, for label smoothing without the robust loss (TRL 1.8's sigmoid ignores it)
     p = run(dict(c, dpo_label_smoothing=0.1), "--plan", expect_ok=False)
     if p.returncode or p.stdout.count("dpo_label_smoothing 0.1 has no effect") != 1:
