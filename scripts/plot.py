@@ -10,6 +10,8 @@ writes it) and writes PNGs into DIR (default OUTPUT_DIR/plots):
     lr.png              learning rate
     tokens_per_sec.png  throughput
     memory.png          device / host / disk peak bytes of each step
+    rewards.png         preference runs (rl: dpo / ipo) only: rewards/accuracies and
+                        rewards/margins per step and at each evaluation
     summary.png         the four together
 Needs matplotlib (Debian: apt-get install python3-matplotlib; scripts/install_deps.sh).
 """
@@ -95,6 +97,24 @@ def draw_memory(ax, steps, evals):
         ax.legend(loc="best", fontsize=8)
 
 
+def draw_rewards(ax, steps, evals):
+    """A preference run's reward accuracy (left axis) and margin (right axis), train and eval."""
+    ax.plot(*series(steps, "rewards/accuracies"), lw=1, color="tab:blue", label="rewards/accuracies")
+    xs, ys = series(evals, "eval_rewards/accuracies")
+    if xs:
+        ax.plot(xs, ys, "o-", ms=4, color="tab:cyan", label="eval_rewards/accuracies")
+    ax.set_ylabel("accuracy")
+    ax.set_ylim(-0.05, 1.05)
+    ax.legend(loc="upper left", fontsize=8)
+    ax2 = ax.twinx()
+    ax2.plot(*series(steps, "rewards/margins"), lw=1, color="tab:red", label="rewards/margins")
+    xs, ys = series(evals, "eval_rewards/margins")
+    if xs:
+        ax2.plot(xs, ys, "o-", ms=4, color="tab:orange", label="eval_rewards/margins")
+    ax2.set_ylabel("margin")
+    ax2.legend(loc="lower right", fontsize=8)
+
+
 PLOTS = [("loss", "loss", draw_loss), ("lr", "learning rate", draw_lr),
          ("tokens_per_sec", "throughput", draw_tps), ("memory", "memory peaks per step", draw_memory)]
 
@@ -132,7 +152,9 @@ def main():
     os.makedirs(out, exist_ok=True)
     title = os.path.basename(os.path.abspath(args.output_dir))
     written = []
-    for name, label, fn in PLOTS:
+    plots = PLOTS + ([("rewards", "preference rewards", draw_rewards)]
+                     if any("rewards/accuracies" in r for r in steps) else [])
+    for name, label, fn in plots:
         fig, ax = plt.subplots(figsize=(7, 4))
         fn(ax, steps, evals)
         ax.set_xlabel("step")

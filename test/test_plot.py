@@ -28,10 +28,10 @@ def plot(out_dir, *extra):
     return p.returncode, p.stdout, p.stderr
 
 
-def pngs_ok(d, tag):
+def pngs_ok(d, tag, names=NAMES):
     import matplotlib.image as mpimg
     import numpy as np
-    for n in NAMES:
+    for n in names:
         p = os.path.join(d, n + ".png")
         ok = os.path.exists(p) and os.path.getsize(p) > 2000 and open(p, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
         detail = "missing or not a PNG"
@@ -88,6 +88,25 @@ def main():
         check("prepared-style metrics: plot.py exits 0 (null loss, torn last line)",
               rc == 0 and "plotted 20 steps and 4 evaluations" in o, o + err)
         pngs_ok(os.path.join(root, "synplots"), "prepared-style")
+        check("prepared-style metrics: no rewards.png without preference figures",
+              not os.path.exists(os.path.join(root, "synplots", "rewards.png")))
+
+        # a preference run's metrics (rl: dpo): rewards.png beside the others
+        pref = os.path.join(root, "pref")
+        os.makedirs(pref)
+        with open(os.path.join(pref, "metrics.jsonl"), "w") as f:
+            for s in range(1, 11):
+                f.write(json.dumps({"step": s, "loss": 0.69 - 0.02 * s, "lr": 1e-4, "grad_norm": 1.0, "ms": 10,
+                                    "tokens_per_sec": 500, "device_peak_bytes": 2 ** 20, "host_peak_bytes": 0,
+                                    "disk_peak_bytes": 0, "rewards/chosen": 0.01 * s, "rewards/rejected": -0.01 * s,
+                                    "rewards/accuracies": min(1, 0.1 * s), "rewards/margins": 0.02 * s}) + "\n")
+                if s % 5 == 0:
+                    f.write(json.dumps({"step": s, "eval_loss": 0.6, "eval_pairs": 8, "eval_rewards/accuracies": 0.5,
+                                        "eval_rewards/margins": 0.01 * s}) + "\n")
+        rc, o, err = plot(pref)
+        check("preference metrics: plot.py exits 0 and writes rewards.png",
+              rc == 0 and "rewards.png" in o and "plotted 10 steps and 2 evaluations" in o, o + err)
+        pngs_ok(os.path.join(pref, "plots"), "preference", NAMES + ["rewards"])
 
         rc, o, err = plot(os.path.join(root, "nothing"))
         lines = err.strip().splitlines()
