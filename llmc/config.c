@@ -225,6 +225,9 @@ static const KeyDef KEYS[] = {
      "rl: dpo: TRL's loss types summed (sigmoid, hinge, ipo, robust, sft); \"\": sigmoid"},
     {"dpo_loss_weights", T_LIST, offsetof(Config, dpo_loss_weights), sizeof(((Config *)0)->dpo_loss_weights), "", 0, 0,
      NULL, "rl: dpo: a weight per dpo_loss_type (default 1 each)"},
+    NUM("simpo_gamma", T_FLOAT, simpo_gamma, "0", -1e6, 1e6, "rl: simpo: the target reward margin (required, as in Axolotl)"),
+    NUM("cpo_alpha", T_FLOAT, cpo_alpha, "1", 0, 1e6,
+        "rl: simpo: weight of the chosen completions' token loss added to SimPO's (TRL's default 1; 0: pure SimPO)"),
     NUM("precompute_ref_log_probs", T_BOOL, precompute_ref_log_probs, "false", 0, 1,
         "rl: the reference log-probabilities are always computed once before training here; either value"),
     ENUM("device", device, "auto", "auto|cpu|cuda",
@@ -847,7 +850,7 @@ static void finish_deepspeed(Config *cfg, const char *src) {
 // then orpo_alpha, else TRL's 0.1; TRL 1.8's DPOTrainer turns every dropout off (LoRA's too).
 static void finish_rl(Config *cfg, const char *src) {
     const char *rl_keys[] = {"rl_beta", "dpo_beta", "orpo_alpha", "dpo_label_smoothing", "dpo_loss_type",
-                             "dpo_loss_weights", "precompute_ref_log_probs"};
+                             "dpo_loss_weights", "precompute_ref_log_probs", "simpo_gamma", "cpo_alpha"};
     if (!cfg->rl[0]) {
         for (size_t i = 0; i < sizeof rl_keys / sizeof *rl_keys; i++)
             if (given(cfg, rl_keys[i]))
@@ -855,11 +858,13 @@ static void finish_rl(Config *cfg, const char *src) {
         return;
     }
     const char *rl = cfg->rl;
-    if (!strcmp(rl, "orpo") || !strcmp(rl, "kto") || !strcmp(rl, "simpo") || !strcmp(rl, "grpo") ||
-        !strcmp(rl, "gdpo") || !strcmp(rl, "ebft"))
-        fail("%s: rl: %s is not implemented (rl: dpo and rl: ipo are)", src, rl);
-    if (strcmp(rl, "dpo") && strcmp(rl, "ipo"))
-        fail("%s: rl: '%s' is not a preference method here (dpo, ipo)", src, rl);
+    if (!strcmp(rl, "orpo") || !strcmp(rl, "kto") || !strcmp(rl, "grpo") || !strcmp(rl, "gdpo") || !strcmp(rl, "ebft"))
+        fail("%s: rl: %s is not implemented (rl: dpo, ipo and simpo are)", src, rl);
+    if (strcmp(rl, "dpo") && strcmp(rl, "ipo") && strcmp(rl, "simpo"))
+        fail("%s: rl: '%s' is not a preference method here (dpo, ipo, simpo)", src, rl);
+    const int simpo = !strcmp(rl, "simpo");
+    if (!simpo && (given(cfg, "simpo_gamma") || given(cfg, "cpo_alpha")))
+        printf("note: simpo_gamma and cpo_alpha have no effect with rl: %s (they are rl: simpo's)\n", rl);
     if (cfg->arch == ARCH_GPT2) fail("%s: rl: %s trains Llama-family models (train_llama)", src, rl);
     if (!cfg->datasets_run)
         fail("%s: rl: %s reads preference pairs from datasets: (prompt, chosen, rejected), not train_data shards", src, rl);
@@ -879,6 +884,21 @@ static void finish_rl(Config *cfg, const char *src) {
         } else cfg->rl_beta = 0.1;
     }
     if (!(cfg->rl_beta > 0)) fail("%s: rl_beta must be above 0 (DPO divides by it in ipo)", src);
+    if (simpo) {  // TRL's CPOTrainer: loss_type simpo, plus cpo_alpha x the chosen completions' token loss
+        if (!given(cfg, "simpo_gamma"))
+            fail("%s: rl: simpo needs simpo_gamma (the target reward margin; Axolotl passes it to TRL unset "
+                 "otherwise, which fails)", src);
+        if (cfg->warmup_ratio > 0)
+            fail("%s: warmup_ratio with rl: simpo: Axolotl refuses it (\"not supported with the simpo trainer\"); "
+                 "use warmup_steps", src);
+        if (cfg->dpo_loss_type[0] || cfg->dpo_loss_weights[0] || cfg->dpo_label_smoothing > 0)
+            printf("note: rl: simpo sets its loss (simpo + cpo_alpha x sft); dpo_loss_type, dpo_loss_weights and "
+                   "dpo_label_smoothing have no effect (as in Axolotl)\n");
+        snprintf(cfg->dpo_loss_type, sizeof cfg->dpo_loss_type, cfg->cpo_alpha > 0 ? "simpo,sft" : "simpo");
+        snprintf(cfg->dpo_loss_weights, sizeof cfg->dpo_loss_weights, cfg->cpo_alpha > 0 ? "1,%.17g" : "1",
+                 cfg->cpo_alpha);
+        cfg->dpo_label_smoothing = 0;
+    }
     if (!strcmp(rl, "ipo")) {
         if (cfg->dpo_loss_type[0] || cfg->dpo_label_smoothing > 0)
             printf("note: rl: ipo sets the loss to ipo; dpo_loss_type and dpo_label_smoothing have no effect (as in "
@@ -893,8 +913,8 @@ static void finish_rl(Config *cfg, const char *src) {
         printf("note: dpo_label_smoothing %g has no effect: of TRL 1.8's losses here only robust reads it (its sigmoid "
                "loss does not)\n", cfg->dpo_label_smoothing);
     if (cfg->lora_dropout > 0) {
-        printf("note: lora_dropout %g is off: TRL's DPOTrainer disables every dropout (disable_dropout), the "
-               "adapters' too\n", cfg->lora_dropout);
+        printf("note: lora_dropout %g is off: TRL's %s disables every dropout (disable_dropout), the "
+               "adapters' too\n", cfg->lora_dropout, simpo ? "CPOTrainer" : "DPOTrainer");
         cfg->lora_dropout = 0;
     }
     cfg->pairs_per_micro = cfg->micro_batch_size;

@@ -72,6 +72,7 @@ typedef struct {
     // pair (pairs_per_micro is the value as written).
     char rl[16];
     double rl_beta, dpo_beta, orpo_alpha, dpo_label_smoothing;
+    double simpo_gamma, cpo_alpha;  // rl: simpo (TRL's CPOTrainer, loss_type simpo)
     char dpo_loss_type[256], dpo_loss_weights[256];
     int precompute_ref_log_probs, pairs_per_micro;
     // sharding

@@ -6,7 +6,7 @@
 #include <string.h>
 #include "util.h"
 
-static const char *const LOSS_NAMES[] = {"sigmoid", "hinge", "ipo", "robust", "sft"};
+static const char *const LOSS_NAMES[] = {"sigmoid", "hinge", "ipo", "robust", "sft", "simpo"};
 // TRL 1.8's other loss types: named in the error, not implemented here.
 static const char *const TRL_OTHERS = "exo_pair, nca_pair, bco_pair, sppo_hard, aot, aot_unpaired, apo_zero, "
                                       "apo_down, discopop, sigmoid_norm";
@@ -29,6 +29,8 @@ void pref_loss_from_config(PrefLoss *pl, const Config *cfg) {
     memset(pl, 0, sizeof *pl);
     pl->beta = cfg->rl_beta;
     pl->smoothing = cfg->dpo_label_smoothing;
+    pl->gamma = cfg->simpo_gamma;
+    pl->ref_free = !strcmp(cfg->rl, "simpo");
     const char *s = cfg->dpo_loss_type[0] ? cfg->dpo_loss_type : "sigmoid";
     char item[64];
     while (next_item(&s, item, sizeof item)) {
@@ -36,6 +38,7 @@ void pref_loss_from_config(PrefLoss *pl, const Config *cfg) {
         int k = -1;
         for (int i = 0; i < (int)(sizeof LOSS_NAMES / sizeof *LOSS_NAMES); i++)
             if (!strcmp(item, LOSS_NAMES[i])) k = i;
+        if (k == PL_SIMPO && !pl->ref_free) k = -1;  // TRL's DPOTrainer has no simpo loss (rl: simpo is the CPOTrainer)
         if (k < 0)
             fail("dpo_loss_type: '%s' is not implemented (sigmoid, hinge, ipo, robust, sft are; TRL's %s are not)", item,
                  TRL_OTHERS);
@@ -126,7 +129,8 @@ void pref_micro_batch(Model *m, const PrefLoss *pl, int B, int T, const int32_t 
     for (int i = 0; i < B / 2; i++) {
         const int c = 2 * i, r = 2 * i + 1;
         if (ids[c] >= nref) continue;  // an empty pair (the epoch's last step)
-        const double pc = -nll[c], pr = -nll[r], rc = ref[ids[c]], rr = ref[ids[r]];
+        const double pc = -nll[c], pr = -nll[r];
+        const double rc = pl->ref_free ? 0 : ref[ids[c]], rr = pl->ref_free ? 0 : ref[ids[r]];
         const long long nc = targets_in(tgt + (size_t)c * T, T), nr = targets_in(tgt + (size_t)r * T, T);
         const double d = (pc - rc) - (pr - rr), z = beta * d;
         double loss = 0, gc = 0, gr = 0;  // this pair's losses and d(loss)/d(pc), d(loss)/d(pr)
@@ -153,6 +157,13 @@ void pref_micro_batch(Model *m, const PrefLoss *pl, int B, int T, const int32_t 
                 gr -= w * 2 * u / (double)nr;
                 break;
             }
+            case PL_SIMPO: {  // on the mean token log-likelihoods
+                const double u = beta * (pc / (double)nc - pr / (double)nr) - pl->gamma, gu = -sigmoid(-u);
+                loss += w * -log_sigmoid(u);
+                gc += w * beta * gu / (double)nc;
+                gr -= w * beta * gu / (double)nr;
+                break;
+            }
             case PL_SFT:  // the chosen rows' token mean over the step, not a pair mean
                 st->sft_nll += w * nll[c];
                 if (train) row_scale[c] += (float)(w * sft_scale);
@@ -162,9 +173,12 @@ void pref_micro_batch(Model *m, const PrefLoss *pl, int B, int T, const int32_t 
             gr -= w * g;
         }
         st->loss += loss;
-        const double rw_c = beta * (pc - rc), rw_r = beta * (pr - rr);
+        // TRL's figures: beta (p - ref); without a reference (CPOTrainer) beta times the mean token
+        // log-likelihood, and logps/* are those means
+        const double lc = pl->ref_free ? pc / (double)nc : pc, lr = pl->ref_free ? pr / (double)nr : pr;
+        const double rw_c = beta * (lc - rc), rw_r = beta * (lr - rr);
         st->reward_c += rw_c, st->reward_r += rw_r, st->correct += rw_c > rw_r, st->margin += rw_c - rw_r;
-        st->logp_c += pc, st->logp_r += pr;
+        st->logp_c += lc, st->logp_r += lr;
         st->pairs++, st->chosen_tokens += nc;
         // A row's summed token loss is -p: its scale is -d(loss)/dp.
         if (train) row_scale[c] += (float)(-gc * scale), row_scale[r] += (float)(-gr * scale);

@@ -10,6 +10,9 @@
 //   robust   (-(1 - e) log sigmoid(beta d) + e log sigmoid(-beta d)) / (1 - 2e), e = label smoothing
 //   ipo      ((pc - rc) / nc - (pr - rr) / nr - 1 / (2 beta))^2, n* the completions' token counts
 //   sft      the chosen completions' mean token cross-entropy (TRL's replacement of rpo_alpha)
+// rl: simpo (TRL's CPOTrainer with loss_type simpo) has no reference and works on the
+// completions' mean token log-likelihoods lc = pc / nc, lr = pr / nr:
+//   simpo    -log sigmoid(beta (lc - lr) - gamma), plus cpo_alpha x sft
 // The gradient reaches the tokens as a cross-entropy gradient scaled per row (negative for a
 // rejected row): model_forward_rows, then model_backward_rows.
 //
@@ -26,13 +29,14 @@
 #include "model.h"
 #include "rows.h"
 
-enum { PL_SIGMOID, PL_HINGE, PL_IPO, PL_ROBUST, PL_SFT };
+enum { PL_SIGMOID, PL_HINGE, PL_IPO, PL_ROBUST, PL_SFT, PL_SIMPO };
 #define PREF_MAX_LOSSES 8
 
 typedef struct {
     int n, kind[PREF_MAX_LOSSES];
     double weight[PREF_MAX_LOSSES];
-    double beta, smoothing;
+    double beta, smoothing, gamma;
+    int ref_free;  // rl: simpo: no reference; log-likelihoods are per-token means
 } PrefLoss;
 
 // Sums over pairs (divide by pairs for TRL's means); sft_nll is the weighted sum of the chosen

@@ -131,7 +131,11 @@ static void print_box(const Config *cfg, const Model *m, const Backend *bk, size
         char what[320], desc[120];
         pref_loss_from_config(&pl, cfg);
         pref_loss_describe(&pl, desc, sizeof desc);
-        snprintf(what, sizeof what, "%s, beta %g, %s; B counts 2 rows a pair", cfg->rl, cfg->rl_beta, desc);
+        if (pl.ref_free)
+            snprintf(what, sizeof what, "%s, beta %g, gamma %g, %s; B counts 2 rows a pair", cfg->rl, cfg->rl_beta,
+                     cfg->simpo_gamma, desc);
+        else
+            snprintf(what, sizeof what, "%s, beta %g, %s; B counts 2 rows a pair", cfg->rl, cfg->rl_beta, desc);
         printf("| preference   %-50s |\n", what);
     }
     char tok[128];
@@ -693,7 +697,7 @@ int train_main(int argc, char **argv, int arch) {
     // ---- preference training: the reference's log-probabilities, from the starting weights
     // (before a resume loads other ones), adapters off
     double *ref_train = NULL, *ref_eval = NULL;
-    if (cfg.rl[0]) {
+    if (cfg.rl[0] && !pref_loss.ref_free) {
         double t0 = now_ms();
         ref_train = pref_reference(&model, &rtrain, B);
         if (have_val) ref_eval = pref_reference(&model, &rval, B);

@@ -1,4 +1,4 @@
-"""Preference pairs for `rl: dpo` / `rl: ipo` runs, for scripts/prepare_data.py (which passes
+"""Preference pairs for `rl: dpo` / `rl: ipo` / `rl: simpo` runs, for scripts/prepare_data.py (which passes
 itself in as `pd`, so that one DataError class and one tokenizer wrapper serve both files).
 
 What a pair becomes follows Axolotl (its prompt_strategies/dpo/*.py turn a record into prompt,
@@ -8,7 +8,8 @@ does not end with it; the prompt is tokenized alone and prompt + completion join
 the tokenizer's special tokens, and the completion is what follows the prompt's token count; the
 row is prompt + completion cut to sequence_len from the start (TRL's keep_start), and only the
 completion's tokens are targets. Row 2k holds pair k's chosen completion, row 2k+1 its rejected
-one (the paired row format in README's "Prepared datasets").
+one (the paired row format in README's "Prepared datasets"). rl: simpo tokenizes as TRL's
+CPOTrainer does instead (tokenize_pair_cpo).
 """
 
 CHATML = ("<|im_start|>system\n{system}<|im_end|>\n", "<|im_start|>user\n{prompt}<|im_end|>\n<|im_start|>assistant\n",
@@ -247,6 +248,46 @@ def tokenize_pair(pd, tok, strings, T):
     return rows
 
 
+def cpo_answer(tok, prompt, answer):
+    """TRL's build_tokenized_answer: prompt + answer tokenized without special tokens; the answer
+    starts at the prompt's own token count, one earlier when the joint tokenization merged the
+    prompt's last token. Returns (prompt ids, answer ids), both from the joint tokenization."""
+    full = tok.encode(prompt + answer, special=False)
+    start = len(tok.encode(prompt, special=False))
+    if tok.encode(prompt, special=False) != full[:start]:
+        start -= 1
+    return full[:start], full[start:]
+
+
+def tokenize_pair_cpo(pd, tok, strings, T, loc):
+    """rl: simpo: TRL's CPOTrainer.tokenize_row (the older tokenization its experimental trainers
+    keep): no special tokens from the tokenizer; a BOS id put before a prompt that does not start
+    with it, an EOS id after an answer that does not end with it; when prompt + the longer answer
+    exceed sequence_len, each answer is cut to sequence_len minus the longer answer's length (TRL's
+    own rule, Python slicing included)."""
+    prompt, chosen, rejected = strings
+    (cp, ca), (rp, ra) = cpo_answer(tok, prompt, chosen), cpo_answer(tok, prompt, rejected)
+    if sum(a != b for a, b in zip(cp, rp)) > 1 or abs(len(cp) - len(rp)) > 1:
+        raise pd.DataError("%s: the prompt tokenizes differently before the chosen and the rejected completion (TRL "
+                           "allows its last token only)" % loc)
+    out = []
+    for p, a in ((cp, ca), (rp, ra)):
+        if tok.bos is not None and (not p or p[0] != tok.bos):
+            p = [tok.bos] + p
+        if tok.eos is not None and (not a or a[-1] != tok.eos):
+            a = a + [tok.eos]
+        out.append([p, a])
+    longer = max(len(out[0][1]), len(out[1][1]))
+    rows = []
+    for p, a in out:
+        if len(p) + longer > T:
+            a = a[:T - longer]
+        if len(p) + len(a) > T:
+            raise pd.DataError("%s: the prompt (%d tokens) leaves no room in sequence_len %d" % (loc, len(p), T))
+        rows.append((p + a, [pd.IGNORE] * len(p) + a))
+    return rows
+
+
 def load_pairs(pd, spec, tok, cfg, entries, key, counts):
     """All pairs of a datasets/test_datasets list, each dataset's long pairs dropped as Axolotl's
     excess_length_strategy says: [(chosen (ids, labels), rejected (ids, labels), 'file:line')]."""
@@ -280,7 +321,10 @@ def load_pairs(pd, spec, tok, cfg, entries, key, counts):
                         dropped += 1
                         first = first or loc
                         continue
-                c, r = tokenize_pair(pd, tok, strings, T)
+                if cfg.get("rl") == "simpo":
+                    c, r = tokenize_pair_cpo(pd, tok, strings, T, loc)
+                else:
+                    c, r = tokenize_pair(pd, tok, strings, T)
                 for ids, labels in (c, r):
                     if all(x == pd.IGNORE for x in labels[1:]):
                         raise pd.DataError("%s: no completion token is left in sequence_len %d to train on" % (loc, T))

@@ -16,6 +16,9 @@ Cases:
   mixed_lora      LoRA with dpo_loss_type [sigmoid, ipo, hinge, robust, sft], weights and label
                   smoothing, beta 0.5 (the initial adapter read from checkpoint-1, whose lr is 0).
   ipo             rl: ipo (TRL's length-normalised loss), its note when dpo_loss_type is given.
+  simpo           rl: simpo (TRL's CPOTrainer): its rows (no special tokens but one BOS and an EOS
+                  id), no reference pass, SimPO on mean log-likelihoods + cpo_alpha x sft, beta 2,
+                  gamma 0.3, against the reference; refused without simpo_gamma.
   memory_modes    recompute, activation offloading, tiled MLP, offload_optimizer: the plain
                   run's losses and grad norms bit for bit.
   resume          checkpoint-2 resumed: steps 3-4 identical to the uninterrupted run.
@@ -133,10 +136,24 @@ def logps(model, tok, tgt):
     return g.sum(-1), mask.sum(-1).double()
 
 
-def pref_loss(lp, n, ref, types, weights, beta, eps):
+def pref_loss(lp, n, ref, types, weights, beta, eps, gamma=0.0):
     """TRL 1.8's DPOTrainer losses for rows (chosen, rejected, chosen, ...), each a mean over the
-    pairs (sft: the chosen completions' token mean), weighted and summed."""
-    pc, pr, rc, rr, nc, nr = lp[0::2], lp[1::2], ref[0::2], ref[1::2], n[0::2], n[1::2]
+    pairs (sft: the chosen completions' token mean), weighted and summed; "simpo" is its
+    CPOTrainer's (no reference: ref is None; mean token log-likelihoods)."""
+    pc, pr, nc, nr = lp[0::2], lp[1::2], n[0::2], n[1::2]
+    if ref is None:  # CPOTrainer: no reference; rewards and logps/* on the mean log-likelihoods
+        total = 0
+        for t, w in zip(types, weights):
+            if t == "simpo":
+                total = total + w * (-F.logsigmoid(beta * (pc / nc - pr / nr) - gamma)).mean()
+            elif t == "sft":
+                total = total + w * (-pc.sum() / nc.sum())
+        mc, mr = pc / nc, pr / nr
+        stats = {"rewards/chosen": (beta * mc).mean().item(), "rewards/rejected": (beta * mr).mean().item(),
+                 "rewards/accuracies": (mc > mr).double().mean().item(), "rewards/margins": (beta * (mc - mr)).mean().item(),
+                 "logps/chosen": mc.mean().item(), "logps/rejected": mr.mean().item()}
+        return total, stats
+    rc, rr = ref[0::2], ref[1::2]
     d = (pc - rc) - (pr - rr)
     z = beta * d
     total = 0
@@ -162,7 +179,7 @@ def pref_loss(lp, n, ref, types, weights, beta, eps):
 
 
 def reference_run(cfg, weights, tok, tgt, steps, pairs_per_step, lr, types, weights_l, beta, eps, lora=None,
-                  warmup=0, max_grad_norm=1.0, eval_rows=None):
+                  warmup=0, max_grad_norm=1.0, eval_rows=None, gamma=None):
     """The trainer's run in float64: the reference log-probabilities from the starting model
     (adapters off), then AdamW steps over consecutive pairs (shuffle false)."""
     model = R.RefLlama(cfg, weights, lora=lora)
@@ -180,7 +197,8 @@ def reference_run(cfg, weights, tok, tgt, steps, pairs_per_step, lr, types, weig
         r0 = s * pairs_per_step * 2
         rows = slice(r0, r0 + pairs_per_step * 2)
         lp, n = logps(model, tok[rows], tgt[rows])
-        loss, stats = pref_loss(lp, n, ref[rows], types, weights_l, beta, eps)
+        loss, stats = pref_loss(lp, n, None if gamma is not None else ref[rows], types, weights_l, beta, eps,
+                                gamma or 0.0)
         loss.backward()
         gn = R.grad_norm_clip(params, max_grad_norm)
         opt.step()
@@ -429,6 +447,43 @@ def case_ipo():
     return errs, "loss rel %.2e" % worst
 
 
+def case_simpo():
+    """rl: simpo (TRL's CPOTrainer): its own tokenization (no special tokens but a BOS id and an
+    EOS id where missing), no reference pass, SimPO on mean log-likelihoods plus cpo_alpha x sft."""
+    from transformers import AutoTokenizer
+    errs = []
+    cfg_m, w = R_cfg_weights()
+    tk = AutoTokenizer.from_pretrained(model_dir())
+    cfg, p, tok, tgt, _ = dpo_run("simpo", 12, 3, rl="simpo", simpo_gamma=0.3, cpo_alpha=0.4, rl_beta=2.0,
+                                  learning_rate=1e-2)
+    ref, _ = reference_run(cfg_m, w, tok, tgt, 3, 4, 1e-2, ["simpo", "sft"], [1.0, 0.4], 2.0, 0.0, gamma=0.3)
+    m, _ = metrics(cfg["output_dir"])
+    worst = compare_steps(errs, m, ref)
+    if "reference:" in p.stdout:
+        errs.append("rl: simpo ran a reference pass")
+    if "preference   simpo, beta 2, gamma 0.3, simpo + 0.4 sft" not in p.stdout:
+        errs.append("the box does not name SimPO's losses")
+    # the first pair's rows (shuffle_merged_datasets false: the file's first record)
+    r = pairs(15, seed=sum(map(ord, "simpo")))[0]
+    sysp = ("<|start_header_id|>system<|end_header_id|>\n\n%s<|eot_id|>" % r["system"]) if r.get("system") else ""
+    prompt = sysp + "<|start_header_id|>user<|end_header_id|>\n\n%s<|eot_id|>" % r["question"] + \
+        "<|start_header_id|>assistant<|end_header_id|>\n\n"
+    for row, comp in ((0, r["chosen"]), (1, r["rejected"])):
+        full = tk(prompt + comp + "<|eot_id|>", add_special_tokens=False)["input_ids"]
+        P = tk(prompt, add_special_tokens=False)["input_ids"]
+        start = len(P) if full[:len(P)] == P else len(P) - 1
+        want = [tk.bos_token_id] + full + [tk.eos_token_id]
+        if list(tok[row, :len(want)]) != want or (tok[row, :len(want)] == tk.bos_token_id).sum() != 1:
+            errs.append("row %d: %r" % (row, tk.decode(tok[row, :len(want)])))
+        if int((tgt[row] >= 0).sum()) != len(full) - start + 1:
+            errs.append("row %d: %d targets, want the completion's %d" % (row, int((tgt[row] >= 0).sum()),
+                                                                          len(full) - start + 1))
+    bad = run(dict(cfg, simpo_gamma=None, output_dir=os.path.join(WORK, "simpo_bad")), "--plan", expect_ok=False)
+    if bad.returncode != 1 or "needs simpo_gamma" not in bad.stderr:
+        errs.append("rl: simpo without simpo_gamma: rc %d %s" % (bad.returncode, bad.stderr.strip()[-200:]))
+    return errs, "loss rel %.2e" % worst
+
+
 def figures(out):
     m, _ = metrics(out)
     return [(m[s]["loss"], m[s]["grad_norm"], m[s]["rewards/margins"]) for s in sorted(m)]
@@ -575,7 +630,7 @@ def main():
     WORK = tempfile.mkdtemp(prefix="test_dpo.")
     torch.set_num_threads(2)
     cases = [("rows", case_rows), ("formats", case_formats), ("sigmoid_full", case_sigmoid_full),
-             ("mixed_lora", case_mixed_lora), ("ipo", case_ipo), ("memory_modes", case_memory_modes),
+             ("mixed_lora", case_mixed_lora), ("ipo", case_ipo), ("simpo", case_simpo), ("memory_modes", case_memory_modes),
              ("resume", case_resume), ("ranks", case_ranks), ("refusals", case_refusals)]
     try:
         passed, failed = harness.run_cases(cases, ARGS.only, verbose=True, timed=True)
