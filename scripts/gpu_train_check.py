@@ -1,12 +1,14 @@
 #!/usr/bin/env python3
 """Whole-model checks of the CUDA backend, run by scripts/gpu_check.sh (parts b, c, d, e).
 
-  gpu_train_check.py train     --bin B --json J   (b) fp32 CUDA vs CPU, full, LoRA, a Gemma 3 and a Gemma 2
+  gpu_train_check.py train     --bin B --json J   (b) fp32 CUDA vs CPU, full, LoRA, a Gemma 3, 2 and 1
                                                       text model (HF directory written here): losses
                                                       of 5 AdamW steps within 1e-5 relative; one
                                                       step's gradient (a linear update: see
                                                       part_train) within 1e-4 per tensor,
-                                                      median 2e-6
+                                                      median 2e-6; rl: dpo on the Gemma 1 base with
+                                                      a word-level tokenizer: 2 steps' loss and grad
+                                                      norm within 1e-5 (needs transformers)
   gpu_train_check.py modes     --bin B --json J   (c) every memory mode (16, and layer streaming
                                                       with LoRA; QLoRA's 8 base modes and
                                                       streaming) bit-identical to the plain run;
@@ -383,7 +385,84 @@ def part_train(a):
         rows.append({"run": label, "steps": len(losses(cpu)), "loss_rel_err": lr, "gradient_rel_err": gerr,
                      "gradient_rel_err_median": gmed, "adamw_weights_rel_err": wrel,
                      "cuda_s": round(gpu.secs, 2), "cpu_s": round(cpu.secs, 2)})
+    rows.append(dpo_check(a, size))
     TABLES["fp32 CUDA vs CPU"] = rows
+
+
+WORDS = ("the a cat dog sat ran on under mat tree home far blue green red sky river stone light dark quick slow "
+         "yes no good bad answer question tell me why how").split()
+
+
+def word_tokenizer(d, vocab):
+    """A word-level tokenizer (tokenizer.json, standard library only) in d: <pad> <unk> <bos>
+    <eos>, then WORDS; the BOS added before every text, as Llama's tokenizers do."""
+    toks = ["<pad>", "<unk>", "<bos>", "<eos>"] + list(WORDS)
+    assert len(toks) <= vocab, (len(toks), vocab)
+    special = [{"id": i, "content": t, "single_word": False, "lstrip": False, "rstrip": False, "normalized": False,
+                "special": True} for i, t in enumerate(toks[:4])]
+    tj = {"version": "1.0", "truncation": None, "padding": None, "added_tokens": special, "normalizer": None,
+          "pre_tokenizer": {"type": "WhitespaceSplit"},
+          "post_processor": {"type": "TemplateProcessing",
+                             "single": [{"SpecialToken": {"id": "<bos>", "type_id": 0}},
+                                        {"Sequence": {"id": "A", "type_id": 0}}],
+                             "pair": [{"SpecialToken": {"id": "<bos>", "type_id": 0}},
+                                      {"Sequence": {"id": "A", "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 1}}],
+                             "special_tokens": {"<bos>": {"id": "<bos>", "ids": [2], "tokens": ["<bos>"]}}},
+          "decoder": {"type": "WordPiece", "prefix": "##", "cleanup": False},
+          "model": {"type": "WordLevel", "vocab": {t: i for i, t in enumerate(toks)}, "unk_token": "<unk>"}}
+    with open(os.path.join(d, "tokenizer.json"), "w") as f:
+        json.dump(tj, f)
+    with open(os.path.join(d, "tokenizer_config.json"), "w") as f:
+        json.dump({"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<bos>", "eos_token": "<eos>",
+                   "pad_token": "<pad>", "unk_token": "<unk>"}, f)
+
+
+def dpo_check(a, size):
+    """rl: dpo on the device against the CPU: the reference pass, then the classifier's second
+    pass with a scale per row (negative for rejected rows). A Gemma 1 base with a word-level
+    tokenizer; data prepared by scripts/prepare_data.py (needs Python's transformers: SKIP
+    without)."""
+    try:
+        import transformers  # noqa: F401
+    except ImportError:
+        print("SKIP rl: dpo: Python's transformers is not installed")
+        return {"run": "DPO", "skipped": "no transformers"}
+    d = gemma_base(size, 1)
+    word_tokenizer(d, model_cfg(size)["model"]["vocab_size"])
+    rng = random.Random(11)
+    data = os.path.join(TMP, "dpo_pairs.jsonl")
+    with open(data, "w") as f:
+        for _ in range(4):
+            sent = lambda n: " ".join(rng.choice(WORDS) for _ in range(n))
+            f.write(json.dumps({"prompt": sent(5) + " answer", "chosen": " " + sent(4), "rejected": " " + sent(3)}) + "\n")
+    rs = {}
+    for name, dev in (("cpu", "cpu"), ("gpu", a.device)):
+        out = os.path.join(TMP, "b_dpo_" + name)
+        cfg = {"base_model": d, "rl": "dpo", "rl_beta": 0.5, "datasets": [{"path": data, "type": "passthrough"}],
+               "dataset_prepared_path": os.path.join(TMP, "dpo_prepared"), "sequence_len": 32, "micro_batch_size": 1,
+               "gradient_accumulation_steps": 2, "max_steps": 2, "learning_rate": 1e-2, "lr_scheduler": "constant",
+               "shuffle": False, "seed": 3, "device": dev, "dtype": "float32", "output_dir": out}
+        path = os.path.join(TMP, "b_dpo_%s.yaml" % name)
+        with open(path, "w") as f:
+            json.dump(cfg, f)  # JSON is YAML
+        t0 = time.time()
+        p = subprocess.run([BIN, "-c", path], capture_output=True, text=True, errors="replace",
+                           env=dict(ENV, LLMC_PYTHON=sys.executable, TRANSFORMERS_VERBOSITY="error"))
+        r = Run()
+        r.rc, r.stderr, r.secs, r.metrics = p.returncode, p.stderr, time.time() - t0, []
+        mp = os.path.join(out, "metrics.jsonl")
+        if os.path.exists(mp):
+            r.metrics = [json.loads(x, parse_float=str) for x in open(mp) if x.strip()]
+        rs[name] = r
+    ok_runs = all(r.rc == 0 for r in rs.values())
+    lr = losses_rel(losses(rs["gpu"]), losses(rs["cpu"])) if ok_runs else math.inf
+    nr = max((abs(float(x["grad_norm"]) - float(y["grad_norm"])) / float(y["grad_norm"])
+              for x, y in zip(rs["gpu"].metrics, rs["cpu"].metrics) if "grad_norm" in y), default=math.inf)
+    check("fp32 CUDA vs CPU, rl: dpo (Gemma 1 base): both steps' loss and grad norm within 1e-5 relative",
+          ok_runs and lr <= 1e-5 and nr <= 1e-5,
+          "%s | %s | loss %.3g, norm %.3g" % (why(rs["gpu"]), why(rs["cpu"]), lr, nr))
+    return {"run": "DPO", "steps": len(losses(rs["cpu"])), "loss_rel_err": lr, "grad_norm_rel_err": nr,
+            "cuda_s": round(rs["gpu"].secs, 2), "cpu_s": round(rs["cpu"].secs, 2)}
 
 
 # ---- (c) memory modes --------------------------------------------------------------------------

@@ -43,7 +43,7 @@ lr * g / (|g| + 1): the step's change measures its gradient g, element by elemen
       step's gradient against the CPU, bf16 losses, -r 1/-r 2 bit-identical to -r 0).
   (h) Gemma 3 text from a random HF base: fp32 and bf16 against the CPU.
   (i) scripts/gpu_train_check.py train --tiny: part (b) of the GPU check (full, LoRA, Gemma 3,
-      Gemma 2 with soft-capped scores and logits).
+      Gemma 2 with soft-capped scores and logits, Gemma 1, rl: dpo).
   (j) rl: dpo (the reference pass, then the classifier again with a scale per row, negative for
       the rejected rows): fp32 CUDA against the CPU (loss and grad norm of 2 steps within 1e-5),
       bf16 losses within 1e-2.
@@ -385,10 +385,10 @@ def main():
         # (i) the GPU check's part (b) as a GPU runs it, tiny: fp32 losses and one step's gradient
         # against the CPU for full, LoRA and Gemma 3, 2 and 1 directories the script writes itself
         passed, ok, secs, out = gpu_check_part("train", binary, tmp)
-        check("(i) gpu_train_check.py train --tiny (emulated CUDA): %d checks pass, Gemma 3's, 2's and 1's among "
-              "them (%.1f s)" % (len(passed), secs),
-              ok and len(passed) == 10 and all(any(g in l for l in passed) for g in ("Gemma 3", "Gemma 2", "Gemma 1")),
-              out)
+        check("(i) gpu_train_check.py train --tiny (emulated CUDA): %d checks pass, Gemma 3's, 2's and 1's and "
+              "rl: dpo's among them (%.1f s)" % (len(passed), secs),
+              ok and len(passed) == 11 and all(any(g in l for l in passed)
+                                               for g in ("Gemma 3", "Gemma 2", "Gemma 1", "rl: dpo")), out)
         dpo_check(binary, tmp)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
