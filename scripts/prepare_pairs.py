@@ -37,10 +37,7 @@ USER_DEFINED_KEYS = {"field_prompt", "field_system", "field_chosen", "field_reje
 
 
 def text_of(pd, rec, name, loc):
-    v = pd.field(rec, name, loc)
-    if not v:
-        raise pd.DataError("%s: %s: empty (Axolotl requires a prompt, a chosen and a rejected text)" % (loc, name))
-    return v
+    return pd.field(rec, name, loc)
 
 
 def turn_content(pd, rec, name, k, loc):
@@ -311,6 +308,10 @@ def load_pairs(pd, spec, tok, cfg, entries, key, counts):
                 if not isinstance(rec, dict):
                     raise pd.DataError("%s: expected a JSON object per record" % loc)
                 strings = strat(rec, loc)
+                for what, text in zip(("prompt", "chosen", "rejected"), strings):
+                    if not text:  # Axolotl's length filter raises on an empty one
+                        raise pd.DataError("%s: the %s text is empty (Axolotl requires a prompt, a chosen and a "
+                                           "rejected text)" % (loc, what))
                 ok, _ = fits(tok, strings, T)
                 if not ok and how == "raise":
                     raise pd.DataError("%s: prompt + completion is longer than sequence_len %d (counted without "

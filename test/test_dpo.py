@@ -600,10 +600,11 @@ def case_refusals():
     # bad records: one line naming the file, its line and the field
     for i, (rec, want) in enumerate([({"question": "q", "chosen": "c"}, ":2: rejected: missing"),
                                      ({"question": "q", "chosen": 5, "rejected": "r"}, ":2: chosen: expected a string"),
-                                     ({"question": "", "chosen": "c", "rejected": "r"}, ":2: question: empty")]):
+                                     ({"prompt": "", "chosen": "c", "rejected": "r"}, ":2: the prompt text is empty")]):
         bad_data = os.path.join(WORK, "bad%d.jsonl" % i)
-        FX.write_jsonl(bad_data, pairs(1, seed=2) + [rec])
-        p = run(dict(c, datasets=[{"path": bad_data, "type": "llama3.intel"}]), "--preprocess", expect_ok=False)
+        FX.write_jsonl(bad_data, [{"question": "q", "prompt": "p", "chosen": "c", "rejected": "r"}, rec])
+        typ = "passthrough" if "prompt" in rec else "llama3.intel"
+        p = run(dict(c, datasets=[{"path": bad_data, "type": typ}]), "--preprocess", expect_ok=False)
         lines = [l for l in p.stderr.splitlines() if l.startswith("error")]
         if p.returncode == 0 or not lines or bad_data + want not in lines[0]:
             errs.append("bad record %d: rc %d, %s" % (i, p.returncode, p.stderr.strip()[-200:]))
