@@ -868,8 +868,6 @@ static void finish_rl(Config *cfg, const char *src) {
     if (cfg->arch == ARCH_GPT2) fail("%s: rl: %s trains Llama-family models (train_llama)", src, rl);
     if (!cfg->datasets_run)
         fail("%s: rl: %s reads preference pairs from datasets: (prompt, chosen, rejected), not train_data shards", src, rl);
-    if (cfg->sequence_parallel_degree > 1)
-        fail("%s: rl: %s with sequence_parallel_degree %d is not implemented", src, rl, cfg->sequence_parallel_degree);
     if (cfg->total_batch_size)
         fail("%s: rl: %s with total_batch_size: steps are counted in pairs (micro_batch_size x "
              "gradient_accumulation_steps)", src, rl);

@@ -78,7 +78,7 @@ void pref_loss_describe(const PrefLoss *pl, char *out, size_t cap) {
 double *pref_reference(Model *m, RowLoader *rl, int B) {
     Comm *c = m->opt.comm;
     const int T = rl->T;
-    const size_t GB = (size_t)B * c->world;
+    const size_t GB = (size_t)B * (m->opt.seq_parallel > 1 ? 1 : c->world);
     int32_t *tok = xmalloc(sizeof(int32_t) * GB * T), *tgt = xmalloc(sizeof(int32_t) * GB * T),
             *ds = xmalloc(sizeof(int32_t) * GB * T);
     double *ref = xcalloc(rl->nrows, sizeof(double));
@@ -86,6 +86,11 @@ double *pref_reference(Model *m, RowLoader *rl, int B) {
     m->adapters_off = 1;
     const double t0 = now_ms();
     double shown = t0;
+    // Sequence parallel (n ranks, one group): every rank takes every row and its slice of T / n
+    // tokens; its sums are partial and the final all-reduce adds them up.
+    const int spn = m->opt.seq_parallel > 1 ? m->opt.seq_parallel : 1, Tl = T / spn;
+    int32_t *stok = spn > 1 ? xmalloc(sizeof(int32_t) * (size_t)B * Tl) : NULL;
+    int32_t *stgt = spn > 1 ? xmalloc(sizeof(int32_t) * (size_t)B * Tl) : NULL;
     for (size_t r0 = 0; r0 < rl->nrows; r0 += GB) {
         if (now_ms() - shown > 10000 && c->rank == 0) {  // a long pass shows progress
             shown = now_ms();
@@ -95,12 +100,27 @@ double *pref_reference(Model *m, RowLoader *rl, int B) {
             fflush(stdout);
         }
         for (size_t j = 0; j < GB; j++) rows_read(rl, r0 + j, tok + j * T, tgt + j * T, ds + j * T);
+        if (spn > 1) {
+            for (int b = 0; b < B; b++) {
+                memcpy(stok + (size_t)b * Tl, tok + (size_t)b * T + (size_t)c->rank * Tl, sizeof(int32_t) * Tl);
+                memcpy(stgt + (size_t)b * Tl, tgt + (size_t)b * T + (size_t)c->rank * Tl, sizeof(int32_t) * Tl);
+            }
+            model_set_batch(m, stok, stgt, NULL, B, Tl);
+            m->row_base = (size_t)c->rank * Tl;
+            model_forward_rows(m, B, Tl, 0, row);
+            for (int b = 0; b < B; b++)
+                if (r0 + b < rl->nrows) ref[r0 + b] = -row[b];
+            continue;
+        }
         const size_t mine = r0 + (size_t)c->rank * B;
         model_set_batch(m, tok + (size_t)c->rank * B * T, tgt + (size_t)c->rank * B * T, NULL, B, T);
+        m->row_base = (size_t)c->rank * B * T;
         model_forward_rows(m, B, T, 0, row);
         for (int b = 0; b < B; b++)
             if (mine + b < rl->nrows) ref[mine + b] = -row[b];
     }
+    free(stok);
+    free(stgt);
     m->adapters_off = 0;
     free(row);
     free(tok);
@@ -120,11 +140,15 @@ static long long targets_in(const int32_t *tgt, int T) {
     return n;
 }
 
-void pref_micro_batch(Model *m, const PrefLoss *pl, int B, int T, const int32_t *tgt, const size_t *ids,
+void pref_micro_batch(Model *m, const PrefLoss *pl, int B, int T, int Tm, const int32_t *tgt, const size_t *ids,
                       const double *ref, size_t nref, int train, double scale, double sft_scale, PrefStats *st) {
     double *nll = xmalloc(sizeof(double) * (size_t)B);  // each row's summed token loss: -log-likelihood
     float *row_scale = xcalloc((size_t)B, sizeof(float));
-    model_forward_rows(m, B, T, train, nll);
+    model_forward_rows(m, B, Tm, train, nll);
+    if (Tm < T) {  // sequence parallel: each rank summed its slice of every row
+        Comm *c = m->opt.comm;
+        c->all_reduce_sum_f64(c, nll, (size_t)B);
+    }
     const double beta = pl->beta, e = pl->smoothing;
     for (int i = 0; i < B / 2; i++) {
         const int c = 2 * i, r = 2 * i + 1;
@@ -183,7 +207,7 @@ void pref_micro_batch(Model *m, const PrefLoss *pl, int B, int T, const int32_t 
         // A row's summed token loss is -p: its scale is -d(loss)/dp.
         if (train) row_scale[c] += (float)(-gc * scale), row_scale[r] += (float)(-gr * scale);
     }
-    if (train) model_backward_rows(m, B, T, row_scale);
+    if (train) model_backward_rows(m, B, Tm, row_scale);
     free(nll);
     free(row_scale);
 }

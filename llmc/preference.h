@@ -51,13 +51,15 @@ void pref_loss_from_config(PrefLoss *pl, const Config *cfg);
 // "sigmoid", "0.5 sigmoid + 1 sft", ... for the run's box.
 void pref_loss_describe(const PrefLoss *pl, char *out, size_t cap);
 // The reference sums of every row of rl (rl->nrows doubles), each rank computing its B rows of
-// each global batch; rows are read with rows_read (the loader's position is not touched).
+// each global batch (sequence parallel: its slice of every row); rows are read with rows_read
+// (the loader's position is not touched).
 double *pref_reference(Model *m, RowLoader *rl, int B);
-// One micro-batch already set on the model (B rows = B/2 pairs of this rank, tgt its targets,
-// ids the rows' indices into ref; ids >= nref are empty pairs). train: add scale x the
+// One micro-batch already set on the model (B rows = B/2 pairs of this rank, tgt their whole
+// targets, T a row; the model holds Tm tokens of each, fewer under sequence parallelism, whose
+// ranks add their slices' sums; ids the rows' indices into ref; ids >= nref are empty pairs). train: add scale x the
 // gradient of the losses' sum into the model's gradients (scale = 1 / the step's pairs,
 // sft_scale = 1 / the step's chosen completion tokens). Adds the pairs' figures into st.
-void pref_micro_batch(Model *m, const PrefLoss *pl, int B, int T, const int32_t *tgt, const size_t *ids,
+void pref_micro_batch(Model *m, const PrefLoss *pl, int B, int T, int Tm, const int32_t *tgt, const size_t *ids,
                       const double *ref, size_t nref, int train, double scale, double sft_scale, PrefStats *st);
 // Sums st over the ranks.
 void pref_stats_reduce(PrefStats *st, Comm *c);

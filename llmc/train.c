@@ -299,7 +299,7 @@ static PrefStats evaluate_pairs(Model *m, RowLoader *ev, const PrefLoss *pl, con
                                 int32_t *tgt, int32_t *ds, Split *sp) {
     Comm *c = m->opt.comm;
     const int T = ev->T, B = ev->B * ev->unit / sp->dp;  // rows per rank
-    const size_t GB = (size_t)B * sp->dp;
+    const size_t GB = (size_t)B * sp->dp;  // sequence parallel: every rank takes every row
     size_t *ids = xmalloc(sizeof(size_t) * GB);
     PrefStats st = {0};
     for (size_t r0 = 0; r0 < ev->nrows; r0 += GB) {
@@ -307,9 +307,8 @@ static PrefStats evaluate_pairs(Model *m, RowLoader *ev, const PrefLoss *pl, con
             rows_read(ev, r0 + j, tok + j * T, tgt + j * T, ds + j * T);
             ids[j] = r0 + j < ev->nrows ? r0 + j : ev->nrows;
         }
-        const int Tm = set_part(m, sp, tok, tgt, NULL, B, T);
-        pref_micro_batch(m, pl, B, Tm, tgt + (size_t)sp->rank * B * T, ids + (size_t)sp->rank * B, ref, ev->nrows, 0,
-                         0, 0, &st);
+        const int Tm = set_part(m, sp, tok, tgt, NULL, B, T), mine = sp->n > 1 ? 0 : sp->rank * B;
+        pref_micro_batch(m, pl, B, T, Tm, tgt + (size_t)mine * T, ids + mine, ref, ev->nrows, 0, 0, 0, &st);
     }
     free(ids);
     pref_stats_reduce(&st, c);
@@ -825,8 +824,8 @@ int train_main(int argc, char **argv, int arch) {
             rng_seed(&dr, (uint64_t)cfg.seed * 1000003ULL + (uint64_t)step * accum + a);
             model.dropout_seed = rng_next(&dr);
             if (cfg.rl[0]) {
-                const size_t mine = (size_t)a * B * split0.dp + (size_t)rank * B;
-                pref_micro_batch(&model, &pref_loss, B, Tm, tgt + mine * T, sid + mine, ref_train, rtrain.nrows, 1,
+                const size_t mine = (size_t)a * B * split0.dp + (size_t)(spn > 1 ? 0 : rank) * B;
+                pref_micro_batch(&model, &pref_loss, B, T, Tm, tgt + mine * T, sid + mine, ref_train, rtrain.nrows, 1,
                                  1.0 / (double)step_pairs, step_chosen ? 1.0 / (double)step_chosen : 0, &pst);
             } else
                 loss_sum += model_forward_backward(&model, B, Tm, scale);

@@ -22,8 +22,9 @@ Cases:
   memory_modes    recompute, activation offloading, tiled MLP, offload_optimizer: the plain
                   run's losses and grad norms bit for bit.
   resume          checkpoint-2 resumed: steps 3-4 identical to the uninterrupted run.
-  ranks           mpirun -np 2 (data parallel, and ZeRO-3), one pair a rank per micro-batch: the
-                  losses, grad norms, margins and eval_loss of one process with two pairs.
+  ranks           mpirun -np 2 (data parallel, and ZeRO-3), one pair a rank per micro-batch, and
+                  sequence_parallel_degree 2 (half of every row a rank): the losses, grad norms,
+                  margins and eval_loss of one process with two pairs.
   refusals        rl: orpo, sample_packing, rpo_alpha, an unknown loss type, train_data shards,
                   lora_model_dir, dpo_loss_weights of the wrong length: one error line, exit 1.
 """
@@ -535,8 +536,9 @@ def case_resume():
 
 
 def case_ranks():
-    """Two data-parallel ranks (plain and ZeRO-3) each take one pair of every micro-batch: the
-    losses and rewards of one process with both pairs (the gradients sum in another order)."""
+    """Two data-parallel ranks (plain and ZeRO-3) each take one pair of every micro-batch, or two
+    sequence-parallel ranks half of every row: the losses and rewards of one process with both
+    pairs (the gradients sum in another order)."""
     import shutil as sh
     if not sh.which("mpirun"):
         return [], "SKIP: no mpirun"
@@ -550,8 +552,9 @@ def case_ranks():
     env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMPI_MCA_rmaps_base_oversubscribe="1",
                LLMC_PYTHON=sys.executable, LLMC_SCRIPTS_DIR=os.path.join(ROOT, "scripts"), TRANSFORMERS_VERBOSITY="error")
     worst = 0.0
-    for tag, extra in (("dp", {}), ("zero3", {"zero_stage": 3})):
-        c = dict(one, output_dir=os.path.join(WORK, "ranks_" + tag), micro_batch_size=1, **extra)
+    for tag, extra in (("dp", {"micro_batch_size": 1}), ("zero3", {"micro_batch_size": 1, "zero_stage": 3}),
+                       ("seqpar", {"sequence_parallel_degree": 2})):
+        c = dict(one, output_dir=os.path.join(WORK, "ranks_" + tag), **extra)
         path = os.path.join(WORK, "ranks_%s.yaml" % tag)
         with open(path, "w") as f:
             json.dump(c, f)
