@@ -100,24 +100,21 @@ double *pref_reference(Model *m, RowLoader *rl, int B) {
             fflush(stdout);
         }
         for (size_t j = 0; j < GB; j++) rows_read(rl, r0 + j, tok + j * T, tgt + j * T, ds + j * T);
+        // this rank's rows (sequence parallel: every row, its slice) and where their sums go
+        const int32_t *rt = tok + (size_t)c->rank * B * T, *rg = tgt + (size_t)c->rank * B * T;
+        size_t first = r0 + (size_t)c->rank * B;
         if (spn > 1) {
             for (int b = 0; b < B; b++) {
                 memcpy(stok + (size_t)b * Tl, tok + (size_t)b * T + (size_t)c->rank * Tl, sizeof(int32_t) * Tl);
                 memcpy(stgt + (size_t)b * Tl, tgt + (size_t)b * T + (size_t)c->rank * Tl, sizeof(int32_t) * Tl);
             }
-            model_set_batch(m, stok, stgt, NULL, B, Tl);
-            m->row_base = (size_t)c->rank * Tl;
-            model_forward_rows(m, B, Tl, 0, row);
-            for (int b = 0; b < B; b++)
-                if (r0 + b < rl->nrows) ref[r0 + b] = -row[b];
-            continue;
+            rt = stok, rg = stgt, first = r0;
         }
-        const size_t mine = r0 + (size_t)c->rank * B;
-        model_set_batch(m, tok + (size_t)c->rank * B * T, tgt + (size_t)c->rank * B * T, NULL, B, T);
-        m->row_base = (size_t)c->rank * B * T;
-        model_forward_rows(m, B, T, 0, row);
+        model_set_batch(m, rt, rg, NULL, B, Tl);
+        m->row_base = spn > 1 ? (size_t)c->rank * Tl : (size_t)c->rank * B * T;  // as train.c's set_part
+        model_forward_rows(m, B, Tl, 0, row);
         for (int b = 0; b < B; b++)
-            if (mine + b < rl->nrows) ref[mine + b] = -row[b];
+            if (first + b < rl->nrows) ref[first + b] = -row[b];
     }
     free(stok);
     free(stgt);
