@@ -676,6 +676,48 @@ static void read_adam8(Model *m, const char *path) {
     st_close(f);
 }
 
+// reference_logps.bin: "LLMCREF1", the train and eval row counts (uint64), the prepared data's
+// key (256 bytes, NUL-padded), then the sums as float64, train rows first; little endian.
+#define REF_MAGIC "LLMCREF1"
+#define REF_KEY 256
+static int write_reference(const LoopState *ls, const char *path) {
+    FILE *f = fopen(path, "wb");
+    if (!f) return -1;
+    uint64_t n[2] = {ls->nref_train, ls->nref_eval};
+    char key[REF_KEY] = {0};
+    snprintf(key, sizeof key, "%s", ls->ref_key ? ls->ref_key : "");
+    int ok = fwrite(REF_MAGIC, 1, 8, f) == 8 && fwrite(n, sizeof n, 1, f) == 1 && fwrite(key, 1, REF_KEY, f) == REF_KEY &&
+             fwrite(ls->ref_train, sizeof(double), n[0], f) == n[0] &&
+             (!n[1] || fwrite(ls->ref_eval, sizeof(double), n[1], f) == n[1]);
+    if (fclose(f) != 0) ok = 0;
+    return ok ? 0 : -1;
+}
+
+int checkpoint_read_reference(const char *dir, const char *key, double *train, size_t ntrain, double *eval,
+                              size_t neval) {
+    char path[4096];
+    join_path(path, sizeof path, dir, "reference_logps.bin");
+    FILE *f = fopen(path, "rb");
+    if (!f) return 0;
+    char magic[8], k[REF_KEY];
+    uint64_t n[2];
+    if (fread(magic, 1, 8, f) != 8 || memcmp(magic, REF_MAGIC, 8) || fread(n, sizeof n, 1, f) != 1 ||
+        fread(k, 1, REF_KEY, f) != REF_KEY)
+        fail("%s: not a reference_logps.bin this program writes (bad or short header)", path);
+    k[REF_KEY - 1] = 0;
+    if (strcmp(k, key) || n[0] != ntrain || n[1] != neval) {
+        fclose(f);
+        return 0;
+    }
+    if (fread(train, sizeof(double), ntrain, f) != ntrain || (neval && fread(eval, sizeof(double), neval, f) != neval))
+        fail("%s: truncated (%llu + %llu sums expected)", path, (unsigned long long)n[0], (unsigned long long)n[1]);
+    fclose(f);
+    for (size_t i = 0; i < ntrain + neval; i++)
+        if (!isfinite(i < ntrain ? train[i] : eval[i - ntrain]))
+            fail("%s: sum %zu is not finite", path, i);
+    return 1;
+}
+
 // Rank 0 writes the weights and loop state, every rank its optimizer shard (or rank 0 all of
 // it), into one temporary directory that rank 0 renames when everyone is done.
 void checkpoint_save(Model *m, const LoopState *ls, const char *output_dir) {
@@ -702,6 +744,8 @@ void checkpoint_save(Model *m, const LoopState *ls, const char *output_dir) {
         rc = m->tab.lora.r ? save_adapter(m, tmp_dir, NULL) : save_hf_model(m, tmp_dir, 0, NULL);
         join_path(path, sizeof path, tmp_dir, "trainer_state.json");
         if (rc == 0) rc = write_state(ls, m, path);
+        join_path(path, sizeof path, tmp_dir, "reference_logps.bin");
+        if (rc == 0 && ls->ref_train) rc = write_reference(ls, path);
     }
     if (rc == 0 && ls->model_only) {
         // save_only_model: the weights and the loop state only

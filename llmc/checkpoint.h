@@ -28,6 +28,12 @@ typedef struct {
     const RunIdentity *run;  // written with each checkpoint and checked on resume (NULL: neither)
     int model_only;        // save_only_model: checkpoints without the optimizer state, which
                            // say so in trainer_state.json and are refused by resume
+    // Preference training (preference.h): the reference's row sums, saved with every checkpoint
+    // (reference_logps.bin) so that a resume need not compute them again; ref_key names the
+    // prepared data they belong to. NULL: none.
+    const double *ref_train, *ref_eval;
+    size_t nref_train, nref_eval;
+    const char *ref_key;
 } LoopState;
 
 // Fills id from the run's configuration and model (hashing the base model's config.json and
@@ -54,6 +60,11 @@ void load_adapter(Model *m, const char *dir);
 void checkpoint_save(Model *m, const LoopState *ls, const char *output_dir);
 // Loads weights, optimizer state and loop state from a checkpoint directory.
 void checkpoint_load(Model *m, LoopState *ls, const char *dir);
+// The reference sums a checkpoint of a preference run holds (its reference_logps.bin), into
+// train[ntrain] and eval[neval]: 1 when present for this data (key) and these row counts, 0
+// when absent or for other data (then the caller computes them); a damaged file fails.
+int checkpoint_read_reference(const char *dir, const char *key, double *train, size_t ntrain, double *eval,
+                              size_t neval);
 // "auto": the checkpoint-N with the largest N in output_dir, or "" if none.
 void checkpoint_find_latest(const char *output_dir, char *out, size_t cap);
 // Removes the temporary directories (.checkpoint-N.tmp-PID, .final.tmp-PID) left in output_dir

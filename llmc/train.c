@@ -693,17 +693,37 @@ int train_main(int argc, char **argv, int arch) {
         if (cfg.eval_steps && !have_val) fail("eval_steps is %d but no val_data is set", cfg.eval_steps);
     }
 
+    // The checkpoint to resume from ("": none)
+    char resume_dir[4096] = "";
+    if (cfg.resume_from_checkpoint[0]) {
+        snprintf(resume_dir, sizeof resume_dir, "%s", cfg.resume_from_checkpoint);
+        if (!strcmp(resume_dir, "auto")) checkpoint_find_latest(cfg.output_dir, resume_dir, sizeof resume_dir);
+        if (resume_dir[0] && !path_exists(resume_dir))
+            fail("resume_from_checkpoint: '%s' does not exist", resume_dir);
+    }
+
     // ---- preference training: the reference's log-probabilities, from the starting weights
-    // (before a resume loads other ones), adapters off
+    // (before a resume loads other ones), adapters off; a checkpoint of the run holds them
     double *ref_train = NULL, *ref_eval = NULL;
+    const char *ref_key = strrchr(cfg.prepared_dir, '/') ? strrchr(cfg.prepared_dir, '/') + 1 : cfg.prepared_dir;
     if (cfg.rl[0] && !pref_loss.ref_free) {
         double t0 = now_ms();
-        ref_train = pref_reference(&model, &rtrain, B);
-        if (have_val) ref_eval = pref_reference(&model, &rval, B);
         char ev[64] = "";
         if (have_val) snprintf(ev, sizeof ev, " and %zu eval pairs", rval.nunits);
-        printf("reference: log-probabilities of %zu train pairs%s from the starting weights%s in %.1f s\n",
-               rtrain.nunits, ev, lora.r ? " (adapters off)" : "", (now_ms() - t0) / 1000);
+        ref_train = xmalloc(sizeof(double) * rtrain.nrows);
+        ref_eval = have_val ? xmalloc(sizeof(double) * rval.nrows) : NULL;
+        if (resume_dir[0] && checkpoint_read_reference(resume_dir, ref_key, ref_train, rtrain.nrows, ref_eval,
+                                                       have_val ? rval.nrows : 0)) {
+            printf("reference: log-probabilities of %zu train pairs%s read from %s/reference_logps.bin\n",
+                   rtrain.nunits, ev, resume_dir);
+        } else {
+            free(ref_train);
+            free(ref_eval);
+            ref_train = pref_reference(&model, &rtrain, B);
+            ref_eval = have_val ? pref_reference(&model, &rval, B) : NULL;
+            printf("reference: log-probabilities of %zu train pairs%s from the starting weights%s in %.1f s\n",
+                   rtrain.nunits, ev, lora.r ? " (adapters off)" : "", (now_ms() - t0) / 1000);
+        }
     }
 
     // ---- output and resume
@@ -716,20 +736,17 @@ int train_main(int argc, char **argv, int arch) {
     LoopState ls = {0};
     ls.run = &run_id;
     ls.model_only = cfg.save_only_model;
+    ls.ref_train = ref_train, ls.nref_train = ref_train ? rtrain.nrows : 0;
+    ls.ref_eval = ref_eval, ls.nref_eval = ref_eval ? rval.nrows : 0;
+    ls.ref_key = ref_key;
     rng_seed(&ls.sample_rng, (uint64_t)cfg.seed ^ 0x5A5A5A5AULL);
-    if (cfg.resume_from_checkpoint[0]) {
-        char dir[4096];
-        snprintf(dir, sizeof dir, "%s", cfg.resume_from_checkpoint);
-        if (!strcmp(dir, "auto")) checkpoint_find_latest(cfg.output_dir, dir, sizeof dir);
-        if (dir[0]) {
-            if (!path_exists(dir)) fail("resume_from_checkpoint: '%s' does not exist", dir);
-            checkpoint_load(&model, &ls, dir);
-            if (prepared) rows_seek(&rtrain, ls.data_epoch, ls.data_next);
-            else loader_seek(&train, ls.data_epoch, ls.data_next);
-            printf("resumed from %s at step %d\n", dir, ls.step);
-        } else {
-            printf("resume_from_checkpoint: auto found no checkpoint in %s; starting fresh\n", cfg.output_dir);
-        }
+    if (resume_dir[0]) {
+        checkpoint_load(&model, &ls, resume_dir);
+        if (prepared) rows_seek(&rtrain, ls.data_epoch, ls.data_next);
+        else loader_seek(&train, ls.data_epoch, ls.data_next);
+        printf("resumed from %s at step %d\n", resume_dir, ls.step);
+    } else if (cfg.resume_from_checkpoint[0]) {
+        printf("resume_from_checkpoint: auto found no checkpoint in %s; starting fresh\n", cfg.output_dir);
     }
     Metrics metrics;
     metrics_open(&metrics, cfg.output_dir, ls.step, rank == 0);

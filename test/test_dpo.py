@@ -21,7 +21,9 @@ Cases:
                   gamma 0.3, against the reference; refused without simpo_gamma.
   memory_modes    recompute, activation offloading, tiled MLP, offload_optimizer: the plain
                   run's losses and grad norms bit for bit.
-  resume          checkpoint-2 resumed: steps 3-4 identical to the uninterrupted run.
+  resume          checkpoint-2 resumed: steps 3-4 identical to the uninterrupted run, with the
+                  reference read from the checkpoint and with it computed again; a damaged
+                  reference_logps.bin refused.
   ranks           mpirun -np 2 (data parallel, and ZeRO-3), one pair a rank per micro-batch, and
                   sequence_parallel_degree 2 (half of every row a rank): the losses, grad norms,
                   margins and eval_loss of one process with two pairs.
@@ -518,21 +520,38 @@ def case_memory_modes():
 
 
 def case_resume():
+    """checkpoint-2 resumed: steps 3-4 as the uninterrupted run's, with the reference read from the
+    checkpoint's reference_logps.bin, and again with that file removed (computed from the
+    starting weights before the checkpoint loads); a damaged file is refused."""
     errs = []
     data = os.path.join(WORK, "resume.jsonl")
     FX.write_jsonl(data, pairs(20, seed=11))
     full = base_cfg("resume_full", data, max_steps=4, save_steps=2, shuffle=True,
                     **{"adapter": "lora", "lora_r": 4, "lora_alpha": 8, "lora_target_linear": True})
     run(full)
-    part = dict(full, output_dir=os.path.join(WORK, "resume_part"))
-    run(part, "--set", "max_steps=2")
-    p = run(part, "--set", "resume_from_checkpoint=auto")
-    a, b = figures(full["output_dir"]), figures(part["output_dir"])
-    if a[2:] != b[-2:]:
-        errs.append("steps 3-4 differ: %s vs %s" % (a[2:], b[-2:]))
-    if "reference: log-probabilities" not in p.stdout or "resumed from" not in p.stdout:
-        errs.append("the resumed run did not compute the reference and resume")
-    return errs, "steps 3-4 identical"
+    a = figures(full["output_dir"])
+    for tag in ("read", "computed"):
+        part = dict(full, output_dir=os.path.join(WORK, "resume_" + tag))
+        run(part, "--set", "max_steps=2")
+        ck = os.path.join(part["output_dir"], "checkpoint-2")
+        if not os.path.exists(os.path.join(ck, "reference_logps.bin")):
+            errs.append("checkpoint-2 holds no reference_logps.bin")
+        if tag == "computed":
+            os.remove(os.path.join(ck, "reference_logps.bin"))
+        p = run(part, "--set", "resume_from_checkpoint=auto")
+        b = figures(part["output_dir"])
+        if a[2:] != b[-2:]:
+            errs.append("%s: steps 3-4 differ: %s vs %s" % (tag, a[2:], b[-2:]))
+        want = "read from %s/reference_logps.bin" % ck if tag == "read" else "from the starting weights"
+        if want not in p.stdout or "resumed from" not in p.stdout:
+            errs.append("%s: no '%s' line" % (tag, want))
+    with open(os.path.join(full["output_dir"], "checkpoint-2", "reference_logps.bin"), "r+b") as f:
+        f.write(b"XXXX")
+    p = run(full, "--set", "resume_from_checkpoint=%s" % os.path.join(full["output_dir"], "checkpoint-2"),
+            expect_ok=False)
+    if p.returncode != 1 or "reference_logps.bin: not a reference_logps.bin" not in p.stderr:
+        errs.append("a damaged reference_logps.bin: rc %d %s" % (p.returncode, p.stderr.strip()[-200:]))
+    return errs, "steps 3-4 identical, reference read and recomputed"
 
 
 def case_ranks():
