@@ -214,8 +214,8 @@ static const KeyDef KEYS[] = {
     NUM("offload_params", T_BOOL, offload_params, "false", 0, 1,
         "weights in host memory: a full fine-tune keeps its ZeRO-3 pieces and their gradients there (zero_stage 3 "
         "and offload_optimizer follow); an adapter run streams its frozen base (layer_offloading)"),
-    STR("rl", rl, "", "preference training: dpo or ipo over datasets: of prompt/chosen/rejected pairs (TRL 1.8's "
-        "DPOTrainer; the reference is the starting model); \"\": supervised"),
+    STR("rl", rl, "", "preference training over datasets: of prompt/chosen/rejected pairs: dpo or ipo (TRL 1.8's "
+        "DPOTrainer; the reference is the starting model) or simpo (its CPOTrainer); \"\": supervised"),
     NUM("rl_beta", T_FLOAT, rl_beta, "0", 0, 1e6, "rl: DPO's beta (0: unset, then dpo_beta, orpo_alpha or 0.1)"),
     NUM("dpo_beta", T_FLOAT, dpo_beta, "0", 0, 1e6, "rl: Axolotl's deprecated name of rl_beta"),
     NUM("orpo_alpha", T_FLOAT, orpo_alpha, "0", 0, 1e6, "rl: dpo takes it as beta when rl_beta is unset (Axolotl's order)"),
@@ -844,10 +844,9 @@ static void finish_deepspeed(Config *cfg, const char *src) {
            ds.offload_optimizer ? " with offload_optimizer: true" : "");
 }
 
-// Axolotl's keys that combine with others: precision, FSDP options, schedule and cadence
-// conflicts, auto-resume, and a hub id as base_model.
-// rl: dpo / ipo (preference.h). Axolotl's beta order is rl_beta, then dpo_beta (deprecated),
-// then orpo_alpha, else TRL's 0.1; TRL 1.8's DPOTrainer turns every dropout off (LoRA's too).
+// rl: dpo / ipo / simpo (preference.h). Axolotl's beta order is rl_beta, then dpo_beta
+// (deprecated), then orpo_alpha, else TRL's 0.1; TRL 1.8's trainers turn every dropout off
+// (LoRA's too).
 static void finish_rl(Config *cfg, const char *src) {
     const char *rl_keys[] = {"rl_beta", "dpo_beta", "orpo_alpha", "dpo_label_smoothing", "dpo_loss_type",
                              "dpo_loss_weights", "precompute_ref_log_probs", "simpo_gamma", "cpo_alpha"};
@@ -919,6 +918,8 @@ static void finish_rl(Config *cfg, const char *src) {
     cfg->micro_batch_size *= 2;  // rows: each pair is a chosen and a rejected row
 }
 
+// Axolotl's keys that combine with others: precision, FSDP options, schedule and cadence
+// conflicts, auto-resume, and a hub id as base_model.
 static void finish_axolotl_keys(Config *cfg, const char *src) {
     // Axolotl derives gradient_accumulation_steps from batch_size when it is unset (floor
     // division), and sizes its schedule by batch_size: a remainder, or both keys disagreeing,
