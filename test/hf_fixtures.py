@@ -179,6 +179,16 @@ def messages_rows(n, seed=0):
     return out
 
 
+def preference_rows(n, seed=0):
+    """Preference pairs in the shape of Axolotl's DPO examples: a conversation (system, user), a
+    chosen and a rejected assistant turn."""
+    rng = np.random.default_rng(seed)
+    return [{"conversation": [{"role": "system", "content": "You answer briefly."},
+                              {"role": "user", "content": sentence(rng, 4, 12)}],
+             "chosen": {"role": "assistant", "content": sentence(rng, 3, 15)},
+             "rejected": {"role": "assistant", "content": sentence(rng, 3, 15)}} for _ in range(n)]
+
+
 def write_jsonl(path, rows):
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     with open(path, "w") as f:
