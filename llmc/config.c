@@ -914,7 +914,6 @@ static void finish_rl(Config *cfg, const char *src) {
                "adapters' too\n", cfg->lora_dropout, simpo ? "CPOTrainer" : "DPOTrainer");
         cfg->lora_dropout = 0;
     }
-    cfg->pairs_per_micro = cfg->micro_batch_size;
     cfg->micro_batch_size *= 2;  // rows: each pair is a chosen and a rejected row
 }
 

@@ -69,12 +69,12 @@ typedef struct {
     // preference training (preference.h): rl dpo or ipo ("": supervised); beta (rl_beta, else
     // Axolotl's fallbacks dpo_beta and orpo_alpha, else 0.1); TRL's loss types and weights as
     // comma-joined lists. With rl set, micro_batch_size counts rows after config_finish: two per
-    // pair (pairs_per_micro is the value as written).
+    // pair (the YAML's value counts pairs).
     char rl[16];
     double rl_beta, dpo_beta, orpo_alpha, dpo_label_smoothing;
     double simpo_gamma, cpo_alpha;  // rl: simpo (TRL's CPOTrainer, loss_type simpo)
     char dpo_loss_type[256], dpo_loss_weights[256];
-    int precompute_ref_log_probs, pairs_per_micro;
+    int precompute_ref_log_probs;
     // sharding
     int fsdp, zero_stage, offload_optimizer;
     // Parameters in host memory (the key offload_params, FSDP's offload_params, fsdp: offload,
