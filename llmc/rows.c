@@ -48,8 +48,8 @@ static void read_rows(RowLoader *rl, size_t r, size_t n, int32_t *buf) {
         fail("%s: prepared rows shrank while training: row %zu is past the end of the file", rl->path, r);
 }
 
-// Checks one row against the contract; adds its targets to *ntargets and returns its
-// largest token id.
+// Checks one row against the contract (a paired file's rows each hold a target); adds its
+// targets to *ntargets and returns its largest token id.
 static int check_row(const RowLoader *rl, size_t r, const int32_t *tok, const int32_t *tgt,
                      const int32_t *ds, uint64_t *ntargets) {
     const int T = rl->T;
@@ -66,6 +66,7 @@ static int check_row(const RowLoader *rl, size_t r, const int32_t *tok, const in
             fail("%s: row %zu, position %d: target %d is out of range (-1, or an id below vocab_size %d)",
                  rl->path, r, t, tgt[t], rl->vocab);
     }
+    const uint64_t before = *ntargets;
     for (int t = 0; t < T; t++) {
         if (tgt[t] < 0) continue;
         if (t + 1 >= T || ds[t + 1] != ds[t])
@@ -76,6 +77,9 @@ static int check_row(const RowLoader *rl, size_t r, const int32_t *tok, const in
                  t, tgt[t], tok[t + 1]);
         (*ntargets)++;
     }
+    if (rl->unit == 2 && *ntargets == before)
+        fail("%s: row %zu is the %s completion of pair %zu but has no target token (each completion needs at "
+             "least one)", rl->path, r, r % 2 ? "rejected" : "chosen", r / 2);
     return mx;
 }
 
@@ -136,19 +140,14 @@ void rows_open(RowLoader *rl, const char *path, int B, int accum, int T, int voc
     if (chunk > rl->nrows) chunk = rl->nrows;
     int32_t *buf = xmalloc(chunk * row_bytes(rl));
     uint64_t ntargets = 0;
-    if (rl->unit == 2 && chunk % 2) chunk = chunk > 1 ? chunk - 1 : 2;  // whole pairs
     int mx = 0;
     for (size_t r0 = 0; r0 < rl->nrows; r0 += chunk) {
         size_t n = rl->nrows - r0 < chunk ? rl->nrows - r0 : chunk;
         read_rows(rl, r0, n, buf);
         for (size_t i = 0; i < n; i++) {
             const int32_t *row = buf + i * 3 * (size_t)T;
-            const uint64_t before = ntargets;
             int m = check_row(rl, r0 + i, row, row + T, row + 2 * T, &ntargets);
             if (m > mx) mx = m;
-            if (rl->unit == 2 && ntargets == before)
-                fail("%s: row %zu is the %s completion of pair %zu but has no target token (each completion "
-                     "needs at least one)", path, r0 + i, (r0 + i) % 2 ? "rejected" : "chosen", (r0 + i) / 2);
         }
     }
     free(buf);
@@ -206,7 +205,6 @@ void rows_read(RowLoader *rl, size_t r, int32_t *tokens, int32_t *targets, int32
     read_rows(rl, r, 1, rl->buf);
     uint64_t n = 0;
     check_row(rl, r, rl->buf, rl->buf + T, rl->buf + 2 * T, &n);
-    if (rl->unit == 2 && !n) fail("%s: row %zu (a completion of pair %zu) has no target token", rl->path, r, r / 2);
     memcpy(tokens, rl->buf, sizeof(int32_t) * T);
     memcpy(targets, rl->buf + T, sizeof(int32_t) * T);
     memcpy(doc_start, rl->buf + 2 * T, sizeof(int32_t) * T);

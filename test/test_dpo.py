@@ -630,6 +630,19 @@ def case_refusals():
         lines = [l for l in p.stderr.splitlines() if l.startswith("error")]
         if p.returncode == 0 or not lines or bad_data + want not in lines[0]:
             errs.append("bad record %d: rc %d, %s" % (i, p.returncode, p.stderr.strip()[-200:]))
+    # a prepared file whose rejected row lost its targets (the header's count kept consistent):
+    # refused at open, naming the row and the pair
+    p = run(c, "--preprocess")
+    path = os.path.join(p.stdout.strip().split()[-1], "train.bin")
+    a = np.fromfile(path, dtype="<i4")
+    T = int(a[2])
+    tg = a[256 + 3 * T + T:256 + 3 * T + 2 * T]  # row 1's targets
+    a[7] -= int((tg >= 0).sum())
+    tg[:] = -1
+    a.tofile(path)
+    p = run(c, expect_ok=False)
+    if p.returncode != 1 or "row 1 is the rejected completion of pair 0 but has no target token" not in p.stderr:
+        errs.append("an untrained completion: rc %d %s" % (p.returncode, p.stderr.strip()[-200:]))
     # a note, once, for label smoothing without the robust loss (TRL 1.8's sigmoid ignores it)
     p = run(dict(c, dpo_label_smoothing=0.1), "--plan", expect_ok=False)
     if p.returncode or p.stdout.count("dpo_label_smoothing 0.1 has no effect") != 1:
