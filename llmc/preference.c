@@ -75,58 +75,6 @@ void pref_loss_describe(const PrefLoss *pl, char *out, size_t cap) {
     if (n < cap && pl->smoothing > 0) snprintf(out + n, cap - n, " (label smoothing %g)", pl->smoothing);
 }
 
-double *pref_reference(Model *m, RowLoader *rl, int B) {
-    Comm *c = m->opt.comm;
-    const int T = rl->T;
-    const size_t GB = (size_t)B * (m->opt.seq_parallel > 1 ? 1 : c->world);
-    int32_t *tok = xmalloc(sizeof(int32_t) * GB * T), *tgt = xmalloc(sizeof(int32_t) * GB * T),
-            *ds = xmalloc(sizeof(int32_t) * GB * T);
-    double *ref = xcalloc(rl->nrows, sizeof(double));
-    double *row = xmalloc(sizeof(double) * (size_t)B);
-    m->adapters_off = 1;
-    const double t0 = now_ms();
-    double shown = t0;
-    // Sequence parallel (n ranks, one group): every rank takes every row and its slice of T / n
-    // tokens; its sums are partial and the final all-reduce adds them up.
-    const int spn = m->opt.seq_parallel > 1 ? m->opt.seq_parallel : 1, Tl = T / spn;
-    int32_t *stok = spn > 1 ? xmalloc(sizeof(int32_t) * (size_t)B * Tl) : NULL;
-    int32_t *stgt = spn > 1 ? xmalloc(sizeof(int32_t) * (size_t)B * Tl) : NULL;
-    for (size_t r0 = 0; r0 < rl->nrows; r0 += GB) {
-        if (now_ms() - shown > 10000 && c->rank == 0) {  // a long pass shows progress
-            shown = now_ms();
-            const double done = (double)r0 / (double)rl->nrows;
-            printf("reference: %zu of %zu pairs (%.0f%%), %.0f s left\n", r0 / 2, rl->nunits, 100 * done,
-                   (shown - t0) / 1000 * (1 - done) / done);
-            fflush(stdout);
-        }
-        for (size_t j = 0; j < GB; j++) rows_read(rl, r0 + j, tok + j * T, tgt + j * T, ds + j * T);
-        // this rank's rows (sequence parallel: every row, its slice) and where their sums go
-        const int32_t *rt = tok + (size_t)c->rank * B * T, *rg = tgt + (size_t)c->rank * B * T;
-        size_t first = r0 + (size_t)c->rank * B;
-        if (spn > 1) {
-            for (int b = 0; b < B; b++) {
-                memcpy(stok + (size_t)b * Tl, tok + (size_t)b * T + (size_t)c->rank * Tl, sizeof(int32_t) * Tl);
-                memcpy(stgt + (size_t)b * Tl, tgt + (size_t)b * T + (size_t)c->rank * Tl, sizeof(int32_t) * Tl);
-            }
-            rt = stok, rg = stgt, first = r0;
-        }
-        model_set_batch(m, rt, rg, NULL, B, Tl);
-        m->row_base = spn > 1 ? (size_t)c->rank * Tl : (size_t)c->rank * B * T;  // as train.c's set_part
-        model_forward_rows(m, B, Tl, 0, row);
-        for (int b = 0; b < B; b++)
-            if (first + b < rl->nrows) ref[first + b] = -row[b];
-    }
-    free(stok);
-    free(stgt);
-    m->adapters_off = 0;
-    free(row);
-    free(tok);
-    free(tgt);
-    free(ds);
-    c->all_reduce_sum_f64(c, ref, rl->nrows);
-    return ref;
-}
-
 // log sigmoid(z) and sigmoid(z) without overflow.
 static double log_sigmoid(double z) { return z >= 0 ? -log1p(exp(-z)) : z - log1p(exp(z)); }
 static double sigmoid(double z) { return z >= 0 ? 1 / (1 + exp(-z)) : exp(z) / (1 + exp(z)); }

@@ -19,15 +19,14 @@
 // The reference is computed once, before training, by a forward pass over every pair with the
 // starting weights and the adapters switched off: TRL's reference for an adapter run (the base
 // model with the adapter disabled) and Axolotl's for a full fine-tune (a second copy of
-// base_model), without a second copy in memory. A resumed run computes it again the same way
-// before loading the checkpoint.
+// base_model), without a second copy in memory (train.c's reference_pairs); checkpoints keep the
+// sums (checkpoint.h), and a resume without them computes them again before it loads.
 #pragma once
 #include <stddef.h>
 #include <stdint.h>
 #include "comm.h"
 #include "config.h"
 #include "model.h"
-#include "rows.h"
 
 enum { PL_SIGMOID, PL_HINGE, PL_IPO, PL_ROBUST, PL_SFT, PL_SIMPO };
 #define PREF_MAX_LOSSES 8
@@ -50,10 +49,6 @@ typedef struct {
 void pref_loss_from_config(PrefLoss *pl, const Config *cfg);
 // "sigmoid", "0.5 sigmoid + 1 sft", ... for the run's box.
 void pref_loss_describe(const PrefLoss *pl, char *out, size_t cap);
-// The reference sums of every row of rl (rl->nrows doubles), each rank computing its B rows of
-// each global batch (sequence parallel: its slice of every row); rows are read with rows_read
-// (the loader's position is not touched).
-double *pref_reference(Model *m, RowLoader *rl, int B);
 // One micro-batch already set on the model (B rows = B/2 pairs of this rank, tgt their whole
 // targets, T a row; the model holds Tm tokens of each, fewer under sequence parallelism, whose
 // ranks add their slices' sums; ids the rows' indices into ref; ids >= nref are empty pairs). train: add scale x the

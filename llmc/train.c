@@ -80,7 +80,8 @@ static Backend *make_backend(const Config *cfg, Comm **comm) {
     return backend_cpu_create(cfg->num_threads);
 }
 
-static void print_box(const Config *cfg, const Model *m, const Backend *bk, size_t acts_bytes) {
+// pl: preference training's losses (NULL: supervised).
+static void print_box(const Config *cfg, const Model *m, const Backend *bk, size_t acts_bytes, const PrefLoss *pl) {
     const ModelConfig *c = &m->cfg;
     char a[48], b[48], d[48];
     long long tokens = (long long)cfg->micro_batch_size * cfg->sequence_len * cfg->gradient_accumulation_steps;
@@ -126,12 +127,10 @@ static void print_box(const Config *cfg, const Model *m, const Backend *bk, size
         }
         printf("| rope         %-50s |\n", rope);
     }
-    if (cfg->rl[0]) {  // preference training (preference.h)
-        PrefLoss pl;
+    if (pl) {  // preference training (preference.h)
         char what[320], desc[120];
-        pref_loss_from_config(&pl, cfg);
-        pref_loss_describe(&pl, desc, sizeof desc);
-        if (pl.ref_free)
+        pref_loss_describe(pl, desc, sizeof desc);
+        if (pl->ref_free)
             snprintf(what, sizeof what, "%s, beta %g, gamma %g, %s; B counts 2 rows a pair", cfg->rl, cfg->rl_beta,
                      cfg->simpo_gamma, desc);
         else
@@ -209,11 +208,15 @@ typedef struct {
     int32_t *tok, *tgt;  // this rank's slices (sequence parallel)
 } Split;
 
+// The first row of a global batch that is this rank's: data parallel, its B rows; sequence
+// parallel, every row (each rank keeps a slice of all of them).
+static size_t part_row0(const Split *s, int B) { return s->n > 1 ? 0 : (size_t)s->rank * B; }
+
 // Sets this rank's part of a global batch (rows of T tokens; ds may be NULL) on the model;
 // returns the model's tokens per row.
 static int set_part(Model *m, Split *s, const int32_t *tok, const int32_t *tgt, const int32_t *ds, int B, int T) {
     if (s->n <= 1) {
-        const size_t mine = (size_t)s->rank * B * T;
+        const size_t mine = part_row0(s, B) * T;
         model_set_batch(m, tok + mine, tgt ? tgt + mine : NULL, ds ? ds + mine : NULL, B, T);
         m->row_base = mine;
         return T;
@@ -293,25 +296,65 @@ static double evaluate_rows(Model *m, RowLoader *ev, int32_t *tok, int32_t *tgt,
     return n ? tot / (double)n : NAN;
 }
 
+// Rows [r0, r0 + B x data-parallel ranks) of a pair file (past its end: empty rows) as a global
+// batch in tok/tgt/ds, ids[j] the row in slot j (nrows: empty); this rank's part is set on the
+// model. Returns the model's tokens per row.
+static int pair_batch(Model *m, RowLoader *rl, size_t r0, int B, int32_t *tok, int32_t *tgt, int32_t *ds,
+                      size_t *ids, Split *sp) {
+    const int T = rl->T;
+    for (size_t j = 0; j < (size_t)B * sp->dp; j++) {
+        rows_read(rl, r0 + j, tok + j * T, tgt + j * T, ds + j * T);
+        ids[j] = r0 + j < rl->nrows ? r0 + j : rl->nrows;
+    }
+    return set_part(m, sp, tok, tgt, NULL, B, T);
+}
+
+// The reference of preference training (preference.h): every row's summed token log-likelihood
+// under the current (starting) weights with the adapters off, each rank computing its part of
+// every global batch of B rows per rank (sequence parallel: its slice of every row, a partial
+// sum) and the sums added over ranks. A long pass shows progress every 10 s.
+static double *reference_pairs(Model *m, RowLoader *rl, int B, int32_t *tok, int32_t *tgt, int32_t *ds, Split *sp) {
+    Comm *c = m->opt.comm;
+    const size_t GB = (size_t)B * sp->dp, mine = part_row0(sp, B);
+    double *ref = xcalloc(rl->nrows, sizeof(double)), *row = xmalloc(sizeof(double) * (size_t)B);
+    size_t *ids = xmalloc(sizeof(size_t) * GB);
+    const double t0 = now_ms();
+    double shown = t0;
+    m->adapters_off = 1;
+    for (size_t r0 = 0; r0 < rl->nrows; r0 += GB) {
+        if (now_ms() - shown > 10000 && c->rank == 0) {
+            shown = now_ms();
+            const double done = (double)r0 / (double)rl->nrows;
+            printf("reference: %zu of %zu pairs (%.0f%%), %.0f s left\n", r0 / 2, rl->nunits, 100 * done,
+                   (shown - t0) / 1000 * (1 - done) / done);
+            fflush(stdout);
+        }
+        const int Tm = pair_batch(m, rl, r0, B, tok, tgt, ds, ids, sp);
+        model_forward_rows(m, B, Tm, 0, row);
+        for (int b = 0; b < B; b++)
+            if (ids[mine + b] < rl->nrows) ref[ids[mine + b]] = -row[b];
+    }
+    m->adapters_off = 0;
+    free(row);
+    free(ids);
+    c->all_reduce_sum_f64(c, ref, rl->nrows);
+    return ref;
+}
+
 // Evaluation of preference pairs: every eval pair once, in global batches of B rows per rank
 // (the last filled with empty pairs); the pairs' figures summed over ranks.
 static PrefStats evaluate_pairs(Model *m, RowLoader *ev, const PrefLoss *pl, const double *ref, int32_t *tok,
                                 int32_t *tgt, int32_t *ds, Split *sp) {
-    Comm *c = m->opt.comm;
     const int T = ev->T, B = ev->B * ev->unit / sp->dp;  // rows per rank
-    const size_t GB = (size_t)B * sp->dp;  // sequence parallel: every rank takes every row
-    size_t *ids = xmalloc(sizeof(size_t) * GB);
+    const size_t mine = part_row0(sp, B);
+    size_t *ids = xmalloc(sizeof(size_t) * B * sp->dp);
     PrefStats st = {0};
-    for (size_t r0 = 0; r0 < ev->nrows; r0 += GB) {
-        for (size_t j = 0; j < GB; j++) {
-            rows_read(ev, r0 + j, tok + j * T, tgt + j * T, ds + j * T);
-            ids[j] = r0 + j < ev->nrows ? r0 + j : ev->nrows;
-        }
-        const int Tm = set_part(m, sp, tok, tgt, NULL, B, T), mine = sp->n > 1 ? 0 : sp->rank * B;
-        pref_micro_batch(m, pl, B, T, Tm, tgt + (size_t)mine * T, ids + mine, ref, ev->nrows, 0, 0, 0, &st);
+    for (size_t r0 = 0; r0 < ev->nrows; r0 += (size_t)B * sp->dp) {
+        const int Tm = pair_batch(m, ev, r0, B, tok, tgt, ds, ids, sp);
+        pref_micro_batch(m, pl, B, T, Tm, tgt + mine * T, ids + mine, ref, ev->nrows, 0, 0, 0, &st);
     }
     free(ids);
-    pref_stats_reduce(&st, c);
+    pref_stats_reduce(&st, m->opt.comm);
     return st;
 }
 
@@ -702,6 +745,13 @@ int train_main(int argc, char **argv, int arch) {
             fail("resume_from_checkpoint: '%s' does not exist", resume_dir);
     }
 
+    // ---- host buffers of a step's batches (all its micro-batches), and this rank's slices
+    const size_t BT = (size_t)B * T, GBT = BT * split0.dp;  // this rank's rows, the global batch
+    Split split = split0;
+    if (spn > 1) split.tok = xmalloc(sizeof(int32_t) * BT / spn), split.tgt = xmalloc(sizeof(int32_t) * BT / spn);
+    int32_t *tok = xmalloc(sizeof(int32_t) * GBT * accum), *tgt = xmalloc(sizeof(int32_t) * GBT * accum);
+    int32_t *dst = prepared ? xmalloc(sizeof(int32_t) * GBT * accum) : NULL;  // document starts
+
     // ---- preference training: the reference's log-probabilities, from the starting weights
     // (before a resume loads other ones), adapters off; a checkpoint of the run holds them
     double *ref_train = NULL, *ref_eval = NULL;
@@ -719,8 +769,8 @@ int train_main(int argc, char **argv, int arch) {
         } else {
             free(ref_train);
             free(ref_eval);
-            ref_train = pref_reference(&model, &rtrain, B);
-            ref_eval = have_val ? pref_reference(&model, &rval, B) : NULL;
+            ref_train = reference_pairs(&model, &rtrain, B, tok, tgt, dst, &split);
+            ref_eval = have_val ? reference_pairs(&model, &rval, B, tok, tgt, dst, &split) : NULL;
             printf("reference: log-probabilities of %zu train pairs%s from the starting weights%s in %.1f s\n",
                    rtrain.nunits, ev, lora.r ? " (adapters off)" : "", (now_ms() - t0) / 1000);
         }
@@ -751,7 +801,7 @@ int train_main(int argc, char **argv, int arch) {
     Metrics metrics;
     metrics_open(&metrics, cfg.output_dir, ls.step, rank == 0);
     if (arch == ARCH_GPT2) gpt2_print_box(&cfg, &model, bk, world, acts_bytes);
-    else print_box(&cfg, &model, bk, acts_bytes);
+    else print_box(&cfg, &model, bk, acts_bytes, cfg.rl[0] ? &pref_loss : NULL);
     char tiers[192];
     act_describe_tiers(&pol, act_tiers(model.store), tiers, sizeof tiers);
     if (tiers[0] && rank == 0) printf("memory tiers: %s\n", tiers);
@@ -767,11 +817,6 @@ int train_main(int argc, char **argv, int arch) {
                       cfg.weight_decay, cfg.max_grad_norm, cfg.warmup_steps, cfg.max_steps,
                       schedule_from_name(cfg.lr_scheduler), cfg.cosine_min_lr_ratio,
                       !strcmp(cfg.warmup_style, "llmc"), cfg.lr_quadratic_warmup};
-    const size_t BT = (size_t)B * T, GBT = BT * split0.dp;  // this rank's rows, the global batch
-    Split split = split0;
-    if (spn > 1) split.tok = xmalloc(sizeof(int32_t) * BT / spn), split.tgt = xmalloc(sizeof(int32_t) * BT / spn);
-    int32_t *tok = xmalloc(sizeof(int32_t) * GBT * accum), *tgt = xmalloc(sizeof(int32_t) * GBT * accum);
-    int32_t *dst = prepared ? xmalloc(sizeof(int32_t) * GBT * accum) : NULL;  // document starts
     size_t *sid = cfg.rl[0] ? xmalloc(sizeof(size_t) * (size_t)B * split0.dp * accum) : NULL;  // the step's row ids
 
     int bad_in_row = 0;  // consecutive skipped (non-finite) steps
@@ -841,7 +886,7 @@ int train_main(int argc, char **argv, int arch) {
             rng_seed(&dr, (uint64_t)cfg.seed * 1000003ULL + (uint64_t)step * accum + a);
             model.dropout_seed = rng_next(&dr);
             if (cfg.rl[0]) {
-                const size_t mine = (size_t)a * B * split0.dp + (size_t)(spn > 1 ? 0 : rank) * B;
+                const size_t mine = (size_t)a * B * split0.dp + part_row0(&split, B);
                 pref_micro_batch(&model, &pref_loss, B, T, Tm, tgt + mine * T, sid + mine, ref_train, rtrain.nrows, 1,
                                  1.0 / (double)step_pairs, step_chosen ? 1.0 / (double)step_chosen : 0, &pst);
             } else
