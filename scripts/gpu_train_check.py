@@ -166,6 +166,8 @@ def write_config(cfg, path):
             lines += ["  %s: %s" % (k2, v2) for k2, v2 in v.items()]
         elif isinstance(v, bool):
             lines.append("%s: %s" % (k, "true" if v else "false"))
+        elif isinstance(v, list):  # a JSON list is a YAML flow sequence (datasets: [{path, type}])
+            lines.append("%s: %s" % (k, json.dumps(v)))
         else:
             lines.append("%s: %s" % (k, v))
     with open(path, "w") as f:
@@ -442,18 +444,7 @@ def dpo_check(a, size):
                "dataset_prepared_path": os.path.join(TMP, "dpo_prepared"), "sequence_len": 32, "micro_batch_size": 1,
                "gradient_accumulation_steps": 2, "max_steps": 2, "learning_rate": 1e-2, "lr_scheduler": "constant",
                "shuffle": False, "seed": 3, "device": dev, "dtype": "float32", "output_dir": out}
-        path = os.path.join(TMP, "b_dpo_%s.yaml" % name)
-        with open(path, "w") as f:
-            json.dump(cfg, f)  # JSON is YAML
-        t0 = time.time()
-        p = subprocess.run([BIN, "-c", path], capture_output=True, text=True, errors="replace",
-                           env=dict(ENV, LLMC_PYTHON=sys.executable, TRANSFORMERS_VERBOSITY="error"))
-        r = Run()
-        r.rc, r.stderr, r.secs, r.metrics = p.returncode, p.stderr, time.time() - t0, []
-        mp = os.path.join(out, "metrics.jsonl")
-        if os.path.exists(mp):
-            r.metrics = [json.loads(x, parse_float=str) for x in open(mp) if x.strip()]
-        rs[name] = r
+        rs[name] = run("b_dpo_" + name, cfg, env={"LLMC_PYTHON": sys.executable, "TRANSFORMERS_VERBOSITY": "error"})
     ok_runs = all(r.rc == 0 for r in rs.values())
     lr = losses_rel(losses(rs["gpu"]), losses(rs["cpu"])) if ok_runs else math.inf
     nr = max((abs(float(x["grad_norm"]) - float(y["grad_norm"])) / float(y["grad_norm"])

@@ -788,15 +788,45 @@ def shard_of(cfg, samples):
     return samples[start:start + div + (1 if idx < mod else 0)]
 
 
-def dedup(samples):
-    """dataset_exact_deduplication: the first of identical samples (tokens and labels) kept."""
+def dedup(samples, key_of=lambda s: (tuple(s[0]), tuple(s[1]))):
+    """dataset_exact_deduplication: the first of identical samples (by default tokens and labels;
+    key_of gives another key) kept."""
     seen, out = set(), []
     for s in samples:
-        key = (tuple(s[0]), tuple(s[1]))
+        key = key_of(s)
         if key not in seen:
             seen.add(key)
             out.append(s)
     return out, len(samples) - len(out)
+
+
+def check_ids(spec, tok, seqs):
+    """Every id of seqs ((ids, 'file:line') pairs) below the model's vocab_size."""
+    for ids, loc in seqs:
+        if ids and max(ids) >= tok.vocab:
+            raise DataError("%s: token id %d is not below the model's vocab_size %d (is the tokenizer in %s the "
+                            "model's?)" % (loc, max(ids), tok.vocab, spec["tokenizer_dir"]))
+
+
+def split_val(spec, cfg, train, evals, what):
+    """val_set_size: the last ceil(fraction x n) (as HF does) or that many of train become the
+    eval set; (train, evals). what names the items in the error ("samples", "pairs")."""
+    v = cfg.get("val_set_size") or 0
+    if not v:
+        return train, evals
+    nt = int(v) if v >= 1 else -(-int(round(v * len(train) * 1e9)) // 10 ** 9)  # ceil, as HF does
+    if nt >= len(train):
+        raise DataError("%s: %s leaves no training %s out of %d" % (where_cfg(spec, "val_set_size"), v, what,
+                                                                     len(train)))
+    return train[:len(train) - nt], train[len(train) - nt:]
+
+
+def save_tokenizer(spec, tok, cfg, out_dir):
+    """The tokenizer as the run used it (special tokens, tokens, the config's chat template), which
+    the trainer writes beside the final model as Axolotl does (tokenizer.save_pretrained)."""
+    if cfg.get("chat_template"):
+        tok.t.chat_template = chat_template_of(spec, tok, cfg, {})
+    tok.t.save_pretrained(os.path.join(out_dir, "tokenizer"))
 
 
 def permutation(n, seed):
@@ -1007,10 +1037,7 @@ def prepare(spec, out_dir, h):
     if cfg.get("rl"):  # preference pairs (rl: dpo / ipo): scripts/prepare_pairs.py
         sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
         import prepare_pairs
-        meta = prepare_pairs.prepare(sys.modules[__name__], spec, cfg, tok, out_dir, h)
-        with open(os.path.join(out_dir, "meta.json"), "w") as fh:
-            json.dump(meta, fh, indent=1)
-        return meta
+        return prepare_pairs.prepare(sys.modules[__name__], spec, cfg, tok, out_dir, h)
     T, seed = cfg["sequence_len"], int(spec["seed"])
     counts = []
     if cfg.get("pretraining_dataset"):
@@ -1021,10 +1048,7 @@ def prepare(spec, out_dir, h):
         packed = bool(cfg.get("sample_packing"))
     evals = load_section(spec, tok, cfg, cfg["test_datasets"], "test_datasets", counts) \
         if cfg.get("test_datasets") else []
-    for ids, _, loc in train + evals:
-        if ids and max(ids) >= tok.vocab:
-            raise DataError("%s: token id %d is not below the model's vocab_size %d (is the tokenizer in %s the "
-                            "model's?)" % (loc, max(ids), tok.vocab, spec["tokenizer_dir"]))
+    check_ids(spec, tok, ((ids, loc) for ids, _, loc in train + evals))
     n_in = len(train)
     # Axolotl's order (2026-07), each split alike: the merged samples shuffled by seed, the
     # length filter (which keeps their order), deduplication, dataset_shard, the val split.
@@ -1045,13 +1069,7 @@ def prepare(spec, out_dir, h):
         train = shard_of(cfg, train)
     evals = shard_of(cfg, evals)
     n_shard = len(train)
-    v = cfg.get("val_set_size") or 0
-    if v:
-        nt = int(v) if v >= 1 else -(-int(round(v * len(train) * 1e9)) // 10 ** 9)  # ceil, as HF does
-        if nt >= len(train):
-            raise DataError("%s: %s leaves no training samples out of %d" % (where_cfg(spec, "val_set_size"), v,
-                                                                             len(train)))
-        train, evals = train[:len(train) - nt], train[len(train) - nt:]
+    train, evals = split_val(spec, cfg, train, evals, "samples")
     if not train:
         raise DataError("%s: no training samples left (%d read, %d longer than sequence_len %d%s)" % (
             where_cfg(spec, "datasets"), n_in, dropped, T, ", %d in dataset_shard_idx %d of %d" % (
@@ -1063,11 +1081,7 @@ def prepare(spec, out_dir, h):
         train = [train[i] for i in permutation(len(train), seed + 1)]
     eval_packed = bool(cfg.get("eval_sample_packing", packed)) if evals else False
     os.makedirs(out_dir, exist_ok=True)
-    # The tokenizer as the run used it (special tokens, tokens, the config's chat template), which
-    # the trainer writes beside the final model as Axolotl does (tokenizer.save_pretrained).
-    if cfg.get("chat_template"):
-        tok.t.chat_template = chat_template_of(spec, tok, cfg, {})
-    tok.t.save_pretrained(os.path.join(out_dir, "tokenizer"))
+    save_tokenizer(spec, tok, cfg, out_dir)
     tr_rows, tr_tgt, _ = write_rows(os.path.join(out_dir, "train.bin"), train, T, packed, tok.pad, packer)
     ev_rows = ev_tgt = 0
     if evals:
@@ -1078,8 +1092,6 @@ def prepare(spec, out_dir, h):
             "dataset_shard": [cfg.get("dataset_shard_idx"), cfg.get("dataset_shard_num")] if shard_on(cfg) else None, "first_dropped": first or efirst,
             "sequence_len": T, "packed": packed, "eval_packed": eval_packed, "tokenizer_dir": spec["tokenizer_dir"],
             "pad_token_id": tok.pad, "datasets": counts, "needs_embeddings": tok.needs_embeddings}
-    with open(os.path.join(out_dir, "meta.json"), "w") as fh:
-        json.dump(meta, fh, indent=1)
     if shard_on(cfg) and not cfg.get("pretraining_dataset"):
         print("data: dataset_shard_idx %d of dataset_shard_num %d: %d of %d samples" % (
             cfg["dataset_shard_idx"], cfg["dataset_shard_num"], n_shard, n_kept))
@@ -1110,6 +1122,8 @@ def run(args):
         tmp = tempfile.mkdtemp(prefix=".tmp-%s-" % h[:8], dir=root)
         try:
             meta = prepare(spec, tmp, h)
+            with open(os.path.join(tmp, "meta.json"), "w") as fh:  # what valid_cache reads: written last
+                json.dump(meta, fh, indent=1)
             if os.path.isdir(d):
                 shutil.rmtree(d, ignore_errors=True)  # stale (no valid meta.json) or --force
             try:

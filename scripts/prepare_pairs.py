@@ -213,13 +213,11 @@ def fits(tok, strings, T):
     return p + plain_len(tok, strings[1]) <= T and p + plain_len(tok, strings[2]) <= T, p
 
 
-def truncated(tok, strings, T):
-    """excess_length_strategy: truncate, as Axolotl's: each completion's tokens (no special
-    tokens) cut to what sequence_len leaves after the prompt and decoded back to text; None when
-    the prompt alone fills it."""
-    ok, p = fits(tok, strings, T)
-    if ok:
-        return strings
+def truncated(tok, strings, T, p):
+    """excess_length_strategy: truncate, as Axolotl's, of a pair that does not fit (p: its
+    prompt's length without special tokens): each completion's tokens (no special tokens) cut to
+    what sequence_len leaves after the prompt and decoded back to text; None when the prompt alone
+    fills it or the decoded text still does not fit."""
     room = T - p
     if room <= 0:
         return None
@@ -249,10 +247,8 @@ def cpo_answer(tok, prompt, answer):
     """TRL's build_tokenized_answer: prompt + answer tokenized without special tokens; the answer
     starts at the prompt's own token count, one earlier when the joint tokenization merged the
     prompt's last token. Returns (prompt ids, answer ids), both from the joint tokenization."""
-    full = tok.encode(prompt + answer, special=False)
-    start = len(tok.encode(prompt, special=False))
-    if tok.encode(prompt, special=False) != full[:start]:
-        start -= 1
+    full, alone = tok.encode(prompt + answer, special=False), tok.encode(prompt, special=False)
+    start = len(alone) if alone == full[:len(alone)] else len(alone) - 1
     return full[:start], full[start:]
 
 
@@ -312,12 +308,12 @@ def load_pairs(pd, spec, tok, cfg, entries, key, counts):
                     if not text:  # Axolotl's length filter raises on an empty one
                         raise pd.DataError("%s: the %s text is empty (Axolotl requires a prompt, a chosen and a "
                                            "rejected text)" % (loc, what))
-                ok, _ = fits(tok, strings, T)
+                ok, plen = fits(tok, strings, T)
                 if not ok and how == "raise":
                     raise pd.DataError("%s: prompt + completion is longer than sequence_len %d (counted without "
                                        "special tokens, as Axolotl does; excess_length_strategy: raise)" % (loc, T))
                 if not ok:
-                    strings = truncated(tok, strings, T) if how == "truncate" else None
+                    strings = truncated(tok, strings, T, plen) if how == "truncate" else None
                     if strings is None:
                         dropped += 1
                         first = first or loc
@@ -335,16 +331,6 @@ def load_pairs(pd, spec, tok, cfg, entries, key, counts):
         out += mine
         counts.append({"key": k, "path": ds.get("path"), "type": ds.get("type"), "samples": len(mine)})
     return out, dropped, first
-
-
-def dedup_pairs(pairs):
-    seen, out = set(), []
-    for p in pairs:
-        key = (tuple(p[0][0]), tuple(p[1][0]))
-        if key not in seen:
-            seen.add(key)
-            out.append(p)
-    return out, len(pairs) - len(out)
 
 
 def rows_of(pairs):
@@ -373,11 +359,7 @@ def prepare(pd, spec, cfg, tok, out_dir, h):
     train, dropped, first = load_pairs(pd, spec, tok, cfg, cfg.get("datasets"), "datasets", counts)
     evals, edrop, efirst = load_pairs(pd, spec, tok, cfg, cfg["test_datasets"], "test_datasets", counts) \
         if cfg.get("test_datasets") else ([], 0, None)
-    for c, r, loc in train + evals:
-        m = max(max(c[0]), max(r[0]))
-        if m >= tok.vocab:
-            raise pd.DataError("%s: token id %d is not below the model's vocab_size %d (is the tokenizer in %s the "
-                               "model's?)" % (loc, m, tok.vocab, spec["tokenizer_dir"]))
+    pd.check_ids(spec, tok, ((row[0], loc) for c, r, loc in train + evals for row in (c, r)))
     # Axolotl's order for preference data: each dataset filtered, the merge shuffled by seed,
     # deduplication, then the validation split off the end.
     if cfg.get("shuffle_merged_datasets", True) is not False:
@@ -385,23 +367,16 @@ def prepare(pd, spec, cfg, tok, out_dir, h):
         evals = [evals[j] for j in pd.permutation(len(evals), seed)]
     dups = 0
     if cfg.get("dataset_exact_deduplication"):
-        train, d1 = dedup_pairs(train)
-        evals, d2 = dedup_pairs(evals)
+        key_of = lambda p: (tuple(p[0][0]), tuple(p[1][0]))  # noqa: E731 - both completions' tokens
+        train, d1 = pd.dedup(train, key_of)
+        evals, d2 = pd.dedup(evals, key_of)
         dups = d1 + d2
-    v = cfg.get("val_set_size") or 0
-    if v:
-        nt = int(v) if v >= 1 else -(-int(round(v * len(train) * 1e9)) // 10 ** 9)
-        if nt >= len(train):
-            raise pd.DataError("%s: %s leaves no training pairs out of %d" % (pd.where_cfg(spec, "val_set_size"), v,
-                                                                              len(train)))
-        train, evals = train[:len(train) - nt], train[len(train) - nt:]
+    train, evals = pd.split_val(spec, cfg, train, evals, "pairs")
     if not train:
         raise pd.DataError("%s: no training pairs left (%d longer than sequence_len %d)" % (
             pd.where_cfg(spec, "datasets"), dropped, T))
     os.makedirs(out_dir, exist_ok=True)
-    if cfg.get("chat_template"):
-        tok.t.chat_template = pd.chat_template_of(spec, tok, cfg, {})
-    tok.t.save_pretrained(os.path.join(out_dir, "tokenizer"))
+    pd.save_tokenizer(spec, tok, cfg, out_dir)
     flags = pd.ROWS_FLAG_PAIRED
     tr_rows, tr_tgt, _ = pd.write_rows(os.path.join(out_dir, "train.bin"), rows_of(train), T, False, tok.pad, flags=flags)
     ev_rows = ev_tgt = 0
