@@ -63,6 +63,10 @@ ALPACA_STYLES = {  # style: (system format, turn with input, turn without input)
     "chatml": ("<|im_start|>system\n{system}<|im_end|>\n",
                "<|im_start|>user\n{instruction}\n{input}<|im_end|>\n<|im_start|>assistant\n",
                "<|im_start|>user\n{instruction}<|im_end|>\n<|im_start|>assistant\n"),
+    # Axolotl's phi style (alpaca:phi, its Phi-3 example): the turn with an input has no newlines
+    # around the input, the one without has them.
+    "phi": ("<|system|>\n{system}<|end|>\n", "<|user|>\n{instruction}<|end|>{input}<|assistant|>",
+            "<|user|>\n{instruction}<|end|>\n<|assistant|>\n"),
 }
 
 # Named chat templates (chat_template: chatml | llama3 | gemma | gemma3), written for this
@@ -90,9 +94,18 @@ CHAT_TEMPLATES = {
                "(m['content'] | trim) + '<end_of_turn>\n' }}{% set carry.text = '' %}{% endif %}{% endfor %}"
                "{% if add_generation_prompt %}{{ '<start_of_turn>model\n' }}{% endif %}"),
 }
+# Longer named templates live in scripts/chat_templates/NAME.jinja (written for this project from
+# each family's published format; test_prepare_data renders them against the expected text).
+TEMPLATE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "chat_templates")
+for _name in ("qwen_25", "qwen3", "phi_3"):
+    with open(os.path.join(TEMPLATE_DIR, _name + ".jinja"), encoding="utf-8") as _fh:
+        CHAT_TEMPLATES[_name] = _fh.read()
 CHAT_TEMPLATE_TOKENS = {"chatml": ["<|im_start|>", "<|im_end|>"],
                         "llama3": ["<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"],
-                        "gemma": ["<start_of_turn>", "<end_of_turn>"], "gemma3": ["<start_of_turn>", "<end_of_turn>"]}
+                        "gemma": ["<start_of_turn>", "<end_of_turn>"], "gemma3": ["<start_of_turn>", "<end_of_turn>"],
+                        "qwen_25": ["<|im_start|>", "<|im_end|>"], "qwen3": ["<|im_start|>", "<|im_end|>"],
+                        "phi_3": ["<|user|>", "<|assistant|>", "<|end|>"]}
+TEMPLATE_NAMES = ", ".join(sorted(CHAT_TEMPLATES))
 ROLE_MAP = {"human": "user", "user": "user", "assistant": "assistant", "gpt": "assistant", "model": "assistant",
             "system": "system", "tool": "tool"}
 
@@ -100,7 +113,7 @@ ROLE_MAP = {"human": "user", "user": "user", "assistant": "assistant", "gpt": "a
 COMMON_DS_KEYS = {"path", "type", "data_files", "split", "ds_type", "name", "field"}
 CHAT_DS_KEYS = {"field_messages", "message_property_mappings", "message_field_role", "message_field_content",
                 "roles_to_train", "train_on_eos", "train_on_eot", "roles", "field_system", "drop_system_message",
-                "message_field_training", "chat_template", "chat_template_jinja"}
+                "message_field_training", "chat_template", "chat_template_jinja", "field_tools", "field_thinking"}
 PRETRAIN_KEYS = {"path", "type", "data_files", "split", "ds_type", "name", "text_column", "field"}
 
 
@@ -494,6 +507,11 @@ class ChatTemplate:
         for k in mpm:
             if k not in ("role", "content"):
                 self.mapping[k] = mpm[k]
+        if not mpm:  # Axolotl's default mapping also takes the reasoning from field_thinking
+            self.mapping["reasoning_content"] = ds.get("field_thinking") or "reasoning_content"
+        # Other message fields go to the template when it reads them (tool_calls, say), as Axolotl passes them.
+        self.passed = template_message_keys(self.template) - set(self.mapping.values()) - set(self.mapping)
+        self.field_tools = ds.get("field_tools") or "tools"
         roles = ds.get("roles")
         self.roles = dict(ROLE_MAP) if not roles else {s: t for t, srcs in roles.items() for s in srcs}
         rtt = ds.get("roles_to_train", ["assistant"])
@@ -513,9 +531,9 @@ class ChatTemplate:
         self.drop_system = bool(ds.get("drop_system_message", False))
         self.field_training = ds.get("message_field_training")
 
-    def render(self, turns, gen=False):
+    def render(self, turns, gen=False, tools=None):
         try:
-            ids = self.tok.t.apply_chat_template(turns, chat_template=self.template, tokenize=True,
+            ids = self.tok.t.apply_chat_template(turns, chat_template=self.template, tokenize=True, tools=tools,
                                                  add_generation_prompt=gen, return_dict=False, **self.kwargs)
         except Exception as e:  # noqa: BLE001 - jinja raises its own errors (raise_exception in templates)
             raise DataError("chat template failed: %s" % (str(e).splitlines()[0] if str(e) else type(e).__name__))
@@ -541,12 +559,19 @@ class ChatTemplate:
             for dst, src in self.mapping.items():
                 if m.get(src) is not None:
                     t[dst] = m[src]
+            for k in self.passed:
+                if m.get(k) is not None:
+                    t[k] = m[k]
             for what in ("role", "content"):
                 src = self.mapping[what]
+                if what == "content" and t.get("tool_calls") and "content" not in t:
+                    continue  # a message that only calls tools may have no text
                 if not isinstance(t.get(what), str):
                     raise DataError("%s: %s: %s" % (ml, src, "missing (expected the %s as a string)" % what
                                                     if m.get(src) is None else "expected a string, got %s"
                                                     % type(m[src]).__name__))
+            if t.get("tool_calls") is not None:
+                t["tool_calls"] = tool_calls_of(t["tool_calls"], ml)
             t["role"] = self.roles.get(t["role"], t["role"])
             if self.field_training and m.get(self.field_training) is not None:
                 t["training"] = bool(m[self.field_training])
@@ -557,12 +582,37 @@ class ChatTemplate:
             turns = turns[1:]
         return turns
 
-    def find_turn(self, turns, i):
-        """[start, end) of turn i's content in the rendering of turns[:i+1]."""
-        dummy = dict(turns[i], content="[[dummy_message]]")
-        dummy.pop("training", None)
-        clean = [{k: v for k, v in t.items() if k != "training"} for t in turns[:i + 1]]
-        a, b = self.render(clean[:i] + [dummy]), self.render(clean)
+    def tools_of(self, rec, loc):
+        """The record's tool list (field_tools), a JSON string or a list; None when absent."""
+        tools = rec.get(self.field_tools)
+        if tools is None:
+            return None
+        if isinstance(tools, str):
+            try:
+                tools = json.loads(tools)
+            except json.JSONDecodeError as e:
+                raise DataError("%s: %s: not JSON (%s)" % (loc, self.field_tools, e.msg))
+        if not isinstance(tools, list) or not all(isinstance(x, dict) for x in tools):
+            raise DataError("%s: %s: expected a list of tool objects" % (loc, self.field_tools))
+        for x in tools:
+            f = x.get("function")
+            if isinstance(f, dict) and isinstance(f.get("parameters"), str):
+                try:
+                    f["parameters"] = json.loads(f["parameters"])
+                except json.JSONDecodeError as e:
+                    raise DataError("%s: %s: %s.parameters: not JSON (%s)" % (loc, self.field_tools, f.get("name"), e.msg))
+        return tools
+
+    def find_turn(self, clean, i, b, tools=None):
+        """[start, end) of turn i's content in b, the rendering of clean (the turns): the first and last tokens
+        that change when the turn is replaced by one of the same role whose only field is
+        placeholder text (Axolotl's rule: a turn's reasoning and tool calls are part of its span).
+        Axolotl renders turns[:i+1] for this; the whole conversation is rendered here, since
+        some templates render an earlier turn differently once later turns exist (Qwen3 drops an
+        assistant turn's reasoning once a user turn follows it), and then the prefix's positions
+        are not the whole text's."""
+        dummy = {"role": clean[i]["role"], "content": "[[dummy_message]]"}
+        a = self.render(clean[:i] + [dummy] + clean[i + 1:], tools=tools)
         n = min(len(a), len(b))
         start = next((j for j in range(n) if a[j] != b[j]), None)
         end = next((len(b) - j for j in range(n) if a[len(a) - 1 - j] != b[len(b) - 1 - j]), None)
@@ -572,13 +622,14 @@ class ChatTemplate:
 
     def __call__(self, rec, loc):
         turns = self.turns_of(rec, loc)
+        tools = self.tools_of(rec, loc)
         clean = [{k: v for k, v in t.items() if k != "training"} for t in turns]
         try:
-            ids = self.render(clean)
+            ids = self.render(clean, tools=tools)
             if not self.roles_to_train and self.train_on_eos == "none" and self.train_on_eot == "none" and \
                     not self.field_training:
                 # Axolotl's legacy rule: everything after the prompt of the last turn is trained.
-                p = self.render(clean[:-1], gen=True)
+                p = self.render(clean[:-1], gen=True, tools=tools)
                 n = len(p) if not self.train_inputs else 0
                 return [(ids, [IGNORE] * n + ids[n:])]
             labels = [IGNORE] * len(ids)
@@ -587,7 +638,7 @@ class ChatTemplate:
                 train = t["training"] if "training" in t else (self.train_inputs or t["role"] in self.roles_to_train)
                 if not train and self.train_on_eos != "all" and self.train_on_eot != "all":
                     continue
-                s, e = self.find_turn(turns, i)
+                s, e = self.find_turn(clean, i, ids, tools)
                 if train and s >= 0:
                     labels[s:e] = ids[s:e]
                 if s < 0:
@@ -607,6 +658,44 @@ class ChatTemplate:
         return [(ids, labels)]
 
 
+def template_message_keys(template):
+    """The message fields a chat template reads: x of m.x or m['x'] for each m of a loop over
+    messages (or a slice or filter of it)."""
+    import jinja2
+    from jinja2 import nodes
+    try:
+        ast = jinja2.Environment(extensions=["jinja2.ext.loopcontrols"]).parse(template)
+    except jinja2.TemplateSyntaxError:
+        return set()  # rendering reports it, with the template's own message
+    keys = set()
+    for loop in ast.find_all(nodes.For):
+        if not isinstance(loop.target, nodes.Name) or \
+                not any(n.name == "messages" for n in [loop.iter, *loop.iter.find_all(nodes.Name)] if isinstance(n, nodes.Name)):
+            continue
+        var = loop.target.name
+        for g in loop.find_all((nodes.Getattr, nodes.Getitem)):
+            if isinstance(g.node, nodes.Name) and g.node.name == var:
+                if isinstance(g, nodes.Getattr):
+                    keys.add(g.attr)
+                elif isinstance(g.arg, nodes.Const) and isinstance(g.arg.value, str):
+                    keys.add(g.arg.value)
+    return keys
+
+
+def tool_calls_of(calls, where):
+    """A message's tool_calls, each call's arguments parsed when given as a JSON string (as Axolotl does)."""
+    if not isinstance(calls, list) or not all(isinstance(c, dict) for c in calls):
+        raise DataError("%s: tool_calls: expected a list of call objects" % where)
+    for c in calls:
+        f = c.get("function")
+        if isinstance(f, dict) and isinstance(f.get("arguments"), str):
+            try:
+                f["arguments"] = json.loads(f["arguments"])
+            except json.JSONDecodeError as e:
+                raise DataError("%s: tool_calls: %s.arguments: not JSON (%s)" % (where, f.get("name"), e.msg))
+    return calls
+
+
 def norm_train_on(v):
     if v is None or v is False or v == "none":
         return "none"
@@ -616,11 +705,11 @@ def norm_train_on(v):
 
 
 def chat_template_of(spec, tok, cfg, ds):
-    """The jinja text for chat_template: tokenizer_default | chatml | llama3 | gemma | gemma3 | jinja (dataset entry first)."""
+    """The jinja text for chat_template: tokenizer_default | a name in CHAT_TEMPLATES | jinja (dataset entry first)."""
     name = ds.get("chat_template") or cfg.get("chat_template") or "tokenizer_default"
     jinja = ds.get("chat_template_jinja") or cfg.get("chat_template_jinja")
     if not isinstance(name, str):
-        raise DataError("%s: expected tokenizer_default, chatml, llama3, gemma, gemma3 or jinja" % where_cfg(spec, "chat_template"))
+        raise DataError("%s: expected tokenizer_default, jinja or a name (%s)" % (where_cfg(spec, "chat_template"), TEMPLATE_NAMES))
     fallback = None
     if name.startswith("tokenizer_default_fallback_"):
         fallback = name[len("tokenizer_default_fallback_"):]
@@ -630,8 +719,8 @@ def chat_template_of(spec, tok, cfg, ds):
             return tok.t.chat_template
         if fallback is None:
             raise DataError("%s: tokenizer_default, but the tokenizer in %s has no chat template; name one "
-                            "(chatml, llama3, gemma, gemma3) or give chat_template_jinja" % (where_cfg(spec, "chat_template"),
-                                                                             spec["tokenizer_dir"]))
+                            "(%s) or give chat_template_jinja" % (where_cfg(spec, "chat_template"), spec["tokenizer_dir"],
+                                                                     TEMPLATE_NAMES))
         name = fallback
     if name == "jinja":
         if not isinstance(jinja, str) or not jinja.strip():
@@ -646,8 +735,8 @@ def chat_template_of(spec, tok, cfg, ds):
                 raise DataError("%s: cannot read %s: %s" % (where_cfg(spec, "chat_template_jinja"), p, e.strerror))
         return jinja
     if name not in CHAT_TEMPLATES:
-        raise DataError("%s: '%s' is not available here (tokenizer_default, chatml, llama3, gemma, gemma3, jinja with "
-                        "chat_template_jinja)" % (where_cfg(spec, "chat_template"), name))
+        raise DataError("%s: '%s' is not available here (tokenizer_default, %s, jinja with chat_template_jinja)"
+                        % (where_cfg(spec, "chat_template"), name, TEMPLATE_NAMES))
     for s in CHAT_TEMPLATE_TOKENS[name]:
         if tok.token_id(s) is None:
             raise DataError("%s: %s needs '%s' as one token, and the tokenizer in %s does not have it (add it "
@@ -669,7 +758,7 @@ def strategy_of(spec, tok, cfg, ds, key):
         raise DataError("%s.type: missing (alpaca, completion, input_output, chat_template)" % where_cfg(spec, key))
     base, _, style = t.partition(":")
     if base not in STRATEGIES or (style and (base != "alpaca" or style not in ALPACA_STYLES)):
-        raise DataError("%s.type: '%s' is not supported here (alpaca, alpaca:chat, alpaca:chatml, completion, "
+        raise DataError("%s.type: '%s' is not supported here (alpaca, alpaca:chat, alpaca:chatml, alpaca:phi, completion, "
                         "input_output, chat_template)" % (where_cfg(spec, key), t))
     allowed = COMMON_DS_KEYS | (CHAT_DS_KEYS if base == "chat_template" else set())
     for k in ds:

@@ -43,6 +43,10 @@ KINDS = {
     "gemma3": {"specials": ["<pad>", "<eos>", "<bos>", "<start_of_turn>", "<end_of_turn>"], "bos": "<bos>",
                "eos": "<eos>", "pad": "<pad>", "template": None},
 }
+# Phi-3 (mini instruct): <s> in front, eos <|endoftext|>; turns tagged <|system|>, <|user|>,
+# <|assistant|>, each closed by <|end|>. No template here: tests name chat_template: phi_3.
+KINDS["phi3"] = {"specials": ["<unk>", "<s>", "</s>", "<|endoftext|>", "<|assistant|>", "<|end|>", "<|system|>", "<|user|>"],
+                 "bos": "<s>", "eos": "<|endoftext|>", "pad": "<|endoftext|>", "unk": "<unk>", "template": None}
 KINDS["gemma2"] = KINDS["gemma3"]  # Gemma 2's tokenizer has the same special tokens (chat_template: gemma)
 KINDS["gemma"] = KINDS["gemma3"]  # and Gemma 1's
 
@@ -101,20 +105,23 @@ def hub_dir(hf_home, repo_id, rev="0123456789abcdef0123456789abcdef01234567"):
 
 
 FAMILY_OF = {"llama3": "llama", "llama2": "mistral", "qwen2": "qwen2", "gemma": "gemma", "gemma2": "gemma2",
-             "gemma3": "gemma3_text"}
+             "gemma3": "gemma3_text", "phi3": "phi3"}
 
 
-def make_model(d, kind="llama3", vocab_size=1024, seed=0, multimodal=False, **shape):
-    """A tiny random model of the kind's family with its tokenizer, in d (HF layout); multimodal
-    (gemma3): as Gemma3ForConditionalGeneration files (the 4B/12B/27B checkpoints)."""
+def make_model(d, kind="llama3", vocab_size=1024, seed=0, multimodal=False, family=None, **shape):
+    """A tiny random model of the kind's family (or family: a model_type) with its tokenizer, in d
+    (HF layout); multimodal (gemma3): as Gemma3ForConditionalGeneration files (the 4B/12B/27B
+    checkpoints)."""
     n = make_tokenizer(d, kind)
     assert n <= vocab_size, (n, vocab_size)
-    mt = FAMILY_OF[kind]
+    mt = family or FAMILY_OF[kind]
     extra = {}
     if mt == "mistral":
         extra["sliding_window"] = 4096
     if mt == "qwen2":
         extra.update(attention_bias=True, use_sliding_window=False, sliding_window=4096, max_window_layers=2)
+    if mt == "phi3":
+        extra["pad_token_id"] = 3  # <|endoftext|> in the phi3 tokenizer (Phi3Config's default 32000 is past this vocab)
     if mt == "gemma3_text":
         extra.update(head_dim=16, hidden_act="gelu_pytorch_tanh", hidden_activation="gelu_pytorch_tanh",
                      query_pre_attn_scalar=16, sliding_window=512, sliding_window_pattern=2, pad_token_id=0)

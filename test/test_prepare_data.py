@@ -3,7 +3,7 @@
 issue states them), with byte-level BPE tokenizers made by test/hf_fixtures.py:
 
   alpaca            prompt masked, response tokenized apart (no BOS) + EOS; the no-input system
-                    prompt when input is empty; train_on_inputs trains the prompt too
+                    prompt when input is empty; train_on_inputs trains the prompt too; alpaca:phi
   chat_llama3       sharegpt from/value, roles_to_train [gpt]: each trained run is one assistant
                     turn's content + <|eot_id|> when eos_token is <|eot_id|>; headers never trained;
                     train_on_eos all/last; without the eos override the turn end is not trained
@@ -14,6 +14,8 @@ issue states them), with byte-level BPE tokenizers made by test/hf_fixtures.py:
   chat_gemma        chat_template: gemma (Gemma 2's examples) with drop_system_message: Gemma's turns
                     with no system text; a system message without it, or turns that do not
                     alternate, are one-line errors
+  chat_named        chat_template: qwen_25 / qwen3 / phi_3 texts spelled out; Qwen3's <think> block
+                    and reasoning; tools and tool_calls reach the template and tool calls are trained
   input_output      segments with label flags, no special tokens added
   completion        long texts cut into sequence_len pieces, every token trained, EOS at the end
   pretraining       pretraining_dataset plain text, packed, documents isolated
@@ -170,6 +172,22 @@ def case_alpaca(e):
     _, docs = docs_of(os.path.join(d, "train.bin"))
     ok = all(tg[:-1] == tk[1:] and tg[-1] == -1 for tk, tg in docs)
     check("alpaca: train_on_inputs trains every next token", ok)
+    # alpaca:phi (Axolotl's Phi-3 example): the phi style's texts, spelled out, on the Phi-3 tokenizer.
+    phi_tokenizer(e)
+    sp = e.spec({"datasets": [{"path": "a.jsonl", "type": "alpaca:phi"}]}, kind="phi3")
+    e.data(sp, "a.jsonl", rows)
+    d, _ = e.run(sp)
+    hf = e.hf["phi3"]
+    got = sorted((dec(hf, tk), [dec(hf, r) for r in trained_runs(tk, tg)]) for tk, tg in docs_of(os.path.join(d, "train.bin"))[1])
+    want = []
+    for r in rows:
+        if r["input"]:
+            prompt = "<|system|>\n%s<|end|>\n<|user|>\n%s<|end|>%s<|assistant|>" % (P.ALPACA_SYSTEM, r["instruction"], r["input"])
+        else:
+            prompt = "<|system|>\n%s<|end|>\n<|user|>\n%s<|end|>\n<|assistant|>\n" % (P.ALPACA_SYSTEM_NO_INPUT, r["instruction"])
+        want.append(("<s>" + prompt + r["output"] + "<|endoftext|>", [r["output"] + "<|endoftext|>"]))
+    check("alpaca:phi: Axolotl's phi style (no newlines around an input), response + EOS trained",
+          got == sorted(want), "got %r want %r" % (got[:1], sorted(want)[:1]))
 
 
 def llama3_convs():
@@ -306,6 +324,133 @@ def case_chat_gemma(e):
     e.data(sp3, "g.jsonl", [{"conversations": [{"from": "human", "value": "one"}, {"from": "human", "value": "two"}]}])
     msg = e.err(sp3)
     check("chat gemma: turns that do not alternate are a one-line error", "alternate" in msg, msg)
+
+
+QWEN_SYSTEM = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."
+WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "the weather in a city",
+                                            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}
+
+
+def phi_tokenizer(e):
+    """The phi3 fixture tokenizer, made once (only two cases use it)."""
+    if "phi3" not in e.hf:
+        from transformers import AutoTokenizer
+        d = os.path.join(e.root, "tok_phi3")
+        F.make_tokenizer(d, "phi3")
+        e.tok["phi3"], e.hf["phi3"] = d, AutoTokenizer.from_pretrained(d)
+
+
+def named_docs(e, sp, rows, kind):
+    """Prepares sp over rows: (the documents' texts, sorted, and the trained runs as text of each)."""
+    hf = e.hf[kind]
+    e.data(sp, "n.jsonl", rows)
+    d, _ = e.run(sp)
+    docs = docs_of(os.path.join(d, "train.bin"))[1]
+    out = sorted((dec(hf, tk), [dec(hf, r) for r in trained_runs(tk, tg)]) for tk, tg in docs)  # rows are shuffled
+    return [t for t, r in out], [r for t, r in out]
+
+
+def by_text(texts, runs):
+    """texts and their runs in the order named_docs returns them."""
+    out = sorted(zip(texts, runs))
+    return [t for t, r in out], [r for t, r in out]
+
+
+def case_chat_named(e):
+    """chat_template: qwen_25, qwen3 and phi_3 (Axolotl's Qwen2.5 DPO, Qwen3 and Phi-3 examples name
+    them): each conversation in the family's format spelled out here, the assistant turns (and the
+    end-of-turn token) trained; Qwen3's <think> block on the last assistant turn only; tools and
+    tool calls from the record reach the template, and a turn's tool calls are trained with it."""
+    phi_tokenizer(e)
+    rows = F.messages_rows(8, seed=7)
+    chatml = lambda m: "<|im_start|>%s\n%s<|im_end|>\n" % (m["role"], m["content"])  # noqa: E731
+    row_runs = [[m["content"] + "<|im_end|>" for m in r["messages"] if m["role"] == "assistant"] for r in rows]
+    sp = e.spec({"datasets": [{"path": "n.jsonl", "type": "chat_template"}], "chat_template": "qwen_25",
+                 "eot_tokens": ["<|im_end|>"]}, kind="qwen2")
+    texts, runs = named_docs(e, sp, rows, "qwen2")
+    want = [("" if r["messages"][0]["role"] == "system" else chatml({"role": "system", "content": QWEN_SYSTEM}))
+            + "".join(chatml(m) for m in r["messages"]) for r in rows]
+    want, want_runs = by_text(want, row_runs)
+    check("chat qwen_25: ChatML turns after Qwen's default system line (or the conversation's own), assistant "
+          "content + <|im_end|> trained", texts == want and runs == want_runs,
+          "texts %r want %r; runs %r want %r" % (texts[:1], want[:1], runs[:1], want_runs[:1]))
+
+    sp = e.spec({"datasets": [{"path": "n.jsonl", "type": "chat_template"}], "chat_template": "qwen3",
+                 "eot_tokens": ["<|im_end|>"]}, kind="qwen2")
+    texts, runs = named_docs(e, sp, rows, "qwen2")
+    want = []
+    for r in rows:
+        last = len(r["messages"]) - 1
+        want.append("".join(chatml(dict(m, content="<think>\n\n</think>\n\n" + m["content"]) if i == last else m)
+                            for i, m in enumerate(r["messages"])))
+    want, want_runs = by_text(want, row_runs)
+    check("chat qwen3: no default system line, an empty <think> block on the last assistant turn only (not "
+          "trained), assistant content + <|im_end|> trained", texts == want and runs == want_runs,
+          "texts %r want %r; runs %r want %r" % (texts[:1], want[:1], runs[:1], want_runs[:1]))
+    conv = [{"role": "user", "content": "one two"}, {"role": "assistant", "content": "three", "reasoning_content": "a"},
+            {"role": "user", "content": "four"}, {"role": "assistant", "content": "<think>the king\n</think>five six"}]
+    texts, runs = named_docs(e, sp, [{"messages": conv}], "qwen2")
+    want = ("<|im_start|>user\none two<|im_end|>\n<|im_start|>assistant\nthree<|im_end|>\n<|im_start|>user\nfour"
+            "<|im_end|>\n<|im_start|>assistant\n<think>\nthe king\n</think>\n\nfive six<|im_end|>\n")
+    ok = texts == [want] and len(runs[0]) == 2 and runs[0][0] == "three<|im_end|>" and \
+        runs[0][1].endswith("the king\n</think>\n\nfive six<|im_end|>") and "<think>" not in runs[0][1]
+    # Axolotl finds a turn in the rendering of the conversation up to it, where Qwen3 still shows
+    # the first answer's reasoning: its span there ("<think>\na\n</think>\n\nthree") lands on
+    # other tokens of the whole text (the user's "four" would be trained).
+    check("chat qwen3: reasoning (reasoning_content, or <think> in the text) shown after the last user turn only "
+          "and trained with the answer; an earlier turn's span is where its text is", ok,
+          "texts %r want %r; runs %r" % (texts, [want], runs))
+
+    rec = {"tools": json.dumps([dict(WEATHER, function=dict(WEATHER["function"], parameters=json.dumps(
+        WEATHER["function"]["parameters"])))]),
+        "messages": [{"role": "user", "content": "weather in Oslo?"},
+                     {"role": "assistant", "tool_calls": [{"type": "function", "function": {
+                         "name": "get_weather", "arguments": "{\"city\": \"Oslo\"}"}}]},
+                     {"role": "tool", "content": "cold"}, {"role": "tool", "content": "windy"},
+                     {"role": "assistant", "content": "cold and windy"}]}
+    sp = e.spec({"datasets": [{"path": "n.jsonl", "type": "chat_template"}], "chat_template": "qwen_25",
+                 "eot_tokens": ["<|im_end|>"]}, kind="qwen2", T=1024)
+    texts, runs = named_docs(e, sp, [rec], "qwen2")
+    want = ("<|im_start|>system\n" + QWEN_SYSTEM + "\n\n# Tools\n\nYou may call one or more functions to assist with "
+            "the user query.\n\nYou are provided with function signatures within <tools></tools> XML tags:\n<tools>\n"
+            + json.dumps(WEATHER) + "\n</tools>\n\nFor each function call, return a json object with function name and "
+            "arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, "
+            "\"arguments\": <args-json-object>}\n</tool_call><|im_end|>\n<|im_start|>user\nweather in Oslo?<|im_end|>\n"
+            "<|im_start|>assistant\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}\n"
+            "</tool_call><|im_end|>\n<|im_start|>user\n<tool_response>\ncold\n</tool_response>\n<tool_response>\nwindy\n"
+            "</tool_response><|im_end|>\n<|im_start|>assistant\ncold and windy<|im_end|>\n")
+    ok = texts == [want] and len(runs[0]) == 2 and runs[0][0].endswith(
+        "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}\n</tool_call><|im_end|>") and \
+        runs[0][1] == "cold and windy<|im_end|>"
+    check("chat qwen_25 with tools: the record's tools (a JSON string, parameters too) listed in the system turn, "
+          "a message's tool_calls (arguments as a JSON string) written and trained, tool results in one user turn",
+          ok, "texts %r want %r; runs %r" % (texts, [want], runs))
+    bad = dict(rec, tools="[{not json")
+    sp = e.spec({"datasets": [{"path": "n.jsonl", "type": "chat_template"}], "chat_template": "qwen_25"}, kind="qwen2")
+    e.data(sp, "n.jsonl", [bad])
+    msg = e.err(sp)
+    check("chat qwen_25: tools that are not JSON are an error naming the record and the field",
+          "n.jsonl:1" in msg and "tools: not JSON" in msg, msg)
+
+    sp = e.spec({"datasets": [{"path": "n.jsonl", "type": "chat_template"}], "chat_template": "phi_3",
+                 "eot_tokens": ["<|end|>"]}, kind="phi3")
+    texts, runs = named_docs(e, sp, rows, "phi3")
+    want = ["<s>" + "".join("<|%s|>\n%s<|end|>\n%s" % (m["role"], m["content"], "<|assistant|>\n" if m["role"] == "user"
+                                                        else "") if m["role"] != "assistant" else m["content"] + "<|end|>\n"
+                            for m in r["messages"]) for r in rows]
+    want_phi = [[m["content"] + "<|end|>" for m in r["messages"] if m["role"] == "assistant"] for r in rows]
+    want, want_phi = by_text(want, want_phi)
+    check("chat phi_3: <s>, tagged turns closed by <|end|>, a user turn opening the assistant's; assistant content "
+          "+ <|end|> trained", texts == want and runs == want_phi,
+          "texts %r want %r; runs %r want %r" % (texts[:1], want[:1], runs[:1], want_phi[:1]))
+    e.data(sp, "n.jsonl", [{"messages": [{"role": "user", "content": "a"}, {"role": "tool", "content": "b"}]}])
+    msg = e.err(sp)
+    check("chat phi_3: a role Phi-3 does not have is an error naming the record and the role",
+          "n.jsonl:1" in msg and "'tool'" in msg, msg)
+    sp = e.spec({"datasets": [{"path": "n.jsonl", "type": "chat_template"}], "chat_template": "phi_3"}, kind="qwen2")
+    e.data(sp, "n.jsonl", rows)
+    msg = e.err(sp)
+    check("chat phi_3 with a tokenizer that lacks <|user|> is refused naming the token", "'<|user|>'" in msg, msg)
 
 
 def case_input_output(e):
@@ -763,7 +908,7 @@ def case_tokens_saved_tokenizer(e):
     check("shrink_embeddings with no spare rows: nothing to resize", e.err(sp8) == "", e.err(sp8))
 
 
-CASES = [case_alpaca, case_tokens_saved_tokenizer, case_dataset_keys, case_shard_tokenizer_keys, case_chat_llama3, case_chat_chatml, case_chat_gemma3, case_chat_gemma, case_input_output, case_completion, case_pretraining,
+CASES = [case_alpaca, case_tokens_saved_tokenizer, case_dataset_keys, case_shard_tokenizer_keys, case_chat_llama3, case_chat_chatml, case_chat_gemma3, case_chat_gemma, case_chat_named, case_input_output, case_completion, case_pretraining,
          case_packing, case_val_split, case_excess_length, case_formats, case_cache, case_errors]
 
 
