@@ -215,10 +215,10 @@ static const KeyDef KEYS[] = {
         "weights in host memory: a full fine-tune keeps its ZeRO-3 pieces and their gradients there (zero_stage 3 "
         "and offload_optimizer follow); an adapter run streams its frozen base (layer_offloading)"),
     STR("rl", rl, "", "preference training over datasets: of prompt/chosen/rejected pairs: dpo or ipo (TRL 1.8's "
-        "DPOTrainer; the reference is the starting model) or simpo (its CPOTrainer); \"\": supervised"),
+        "DPOTrainer; the reference is the starting model), simpo (its CPOTrainer) or orpo (its ORPOTrainer); \"\": supervised"),
     NUM("rl_beta", T_FLOAT, rl_beta, "0", 0, 1e6, "rl: DPO's beta (0: unset, then dpo_beta, orpo_alpha or 0.1)"),
     NUM("dpo_beta", T_FLOAT, dpo_beta, "0", 0, 1e6, "rl: Axolotl's deprecated name of rl_beta"),
-    NUM("orpo_alpha", T_FLOAT, orpo_alpha, "0", 0, 1e6, "rl: dpo takes it as beta when rl_beta is unset (Axolotl's order)"),
+    NUM("orpo_alpha", T_FLOAT, orpo_alpha, "0", 0, 1e6, "rl: the beta when rl_beta is unset (Axolotl's order; ORPO's lambda)"),
     NUM("dpo_label_smoothing", T_FLOAT, dpo_label_smoothing, "0", 0, 0.4999,
         "rl: dpo: label smoothing of the robust loss (TRL's sigmoid loss does not use it)"),
     {"dpo_loss_type", T_LIST, offsetof(Config, dpo_loss_type), sizeof(((Config *)0)->dpo_loss_type), "", 0, 0, NULL,
@@ -844,7 +844,7 @@ static void finish_deepspeed(Config *cfg, const char *src) {
            ds.offload_optimizer ? " with offload_optimizer: true" : "");
 }
 
-// rl: dpo / ipo / simpo (preference.h). Axolotl's beta order is rl_beta, then dpo_beta
+// rl: dpo / ipo / simpo / orpo (preference.h). Axolotl's beta order is rl_beta, then dpo_beta
 // (deprecated), then orpo_alpha, else TRL's 0.1; TRL 1.8's trainers turn every dropout off
 // (LoRA's too).
 static void finish_rl(Config *cfg, const char *src) {
@@ -857,11 +857,11 @@ static void finish_rl(Config *cfg, const char *src) {
         return;
     }
     const char *rl = cfg->rl;
-    if (!strcmp(rl, "orpo") || !strcmp(rl, "kto") || !strcmp(rl, "grpo") || !strcmp(rl, "gdpo") || !strcmp(rl, "ebft"))
-        fail("%s: rl: %s is not implemented (rl: dpo, ipo and simpo are)", src, rl);
-    if (strcmp(rl, "dpo") && strcmp(rl, "ipo") && strcmp(rl, "simpo"))
-        fail("%s: rl: '%s' is not a preference method here (dpo, ipo, simpo)", src, rl);
-    const int simpo = !strcmp(rl, "simpo");
+    if (!strcmp(rl, "kto") || !strcmp(rl, "grpo") || !strcmp(rl, "gdpo") || !strcmp(rl, "ebft"))
+        fail("%s: rl: %s is not implemented (rl: dpo, ipo, simpo and orpo are)", src, rl);
+    if (strcmp(rl, "dpo") && strcmp(rl, "ipo") && strcmp(rl, "simpo") && strcmp(rl, "orpo"))
+        fail("%s: rl: '%s' is not a preference method here (dpo, ipo, simpo, orpo)", src, rl);
+    const int simpo = !strcmp(rl, "simpo"), orpo = !strcmp(rl, "orpo");
     if (!simpo && (given(cfg, "simpo_gamma") || given(cfg, "cpo_alpha")))
         printf("note: simpo_gamma and cpo_alpha have no effect with rl: %s (they are rl: simpo's)\n", rl);
     if (cfg->arch == ARCH_GPT2) fail("%s: rl: %s trains Llama-family models (train_llama)", src, rl);
@@ -881,6 +881,14 @@ static void finish_rl(Config *cfg, const char *src) {
         } else cfg->rl_beta = 0.1;
     }
     if (!(cfg->rl_beta > 0)) fail("%s: rl_beta must be above 0 (DPO divides by it in ipo)", src);
+    if (orpo) {  // TRL's ORPOTrainer: its loss is fixed (the chosen rows' nll minus beta log sigmoid(log odds))
+        if (cfg->dpo_loss_type[0] || cfg->dpo_loss_weights[0] || cfg->dpo_label_smoothing > 0)
+            printf("note: rl: orpo sets its loss (nll - beta log sigmoid(log odds ratio)); dpo_loss_type, "
+                   "dpo_loss_weights and dpo_label_smoothing have no effect (as in Axolotl)\n");
+        snprintf(cfg->dpo_loss_type, sizeof cfg->dpo_loss_type, "orpo");
+        cfg->dpo_loss_weights[0] = 0;
+        cfg->dpo_label_smoothing = 0;
+    }
     if (simpo) {  // TRL's CPOTrainer: loss_type simpo, plus cpo_alpha x the chosen completions' token loss
         if (!given(cfg, "simpo_gamma"))
             fail("%s: rl: simpo needs simpo_gamma (the target reward margin; Axolotl passes it to TRL unset "
@@ -911,7 +919,7 @@ static void finish_rl(Config *cfg, const char *src) {
                "loss does not)\n", cfg->dpo_label_smoothing);
     if (cfg->lora_dropout > 0) {
         printf("note: lora_dropout %g is off: TRL's %s disables every dropout (disable_dropout), the "
-               "adapters' too\n", cfg->lora_dropout, simpo ? "CPOTrainer" : "DPOTrainer");
+               "adapters' too\n", cfg->lora_dropout, simpo ? "CPOTrainer" : orpo ? "ORPOTrainer" : "DPOTrainer");
         cfg->lora_dropout = 0;
     }
     cfg->micro_batch_size *= 2;  // rows: each pair is a chosen and a rejected row

@@ -31,7 +31,7 @@ typedef struct {
 #define NOTE_DATASET_OPT "it tunes how Axolotl loads data; here scripts/prepare_data.py prepares datasets once into a cache, and train_data shards need no preparing"
 #define NOTE_SHARDS_DATA "it applies to datasets:, which this run does not use (train_data shards are already tokenized rows)"
 #define NOTE_WANDB_EVAL "prediction tables and generation metrics are not computed; eval reports val_loss (eval_loss with datasets:)"
-#define REFUSE_RL "of preference and RL training only rl: dpo, ipo and simpo are implemented (not ORPO, KTO, GRPO or reward models)"
+#define REFUSE_RL "of preference and RL training only rl: dpo, ipo, simpo and orpo are implemented (not KTO, GRPO or reward models)"
 #define REFUSE_PEFT_VARIANT "only plain LoRA/QLoRA (lora_r, lora_alpha, lora_dropout, lora_target_modules, use_rslora) is implemented"
 
 static const Rule RULES[] = {

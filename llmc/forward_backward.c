@@ -814,7 +814,8 @@ double model_forward_backward(Model *m, int B, int T, float loss_scale) {
 // Preference losses need every row's log-likelihood before any gradient can be scaled: the
 // forward ends at the token losses, and the backward runs the classifier again (one more head
 // product per token) with each row's own scale.
-void model_forward_rows(Model *m, int B, int T, int for_backward, double *row_loss) {
+void model_forward_rows(Model *m, int B, int T, int for_backward, const int *split, double *row_loss,
+                        double *head_loss) {
     const int N = B * T, R = act_tile_rows(m->store);
     void *res = forward_to_head(m, B, T, for_backward);
     for (int r0 = 0; r0 < N; r0 += R) {
@@ -826,22 +827,27 @@ void model_forward_rows(Model *m, int B, int T, int for_backward, double *row_lo
     m->bk->copy_d2h(m->bk, tl, m->losses, sizeof(float) * (size_t)N, NULL);
     m->bk->sync(m->bk);
     for (int b = 0; b < B; b++) {
-        double s = 0;
-        for (int t = 0; t < T; t++) s += tl[(size_t)b * T + t];
+        const int h = split ? split[b] : 0;
+        double s = 0, sh = 0;
+        for (int t = 0; t < h; t++) sh += tl[(size_t)b * T + t];
+        for (int t = h; t < T; t++) s += tl[(size_t)b * T + t];
         row_loss[b] = s;
+        if (split) head_loss[b] = sh;
     }
     free(tl);
 }
 
-void model_backward_rows(Model *m, int B, int T, const float *row_scale) {
+void model_backward_rows(Model *m, int B, int T, const float *row_scale, const int *split, const float *head_scale) {
     const int N = B * T, R = act_tile_rows(m->store);
     void *res = act_final_residual(m->store);
     for (int r0 = 0; r0 < N; r0 += R) {
         const int n = N - r0 < R ? N - r0 : R;
         final_norm_chunk(m, res, N, r0, n);
-        for (int p0 = r0; p0 < r0 + n;) {  // the chunk's pieces of each row
-            const int b = p0 / T, p1 = (b + 1) * T < r0 + n ? (b + 1) * T : r0 + n;
-            head_rows(m, r0, p0, p1 - p0, 1, row_scale[b]);
+        for (int p0 = r0; p0 < r0 + n;) {  // the chunk's pieces of each row, its head apart
+            const int b = p0 / T, h = b * T + (split ? split[b] : 0);
+            int p1 = (b + 1) * T < r0 + n ? (b + 1) * T : r0 + n;
+            if (p0 < h && h < p1) p1 = h;
+            head_rows(m, r0, p0, p1 - p0, 1, p0 < h ? head_scale[b] : row_scale[b]);
             p0 = p1;
         }
     }

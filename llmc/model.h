@@ -437,9 +437,12 @@ void model_set_batch(Model *m, const int32_t *tokens, const int32_t *targets,
 double model_forward_backward(Model *m, int B, int T, float loss_scale);
 // The same in two halves, for losses that need whole rows first (preference.h): the forward
 // (kept for a backward when for_backward) writes each row's summed token loss into row_loss[B];
-// the backward then adds row_scale[b] * d(row b's summed token loss) into m->grads.
-void model_forward_rows(Model *m, int B, int T, int for_backward, double *row_loss);
-void model_backward_rows(Model *m, int B, int T, const float *row_scale);
+// the backward then adds row_scale[b] * d(row b's summed token loss) into m->grads. With split
+// (else NULL), a row's positions before split[b] are summed apart, into head_loss[b], and their
+// losses' gradients scaled by head_scale[b].
+void model_forward_rows(Model *m, int B, int T, int for_backward, const int *split, double *row_loss,
+                        double *head_loss);
+void model_backward_rows(Model *m, int B, int T, const float *row_scale, const int *split, const float *head_scale);
 // Zeroes the gradients model_forward_backward accumulates into (a step's start), wherever
 // they live; the _range form n of them from g, a pointer into m->grads.
 void model_zero_grads(Model *m);

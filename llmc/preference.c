@@ -6,7 +6,7 @@
 #include <string.h>
 #include "util.h"
 
-static const char *const LOSS_NAMES[] = {"sigmoid", "hinge", "ipo", "robust", "sft", "simpo"};
+static const char *const LOSS_NAMES[] = {"sigmoid", "hinge", "ipo", "robust", "sft", "simpo", "orpo"};
 // TRL 1.8's other loss types: named in the error, not implemented here.
 static const char *const TRL_OTHERS = "exo_pair, nca_pair, bco_pair, sppo_hard, aot, aot_unpaired, apo_zero, "
                                       "apo_down, discopop, sigmoid_norm";
@@ -30,7 +30,8 @@ void pref_loss_from_config(PrefLoss *pl, const Config *cfg) {
     pl->beta = cfg->rl_beta;
     pl->smoothing = cfg->dpo_label_smoothing;
     pl->gamma = cfg->simpo_gamma;
-    pl->ref_free = !strcmp(cfg->rl, "simpo");
+    pl->orpo = !strcmp(cfg->rl, "orpo");
+    pl->ref_free = !strcmp(cfg->rl, "simpo") || pl->orpo;
     const char *s = cfg->dpo_loss_type[0] ? cfg->dpo_loss_type : "sigmoid";
     char item[64];
     while (next_item(&s, item, sizeof item)) {
@@ -38,7 +39,8 @@ void pref_loss_from_config(PrefLoss *pl, const Config *cfg) {
         int k = -1;
         for (int i = 0; i < (int)(sizeof LOSS_NAMES / sizeof *LOSS_NAMES); i++)
             if (!strcmp(item, LOSS_NAMES[i])) k = i;
-        if (k == PL_SIMPO && !pl->ref_free) k = -1;  // TRL's DPOTrainer has no simpo loss (rl: simpo is the CPOTrainer)
+        if (k == PL_SIMPO && (!pl->ref_free || pl->orpo)) k = -1;  // TRL's DPOTrainer has no simpo loss (rl: simpo is the CPOTrainer)
+        if (k == PL_ORPO && !pl->orpo) k = -1;  // nor an orpo one (rl: orpo is the ORPOTrainer)
         if (k < 0)
             fail("dpo_loss_type: '%s' is not implemented (sigmoid, hinge, ipo, robust, sft are; TRL's %s are not)", item,
                  TRL_OTHERS);
@@ -85,89 +87,142 @@ static long long targets_in(const int32_t *tgt, int T) {
     return n;
 }
 
-void pref_micro_batch(Model *m, const PrefLoss *pl, int B, int T, int Tm, const int32_t *tgt, const size_t *ids,
-                      const double *ref, size_t nref, int train, double scale, double sft_scale, PrefStats *st) {
-    double *nll = xmalloc(sizeof(double) * (size_t)B);  // each row's summed token loss: -log-likelihood
-    float *row_scale = xcalloc((size_t)B, sizeof(float));
-    model_forward_rows(m, B, Tm, train, nll);
+// The first target of a row (its completion's start), T when it has none.
+static int first_target(const int32_t *tgt, int T) {
+    int t = 0;
+    while (t < T && tgt[t] < 0) t++;
+    return t;
+}
+
+// log(1 - e^x) for x < 0, as TRL's log1mexp computes it (the two forms either side of -ln 2).
+static double log1mexp(double x) { return x < -0.693 ? log1p(-exp(x)) : log(-expm1(x)); }
+
+void pref_model_targets(const PrefLoss *pl, const int32_t *tok, const int32_t *tgt, int32_t *out, size_t rows, int T) {
+    memcpy(out, tgt, sizeof(int32_t) * rows * (size_t)T);
+    if (!pl->orpo) return;
+    for (size_t r = 0; r < rows; r++) {
+        const int32_t *k = tok + r * T;
+        const int s = first_target(tgt + r * T, T);
+        if (s == T) continue;  // an empty row
+        for (int t = 0; t < s; t++) out[r * T + t] = k[t + 1];  // TRL's nll: every token of the sequence
+    }
+}
+
+void pref_micro_batch(Model *m, const PrefLoss *pl, int B, int T, int Tm, int t0, const int32_t *tgt,
+                      const size_t *ids, const double *ref, size_t nref, int train, double unit_weight, PrefStats *st) {
+    double *nll = xmalloc(sizeof(double) * 2 * (size_t)B), *head = nll + B;  // each row's summed token loss
+    float *row_scale = xcalloc(2 * (size_t)B, sizeof(float)), *head_scale = row_scale + B;
+    int *split = NULL;
+    if (pl->orpo) {  // the prompt's tokens apart: the model holds positions t0 .. t0+Tm-1 of each row
+        split = xmalloc(sizeof(int) * (size_t)B);
+        for (int b = 0; b < B; b++) {
+            const int s = first_target(tgt + (size_t)b * T, T) - t0;
+            split[b] = s < 0 ? 0 : s > Tm ? Tm : s;
+        }
+    }
+    model_forward_rows(m, B, Tm, train, split, nll, head);
     if (Tm < T) {  // sequence parallel: each rank summed its slice of every row
         Comm *c = m->opt.comm;
-        c->all_reduce_sum_f64(c, nll, (size_t)B);
+        c->all_reduce_sum_f64(c, nll, (size_t)(split ? 2 * B : B));
     }
-    const double beta = pl->beta, e = pl->smoothing;
-    for (int i = 0; i < B / 2; i++) {
-        const int c = 2 * i, r = 2 * i + 1;
-        if (ids[c] >= nref) continue;  // an empty pair (the epoch's last step)
-        const double pc = -nll[c], pr = -nll[r];
-        const double rc = pl->ref_free ? 0 : ref[ids[c]], rr = pl->ref_free ? 0 : ref[ids[r]];
-        const long long nc = targets_in(tgt + (size_t)c * T, T), nr = targets_in(tgt + (size_t)r * T, T);
-        const double d = (pc - rc) - (pr - rr), z = beta * d;
-        double loss = 0, gc = 0, gr = 0;  // this pair's losses and d(loss)/d(pc), d(loss)/d(pr)
-        for (int k = 0; k < pl->n; k++) {
-            const double w = pl->weight[k];
-            double g = 0;  // d(loss)/d(d) for the losses of d alone
-            switch (pl->kind[k]) {
-            case PL_SIGMOID:
-                loss += w * -log_sigmoid(z);
-                g = -beta * sigmoid(-z);
-                break;
-            case PL_HINGE:
-                loss += w * (z < 1 ? 1 - z : 0);
-                g = z < 1 ? -beta : 0;  // torch's relu has gradient 0 at 0
-                break;
-            case PL_ROBUST:
-                loss += w * (-(1 - e) * log_sigmoid(z) + e * log_sigmoid(-z)) / (1 - 2 * e);
-                g = beta * (-(1 - e) * sigmoid(-z) - e * sigmoid(z)) / (1 - 2 * e);
-                break;
-            case PL_IPO: {
-                const double u = (pc - rc) / (double)nc - (pr - rr) / (double)nr - 1 / (2 * beta);
-                loss += w * u * u;
-                gc += w * 2 * u / (double)nc;
-                gr -= w * 2 * u / (double)nr;
-                break;
-            }
-            case PL_SIMPO: {  // on the mean token log-likelihoods
-                const double u = beta * (pc / (double)nc - pr / (double)nr) - pl->gamma, gu = -sigmoid(-u);
-                loss += w * -log_sigmoid(u);
-                gc += w * beta * gu / (double)nc;
-                gr -= w * beta * gu / (double)nr;
-                break;
-            }
-            case PL_SFT:  // the chosen rows' token mean over the step, not a pair mean
-                st->sft_nll += w * nll[c];
-                if (train) row_scale[c] += (float)(w * sft_scale);
-                break;
-            }
-            gc += w * g;
-            gr -= w * g;
+    // The unit's sizes: its pairs, and its chosen rows' targets (sft: completion tokens; orpo's
+    // nll: every token but the first).
+    long long np = 0, nchosen = 0;
+    for (int i = 0; i < B / 2; i++)
+        if (ids[2 * i] < nref) {
+            const int32_t *tc = tgt + (size_t)2 * i * T;
+            np++;
+            nchosen += targets_in(tc, T) + (pl->orpo ? first_target(tc, T) : 0);
         }
-        st->loss += loss;
-        // TRL's figures: beta (p - ref); without a reference (CPOTrainer) beta times the mean token
-        // log-likelihood, and logps/* are those means
-        const double lc = pl->ref_free ? pc / (double)nc : pc, lr = pl->ref_free ? pr / (double)nr : pr;
-        const double rw_c = beta * (lc - rc), rw_r = beta * (lr - rr);
-        st->reward_c += rw_c, st->reward_r += rw_r, st->correct += rw_c > rw_r, st->margin += rw_c - rw_r;
-        st->logp_c += lc, st->logp_r += lr;
-        st->pairs++, st->chosen_tokens += nc;
-        // A row's summed token loss is -p: its scale is -d(loss)/dp.
-        if (train) row_scale[c] += (float)(-gc * scale), row_scale[r] += (float)(-gr * scale);
+    if (np) {
+        const double beta = pl->beta, e = pl->smoothing, wp = unit_weight / (double)np;
+        const double wt = unit_weight / (double)nchosen;
+        double loss = 0;  // the unit's pair losses, summed; its token means added after
+        for (int i = 0; i < B / 2; i++) {
+            const int c = 2 * i, r = 2 * i + 1;
+            if (ids[c] >= nref) continue;  // an empty pair (the epoch's last step)
+            const double pc = -nll[c], pr = -nll[r];
+            const double rc = pl->ref_free ? 0 : ref[ids[c]], rr = pl->ref_free ? 0 : ref[ids[r]];
+            const long long nc = targets_in(tgt + (size_t)c * T, T), nr = targets_in(tgt + (size_t)r * T, T);
+            const double d = (pc - rc) - (pr - rr), z = beta * d;
+            const double lc = pl->ref_free ? pc / (double)nc : pc, lr = pl->ref_free ? pr / (double)nr : pr;
+            double gc = 0, gr = 0;  // d(pair losses)/d(pc), d(pair losses)/d(pr)
+            for (int k = 0; k < pl->n; k++) {
+                const double w = pl->weight[k];
+                double g = 0;  // d(loss)/d(d) for the losses of d alone
+                switch (pl->kind[k]) {
+                case PL_SIGMOID:
+                    loss += w * -log_sigmoid(z);
+                    g = -beta * sigmoid(-z);
+                    break;
+                case PL_HINGE:
+                    loss += w * (z < 1 ? 1 - z : 0);
+                    g = z < 1 ? -beta : 0;  // torch's relu has gradient 0 at 0
+                    break;
+                case PL_ROBUST:
+                    loss += w * (-(1 - e) * log_sigmoid(z) + e * log_sigmoid(-z)) / (1 - 2 * e);
+                    g = beta * (-(1 - e) * sigmoid(-z) - e * sigmoid(z)) / (1 - 2 * e);
+                    break;
+                case PL_IPO: {
+                    const double u = (pc - rc) / (double)nc - (pr - rr) / (double)nr - 1 / (2 * beta);
+                    loss += w * u * u;
+                    gc += w * 2 * u / (double)nc;
+                    gr -= w * 2 * u / (double)nr;
+                    break;
+                }
+                case PL_SIMPO: {  // on the mean token log-likelihoods
+                    const double u = beta * (lc - lr) - pl->gamma, gu = -sigmoid(-u);
+                    loss += w * -log_sigmoid(u);
+                    gc += w * beta * gu / (double)nc;
+                    gr -= w * beta * gu / (double)nr;
+                    break;
+                }
+                case PL_ORPO: {  // -beta log sigmoid(log odds ratio); the nll term is a token mean, below
+                    const double lo = (lc - lr) - (log1mexp(lc) - log1mexp(lr)), gl = -beta * sigmoid(-lo);
+                    loss += w * -beta * log_sigmoid(lo);
+                    gc += w * gl / (1 - exp(lc)) / (double)nc;  // d lo / d lc = 1 / (1 - e^lc)
+                    gr -= w * gl / (1 - exp(lr)) / (double)nr;
+                    st->log_odds_ratio += log_sigmoid(lo), st->log_odds_chosen += lo;
+                    break;
+                }
+                case PL_SFT:  // the chosen rows' token mean over the unit, not a pair mean
+                    st->loss += w * nll[c] / (double)nchosen;
+                    if (train) row_scale[c] += (float)(w * wt);
+                    break;
+                }
+                gc += w * g;
+                gr -= w * g;
+            }
+            if (pl->orpo) {  // the nll: every token of the chosen row, prompt included
+                const double v = (nll[c] + head[c]) / (double)nchosen;
+                st->loss += v, st->nll += v;
+                if (train) row_scale[c] += (float)wt, head_scale[c] += (float)wt;
+            }
+            // TRL's figures: beta (p - ref); without a reference (CPO and ORPO) beta times the
+            // mean token log-likelihood, and logps/* are those means
+            const double rw_c = beta * (lc - rc), rw_r = beta * (lr - rr);
+            st->reward_c += rw_c, st->reward_r += rw_r, st->correct += rw_c > rw_r, st->margin += rw_c - rw_r;
+            st->logp_c += lc, st->logp_r += lr;
+            st->pairs++;
+            // A row's summed token loss is -p: its scale is -d(loss)/dp.
+            if (train) row_scale[c] += (float)(-gc * wp), row_scale[r] += (float)(-gr * wp);
+        }
+        st->loss += loss / (double)np;
+        st->units++;
     }
-    if (train) model_backward_rows(m, B, Tm, row_scale);
+    if (train) model_backward_rows(m, B, Tm, row_scale, split, head_scale);
     free(nll);
     free(row_scale);
+    free(split);
 }
 
 void pref_stats_reduce(PrefStats *st, Comm *c) {
-    double v[10] = {st->loss, st->reward_c, st->reward_r, st->correct, st->margin, st->logp_c, st->logp_r,
-                    st->sft_nll, (double)st->pairs, (double)st->chosen_tokens};
-    c->all_reduce_sum_f64(c, v, 10);
-    st->loss = v[0], st->reward_c = v[1], st->reward_r = v[2], st->correct = v[3], st->margin = v[4];
-    st->logp_c = v[5], st->logp_r = v[6], st->sft_nll = v[7];
-    st->pairs = (long long)v[8], st->chosen_tokens = (long long)v[9];
+    double v[12] = {st->loss, st->nll, st->reward_c, st->reward_r, st->correct, st->margin, st->logp_c, st->logp_r,
+                    st->log_odds_ratio, st->log_odds_chosen, (double)st->pairs, (double)st->units};
+    c->all_reduce_sum_f64(c, v, 12);
+    st->loss = v[0], st->nll = v[1], st->reward_c = v[2], st->reward_r = v[3], st->correct = v[4], st->margin = v[5];
+    st->logp_c = v[6], st->logp_r = v[7], st->log_odds_ratio = v[8], st->log_odds_chosen = v[9];
+    st->pairs = (long long)v[10], st->units = (long long)v[11];
 }
 
-double pref_stats_loss(const PrefStats *st) {
-    double l = st->pairs ? st->loss / (double)st->pairs : 0;
-    if (st->chosen_tokens) l += st->sft_nll / (double)st->chosen_tokens;
-    return l;
-}
+double pref_stats_loss(const PrefStats *st) { return st->units ? st->loss / (double)st->units : 0; }

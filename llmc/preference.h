@@ -1,4 +1,4 @@
-// preference.h: preference training (rl: dpo, rl: ipo) as TRL 1.8's DPOTrainer computes it.
+// preference.h: preference training (rl: dpo, ipo, simpo, orpo) as TRL 1.8's trainers compute it.
 //
 // Each pair is two rows (rows.h, paired): the prompt with the chosen completion and the prompt
 // with the rejected one; a row's log-likelihood is the sum of log p over its completion tokens
@@ -13,6 +13,16 @@
 // rl: simpo (TRL's CPOTrainer with loss_type simpo) has no reference and works on the
 // completions' mean token log-likelihoods lc = pc / nc, lr = pr / nr:
 //   simpo    -log sigmoid(beta (lc - lr) - gamma), plus cpo_alpha x sft
+// rl: orpo (TRL's ORPOTrainer) has no reference either: the chosen rows' mean token loss over
+// the whole sequence, prompt included, minus beta times log sigmoid of the log odds ratio of
+// the completions' mean log-likelihoods:
+//   orpo     nll - beta log sigmoid((lc - lr) - (log(1 - e^lc) - log(1 - e^lr)))
+// Its rows are stored as the other methods' (completion targets only); the prompt's targets,
+// which only orpo's nll reads, are the row's next tokens (pref_model_targets).
+//
+// Every term is a mean within a unit, one rank's micro-batch (pairs, or the chosen rows'
+// tokens for sft and orpo's nll), and the loss is the mean over the step's units: HF Trainer
+// divides each micro-batch's loss by the accumulation steps and DDP averages the ranks.
 // The gradient reaches the tokens as a cross-entropy gradient scaled per row (negative for a
 // rejected row): model_forward_rows, then model_backward_rows.
 //
@@ -28,35 +38,41 @@
 #include "config.h"
 #include "model.h"
 
-enum { PL_SIGMOID, PL_HINGE, PL_IPO, PL_ROBUST, PL_SFT, PL_SIMPO };
+enum { PL_SIGMOID, PL_HINGE, PL_IPO, PL_ROBUST, PL_SFT, PL_SIMPO, PL_ORPO };
 #define PREF_MAX_LOSSES 8
 
 typedef struct {
     int n, kind[PREF_MAX_LOSSES];
     double weight[PREF_MAX_LOSSES];
     double beta, smoothing, gamma;
-    int ref_free;  // rl: simpo: no reference; log-likelihoods are per-token means
+    int ref_free;  // rl: simpo and orpo: no reference; log-likelihoods are per-token means
+    int orpo;      // rl: orpo: the chosen rows' prompts are trained too (pref_model_targets)
 } PrefLoss;
 
-// Sums over pairs (divide by pairs for TRL's means); sft_nll is the weighted sum of the chosen
-// rows' token losses (divided by chosen_tokens).
+// loss and nll (orpo's) are sums over units (divide by units); the rest sums over pairs (divide
+// by pairs for TRL's figures): log_odds_ratio and log_odds_chosen are orpo's log sigmoid of the
+// log odds ratio and the ratio itself.
 typedef struct {
-    double loss, reward_c, reward_r, correct, margin, logp_c, logp_r, sft_nll;
-    long long pairs, chosen_tokens;
+    double loss, nll, reward_c, reward_r, correct, margin, logp_c, logp_r, log_odds_ratio, log_odds_chosen;
+    long long pairs, units;
 } PrefStats;
 
 // The config's rl keys as losses; fails naming a loss type not implemented.
 void pref_loss_from_config(PrefLoss *pl, const Config *cfg);
 // "sigmoid", "0.5 sigmoid + 1 sft", ... for the run's box.
 void pref_loss_describe(const PrefLoss *pl, char *out, size_t cap);
-// One micro-batch already set on the model (B rows = B/2 pairs of this rank, tgt their whole
-// targets, T a row; the model holds Tm tokens of each, fewer under sequence parallelism, whose
-// ranks add their slices' sums; ids the rows' indices into ref; ids >= nref are empty pairs). train: add scale x the
-// gradient of the losses' sum into the model's gradients (scale = 1 / the step's pairs,
-// sft_scale = 1 / the step's chosen completion tokens). Adds the pairs' figures into st.
-void pref_micro_batch(Model *m, const PrefLoss *pl, int B, int T, int Tm, const int32_t *tgt, const size_t *ids,
-                      const double *ref, size_t nref, int train, double scale, double sft_scale, PrefStats *st);
+// The targets the model is given for rows (tok, tgt: T each, as stored): tgt itself, except
+// under orpo, where a row's positions before its completion get the next token as target.
+void pref_model_targets(const PrefLoss *pl, const int32_t *tok, const int32_t *tgt, int32_t *out, size_t rows, int T);
+// One micro-batch, a unit, already set on the model with pref_model_targets' targets (B rows =
+// B/2 pairs of this rank, tgt their stored targets, T a row; the model holds Tm tokens of each
+// from position t0 on, fewer under sequence parallelism, whose ranks add their slices' sums;
+// ids the rows' indices into ref; ids >= nref are empty pairs). train: add unit_weight (1 / the
+// step's units) x the gradient of the unit's loss into the model's gradients. Adds the unit's
+// figures into st.
+void pref_micro_batch(Model *m, const PrefLoss *pl, int B, int T, int Tm, int t0, const int32_t *tgt,
+                      const size_t *ids, const double *ref, size_t nref, int train, double unit_weight, PrefStats *st);
 // Sums st over the ranks.
 void pref_stats_reduce(PrefStats *st, Comm *c);
-// The loss st's pairs give: the pair losses' mean plus the sft term's token mean.
+// The loss st's units give: the mean of the units' losses.
 double pref_stats_loss(const PrefStats *st);

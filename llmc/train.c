@@ -130,7 +130,9 @@ static void print_box(const Config *cfg, const Model *m, const Backend *bk, size
     if (pl) {  // preference training (preference.h)
         char what[320], desc[120];
         pref_loss_describe(pl, desc, sizeof desc);
-        if (pl->ref_free)
+        if (pl->orpo)
+            snprintf(what, sizeof what, "orpo, beta %g, nll + %s; B counts 2 rows a pair", cfg->rl_beta, desc);
+        else if (pl->ref_free)
             snprintf(what, sizeof what, "%s, beta %g, gamma %g, %s; B counts 2 rows a pair", cfg->rl, cfg->rl_beta,
                      cfg->simpo_gamma, desc);
         else
@@ -298,22 +300,28 @@ static double evaluate_rows(Model *m, RowLoader *ev, int32_t *tok, int32_t *tgt,
 
 // Rows [r0, r0 + B x data-parallel ranks) of a pair file (past its end: empty rows) as a global
 // batch in tok/tgt/ds, ids[j] the row in slot j (nrows: empty); this rank's part is set on the
-// model. Returns the model's tokens per row.
-static int pair_batch(Model *m, RowLoader *rl, size_t r0, int B, int32_t *tok, int32_t *tgt, int32_t *ds,
-                      size_t *ids, Split *sp) {
+// model, with pref_model_targets' targets (in mtgt). Returns the model's tokens per row.
+static int pair_batch(Model *m, const PrefLoss *pl, RowLoader *rl, size_t r0, int B, int32_t *tok, int32_t *tgt,
+                      int32_t *mtgt, int32_t *ds, size_t *ids, Split *sp) {
     const int T = rl->T;
-    for (size_t j = 0; j < (size_t)B * sp->dp; j++) {
+    const size_t GB = (size_t)B * sp->dp;
+    for (size_t j = 0; j < GB; j++) {
         rows_read(rl, r0 + j, tok + j * T, tgt + j * T, ds + j * T);
         ids[j] = r0 + j < rl->nrows ? r0 + j : rl->nrows;
     }
-    return set_part(m, sp, tok, tgt, NULL, B, T);
+    pref_model_targets(pl, tok, tgt, mtgt, GB, T);
+    return set_part(m, sp, tok, mtgt, NULL, B, T);
 }
+
+// The position in each row where this rank's slice starts (sequence parallel), else 0.
+static int part_t0(const Split *s, int Tm) { return s->n > 1 ? s->rank * Tm : 0; }
 
 // The reference of preference training (preference.h): every row's summed token log-likelihood
 // under the current (starting) weights with the adapters off, each rank computing its part of
 // every global batch of B rows per rank (sequence parallel: its slice of every row, a partial
 // sum) and the sums added over ranks. A long pass shows progress every 10 s.
-static double *reference_pairs(Model *m, RowLoader *rl, int B, int32_t *tok, int32_t *tgt, int32_t *ds, Split *sp) {
+static double *reference_pairs(Model *m, const PrefLoss *pl, RowLoader *rl, int B, int32_t *tok, int32_t *tgt,
+                               int32_t *mtgt, int32_t *ds, Split *sp) {
     Comm *c = m->opt.comm;
     const size_t GB = (size_t)B * sp->dp, mine = part_row0(sp, B);
     double *ref = xcalloc(rl->nrows, sizeof(double)), *row = xmalloc(sizeof(double) * (size_t)B);
@@ -329,8 +337,8 @@ static double *reference_pairs(Model *m, RowLoader *rl, int B, int32_t *tok, int
                    (shown - t0) / 1000 * (1 - done) / done);
             fflush(stdout);
         }
-        const int Tm = pair_batch(m, rl, r0, B, tok, tgt, ds, ids, sp);
-        model_forward_rows(m, B, Tm, 0, row);
+        const int Tm = pair_batch(m, pl, rl, r0, B, tok, tgt, mtgt, ds, ids, sp);
+        model_forward_rows(m, B, Tm, 0, NULL, row, NULL);
         for (int b = 0; b < B; b++)
             if (ids[mine + b] < rl->nrows) ref[ids[mine + b]] = -row[b];
     }
@@ -344,14 +352,14 @@ static double *reference_pairs(Model *m, RowLoader *rl, int B, int32_t *tok, int
 // Evaluation of preference pairs: every eval pair once, in global batches of B rows per rank
 // (the last filled with empty pairs); the pairs' figures summed over ranks.
 static PrefStats evaluate_pairs(Model *m, RowLoader *ev, const PrefLoss *pl, const double *ref, int32_t *tok,
-                                int32_t *tgt, int32_t *ds, Split *sp) {
+                                int32_t *tgt, int32_t *mtgt, int32_t *ds, Split *sp) {
     const int T = ev->T, B = ev->B * ev->unit / sp->dp;  // rows per rank
     const size_t mine = part_row0(sp, B);
     size_t *ids = xmalloc(sizeof(size_t) * B * sp->dp);
     PrefStats st = {0};
     for (size_t r0 = 0; r0 < ev->nrows; r0 += (size_t)B * sp->dp) {
-        const int Tm = pair_batch(m, ev, r0, B, tok, tgt, ds, ids, sp);
-        pref_micro_batch(m, pl, B, T, Tm, tgt + mine * T, ids + mine, ref, ev->nrows, 0, 0, 0, &st);
+        const int Tm = pair_batch(m, pl, ev, r0, B, tok, tgt, mtgt, ds, ids, sp);
+        pref_micro_batch(m, pl, B, T, Tm, part_t0(sp, Tm), tgt + mine * T, ids + mine, ref, ev->nrows, 0, 0, &st);
     }
     free(ids);
     pref_stats_reduce(&st, m->opt.comm);
@@ -359,20 +367,23 @@ static PrefStats evaluate_pairs(Model *m, RowLoader *ev, const PrefLoss *pl, con
 }
 
 // The step line's and metrics.jsonl's preference figures (TRL's names; prefix "eval_" or "").
-static void pref_print(const PrefStats *st, char *line, size_t cap) {
+static void pref_print(const PrefStats *st, int orpo, char *line, size_t cap) {
     const double n = st->pairs ? (double)st->pairs : NAN;
-    snprintf(line, cap, "rewards acc %.3f margin %.4f (chosen %.4f rejected %.4f)", st->correct / n, st->margin / n,
-             st->reward_c / n, st->reward_r / n);
+    int len = snprintf(line, cap, "rewards acc %.3f margin %.4f (chosen %.4f rejected %.4f)", st->correct / n,
+                       st->margin / n, st->reward_c / n, st->reward_r / n);
+    if (orpo && len > 0 && (size_t)len < cap)
+        snprintf(line + len, cap - (size_t)len, " nll %.4f log_odds %.4f", st->nll / (double)st->units,
+                 st->log_odds_chosen / n);
 }
-static void pref_metrics(const PrefStats *st, const char *prefix, char *out, size_t cap) {
-    const double n = st->pairs ? (double)st->pairs : NAN;
-    const double v[6] = {st->reward_c / n, st->reward_r / n, st->correct / n, st->margin / n, st->logp_c / n,
-                         st->logp_r / n};
-    const char *k[6] = {"rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins", "logps/chosen",
-                        "logps/rejected"};
+static void pref_metrics(const PrefStats *st, int orpo, const char *prefix, char *out, size_t cap) {
+    const double n = st->pairs ? (double)st->pairs : NAN, u = st->units ? (double)st->units : NAN;
+    const double v[9] = {st->reward_c / n, st->reward_r / n, st->correct / n, st->margin / n, st->logp_c / n,
+                         st->logp_r / n, st->nll / u, st->log_odds_ratio / n, st->log_odds_chosen / n};
+    const char *k[9] = {"rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins", "logps/chosen",
+                        "logps/rejected", "nll_loss", "log_odds_ratio", "log_odds_chosen"};  // the last 3: orpo's
     size_t len = 0;
     out[0] = 0;
-    for (int i = 0; i < 6 && len < cap; i++) {
+    for (int i = 0; i < (orpo ? 9 : 6) && len < cap; i++) {
         char num[32];
         len += (size_t)snprintf(out + len, cap - len, ", \"%s%s\": %s", prefix, k[i], metrics_num(num, sizeof num, v[i]));
     }
@@ -751,6 +762,8 @@ int train_main(int argc, char **argv, int arch) {
     if (spn > 1) split.tok = xmalloc(sizeof(int32_t) * BT / spn), split.tgt = xmalloc(sizeof(int32_t) * BT / spn);
     int32_t *tok = xmalloc(sizeof(int32_t) * GBT * accum), *tgt = xmalloc(sizeof(int32_t) * GBT * accum);
     int32_t *dst = prepared ? xmalloc(sizeof(int32_t) * GBT * accum) : NULL;  // document starts
+    // preference training: the targets the model is given (pref_model_targets)
+    int32_t *mtgt = cfg.rl[0] ? xmalloc(sizeof(int32_t) * GBT * accum) : NULL;
 
     // ---- preference training: the reference's log-probabilities, from the starting weights
     // (before a resume loads other ones), adapters off; a checkpoint of the run holds them
@@ -769,8 +782,8 @@ int train_main(int argc, char **argv, int arch) {
         } else {
             free(ref_train);
             free(ref_eval);
-            ref_train = reference_pairs(&model, &rtrain, B, tok, tgt, dst, &split);
-            ref_eval = have_val ? reference_pairs(&model, &rval, B, tok, tgt, dst, &split) : NULL;
+            ref_train = reference_pairs(&model, &pref_loss, &rtrain, B, tok, tgt, mtgt, dst, &split);
+            ref_eval = have_val ? reference_pairs(&model, &pref_loss, &rval, B, tok, tgt, mtgt, dst, &split) : NULL;
             printf("reference: log-probabilities of %zu train pairs%s from the starting weights%s in %.1f s\n",
                    rtrain.nunits, ev, lora.r ? " (adapters off)" : "", (now_ms() - t0) / 1000);
         }
@@ -852,14 +865,16 @@ int train_main(int argc, char **argv, int arch) {
         }
         for (size_t i = 0; i < GBT * accum; i++) count += tgt[i] >= 0;
         float scale = count ? (float)(1.0 / (double)count) : 0.0f;
-        // Preference losses are means over the step's pairs (and the sft term over its chosen tokens).
-        long long step_pairs = 0, step_chosen = 0;
+        // Preference losses are means over the step's units (each rank's micro-batches), each a mean
+        // within its unit (preference.h).
+        long long step_units = 0;
         PrefStats pst = {0};
-        for (size_t i = 0; sid && i < (size_t)B * split0.dp * accum; i += 2)
-            if (sid[i] < rtrain.nrows) {
-                step_pairs++;
-                for (int t = 0; t < T; t++) step_chosen += tgt[i * T + t] >= 0;
-            }
+        for (size_t u = 0; sid && u < (size_t)split0.dp * accum; u++) {
+            int any_pair = 0;
+            for (size_t i = u * B; i < (u + 1) * B; i += 2) any_pair |= sid[i] < rtrain.nrows;
+            step_units += any_pair;
+        }
+        if (mtgt) pref_model_targets(&pref_loss, tok, tgt, mtgt, (size_t)GBT / T * accum, T);
         if (model.lisa && (step == first_step || lisa_draws_at(model.lisa, step))) {
             lisa_draw(model.lisa, lisa_last_draw(model.lisa, step));
             model_lisa_drawn(&model);
@@ -879,7 +894,7 @@ int train_main(int argc, char **argv, int arch) {
             ran++;
             // Packed rows carry their document map (unpacked: one sample per row, then padding,
             // which no real token attends to, so the plain causal mask is the same).
-            const int Tm = set_part(&model, &split, tok + a * GBT, tgt + a * GBT,
+            const int Tm = set_part(&model, &split, tok + a * GBT, (mtgt ? mtgt : tgt) + a * GBT,
                                     prepared && rtrain.packed ? dst + a * GBT : NULL, B, T);
             // Dropout masks depend only on (seed, micro-batch): recompute and resume agree.
             Rng dr;
@@ -887,18 +902,18 @@ int train_main(int argc, char **argv, int arch) {
             model.dropout_seed = rng_next(&dr);
             if (cfg.rl[0]) {
                 const size_t mine = (size_t)a * B * split0.dp + part_row0(&split, B);
-                pref_micro_batch(&model, &pref_loss, B, T, Tm, tgt + mine * T, sid + mine, ref_train, rtrain.nrows, 1,
-                                 1.0 / (double)step_pairs, step_chosen ? 1.0 / (double)step_chosen : 0, &pst);
+                pref_micro_batch(&model, &pref_loss, B, T, Tm, part_t0(&split, Tm), tgt + mine * T, sid + mine,
+                                 ref_train, rtrain.nrows, 1, 1.0 / (double)step_units, &pst);
             } else
                 loss_sum += model_forward_backward(&model, B, Tm, scale);
         }
         comm->all_reduce_sum_f64(comm, &loss_sum, 1);
         float loss = (float)(loss_sum * scale);
-        char pref_line[160] = "";
+        char pref_line[224] = "";
         if (cfg.rl[0]) {
             pref_stats_reduce(&pst, comm);
             loss = (float)pref_stats_loss(&pst);
-            pref_print(&pst, pref_line + 3, sizeof pref_line - 3);
+            pref_print(&pst, pref_loss.orpo, pref_line + 3, sizeof pref_line - 3);
             memcpy(pref_line, " | ", 3);
         }
         double norm = grad_norm(&model);
@@ -944,7 +959,7 @@ int train_main(int argc, char **argv, int arch) {
                    cfg.max_steps / steps_per_epoch, loss, lr, norm, ms, tps, peak, hpeak, dpeak, eta, pref_line,
                    skip ? " | skipped" : "");
         char pref_keys[512] = "";
-        if (cfg.rl[0]) pref_metrics(&pst, "", pref_keys, sizeof pref_keys);
+        if (cfg.rl[0]) pref_metrics(&pst, pref_loss.orpo, "", pref_keys, sizeof pref_keys);
         char nl[32], nn[32];
         metrics_line(&metrics,
                      "\"step\": %d, \"epoch\": %.6g, \"loss\": %s, \"lr\": %.9g, \"grad_norm\": %s, \"ms\": %.3f, "
@@ -972,11 +987,11 @@ int train_main(int argc, char **argv, int arch) {
         if (cfg.eval_steps && (ls.step % cfg.eval_steps == 0 || ls.step == cfg.max_steps)) {
             double vl;
             if (cfg.rl[0]) {
-                PrefStats es = evaluate_pairs(&model, &rval, &pref_loss, ref_eval, tok, tgt, dst, &split);
+                PrefStats es = evaluate_pairs(&model, &rval, &pref_loss, ref_eval, tok, tgt, mtgt, dst, &split);
                 vl = pref_stats_loss(&es);
-                char line[160], keys[512];
-                pref_print(&es, line, sizeof line);
-                pref_metrics(&es, "eval_", keys, sizeof keys);
+                char line[224], keys[640];
+                pref_print(&es, pref_loss.orpo, line, sizeof line);
+                pref_metrics(&es, pref_loss.orpo, "eval_", keys, sizeof keys);
                 printf("step %5d/%d | eval_loss %.6f | eval_pairs %lld | eval %s\n", ls.step, cfg.max_steps, vl, es.pairs,
                        line);
                 metrics_line(&metrics, "\"step\": %d, \"eval_loss\": %s, \"eval_pairs\": %lld%s", ls.step,
@@ -1052,6 +1067,7 @@ int train_main(int argc, char **argv, int arch) {
     free(split.tok);
     free(split.tgt);
     free(dst);
+    free(mtgt);
     free(sid);
     free(ref_train);
     free(ref_eval);

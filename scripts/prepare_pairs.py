@@ -1,4 +1,4 @@
-"""Preference pairs for `rl: dpo` / `rl: ipo` / `rl: simpo` runs, for scripts/prepare_data.py (which passes
+"""Preference pairs for `rl: dpo` / `rl: ipo` / `rl: simpo` / `rl: orpo` runs, for scripts/prepare_data.py (which passes
 itself in as `pd`, so that one DataError class and one tokenizer wrapper serve both files).
 
 What a pair becomes follows Axolotl (its prompt_strategies/dpo/*.py turn a record into prompt,
@@ -8,8 +8,9 @@ does not end with it; the prompt is tokenized alone and prompt + completion join
 the tokenizer's special tokens, and the completion is what follows the prompt's token count; the
 row is prompt + completion cut to sequence_len from the start (TRL's keep_start), and only the
 completion's tokens are targets. Row 2k holds pair k's chosen completion, row 2k+1 its rejected
-one (the paired row format in README's "Prepared datasets"). rl: simpo tokenizes as TRL's
-CPOTrainer does instead (tokenize_pair_cpo).
+one (the paired row format in README's "Prepared datasets"). rl: simpo and rl: orpo tokenize as
+TRL's CPOTrainer and ORPOTrainer do instead (tokenize_pair_cpo); orpo's datasets are Axolotl's
+chat_template.argilla (ArgillaOrpo).
 """
 
 CHATML = ("<|im_start|>system\n{system}<|im_end|>\n", "<|im_start|>user\n{prompt}<|im_end|>\n<|im_start|>assistant\n",
@@ -117,6 +118,16 @@ class Passthrough:
         return tuple(text_of(self.pd, rec, k, loc) for k in ("prompt", "chosen", "rejected"))
 
 
+def render_chat(st, msgs, gen, loc):
+    """The text of msgs by st's chat template (st.template, st.kwargs, st.tok, st.pd); the
+    template's own errors as one line naming the record."""
+    try:
+        return st.tok.t.apply_chat_template(msgs, chat_template=st.template, tokenize=False,
+                                            add_generation_prompt=gen, **st.kwargs)
+    except Exception as e:  # noqa: BLE001 - jinja's own errors
+        raise st.pd.DataError("%s: chat template failed: %s" % (loc, (str(e).splitlines() or [type(e).__name__])[0]))
+
+
 class ChatTemplatePairs:
     """chat_template.default: the prompt messages rendered with the generation prompt; each
     completion rendered as an assistant turn after a placeholder user turn, kept from its content
@@ -141,11 +152,7 @@ class ChatTemplatePairs:
         self.role_map = {src: dst for dst, srcs in roles.items() for src in srcs}
 
     def render(self, msgs, gen, loc):
-        try:
-            return self.tok.t.apply_chat_template(msgs, chat_template=self.template, tokenize=False,
-                                                  add_generation_prompt=gen, **self.kwargs)
-        except Exception as e:  # noqa: BLE001 - jinja's own errors
-            raise self.pd.DataError("%s: chat template failed: %s" % (loc, (str(e).splitlines() or [type(e).__name__])[0]))
+        return render_chat(self, msgs, gen, loc)
 
     def turn(self, m, where):
         if not isinstance(m, dict) or not isinstance(m.get(self.rk), str) or not isinstance(m.get(self.ck), str):
@@ -177,8 +184,60 @@ class ChatTemplatePairs:
         return tuple(out)
 
 
+class ArgillaOrpo:
+    """rl: orpo's chat_template.argilla (Axolotl's orpo/chat_template.py, the format of
+    argilla/ultrafeedback-binarized-preferences-cleaned): chosen and rejected are conversations of
+    user/assistant pairs; the prompt is the record's system (when set), then chosen's turns but its
+    last answer (the record's prompt, when given, in place of every user text), rendered by the chat
+    template with the generation prompt; each completion is the rendering with its last answer
+    appended, less the prompt's length in characters."""
+
+    def __init__(self, pd, spec, tok, cfg, ds):
+        self.pd, self.tok = pd, tok
+        self.template = pd.chat_template_of(spec, tok, cfg, ds)
+        self.kwargs = cfg.get("chat_template_kwargs") or {}
+
+    def render(self, msgs, gen, loc):
+        return render_chat(self, msgs, gen, loc)
+
+    def conversation(self, rec, name, loc):
+        conv = rec.get(name)
+        if not isinstance(conv, list) or not conv or len(conv) % 2 or \
+                not all(isinstance(m, dict) and isinstance(m.get("content"), str) for m in conv):
+            raise self.pd.DataError("%s: %s: expected a conversation of user and assistant messages, an even number "
+                                    "of them, each with a content string" % (loc, name))
+        return conv
+
+    def __call__(self, rec, loc):
+        chosen, rejected = self.conversation(rec, "chosen", loc), self.conversation(rec, "rejected", loc)
+        msgs = []
+        if rec.get("system"):
+            if not isinstance(rec["system"], str):
+                raise self.pd.DataError("%s: system: expected a string" % loc)
+            msgs.append({"role": "system", "content": rec["system"]})
+        if "prompt" in rec and not isinstance(rec["prompt"], str):
+            raise self.pd.DataError("%s: prompt: expected a string" % loc)
+        turns = len(chosen) // 2
+        for i in range(turns):
+            msgs.append({"role": "user", "content": rec["prompt"] if "prompt" in rec else chosen[2 * i]["content"]})
+            if i < turns - 1:
+                msgs.append({"role": "assistant", "content": chosen[2 * i + 1]["content"]})
+        prompt = self.render(msgs, True, loc)
+        return (prompt,) + tuple(self.render(msgs + [{"role": "assistant", "content": c[-1]["content"]}], False, loc)
+                                 [len(prompt):] for c in (chosen, rejected))
+
+
 def strategy_of(pd, spec, tok, cfg, ds, key):
     t = ds.get("type")
+    if cfg.get("rl") == "orpo":  # Axolotl's orpo strategies: chat_template.argilla is the one that reads pairs
+        if t != "chat_template.argilla":
+            raise pd.DataError("%s.type: rl: orpo reads type chat_template.argilla (Axolotl's ORPO format: chosen and "
+                               "rejected conversations), not '%s'" % (pd.where_cfg(spec, key), t))
+        for k in ds:
+            if k not in ("path", "type", "data_files", "split", "ds_type", "name"):  # Axolotl's transform reads the
+                raise pd.DataError("%s.%s: not read for rl: orpo datasets (the config's chat_template is)"  # config's
+                                   % (pd.where_cfg(spec, key), k))  # chat_template only
+        return ArgillaOrpo(pd, spec, tok, cfg, {})
     if isinstance(t, dict):
         return UserDefined(pd, spec, t, key)
     names = "chatml.{%s}, llama3.{...}, chat_template.default, passthrough, or a user_defined mapping" % \
@@ -253,7 +312,7 @@ def cpo_answer(tok, prompt, answer):
 
 
 def tokenize_pair_cpo(pd, tok, strings, T, loc):
-    """rl: simpo: TRL's CPOTrainer.tokenize_row (the older tokenization its experimental trainers
+    """rl: simpo and orpo: TRL's CPOTrainer.tokenize_row (the older tokenization its experimental trainers
     keep): no special tokens from the tokenizer; a BOS id put before a prompt that does not start
     with it, an EOS id after an answer that does not end with it; when prompt + the longer answer
     exceed sequence_len, each answer is cut to sequence_len minus the longer answer's length (TRL's
@@ -318,7 +377,7 @@ def load_pairs(pd, spec, tok, cfg, entries, key, counts):
                         dropped += 1
                         first = first or loc
                         continue
-                if cfg.get("rl") == "simpo":
+                if cfg.get("rl") in ("simpo", "orpo"):  # TRL's CPOTrainer and ORPOTrainer tokenize alike
                     c, r = tokenize_pair_cpo(pd, tok, strings, T, loc)
                 else:
                     c, r = tokenize_pair(pd, tok, strings, T)

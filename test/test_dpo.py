@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Preference training (rl: dpo / ipo; llmc/preference.h) against a float64 PyTorch reference
+"""Preference training (rl: dpo / ipo / simpo / orpo; llmc/preference.h) against a float64 PyTorch reference
 written from TRL 1.8's DPOTrainer (test/llama_ref.py's model; the losses below in torch ops).
 
     /usr/bin/python3 test/test_dpo.py --bin build/train_llama [--only CASE]
@@ -27,7 +27,12 @@ Cases:
   ranks           mpirun -np 2 (data parallel, and ZeRO-3), one pair a rank per micro-batch, and
                   sequence_parallel_degree 2 (half of every row a rank): the losses, grad norms,
                   margins and eval_loss of one process with two pairs.
-  refusals        rl: orpo, sample_packing, rpo_alpha, an unknown loss type, train_data shards,
+  orpo            rl: orpo (TRL's ORPOTrainer) on Axolotl's chat_template.argilla records (system,
+                  a prompt field, two-turn conversations): its rows, no reference pass, the nll over
+                  the chosen rows' whole sequences (a mean per micro-batch) minus beta log sigmoid of
+                  the log odds ratio, against the reference; gradient checkpointing bit for bit;
+                  mpirun sequence parallel (the prompt's end falls in either half) as one process.
+  refusals        rl: kto, rl: orpo on another format, sample_packing, rpo_alpha, an unknown loss type, train_data shards,
                   lora_model_dir, dpo_loss_weights of the wrong length: one error line, exit 1.
 """
 import argparse
@@ -181,10 +186,46 @@ def pref_loss(lp, n, ref, types, weights, beta, eps, gamma=0.0):
     return total, stats
 
 
+def unit_mean(rows, micro, loss_of):
+    """HF Trainer's loss for rows (pairs, chosen then rejected): each micro-batch's (micro pairs)
+    own loss, averaged over the micro-batches (Trainer divides each by the accumulation steps)."""
+    n = rows.stop - rows.start
+    units = [slice(rows.start + i, min(rows.start + i + 2 * micro, rows.stop)) for i in range(0, n, 2 * micro)]
+    return sum(loss_of(u) for u in units) / len(units)
+
+
+def orpo_terms(model, tok, tgt, beta):
+    """TRL's ORPOTrainer on rows (chosen, rejected, ...): the chosen rows' mean token loss over the
+    whole sequence (every next token up to the completion's end), the completions' mean token
+    log-likelihoods, the log odds ratio; returns (loss, stats)."""
+    logits = model(torch.tensor(tok, dtype=torch.long))
+    lp = F.log_softmax(logits.double(), -1)
+    t = torch.tensor(tgt, dtype=torch.long)
+    full = t.clone()
+    for r in range(t.shape[0]):
+        s = int((t[r] >= 0).nonzero()[0])
+        full[r, :s] = torch.tensor(tok[r, 1:s + 1], dtype=torch.long)
+    g = lp.gather(-1, full.clamp(min=0).unsqueeze(-1)).squeeze(-1)
+    comp, whole = (t >= 0).double(), (full >= 0).double()
+    nll = -(g * whole)[0::2].sum() / whole[0::2].sum()
+    mean = (g * comp).sum(-1) / comp.sum(-1)
+    lc, lr = mean[0::2], mean[1::2]
+    l1m = lambda x: torch.where(x < -0.693, torch.log1p(-torch.exp(x)), torch.log(-torch.expm1(x)))  # noqa: E731
+    lo = (lc - lr) - (l1m(lc) - l1m(lr))
+    ratio = F.logsigmoid(lo)
+    loss = nll - beta * ratio.mean()
+    stats = {"rewards/chosen": (beta * lc).mean().item(), "rewards/rejected": (beta * lr).mean().item(),
+             "rewards/accuracies": (lc > lr).double().mean().item(), "rewards/margins": (beta * (lc - lr)).mean().item(),
+             "logps/chosen": lc.mean().item(), "logps/rejected": lr.mean().item(), "nll_loss": nll.item(),
+             "log_odds_ratio": ratio.mean().item(), "log_odds_chosen": lo.mean().item()}
+    return loss, stats
+
+
 def reference_run(cfg, weights, tok, tgt, steps, pairs_per_step, lr, types, weights_l, beta, eps, lora=None,
-                  warmup=0, max_grad_norm=1.0, eval_rows=None, gamma=None):
+                  warmup=0, max_grad_norm=1.0, eval_rows=None, gamma=None, micro=2):
     """The trainer's run in float64: the reference log-probabilities from the starting model
-    (adapters off), then AdamW steps over consecutive pairs (shuffle false)."""
+    (adapters off), then AdamW steps over consecutive pairs (shuffle false), each step's loss the
+    mean of its micro-batches' (micro pairs each) losses; types ["orpo"]: TRL's ORPOTrainer."""
     model = R.RefLlama(cfg, weights, lora=lora)
     base = R.RefLlama(cfg, weights)
     with torch.no_grad():
@@ -199,9 +240,20 @@ def reference_run(cfg, weights, tok, tgt, steps, pairs_per_step, lr, types, weig
         opt.zero_grad()
         r0 = s * pairs_per_step * 2
         rows = slice(r0, r0 + pairs_per_step * 2)
-        lp, n = logps(model, tok[rows], tgt[rows])
-        loss, stats = pref_loss(lp, n, None if gamma is not None else ref[rows], types, weights_l, beta, eps,
-                                gamma or 0.0)
+        if types == ["orpo"]:
+            loss = unit_mean(rows, micro, lambda u: orpo_terms(model, tok[u], tgt[u], beta)[0])
+            with torch.no_grad():
+                stats = orpo_terms(model, tok[rows], tgt[rows], beta)[1]
+                stats["nll_loss"] = unit_mean(rows, micro, lambda u: orpo_terms(model, tok[u], tgt[u], beta)[1]["nll_loss"])
+        else:
+            def unit_loss(u):
+                lp, n = logps(model, tok[u], tgt[u])
+                return pref_loss(lp, n, None if gamma is not None else ref[u], types, weights_l, beta, eps, gamma or 0.0)[0]
+            loss = unit_mean(rows, micro, unit_loss)
+            with torch.no_grad():
+                lp, n = logps(model, tok[rows], tgt[rows])
+                stats = pref_loss(lp, n, None if gamma is not None else ref[rows], types, weights_l, beta, eps,
+                                  gamma or 0.0)[1]
         loss.backward()
         gn = R.grad_norm_clip(params, max_grad_norm)
         opt.step()
@@ -209,9 +261,12 @@ def reference_run(cfg, weights, tok, tgt, steps, pairs_per_step, lr, types, weig
     ev = None
     if eval_rows is not None:
         with torch.no_grad():
-            lp, n = logps(model, *eval_rows)
-            ev = pref_loss(lp, n, eref, types, weights_l, beta, eps)
-            ev = dict(ev[1], loss=ev[0].item())
+            et, eg = eval_rows
+            rows = slice(0, len(et))
+            loss = unit_mean(rows, micro, lambda u: pref_loss(*logps(model, et[u], eg[u]), eref[u], types, weights_l,
+                                                              beta, eps)[0])
+            lp, n = logps(model, et, eg)
+            ev = dict(pref_loss(lp, n, eref, types, weights_l, beta, eps)[1], loss=loss.item())
     return out, ev
 
 
@@ -229,7 +284,9 @@ def compare_steps(errs, m, ref, keys=("loss", "grad_norm", "rewards/chosen", "re
             continue
         for k in keys:
             tol = 1e-4 if k == "grad_norm" else 1e-5
-            compare(errs, "step %d %s" % (s, k), m[s][k], r[k], rtol=tol, atol=1e-6)
+            # rewards are beta times differences of float32 sums of token log-probabilities
+            # (tens each): 1e-5 absolute is a few ulps of those sums
+            compare(errs, "step %d %s" % (s, k), m[s][k], r[k], rtol=tol, atol=1e-5 if k.startswith("rewards/") else 1e-6)
             if k == "loss":
                 worst = max(worst, rel(m[s][k], r[k]))
     return worst
@@ -487,6 +544,100 @@ def case_simpo():
     return errs, "loss rel %.2e" % worst
 
 
+def argilla_pairs(n, seed):
+    """Records of Axolotl's chat_template.argilla: chosen and rejected conversations (the same
+    user turns), some with a system, one with two turns, one with a prompt field."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(n):
+        q = FX.sentence(rng, 3, 9)
+        conv = [{"role": "user", "content": q}]
+        if i == 2:  # two turns: the first answer is part of the prompt
+            conv += [{"role": "assistant", "content": FX.sentence(rng, 2, 5)}, {"role": "user", "content": FX.sentence(rng, 2, 5)}]
+        r = {"chosen": conv + [{"role": "assistant", "content": FX.sentence(rng, 2, 10)}],
+             "rejected": conv + [{"role": "assistant", "content": FX.sentence(rng, 2, 10)}]}
+        if i % 3 == 0:
+            r["system"] = FX.sentence(rng, 2, 5)
+        if i == 4:
+            r["prompt"] = FX.sentence(rng, 2, 6)
+        out.append(r)
+    return out
+
+
+def case_orpo():
+    from transformers import AutoTokenizer
+    errs = []
+    cfg_m, w = R_cfg_weights()
+    tk = AutoTokenizer.from_pretrained(model_dir())
+    data = os.path.join(WORK, "orpo.jsonl")
+    recs = argilla_pairs(12, seed=21)
+    FX.write_jsonl(data, recs)
+    cfg = base_cfg("orpo", data, rl="orpo", orpo_alpha=0.5, chat_template="llama3", learning_rate=1e-2,
+                   datasets=[{"path": data, "type": "chat_template.argilla"}], shuffle_merged_datasets=False)
+    p = run(cfg)
+    d = prepared_dir(p.stdout)
+    _, tok, tgt = read_rows(os.path.join(d, "train.bin"))
+    ref, _ = reference_run(cfg_m, w, tok, tgt, 3, 4, 1e-2, ["orpo"], [1.0], 0.5, 0.0)
+    m, _ = metrics(cfg["output_dir"])
+    worst = compare_steps(errs, m, ref, keys=("loss", "grad_norm", "rewards/chosen", "rewards/rejected",
+                                              "rewards/margins", "logps/chosen", "logps/rejected", "nll_loss",
+                                              "log_odds_ratio", "log_odds_chosen"))
+    if "reference:" in p.stdout:
+        errs.append("rl: orpo ran a reference pass")
+    if "preference   orpo, beta 0.5, nll + orpo" not in p.stdout:
+        errs.append("the box does not name ORPO")
+    # the rows of records 0 (system), 2 (two turns) and 4 (prompt field), spelled out in Llama 3's
+    # format and tokenized as TRL's ORPOTrainer does (no special tokens; the answer after the
+    # prompt's count; BOS kept, an EOS id appended)
+    hdr = lambda role, text: "<|start_header_id|>%s<|end_header_id|>\n\n%s<|eot_id|>" % (role, text.strip())  # noqa: E731
+    for k in (0, 2, 4):
+        r = recs[k]
+        prompt = "<|begin_of_text|>" + (hdr("system", r["system"]) if r.get("system") else "")
+        turns = r["chosen"][:-1]
+        for j, m_ in enumerate(turns):
+            prompt += hdr(m_["role"], r["prompt"] if m_["role"] == "user" and "prompt" in r else m_["content"])
+        prompt += "<|start_header_id|>assistant<|end_header_id|>\n\n"
+        for row, comp in ((2 * k, r["chosen"][-1]["content"]), (2 * k + 1, r["rejected"][-1]["content"])):
+            ans = comp.strip() + "<|eot_id|>"
+            full = tk(prompt + ans, add_special_tokens=False)["input_ids"]
+            P = tk(prompt, add_special_tokens=False)["input_ids"]
+            start = len(P) if full[:len(P)] == P else len(P) - 1
+            want = full + [tk.eos_token_id]
+            if list(tok[row, :len(want)]) != want:
+                errs.append("record %d row %d: %r" % (k, row, tk.decode(tok[row, :len(want)])))
+            elif int((tgt[row] >= 0).sum()) != len(want) - start or tgt[row, start - 1] < 0:
+                errs.append("record %d row %d: %d targets, want %d from position %d" % (
+                    k, row, int((tgt[row] >= 0).sum()), len(want) - start, start - 1))
+    plain = figures(cfg["output_dir"])
+    rc = dict(cfg, output_dir=os.path.join(WORK, "orpo_rc"), gradient_checkpointing=True, activation_offloading=True)
+    run(rc)
+    if figures(rc["output_dir"]) != plain:
+        errs.append("gradient checkpointing + offloading: %s vs %s" % (figures(rc["output_dir"])[-1], plain[-1]))
+    import shutil as sh
+    if sh.which("mpirun"):
+        sp = dict(cfg, output_dir=os.path.join(WORK, "orpo_sp"), sequence_parallel_degree=2)
+        path = os.path.join(WORK, "orpo_sp.yaml")
+        with open(path, "w") as f:
+            json.dump(sp, f)
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "PMI_", "PMIX_", "PRTE_"))}
+        env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", LLMC_PYTHON=sys.executable,
+                   LLMC_SCRIPTS_DIR=os.path.join(ROOT, "scripts"), TRANSFORMERS_VERBOSITY="error")
+        q = subprocess.run(["mpirun", "-np", "2", "--oversubscribe", "--bind-to", "none", ARGS.bin, "-c", path],
+                           cwd=WORK, env=env, capture_output=True, text=True, timeout=600)
+        if q.returncode:
+            errs.append("sequence parallel: rc %d %s" % (q.returncode, q.stderr.strip()[-300:]))
+        else:
+            for st, (a, b) in enumerate(zip(figures(sp["output_dir"]), plain), 1):
+                for i, name in enumerate(("loss", "grad_norm", "margin")):
+                    compare(errs, "sequence parallel step %d %s" % (st, name), a[i], b[i], rtol=1e-5, atol=1e-7)
+    bad = os.path.join(WORK, "orpo_bad.jsonl")
+    FX.write_jsonl(bad, [recs[0], {"chosen": [{"role": "user", "content": "q"}], "rejected": recs[0]["rejected"]}])
+    q = run(dict(cfg, datasets=[{"path": bad, "type": "chat_template.argilla"}]), "--preprocess", expect_ok=False)
+    if q.returncode == 0 or bad + ":2: chosen: expected a conversation" not in q.stderr:
+        errs.append("an odd conversation: rc %d %s" % (q.returncode, q.stderr.strip()[-200:]))
+    return errs, "loss rel %.2e, step 3 nll %.4f" % (worst, m[3]["nll_loss"] if 3 in m else float("nan"))
+
+
 def figures(out):
     m, _ = metrics(out)
     return [(m[s]["loss"], m[s]["grad_norm"], m[s]["rewards/margins"]) for s in sorted(m)]
@@ -601,7 +752,8 @@ def case_refusals():
     data = os.path.join(WORK, "ref.jsonl")
     FX.write_jsonl(data, pairs(6, seed=2))
     c = base_cfg("refusals", data, max_steps=1)
-    bad = [({"rl": "orpo"}, "rl: orpo is not implemented"),
+    bad = [({"rl": "kto"}, "rl: kto is not implemented"),
+           ({"rl": "orpo"}, "rl: orpo reads type chat_template.argilla"),
            ({"sample_packing": True}, "sample_packing does not work with rl"),
            ({"rpo_alpha": 0.5}, "rpo_alpha"),
            ({"dpo_loss_type": ["aot"]}, "'aot' is not implemented"),
@@ -666,7 +818,8 @@ def main():
     WORK = tempfile.mkdtemp(prefix="test_dpo.")
     torch.set_num_threads(2)
     cases = [("rows", case_rows), ("formats", case_formats), ("sigmoid_full", case_sigmoid_full),
-             ("mixed_lora", case_mixed_lora), ("ipo", case_ipo), ("simpo", case_simpo), ("memory_modes", case_memory_modes),
+             ("mixed_lora", case_mixed_lora), ("ipo", case_ipo), ("simpo", case_simpo), ("orpo", case_orpo),
+             ("memory_modes", case_memory_modes),
              ("resume", case_resume), ("ranks", case_ranks), ("refusals", case_refusals)]
     try:
         passed, failed = harness.run_cases(cases, ARGS.only, verbose=True, timed=True)
