@@ -737,12 +737,16 @@ def chat_template_of(spec, tok, cfg, ds):
     if name not in CHAT_TEMPLATES:
         raise DataError("%s: '%s' is not available here (tokenizer_default, %s, jinja with chat_template_jinja)"
                         % (where_cfg(spec, "chat_template"), name, TEMPLATE_NAMES))
-    for s in CHAT_TEMPLATE_TOKENS[name]:
-        if tok.token_id(s) is None:
-            raise DataError("%s: %s needs '%s' as one token, and the tokenizer in %s does not have it (add it "
-                            "with `tokens:` only if the model's vocab_size leaves room)" % (
-                                where_cfg(spec, "chat_template"), name, s, spec["tokenizer_dir"]))
+    missing = [s for s in CHAT_TEMPLATE_TOKENS[name] if tok.token_id(s) is None]
+    if missing and (name, spec["tokenizer_dir"]) not in NOTED_TEMPLATES:
+        NOTED_TEMPLATES.add((name, spec["tokenizer_dir"]))
+        print("note: chat_template %s: the tokenizer in %s has no token %s: its markers are tokenized as plain text, "
+              "as Axolotl does (`tokens:` adds them as tokens, where the model's "
+              "vocab_size leaves room)" % (name, spec["tokenizer_dir"], " or ".join(missing)))
     return CHAT_TEMPLATES[name]
+
+
+NOTED_TEMPLATES = set()  # (template, tokenizer) pairs whose missing marker tokens were noted
 
 
 STRATEGIES = {"alpaca": Alpaca, "completion": Completion, "input_output": InputOutput,
