@@ -196,6 +196,19 @@ def preference_rows(n, seed=0):
              "rejected": {"role": "assistant", "content": sentence(rng, 3, 15)}} for _ in range(n)]
 
 
+def argilla_rows(n, seed=0):
+    """Preference records in the shape of argilla/ultrafeedback-binarized-preferences-cleaned
+    (Axolotl's chat_template.argilla, for rl: orpo): the prompt, and chosen and rejected
+    conversations of a user turn and an assistant turn."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(n):
+        q = sentence(rng, 4, 12)
+        out.append({"prompt": q, "chosen": [{"role": "user", "content": q}, {"role": "assistant", "content": sentence(rng, 3, 15)}],
+                    "rejected": [{"role": "user", "content": q}, {"role": "assistant", "content": sentence(rng, 3, 15)}]})
+    return out
+
+
 def write_jsonl(path, rows):
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     with open(path, "w") as f:

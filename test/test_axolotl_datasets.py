@@ -40,6 +40,7 @@ def setup(work):
     F.write_jsonl(os.path.join(work, "data", "sharegpt.jsonl"), F.sharegpt_rows(24))
     F.write_jsonl(os.path.join(work, "data", "messages.jsonl"), F.messages_rows(24))
     F.write_jsonl(os.path.join(work, "data", "preferences.jsonl"), F.preference_rows(24))
+    F.write_jsonl(os.path.join(work, "data", "argilla.jsonl"), F.argilla_rows(24))
     for c in sorted(glob.glob(os.path.join(CONFIGS, "*.yaml"))):
         shutil.copy(c, work)
     return hf
