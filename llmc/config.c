@@ -215,7 +215,8 @@ static const KeyDef KEYS[] = {
         "weights in host memory: a full fine-tune keeps its ZeRO-3 pieces and their gradients there (zero_stage 3 "
         "and offload_optimizer follow); an adapter run streams its frozen base (layer_offloading)"),
     STR("rl", rl, "", "preference training over datasets: of prompt/chosen/rejected pairs: dpo or ipo (TRL 1.8's "
-        "DPOTrainer; the reference is the starting model), simpo (its CPOTrainer) or orpo (its ORPOTrainer); \"\": supervised"),
+        "DPOTrainer; the reference is the starting model), kto (its KTOTrainer), simpo (its CPOTrainer) or orpo (its "
+        "ORPOTrainer); \"\": supervised"),
     NUM("rl_beta", T_FLOAT, rl_beta, "0", 0, 1e6, "rl: DPO's beta (0: unset, then dpo_beta, orpo_alpha or 0.1)"),
     NUM("dpo_beta", T_FLOAT, dpo_beta, "0", 0, 1e6, "rl: Axolotl's deprecated name of rl_beta"),
     NUM("orpo_alpha", T_FLOAT, orpo_alpha, "0", 0, 1e6, "rl: the beta when rl_beta is unset (Axolotl's order; ORPO's lambda)"),
@@ -228,6 +229,10 @@ static const KeyDef KEYS[] = {
     NUM("simpo_gamma", T_FLOAT, simpo_gamma, "0", -1e6, 1e6, "rl: simpo: the target reward margin (required, as in Axolotl)"),
     NUM("cpo_alpha", T_FLOAT, cpo_alpha, "1", 0, 1e6,
         "rl: simpo: weight of the chosen completions' token loss added to SimPO's (TRL's default 1; 0: pure SimPO)"),
+    NUM("kto_desirable_weight", T_FLOAT, kto_desirable_weight, "1", 0, 1e6,
+        "rl: kto: weight of the desirable examples' losses (0 means 1, as Axolotl passes `or 1.0`)"),
+    NUM("kto_undesirable_weight", T_FLOAT, kto_undesirable_weight, "1", 0, 1e6,
+        "rl: kto: weight of the undesirable examples' losses (0 means 1, as in Axolotl)"),
     NUM("precompute_ref_log_probs", T_BOOL, precompute_ref_log_probs, "false", 0, 1,
         "rl: the reference log-probabilities are always computed once before training here; either value"),
     ENUM("device", device, "auto", "auto|cpu|cuda",
@@ -849,7 +854,8 @@ static void finish_deepspeed(Config *cfg, const char *src) {
 // (LoRA's too).
 static void finish_rl(Config *cfg, const char *src) {
     const char *rl_keys[] = {"rl_beta", "dpo_beta", "orpo_alpha", "dpo_label_smoothing", "dpo_loss_type",
-                             "dpo_loss_weights", "precompute_ref_log_probs", "simpo_gamma", "cpo_alpha"};
+                             "dpo_loss_weights", "precompute_ref_log_probs", "simpo_gamma", "cpo_alpha",
+                             "kto_desirable_weight", "kto_undesirable_weight"};
     if (!cfg->rl[0]) {
         for (size_t i = 0; i < sizeof rl_keys / sizeof *rl_keys; i++)
             if (given(cfg, rl_keys[i]))
@@ -857,11 +863,14 @@ static void finish_rl(Config *cfg, const char *src) {
         return;
     }
     const char *rl = cfg->rl;
-    if (!strcmp(rl, "kto") || !strcmp(rl, "grpo") || !strcmp(rl, "gdpo") || !strcmp(rl, "ebft"))
-        fail("%s: rl: %s is not implemented (rl: dpo, ipo, simpo and orpo are)", src, rl);
-    if (strcmp(rl, "dpo") && strcmp(rl, "ipo") && strcmp(rl, "simpo") && strcmp(rl, "orpo"))
-        fail("%s: rl: '%s' is not a preference method here (dpo, ipo, simpo, orpo)", src, rl);
-    const int simpo = !strcmp(rl, "simpo"), orpo = !strcmp(rl, "orpo");
+    if (!strcmp(rl, "grpo") || !strcmp(rl, "gdpo") || !strcmp(rl, "ebft"))
+        fail("%s: rl: %s is not implemented (rl: dpo, ipo, kto, simpo and orpo are)", src, rl);
+    if (strcmp(rl, "dpo") && strcmp(rl, "ipo") && strcmp(rl, "simpo") && strcmp(rl, "orpo") && strcmp(rl, "kto"))
+        fail("%s: rl: '%s' is not a preference method here (dpo, ipo, kto, simpo, orpo)", src, rl);
+    const int simpo = !strcmp(rl, "simpo"), orpo = !strcmp(rl, "orpo"), kto = !strcmp(rl, "kto");
+    if (!kto && (given(cfg, "kto_desirable_weight") || given(cfg, "kto_undesirable_weight")))
+        printf("note: kto_desirable_weight and kto_undesirable_weight have no effect with rl: %s (they are rl: "
+               "kto's)\n", rl);
     if (!simpo && (given(cfg, "simpo_gamma") || given(cfg, "cpo_alpha")))
         printf("note: simpo_gamma and cpo_alpha have no effect with rl: %s (they are rl: simpo's)\n", rl);
     if (cfg->arch == ARCH_GPT2) fail("%s: rl: %s trains Llama-family models (train_llama)", src, rl);
@@ -881,6 +890,23 @@ static void finish_rl(Config *cfg, const char *src) {
         } else cfg->rl_beta = 0.1;
     }
     if (!(cfg->rl_beta > 0)) fail("%s: rl_beta must be above 0 (DPO divides by it in ipo)", src);
+    if (kto) {  // TRL's KTOTrainer: loss_type kto, its KL term from mismatched completions of each batch
+        if (cfg->micro_batch_size < 2)
+            fail("%s: rl: kto needs micro_batch_size 2 or more (TRL refuses 1: the KL term, from the batch's other "
+                 "completions, would be the reward itself)", src);
+        if (cfg->dpo_loss_type[0] || cfg->dpo_loss_weights[0] || cfg->dpo_label_smoothing > 0)
+            printf("note: rl: kto sets its loss (TRL's kto); dpo_loss_type, dpo_loss_weights and dpo_label_smoothing "
+                   "have no effect (as in Axolotl)\n");
+        snprintf(cfg->dpo_loss_type, sizeof cfg->dpo_loss_type, "kto");
+        cfg->dpo_loss_weights[0] = 0;
+        cfg->dpo_label_smoothing = 0;
+        if (!(cfg->kto_desirable_weight > 0)) cfg->kto_desirable_weight = 1;  // Axolotl: `or 1.0`
+        if (!(cfg->kto_undesirable_weight > 0)) cfg->kto_undesirable_weight = 1;
+        if (cfg->shuffle)
+            printf("note: rl: kto reads its examples in order (TRL's KTOTrainer samples sequentially: each "
+                   "example's KL sequence holds the completion of the one before it in its batch)\n");
+        cfg->shuffle = 0;
+    }
     if (orpo) {  // TRL's ORPOTrainer: its loss is fixed (the chosen rows' nll minus beta log sigmoid(log odds))
         if (cfg->dpo_loss_type[0] || cfg->dpo_loss_weights[0] || cfg->dpo_label_smoothing > 0)
             printf("note: rl: orpo sets its loss (nll - beta log sigmoid(log odds ratio)); dpo_loss_type, "
@@ -919,7 +945,7 @@ static void finish_rl(Config *cfg, const char *src) {
                "loss does not)\n", cfg->dpo_label_smoothing);
     if (cfg->lora_dropout > 0) {
         printf("note: lora_dropout %g is off: TRL's %s disables every dropout (disable_dropout), the "
-               "adapters' too\n", cfg->lora_dropout, simpo ? "CPOTrainer" : orpo ? "ORPOTrainer" : "DPOTrainer");
+               "adapters' too\n", cfg->lora_dropout, simpo ? "CPOTrainer" : orpo ? "ORPOTrainer" : kto ? "KTOTrainer" : "DPOTrainer");
         cfg->lora_dropout = 0;
     }
     cfg->micro_batch_size *= 2;  // rows: each pair is a chosen and a rejected row

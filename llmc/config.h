@@ -73,6 +73,7 @@ typedef struct {
     char rl[16];
     double rl_beta, dpo_beta, orpo_alpha, dpo_label_smoothing;
     double simpo_gamma, cpo_alpha;  // rl: simpo (TRL's CPOTrainer, loss_type simpo)
+    double kto_desirable_weight, kto_undesirable_weight;  // rl: kto (TRL's KTOTrainer)
     char dpo_loss_type[256], dpo_loss_weights[256];
     int precompute_ref_log_probs;
     // sharding

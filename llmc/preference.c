@@ -1,12 +1,13 @@
 // preference.c: see preference.h.
 #include "preference.h"
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include "util.h"
 
-static const char *const LOSS_NAMES[] = {"sigmoid", "hinge", "ipo", "robust", "sft", "simpo", "orpo"};
+static const char *const LOSS_NAMES[] = {"sigmoid", "hinge", "ipo", "robust", "sft", "simpo", "orpo", "kto"};
 // TRL 1.8's other loss types: named in the error, not implemented here.
 static const char *const TRL_OTHERS = "exo_pair, nca_pair, bco_pair, sppo_hard, aot, aot_unpaired, apo_zero, "
                                       "apo_down, discopop, sigmoid_norm";
@@ -31,6 +32,8 @@ void pref_loss_from_config(PrefLoss *pl, const Config *cfg) {
     pl->smoothing = cfg->dpo_label_smoothing;
     pl->gamma = cfg->simpo_gamma;
     pl->orpo = !strcmp(cfg->rl, "orpo");
+    pl->kto = !strcmp(cfg->rl, "kto");
+    pl->w_des = cfg->kto_desirable_weight, pl->w_und = cfg->kto_undesirable_weight;
     pl->ref_free = !strcmp(cfg->rl, "simpo") || pl->orpo;
     const char *s = cfg->dpo_loss_type[0] ? cfg->dpo_loss_type : "sigmoid";
     char item[64];
@@ -41,6 +44,7 @@ void pref_loss_from_config(PrefLoss *pl, const Config *cfg) {
             if (!strcmp(item, LOSS_NAMES[i])) k = i;
         if (k == PL_SIMPO && (!pl->ref_free || pl->orpo)) k = -1;  // TRL's DPOTrainer has no simpo loss (rl: simpo is the CPOTrainer)
         if (k == PL_ORPO && !pl->orpo) k = -1;  // nor an orpo one (rl: orpo is the ORPOTrainer)
+        if (k == PL_KTO && !pl->kto) k = -1;    // nor kto (the KTOTrainer's, with its own rows)
         if (k < 0)
             fail("dpo_loss_type: '%s' is not implemented (sigmoid, hinge, ipo, robust, sft are; TRL's %s are not)", item,
                  TRL_OTHERS);
@@ -108,8 +112,63 @@ void pref_model_targets(const PrefLoss *pl, const int32_t *tok, const int32_t *t
     }
 }
 
+int32_t *pref_read_labels(const char *path, size_t n) {
+    FILE *f = fopen(path, "rb");
+    if (!f) fail("%s: cannot open (rl: kto's labels; prepare the data again): %s", path, strerror(errno));
+    int32_t head[256];
+    if (fread(head, sizeof head, 1, f) != 1 || head[0] != 20241202 || head[1] != 1)
+        fail("%s: not a labels file (magic 20241202, version 1)", path);
+    if (head[2] < 0 || (size_t)head[2] != n)
+        fail("%s: %d labels for %zu examples in the rows file (prepare the data again)", path, head[2], n);
+    int32_t *lab = xmalloc(sizeof(int32_t) * (n ? n : 1));
+    if (fread(lab, sizeof(int32_t), n, f) != n || fgetc(f) != EOF) fail("%s: not %zu labels long", path, n);
+    fclose(f);
+    for (size_t i = 0; i < n; i++)
+        if (lab[i] != 0 && lab[i] != 1) fail("%s: label %zu is %d (expected 0 or 1)", path, i, lab[i]);
+    return lab;
+}
+
+// rl: kto's unit (preference.h): the KL estimate from the KL rows, averaged over the ranks (each
+// calls this for every micro-batch, empty or not), then each example's loss and gradient scale.
+static void kto_unit(Model *m, const PrefLoss *pl, int B, const double *nll, const size_t *ids, const double *ref,
+                     const int32_t *labels, size_t nref, int train, double unit_weight, float *row_scale,
+                     PrefStats *st) {
+    double v[2] = {0, 0};  // this rank's mean KL estimate, and 1 when it has examples
+    long long n = 0;
+    for (int i = 0; i < B / 2; i++)
+        if (ids[2 * i] < nref) v[0] += -nll[2 * i + 1] - ref[ids[2 * i + 1]], n++;
+    if (n) v[0] /= (double)n, v[1] = 1;
+    Comm *c = m->opt.comm;
+    c->all_reduce_sum_f64(c, v, 2);  // TRL gathers each process's mean and averages them
+    const double kl = v[1] > 0 && v[0] > 0 ? v[0] / v[1] : 0, beta = pl->beta;
+    if (!n) return;
+    double loss = 0;
+    for (int i = 0; i < B / 2; i++) {
+        const int r = 2 * i;
+        if (ids[r] >= nref) continue;
+        const double p = -nll[r], lr = p - ref[ids[r]];
+        double g;  // d(loss)/dp; kl carries no gradient
+        if (labels[ids[r] / 2]) {
+            const double sg = sigmoid(beta * (lr - kl));
+            loss += pl->w_des * (1 - sg);
+            g = -pl->w_des * beta * sg * (1 - sg);
+            st->reward_c += beta * lr, st->logp_c += p, st->n_chosen++;
+        } else {
+            const double sg = sigmoid(beta * (kl - lr));
+            loss += pl->w_und * (1 - sg);
+            g = pl->w_und * beta * sg * (1 - sg);
+            st->reward_r += beta * lr, st->logp_r += p, st->n_rejected++;
+        }
+        if (train) row_scale[r] = (float)(-g * unit_weight / (double)n);  // the KL row's stays 0
+        st->pairs++;
+    }
+    st->loss += loss / (double)n, st->kl += kl;
+    st->units++;
+}
+
 void pref_micro_batch(Model *m, const PrefLoss *pl, int B, int T, int Tm, int t0, const int32_t *tgt,
-                      const size_t *ids, const double *ref, size_t nref, int train, double unit_weight, PrefStats *st) {
+                      const size_t *ids, const double *ref, const int32_t *labels, size_t nref, int train,
+                      double unit_weight, PrefStats *st) {
     double *nll = xmalloc(sizeof(double) * 2 * (size_t)B), *head = nll + B;  // each row's summed token loss
     float *row_scale = xcalloc(2 * (size_t)B, sizeof(float)), *head_scale = row_scale + B;
     int *split = NULL;
@@ -124,6 +183,13 @@ void pref_micro_batch(Model *m, const PrefLoss *pl, int B, int T, int Tm, int t0
     if (Tm < T) {  // sequence parallel: each rank summed its slice of every row
         Comm *c = m->opt.comm;
         c->all_reduce_sum_f64(c, nll, (size_t)(split ? 2 * B : B));
+    }
+    if (pl->kto) {
+        kto_unit(m, pl, B, nll, ids, ref, labels, nref, train, unit_weight, row_scale, st);
+        if (train) model_backward_rows(m, B, Tm, row_scale, NULL, NULL);
+        free(nll);
+        free(row_scale);
+        return;
     }
     // The unit's sizes: its pairs, and its chosen rows' targets (sft: completion tokens; orpo's
     // nll: every token but the first).
@@ -203,7 +269,7 @@ void pref_micro_batch(Model *m, const PrefLoss *pl, int B, int T, int Tm, int t0
             const double rw_c = beta * (lc - rc), rw_r = beta * (lr - rr);
             st->reward_c += rw_c, st->reward_r += rw_r, st->correct += rw_c > rw_r, st->margin += rw_c - rw_r;
             st->logp_c += lc, st->logp_r += lr;
-            st->pairs++;
+            st->pairs++, st->n_chosen++, st->n_rejected++;
             // A row's summed token loss is -p: its scale is -d(loss)/dp.
             if (train) row_scale[c] += (float)(-gc * wp), row_scale[r] += (float)(-gr * wp);
         }
@@ -217,12 +283,14 @@ void pref_micro_batch(Model *m, const PrefLoss *pl, int B, int T, int Tm, int t0
 }
 
 void pref_stats_reduce(PrefStats *st, Comm *c) {
-    double v[12] = {st->loss, st->nll, st->reward_c, st->reward_r, st->correct, st->margin, st->logp_c, st->logp_r,
-                    st->log_odds_ratio, st->log_odds_chosen, (double)st->pairs, (double)st->units};
-    c->all_reduce_sum_f64(c, v, 12);
-    st->loss = v[0], st->nll = v[1], st->reward_c = v[2], st->reward_r = v[3], st->correct = v[4], st->margin = v[5];
-    st->logp_c = v[6], st->logp_r = v[7], st->log_odds_ratio = v[8], st->log_odds_chosen = v[9];
-    st->pairs = (long long)v[10], st->units = (long long)v[11];
+    double v[15] = {st->loss, st->nll, st->kl, st->reward_c, st->reward_r, st->correct, st->margin, st->logp_c,
+                    st->logp_r, st->log_odds_ratio, st->log_odds_chosen, (double)st->pairs, (double)st->units,
+                    (double)st->n_chosen, (double)st->n_rejected};
+    c->all_reduce_sum_f64(c, v, 15);
+    st->loss = v[0], st->nll = v[1], st->kl = v[2], st->reward_c = v[3], st->reward_r = v[4], st->correct = v[5];
+    st->margin = v[6], st->logp_c = v[7], st->logp_r = v[8], st->log_odds_ratio = v[9], st->log_odds_chosen = v[10];
+    st->pairs = (long long)v[11], st->units = (long long)v[12];
+    st->n_chosen = (long long)v[13], st->n_rejected = (long long)v[14];
 }
 
 double pref_stats_loss(const PrefStats *st) { return st->units ? st->loss / (double)st->units : 0; }

@@ -19,6 +19,11 @@
 //   orpo     nll - beta log sigmoid((lc - lr) - (log(1 - e^lc) - log(1 - e^lr)))
 // Its rows are stored as the other methods' (completion targets only); the prompt's targets,
 // which only orpo's nll reads, are the row's next tokens (pref_model_targets).
+// rl: kto (TRL's KTOTrainer) has unpaired examples, each with a label (desirable or not): row 2k
+// is example k's sequence, row 2k+1 its KL sequence (the prompt with the completion of the
+// example before it in its batch); with lr = p - ref of the sequence and kl = max(0, the mean of
+// (p - ref) over the micro-batch's KL rows, averaged over the data-parallel ranks; no gradient):
+//   kto      desirable: w_d (1 - sigmoid(beta (lr - kl))); undesirable: w_u (1 - sigmoid(beta (kl - lr)))
 //
 // Every term is a mean within a unit, one rank's micro-batch (pairs, or the chosen rows'
 // tokens for sft and orpo's nll), and the loss is the mean over the step's units: HF Trainer
@@ -38,7 +43,7 @@
 #include "config.h"
 #include "model.h"
 
-enum { PL_SIGMOID, PL_HINGE, PL_IPO, PL_ROBUST, PL_SFT, PL_SIMPO, PL_ORPO };
+enum { PL_SIGMOID, PL_HINGE, PL_IPO, PL_ROBUST, PL_SFT, PL_SIMPO, PL_ORPO, PL_KTO };
 #define PREF_MAX_LOSSES 8
 
 typedef struct {
@@ -47,14 +52,17 @@ typedef struct {
     double beta, smoothing, gamma;
     int ref_free;  // rl: simpo and orpo: no reference; log-likelihoods are per-token means
     int orpo;      // rl: orpo: the chosen rows' prompts are trained too (pref_model_targets)
+    int kto;       // rl: kto: examples with labels, each a sequence and a KL sequence
+    double w_des, w_und;  // rl: kto: the desirable and undesirable examples' weights
 } PrefLoss;
 
-// loss and nll (orpo's) are sums over units (divide by units); the rest sums over pairs (divide
-// by pairs for TRL's figures): log_odds_ratio and log_odds_chosen are orpo's log sigmoid of the
+// loss, nll (orpo's) and kl (kto's) are sums over units (divide by units); the rest sums over
+// pairs (divide by pairs for TRL's figures; kto: over its desirable examples, n_chosen, or its
+// undesirable ones, n_rejected): log_odds_ratio and log_odds_chosen are orpo's log sigmoid of the
 // log odds ratio and the ratio itself.
 typedef struct {
-    double loss, nll, reward_c, reward_r, correct, margin, logp_c, logp_r, log_odds_ratio, log_odds_chosen;
-    long long pairs, units;
+    double loss, nll, kl, reward_c, reward_r, correct, margin, logp_c, logp_r, log_odds_ratio, log_odds_chosen;
+    long long pairs, units, n_chosen, n_rejected;
 } PrefStats;
 
 // The config's rl keys as losses; fails naming a loss type not implemented.
@@ -70,8 +78,13 @@ void pref_model_targets(const PrefLoss *pl, const int32_t *tok, const int32_t *t
 // ids the rows' indices into ref; ids >= nref are empty pairs). train: add unit_weight (1 / the
 // step's units) x the gradient of the unit's loss into the model's gradients. Adds the unit's
 // figures into st.
+// labels: rl: kto's, one per example (row ids / 2), else NULL.
 void pref_micro_batch(Model *m, const PrefLoss *pl, int B, int T, int Tm, int t0, const int32_t *tgt,
-                      const size_t *ids, const double *ref, size_t nref, int train, double unit_weight, PrefStats *st);
+                      const size_t *ids, const double *ref, const int32_t *labels, size_t nref, int train,
+                      double unit_weight, PrefStats *st);
+// rl: kto's labels of a prepared rows file (NAME_labels.bin beside it), n examples; fails naming
+// the file when it is missing, damaged or of another count.
+int32_t *pref_read_labels(const char *path, size_t n);
 // Sums st over the ranks.
 void pref_stats_reduce(PrefStats *st, Comm *c);
 // The loss st's units give: the mean of the units' losses.

@@ -231,6 +231,9 @@ static cJSON *make_spec(const Config *cfg, int vocab) {
     cJSON_AddStringToObject(s, "adapter", cfg->adapter);
     cJSON_AddStringToObject(s, "lora_modules_to_save", cfg->lora_modules_to_save);
     cJSON_AddItemToObject(s, "config", cJSON_Duplicate((const cJSON *)cfg->yaml_json, 1));
+    // rl: kto's KL sequences take completions from the same batch of micro_batch_size examples (a
+    // rank's; micro_batch_size counts rows by now, two an example)
+    if (!strcmp(cfg->rl, "kto")) cJSON_AddNumberToObject(s, "kto_batch", cfg->micro_batch_size / 2);
     return s;
 }
 

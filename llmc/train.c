@@ -132,6 +132,9 @@ static void print_box(const Config *cfg, const Model *m, const Backend *bk, size
         pref_loss_describe(pl, desc, sizeof desc);
         if (pl->orpo)
             snprintf(what, sizeof what, "orpo, beta %g, nll + %s; B counts 2 rows a pair", cfg->rl_beta, desc);
+        else if (pl->kto)
+            snprintf(what, sizeof what, "kto, beta %g, weights %g / %g; B counts 2 rows an example", cfg->rl_beta,
+                     pl->w_des, pl->w_und);
         else if (pl->ref_free)
             snprintf(what, sizeof what, "%s, beta %g, gamma %g, %s; B counts 2 rows a pair", cfg->rl, cfg->rl_beta,
                      cfg->simpo_gamma, desc);
@@ -351,15 +354,16 @@ static double *reference_pairs(Model *m, const PrefLoss *pl, RowLoader *rl, int 
 
 // Evaluation of preference pairs: every eval pair once, in global batches of B rows per rank
 // (the last filled with empty pairs); the pairs' figures summed over ranks.
-static PrefStats evaluate_pairs(Model *m, RowLoader *ev, const PrefLoss *pl, const double *ref, int32_t *tok,
-                                int32_t *tgt, int32_t *mtgt, int32_t *ds, Split *sp) {
+static PrefStats evaluate_pairs(Model *m, RowLoader *ev, const PrefLoss *pl, const double *ref, const int32_t *labels,
+                                int32_t *tok, int32_t *tgt, int32_t *mtgt, int32_t *ds, Split *sp) {
     const int T = ev->T, B = ev->B * ev->unit / sp->dp;  // rows per rank
     const size_t mine = part_row0(sp, B);
     size_t *ids = xmalloc(sizeof(size_t) * B * sp->dp);
     PrefStats st = {0};
     for (size_t r0 = 0; r0 < ev->nrows; r0 += (size_t)B * sp->dp) {
         const int Tm = pair_batch(m, pl, ev, r0, B, tok, tgt, mtgt, ds, ids, sp);
-        pref_micro_batch(m, pl, B, T, Tm, part_t0(sp, Tm), tgt + mine * T, ids + mine, ref, ev->nrows, 0, 0, &st);
+        pref_micro_batch(m, pl, B, T, Tm, part_t0(sp, Tm), tgt + mine * T, ids + mine, ref, labels, ev->nrows, 0, 0,
+                         &st);
     }
     free(ids);
     pref_stats_reduce(&st, m->opt.comm);
@@ -367,16 +371,38 @@ static PrefStats evaluate_pairs(Model *m, RowLoader *ev, const PrefLoss *pl, con
 }
 
 // The step line's and metrics.jsonl's preference figures (TRL's names; prefix "eval_" or "").
-static void pref_print(const PrefStats *st, int orpo, char *line, size_t cap) {
+static void pref_print(const PrefStats *st, int orpo, int kto, char *line, size_t cap) {
     const double n = st->pairs ? (double)st->pairs : NAN;
+    if (kto) {  // TRL's KTO figures: means over the desirable and over the undesirable examples ("-": none)
+        char f[3][24];
+        const double c = st->n_chosen ? (double)st->n_chosen : NAN, r = st->n_rejected ? (double)st->n_rejected : NAN;
+        const double v[3] = {st->reward_c / c - st->reward_r / r, st->reward_c / c, st->reward_r / r};
+        for (int i = 0; i < 3; i++) isfinite(v[i]) ? snprintf(f[i], sizeof f[i], "%.4f", v[i]) : snprintf(f[i], sizeof f[i], "-");
+        snprintf(line, cap, "rewards margin %s (chosen %s rejected %s) kl %.4f", f[0], f[1], f[2],
+                 st->units ? st->kl / (double)st->units : NAN);
+        return;
+    }
     int len = snprintf(line, cap, "rewards acc %.3f margin %.4f (chosen %.4f rejected %.4f)", st->correct / n,
                        st->margin / n, st->reward_c / n, st->reward_r / n);
     if (orpo && len > 0 && (size_t)len < cap)
         snprintf(line + len, cap - (size_t)len, " nll %.4f log_odds %.4f", st->nll / (double)st->units,
                  st->log_odds_chosen / n);
 }
-static void pref_metrics(const PrefStats *st, int orpo, const char *prefix, char *out, size_t cap) {
+static void pref_metrics(const PrefStats *st, int orpo, int kto, const char *prefix, char *out, size_t cap) {
     const double n = st->pairs ? (double)st->pairs : NAN, u = st->units ? (double)st->units : NAN;
+    if (kto) {  // TRL's KTOTrainer's names; rewards/* over each kind's examples (absent when there are none)
+        const double c = st->n_chosen ? (double)st->n_chosen : NAN, r = st->n_rejected ? (double)st->n_rejected : NAN;
+        const double v[6] = {st->reward_c / c, st->reward_r / r, st->reward_c / c - st->reward_r / r, st->logp_c / c,
+                             st->logp_r / r, st->kl / u};
+        const char *k[6] = {"rewards/chosen", "rewards/rejected", "rewards/margins", "logps/chosen", "logps/rejected", "kl"};
+        size_t len = 0;
+        out[0] = 0;
+        for (int i = 0; i < 6 && len < cap; i++) {
+            char num[32];
+            len += (size_t)snprintf(out + len, cap - len, ", \"%s%s\": %s", prefix, k[i], metrics_num(num, sizeof num, v[i]));
+        }
+        return;
+    }
     const double v[9] = {st->reward_c / n, st->reward_r / n, st->correct / n, st->margin / n, st->logp_c / n,
                          st->logp_r / n, st->nll / u, st->log_odds_ratio / n, st->log_odds_chosen / n};
     const char *k[9] = {"rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins", "logps/chosen",
@@ -762,8 +788,16 @@ int train_main(int argc, char **argv, int arch) {
     if (spn > 1) split.tok = xmalloc(sizeof(int32_t) * BT / spn), split.tgt = xmalloc(sizeof(int32_t) * BT / spn);
     int32_t *tok = xmalloc(sizeof(int32_t) * GBT * accum), *tgt = xmalloc(sizeof(int32_t) * GBT * accum);
     int32_t *dst = prepared ? xmalloc(sizeof(int32_t) * GBT * accum) : NULL;  // document starts
-    // preference training: the targets the model is given (pref_model_targets)
+    // preference training: the targets the model is given (pref_model_targets); rl: kto's labels
     int32_t *mtgt = cfg.rl[0] ? xmalloc(sizeof(int32_t) * GBT * accum) : NULL;
+    int32_t *labels_train = NULL, *labels_eval = NULL;
+    if (pref_loss.kto) {
+        char lp[1200];
+        snprintf(lp, sizeof lp, "%s/train_labels.bin", cfg.prepared_dir);
+        labels_train = pref_read_labels(lp, rtrain.nunits);
+        snprintf(lp, sizeof lp, "%s/eval_labels.bin", cfg.prepared_dir);
+        if (have_val) labels_eval = pref_read_labels(lp, rval.nunits);
+    }
 
     // ---- preference training: the reference's log-probabilities, from the starting weights
     // (before a resume loads other ones), adapters off; a checkpoint of the run holds them
@@ -903,7 +937,7 @@ int train_main(int argc, char **argv, int arch) {
             if (cfg.rl[0]) {
                 const size_t mine = (size_t)a * B * split0.dp + part_row0(&split, B);
                 pref_micro_batch(&model, &pref_loss, B, T, Tm, part_t0(&split, Tm), tgt + mine * T, sid + mine,
-                                 ref_train, rtrain.nrows, 1, 1.0 / (double)step_units, &pst);
+                                 ref_train, labels_train, rtrain.nrows, 1, 1.0 / (double)step_units, &pst);
             } else
                 loss_sum += model_forward_backward(&model, B, Tm, scale);
         }
@@ -913,7 +947,7 @@ int train_main(int argc, char **argv, int arch) {
         if (cfg.rl[0]) {
             pref_stats_reduce(&pst, comm);
             loss = (float)pref_stats_loss(&pst);
-            pref_print(&pst, pref_loss.orpo, pref_line + 3, sizeof pref_line - 3);
+            pref_print(&pst, pref_loss.orpo, pref_loss.kto, pref_line + 3, sizeof pref_line - 3);
             memcpy(pref_line, " | ", 3);
         }
         double norm = grad_norm(&model);
@@ -959,7 +993,7 @@ int train_main(int argc, char **argv, int arch) {
                    cfg.max_steps / steps_per_epoch, loss, lr, norm, ms, tps, peak, hpeak, dpeak, eta, pref_line,
                    skip ? " | skipped" : "");
         char pref_keys[512] = "";
-        if (cfg.rl[0]) pref_metrics(&pst, pref_loss.orpo, "", pref_keys, sizeof pref_keys);
+        if (cfg.rl[0]) pref_metrics(&pst, pref_loss.orpo, pref_loss.kto, "", pref_keys, sizeof pref_keys);
         char nl[32], nn[32];
         metrics_line(&metrics,
                      "\"step\": %d, \"epoch\": %.6g, \"loss\": %s, \"lr\": %.9g, \"grad_norm\": %s, \"ms\": %.3f, "
@@ -987,11 +1021,11 @@ int train_main(int argc, char **argv, int arch) {
         if (cfg.eval_steps && (ls.step % cfg.eval_steps == 0 || ls.step == cfg.max_steps)) {
             double vl;
             if (cfg.rl[0]) {
-                PrefStats es = evaluate_pairs(&model, &rval, &pref_loss, ref_eval, tok, tgt, mtgt, dst, &split);
+                PrefStats es = evaluate_pairs(&model, &rval, &pref_loss, ref_eval, labels_eval, tok, tgt, mtgt, dst, &split);
                 vl = pref_stats_loss(&es);
                 char line[224], keys[640];
-                pref_print(&es, pref_loss.orpo, line, sizeof line);
-                pref_metrics(&es, pref_loss.orpo, "eval_", keys, sizeof keys);
+                pref_print(&es, pref_loss.orpo, pref_loss.kto, line, sizeof line);
+                pref_metrics(&es, pref_loss.orpo, pref_loss.kto, "eval_", keys, sizeof keys);
                 printf("step %5d/%d | eval_loss %.6f | eval_pairs %lld | eval %s\n", ls.step, cfg.max_steps, vl, es.pairs,
                        line);
                 metrics_line(&metrics, "\"step\": %d, \"eval_loss\": %s, \"eval_pairs\": %lld%s", ls.step,
@@ -1068,6 +1102,8 @@ int train_main(int argc, char **argv, int arch) {
     free(split.tgt);
     free(dst);
     free(mtgt);
+    free(labels_train);
+    free(labels_eval);
     free(sid);
     free(ref_train);
     free(ref_eval);

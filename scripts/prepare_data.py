@@ -1038,6 +1038,8 @@ def cache_key(spec):
     cfg = spec["config"]
     parts = {"format_version": FORMAT_VERSION, "sequence_len": spec["sequence_len"], "seed": spec["seed"],
              "vocab_size": spec["vocab_size"], "keys": {k: cfg.get(k) for k in DATA_KEYS if k in cfg}}
+    if spec.get("kto_batch"):  # rl: kto's KL sequences cycle completions within batches of this many
+        parts["kto_batch"] = spec["kto_batch"]
     d = spec["tokenizer_dir"]
     parts["tokenizer"] = {f: sha256_file(os.path.join(d, f)) for f in TOKENIZER_FILES
                           if os.path.isfile(os.path.join(d, f))}
@@ -1228,7 +1230,7 @@ def run(args):
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
-        what = "preference pairs" if meta.get("paired") else "samples"
+        what = "kto examples" if meta.get("rl") == "kto" else "preference pairs" if meta.get("paired") else "samples"
         print("data: prepared %d %s -> %d rows%s in %s (%d eval %s -> %d rows)" % (
             meta["train_samples"], what, meta["train_rows"], " (packed)" if meta["packed"] else "", d,
             meta["eval_samples"], what, meta["eval_rows"]))

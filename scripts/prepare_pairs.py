@@ -108,6 +108,32 @@ class UserDefined:
             raise pd.DataError("%s.type: a *_format string names a field it is not given: %s" % (self.where, e))
 
 
+class KtoMarkup:
+    """rl: kto's chatml.* and llama3.* (Axolotl's kto/chatml.py and kto/llama3.py): the prompt as a
+    user turn, after a system turn when the record has a non-empty system, the completion followed
+    by the end-of-turn text, and the record's label (true: desirable). argilla_chat takes the user
+    turn and the answer from the completion's two messages."""
+    FIELDS = {"argilla": "instruction", "argilla_chat": None, "intel": "question", "prompt_pairs": "prompt",
+              "ultra": "prompt"}
+
+    def __init__(self, pd, markup, form):
+        self.pd, (self.sys, self.user, self.end) = pd, MARKUP[markup]
+        self.form = form
+
+    def __call__(self, rec, loc):
+        pd = self.pd
+        if self.form == "argilla_chat":
+            p, c, system = turn_content(pd, rec, "completion", 0, loc), turn_content(pd, rec, "completion", 1, loc), None
+        else:
+            p, c, system = text_of(pd, rec, self.FIELDS[self.form], loc), text_of(pd, rec, "completion", loc), rec.get("system")
+        label = rec.get("label")
+        if not isinstance(label, bool):
+            raise pd.DataError("%s: label: %s (expected true for a desirable completion, false for an undesirable one)"
+                               % (loc, "missing" if label is None else "not a boolean: %r" % (label,)))
+        head = self.sys.format(system=system) if isinstance(system, str) and system else ""
+        return head + self.user.format(prompt=p), c + self.end, label
+
+
 class Passthrough:
     """passthrough: the record's prompt, chosen and rejected strings as they are."""
 
@@ -229,6 +255,15 @@ class ArgillaOrpo:
 
 def strategy_of(pd, spec, tok, cfg, ds, key):
     t = ds.get("type")
+    if cfg.get("rl") == "kto":  # Axolotl's kto strategies: chatml.* and llama3.* of five forms
+        base, _, form = t.partition(".") if isinstance(t, str) else ("", "", "")
+        if base not in MARKUP or form not in KtoMarkup.FIELDS:
+            raise pd.DataError("%s.type: rl: kto reads chatml.{%s} or llama3.{...} (Axolotl's KTO formats), not %r"
+                               % (pd.where_cfg(spec, key), ", ".join(KtoMarkup.FIELDS), t))
+        for k in ds:
+            if k not in ("path", "type", "data_files", "split", "ds_type", "name"):
+                raise pd.DataError("%s.%s: not read for rl: kto datasets" % (pd.where_cfg(spec, key), k))
+        return KtoMarkup(pd, base, form)
     if cfg.get("rl") == "orpo":  # Axolotl's orpo strategies: chat_template.argilla is the one that reads pairs
         if t != "chat_template.argilla":
             raise pd.DataError("%s.type: rl: orpo reads type chat_template.argilla (Axolotl's ORPO format: chosen and "
@@ -348,6 +383,7 @@ def load_pairs(pd, spec, tok, cfg, entries, key, counts):
     if not isinstance(entries, list) or not entries:
         raise pd.DataError("%s: expected a list of datasets (path, type, ...)" % pd.where_cfg(spec, key))
     T, how = cfg["sequence_len"], (cfg.get("excess_length_strategy") or "drop")
+    kto = cfg.get("rl") == "kto"
     if how not in ("drop", "truncate", "raise"):
         raise pd.DataError("%s: '%s' is not one of drop, truncate, raise" % (pd.where_cfg(spec, "excess_length_strategy"), how))
     out, dropped, first = [], 0, None
@@ -363,10 +399,14 @@ def load_pairs(pd, spec, tok, cfg, entries, key, counts):
                 if not isinstance(rec, dict):
                     raise pd.DataError("%s: expected a JSON object per record" % loc)
                 strings = strat(rec, loc)
-                for what, text in zip(("prompt", "chosen", "rejected"), strings):
+                label = None
+                if kto:  # (prompt, completion, label): the length rules below see the completion twice
+                    label, strings = strings[2], (strings[0], strings[1], strings[1])
+                for what, text in zip(("prompt", "completion", "completion") if kto else ("prompt", "chosen", "rejected"),
+                                      strings):
                     if not text:  # Axolotl's length filter raises on an empty one
                         raise pd.DataError("%s: the %s text is empty (Axolotl requires a prompt, a chosen and a "
-                                           "rejected text)" % (loc, what))
+                                           "rejected text, or for kto a prompt and a completion)" % (loc, what))
                 ok, plen = fits(tok, strings, T)
                 if not ok and how == "raise":
                     raise pd.DataError("%s: prompt + completion is longer than sequence_len %d (counted without "
@@ -377,6 +417,12 @@ def load_pairs(pd, spec, tok, cfg, entries, key, counts):
                         dropped += 1
                         first = first or loc
                         continue
+                if kto:
+                    pc = kto_ids(tok, strings[0], strings[1])
+                    if len(pc[0]) >= T:
+                        raise pd.DataError("%s: no completion token is left in sequence_len %d to train on" % (loc, T))
+                    mine.append((pc, label, loc))
+                    continue
                 if cfg.get("rl") in ("simpo", "orpo"):  # TRL's CPOTrainer and ORPOTrainer tokenize alike
                     c, r = tokenize_pair_cpo(pd, tok, strings, T, loc)
                 else:
@@ -390,6 +436,44 @@ def load_pairs(pd, spec, tok, cfg, entries, key, counts):
         out += mine
         counts.append({"key": k, "path": ds.get("path"), "type": ds.get("type"), "samples": len(mine)})
     return out, dropped, first
+
+
+def kto_ids(tok, prompt, completion):
+    """TRL's KTOTrainer tokenization: the eos text appended to a completion that lacks it; the prompt
+    tokenized with the tokenizer's special tokens, prompt + completion jointly; the completion is
+    what follows the prompt's count. Returns (prompt ids, completion ids)."""
+    eos = tok.t.eos_token
+    if eos and not completion.endswith(eos):
+        completion = completion + eos
+    p = tok.encode(prompt)
+    return p, tok.encode(prompt + completion)[len(p):]
+
+
+def kto_rows(pd, examples, B, T):
+    """rl: kto's rows: per example its sequence, then its KL sequence (the prompt with the
+    completion of the example before it in its batch of B, the batch's first taking the last's:
+    TRL's KL dataset, batches of per_device_train_batch_size in order), each cut to T from the
+    start with targets on the completion; and the labels (1: desirable)."""
+    rows, labels = [], []
+    for b0 in range(0, len(examples), B):
+        group = examples[b0:b0 + B]
+        kl = [group[-1][0][1]] + [g[0][1] for g in group[:-1]]
+        for ((p, c), label, loc), k in zip(group, kl):
+            for comp in (c, k):
+                rows.append(((p + comp)[:T], ([pd.IGNORE] * len(p) + comp)[:T], loc))
+            labels.append(1 if label else 0)
+    return rows, labels
+
+
+def write_labels(path, labels):
+    """labels.bin beside the rows: 256 int32 header (magic 20241202, version 1, count), then the
+    labels as int32 (1 desirable, 0 undesirable), one per example (two rows)."""
+    from array import array
+    head = array("i", [20241202, 1, len(labels)] + [0] * 253)
+    body = array("i", labels)
+    with open(path, "wb") as f:
+        head.tofile(f)
+        body.tofile(f)
 
 
 def rows_of(pairs):
@@ -418,7 +502,10 @@ def prepare(pd, spec, cfg, tok, out_dir, h):
     train, dropped, first = load_pairs(pd, spec, tok, cfg, cfg.get("datasets"), "datasets", counts)
     evals, edrop, efirst = load_pairs(pd, spec, tok, cfg, cfg["test_datasets"], "test_datasets", counts) \
         if cfg.get("test_datasets") else ([], 0, None)
-    pd.check_ids(spec, tok, ((row[0], loc) for c, r, loc in train + evals for row in (c, r)))
+    if rl == "kto":
+        pd.check_ids(spec, tok, ((p + c, loc) for (p, c), label, loc in train + evals))
+    else:
+        pd.check_ids(spec, tok, ((row[0], loc) for c, r, loc in train + evals for row in (c, r)))
     # Axolotl's order for preference data: each dataset filtered, the merge shuffled by seed,
     # deduplication, then the validation split off the end.
     if cfg.get("shuffle_merged_datasets", True) is not False:
@@ -426,7 +513,8 @@ def prepare(pd, spec, cfg, tok, out_dir, h):
         evals = [evals[j] for j in pd.permutation(len(evals), seed)]
     dups = 0
     if cfg.get("dataset_exact_deduplication"):
-        key_of = lambda p: (tuple(p[0][0]), tuple(p[1][0]))  # noqa: E731 - both completions' tokens
+        key_of = (lambda p: (tuple(p[0][0]), tuple(p[0][1]), p[1])) if rl == "kto" else \
+            (lambda p: (tuple(p[0][0]), tuple(p[1][0])))  # noqa: E731 - both completions' tokens (kto: the example)
         train, d1 = pd.dedup(train, key_of)
         evals, d2 = pd.dedup(evals, key_of)
         dups = d1 + d2
@@ -437,11 +525,22 @@ def prepare(pd, spec, cfg, tok, out_dir, h):
     os.makedirs(out_dir, exist_ok=True)
     pd.save_tokenizer(spec, tok, cfg, out_dir)
     flags = pd.ROWS_FLAG_PAIRED
-    tr_rows, tr_tgt, _ = pd.write_rows(os.path.join(out_dir, "train.bin"), rows_of(train), T, False, tok.pad, flags=flags)
+    if rl == "kto":
+        B = int(spec.get("kto_batch") or 0)
+        if B < 2:
+            raise pd.DataError("%s: rl: kto needs micro_batch_size 2 or more (TRL refuses 1: the KL term would be the "
+                               "reward itself)" % pd.where_cfg(spec, "micro_batch_size"))
+        tr, tl = kto_rows(pd, train, B, T)
+        ev, el = kto_rows(pd, evals, B, T)
+        write_labels(os.path.join(out_dir, "train_labels.bin"), tl)
+        if evals:
+            write_labels(os.path.join(out_dir, "eval_labels.bin"), el)
+    else:
+        tr, ev = rows_of(train), rows_of(evals)
+    tr_rows, tr_tgt, _ = pd.write_rows(os.path.join(out_dir, "train.bin"), tr, T, False, tok.pad, flags=flags)
     ev_rows = ev_tgt = 0
     if evals:
-        ev_rows, ev_tgt, _ = pd.write_rows(os.path.join(out_dir, "eval.bin"), rows_of(evals), T, False, tok.pad,
-                                           flags=flags)
+        ev_rows, ev_tgt, _ = pd.write_rows(os.path.join(out_dir, "eval.bin"), ev, T, False, tok.pad, flags=flags)
     if dups:
         print("data: dataset_exact_deduplication removed %d duplicate pairs" % dups)
     if dropped + edrop:
@@ -451,5 +550,5 @@ def prepare(pd, spec, cfg, tok, out_dir, h):
             "train_samples": len(train), "eval_samples": len(evals), "train_target_tokens": tr_tgt,
             "eval_target_tokens": ev_tgt, "dropped_long": dropped + edrop, "duplicates_removed": dups,
             "dataset_shard": None, "first_dropped": first or efirst, "sequence_len": T, "packed": False,
-            "eval_packed": False, "paired": True, "rl": rl, "tokenizer_dir": spec["tokenizer_dir"],
+            "eval_packed": False, "paired": True, "rl": rl, "kto_batch": spec.get("kto_batch") if rl == "kto" else None, "tokenizer_dir": spec["tokenizer_dir"],
             "pad_token_id": tok.pad, "datasets": counts, "needs_embeddings": tok.needs_embeddings}

@@ -209,7 +209,7 @@ def refused_keys(e):
     cases = [({"gptq": "true"}, ["gptq", "load_in_4bit"]),
              ({"load_in_8bit": "true"}, ["load_in_8bit", "adapter: lora"]),
              ({"relora_steps": 100}, ["relora_steps", "adapter: lora"]),
-             ({"rl": "kto"}, ["rl: kto is not implemented"]),
+             ({"rl": "grpo"}, ["rl: grpo is not implemented"]),
              ({"fp16": "true"}, ["fp16", "bf16"]),
              ({"optimizer": "lion_8bit"}, ["lion_8bit", "adamw_torch"]),
              ({"lr_scheduler_kwargs": "{a: 1}"}, ["lr_scheduler_kwargs"]),

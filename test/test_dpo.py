@@ -32,7 +32,12 @@ Cases:
                   the chosen rows' whole sequences (a mean per micro-batch) minus beta log sigmoid of
                   the log odds ratio, against the reference; gradient checkpointing bit for bit;
                   mpirun sequence parallel (the prompt's end falls in either half) as one process.
-  refusals        rl: kto, rl: orpo on another format, sample_packing, rpo_alpha, an unknown loss type, train_data shards,
+  kto             rl: kto (TRL's KTOTrainer) on llama3.ultra records with labels: the rows (each
+                  example's KL sequence holds the completion of the one before it in its batch of
+                  micro_batch_size, cyclically), the labels file, the loss (KL estimate per
+                  micro-batch, clamped, no gradient; weights 0.5 / 1.5) against the reference, and
+                  mpirun -np 2 (the ranks' KL estimates averaged) against the reference's.
+  refusals        rl: grpo, rl: orpo on another format, sample_packing, rpo_alpha, an unknown loss type, train_data shards,
                   lora_model_dir, dpo_loss_weights of the wrong length: one error line, exit 1.
 """
 import argparse
@@ -103,6 +108,20 @@ def base_cfg(out, data, **kw):
               datasets=[{"path": data, "type": "llama3.intel"}], dataset_prepared_path=os.path.join(WORK, "prepared"))
     tc.update(kw)
     return tc
+
+
+def run_two_ranks(cfg, tag):
+    """cfg under mpirun -np 2: the finished process, or None without mpirun."""
+    if not shutil.which("mpirun"):
+        return None
+    path = os.path.join(WORK, tag + ".yaml")
+    with open(path, "w") as f:
+        json.dump(cfg, f)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "PMI_", "PMIX_", "PRTE_"))}
+    env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMPI_MCA_rmaps_base_oversubscribe="1",
+               LLMC_PYTHON=sys.executable, LLMC_SCRIPTS_DIR=os.path.join(ROOT, "scripts"), TRANSFORMERS_VERBOSITY="error")
+    return subprocess.run(["mpirun", "-np", "2", "--oversubscribe", "--bind-to", "none", ARGS.bin, "-c", path],
+                          cwd=WORK, env=env, capture_output=True, text=True, timeout=600)
 
 
 def prepared_dir(stdout):
@@ -613,17 +632,9 @@ def case_orpo():
     run(rc)
     if figures(rc["output_dir"]) != plain:
         errs.append("gradient checkpointing + offloading: %s vs %s" % (figures(rc["output_dir"])[-1], plain[-1]))
-    import shutil as sh
-    if sh.which("mpirun"):
-        sp = dict(cfg, output_dir=os.path.join(WORK, "orpo_sp"), sequence_parallel_degree=2)
-        path = os.path.join(WORK, "orpo_sp.yaml")
-        with open(path, "w") as f:
-            json.dump(sp, f)
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "PMI_", "PMIX_", "PRTE_"))}
-        env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", LLMC_PYTHON=sys.executable,
-                   LLMC_SCRIPTS_DIR=os.path.join(ROOT, "scripts"), TRANSFORMERS_VERBOSITY="error")
-        q = subprocess.run(["mpirun", "-np", "2", "--oversubscribe", "--bind-to", "none", ARGS.bin, "-c", path],
-                           cwd=WORK, env=env, capture_output=True, text=True, timeout=600)
+    sp = dict(cfg, output_dir=os.path.join(WORK, "orpo_sp"), sequence_parallel_degree=2)
+    q = run_two_ranks(sp, "orpo_sp")
+    if q is not None:
         if q.returncode:
             errs.append("sequence parallel: rc %d %s" % (q.returncode, q.stderr.strip()[-300:]))
         else:
@@ -636,6 +647,114 @@ def case_orpo():
     if q.returncode == 0 or bad + ":2: chosen: expected a conversation" not in q.stderr:
         errs.append("an odd conversation: rc %d %s" % (q.returncode, q.stderr.strip()[-200:]))
     return errs, "loss rel %.2e, step 3 nll %.4f" % (worst, m[3]["nll_loss"] if 3 in m else float("nan"))
+
+
+def kto_records(n, seed):
+    """llama3.ultra records for rl: kto: prompt, completion, label (a fixed mix), some with a system."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(n):
+        r = {"prompt": FX.sentence(rng, 3, 9), "completion": FX.sentence(rng, 2, 12), "label": i % 4 != 1}
+        if i % 4 == 0:
+            r["system"] = FX.sentence(rng, 2, 5)
+        out.append(r)
+    return out
+
+
+def kto_reference(cfg, weights, tok, tgt, labels, steps, micro, accum, dp, lr, beta, wd, wu, max_grad_norm=1.0):
+    """TRL's KTOTrainer in float64: per micro-batch of a rank (micro examples, rows sequence then KL
+    sequence) the KL estimate mean(p - ref) over its KL rows, averaged over the dp ranks of that
+    micro-step and clamped at 0 (no gradient); each example's loss by its label; the step's loss the
+    mean of its units' means."""
+    model, base = R.RefLlama(cfg, weights), R.RefLlama(cfg, weights)
+    with torch.no_grad():
+        ref, _ = logps(base, tok, tgt)
+    params = [p for _, p in model.named_trainable_parameters()]
+    opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
+    out = []
+    for s in range(steps):
+        opt.zero_grad()
+        total, kls, rc, rr, lc, lr_ = 0, [], [], [], [], []
+        for a in range(accum):
+            units = []
+            for j in range(dp):
+                e0 = ((s * accum + a) * dp + j) * micro
+                rows = slice(2 * e0, 2 * (e0 + micro))
+                lp, _ = logps(model, tok[rows], tgt[rows])
+                units.append((e0, lp))
+            kl = max(0.0, sum(float((lp[1::2] - ref[2 * e0 + 1:2 * (e0 + micro):2]).mean()) for e0, lp in units) / dp)
+            for e0, lp in units:
+                loss = 0
+                for i in range(micro):
+                    p, lrat = lp[2 * i], lp[2 * i] - ref[2 * (e0 + i)]
+                    if labels[e0 + i]:
+                        loss = loss + wd * (1 - torch.sigmoid(beta * (lrat - kl)))
+                        rc.append(beta * lrat.item()), lc.append(p.item())
+                    else:
+                        loss = loss + wu * (1 - torch.sigmoid(beta * (kl - lrat)))
+                        rr.append(beta * lrat.item()), lr_.append(p.item())
+                total = total + loss / micro
+                kls.append(kl)
+        total = total / (accum * dp)
+        total.backward()
+        gn = R.grad_norm_clip(params, max_grad_norm)
+        opt.step()
+        mc, mr = sum(rc) / len(rc), sum(rr) / len(rr)
+        out.append({"loss": total.item(), "grad_norm": gn, "rewards/chosen": mc, "rewards/rejected": mr,
+                    "rewards/margins": mc - mr, "logps/chosen": sum(lc) / len(lc), "logps/rejected": sum(lr_) / len(lr_),
+                    "kl": sum(kls) / len(kls)})
+    return out
+
+
+def case_kto():
+    errs = []
+    cfg_m, w = R_cfg_weights()
+    data = os.path.join(WORK, "kto.jsonl")
+    recs = kto_records(18, seed=31)
+    FX.write_jsonl(data, recs)
+    keys = ("loss", "grad_norm", "rewards/chosen", "rewards/rejected", "rewards/margins", "logps/chosen",
+            "logps/rejected", "kl")
+    cfg = base_cfg("kto", data, rl="kto", rl_beta=0.5, kto_desirable_weight=1.5, kto_undesirable_weight=0.5,
+                   learning_rate=3e-2, micro_batch_size=3, sequence_len=96, shuffle_merged_datasets=False,
+                   datasets=[{"path": data, "type": "llama3.ultra"}])
+    p = run(cfg)
+    d = prepared_dir(p.stdout)
+    _, tok, tgt = read_rows(os.path.join(d, "train.bin"))
+    lab = np.fromfile(os.path.join(d, "train_labels.bin"), dtype="<i4")
+    labels = [bool(x) for x in lab[256:]]
+    if lab[0] != 20241202 or labels != [r["label"] for r in recs]:
+        errs.append("train_labels.bin: %r, want the records' labels" % (lab[:3],))
+    comp = lambda row: [int(x) for x in tgt[row][tgt[row] >= 0]]  # noqa: E731 - a row's completion tokens
+    for e in range(len(recs)):
+        g0 = e // 3 * 3
+        prev = g0 + (e - g0 - 1) % 3
+        if comp(2 * e + 1) != comp(2 * prev) or list(tok[2 * e + 1][:tgt[2 * e + 1].tolist().index(comp(2 * e + 1)[0])]) \
+                != list(tok[2 * e][:tgt[2 * e].tolist().index(comp(2 * e)[0])]):
+            errs.append("example %d: its KL row is not its prompt with example %d's completion" % (e, prev))
+            break
+    ref = kto_reference(cfg_m, w, tok, tgt, labels, 3, 3, 2, 1, 3e-2, 0.5, 1.5, 0.5)
+    m, _ = metrics(cfg["output_dir"])
+    worst = compare_steps(errs, m, ref, keys=keys)
+    if "preference   kto, beta 0.5, weights 1.5 / 0.5" not in p.stdout:
+        errs.append("the box does not name KTO")
+    dpc = dict(cfg, output_dir=os.path.join(WORK, "kto_dp"), gradient_accumulation_steps=1)
+    q = run_two_ranks(dpc, "kto_dp")
+    if q is not None:
+        if q.returncode:
+            errs.append("data parallel: rc %d %s" % (q.returncode, q.stderr.strip()[-300:]))
+        else:
+            want = kto_reference(cfg_m, w, tok, tgt, labels, 3, 3, 1, 2, 3e-2, 0.5, 1.5, 0.5)
+            got, _ = metrics(dpc["output_dir"])
+            worst = max(worst, compare_steps(errs, got, want, keys=keys))
+    one = run(dict(cfg, micro_batch_size=1, output_dir=os.path.join(WORK, "kto_one")), "--plan", expect_ok=False)
+    if one.returncode != 1 or "rl: kto needs micro_batch_size 2 or more" not in one.stderr:
+        errs.append("micro_batch_size 1: rc %d %s" % (one.returncode, one.stderr.strip()[-200:]))
+    bad = os.path.join(WORK, "kto_bad.jsonl")
+    FX.write_jsonl(bad, [recs[0], dict(recs[1], label="yes")])
+    q = run(dict(cfg, datasets=[{"path": bad, "type": "llama3.ultra"}]), "--preprocess", expect_ok=False)
+    if q.returncode == 0 or bad + ":2: label: not a boolean" not in q.stderr:
+        errs.append("a label that is not a boolean: rc %d %s" % (q.returncode, q.stderr.strip()[-200:]))
+    return errs, "loss rel %.2e, step 3 kl %.4f" % (worst, m[3]["kl"] if 3 in m else float("nan"))
 
 
 def figures(out):
@@ -718,18 +837,11 @@ def case_ranks():
     one = base_cfg("ranks_one", data, max_steps=3, micro_batch_size=2, eval_steps=3, val_set_size=4)
     run(one)
     want = figures(one["output_dir"])
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "PMI_", "PMIX_", "PRTE_"))}
-    env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMPI_MCA_rmaps_base_oversubscribe="1",
-               LLMC_PYTHON=sys.executable, LLMC_SCRIPTS_DIR=os.path.join(ROOT, "scripts"), TRANSFORMERS_VERBOSITY="error")
     worst = 0.0
     for tag, extra in (("dp", {"micro_batch_size": 1}), ("zero3", {"micro_batch_size": 1, "zero_stage": 3}),
                        ("seqpar", {"sequence_parallel_degree": 2})):
         c = dict(one, output_dir=os.path.join(WORK, "ranks_" + tag), **extra)
-        path = os.path.join(WORK, "ranks_%s.yaml" % tag)
-        with open(path, "w") as f:
-            json.dump(c, f)
-        p = subprocess.run(["mpirun", "-np", "2", "--oversubscribe", "--bind-to", "none", ARGS.bin, "-c", path],
-                           cwd=WORK, env=env, capture_output=True, text=True, timeout=600)
+        p = run_two_ranks(c, "ranks_" + tag)
         if p.returncode:
             errs.append("%s: rc %d %s" % (tag, p.returncode, p.stderr.strip()[-300:]))
             continue
@@ -752,7 +864,7 @@ def case_refusals():
     data = os.path.join(WORK, "ref.jsonl")
     FX.write_jsonl(data, pairs(6, seed=2))
     c = base_cfg("refusals", data, max_steps=1)
-    bad = [({"rl": "kto"}, "rl: kto is not implemented"),
+    bad = [({"rl": "grpo"}, "rl: grpo is not implemented"),
            ({"rl": "orpo"}, "rl: orpo reads type chat_template.argilla"),
            ({"sample_packing": True}, "sample_packing does not work with rl"),
            ({"rpo_alpha": 0.5}, "rpo_alpha"),
@@ -818,7 +930,7 @@ def main():
     WORK = tempfile.mkdtemp(prefix="test_dpo.")
     torch.set_num_threads(2)
     cases = [("rows", case_rows), ("formats", case_formats), ("sigmoid_full", case_sigmoid_full),
-             ("mixed_lora", case_mixed_lora), ("ipo", case_ipo), ("simpo", case_simpo), ("orpo", case_orpo),
+             ("mixed_lora", case_mixed_lora), ("ipo", case_ipo), ("simpo", case_simpo), ("orpo", case_orpo), ("kto", case_kto),
              ("memory_modes", case_memory_modes),
              ("resume", case_resume), ("ranks", case_ranks), ("refusals", case_refusals)]
     try:
