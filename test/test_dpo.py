@@ -36,7 +36,8 @@ Cases:
                   example's KL sequence holds the completion of the one before it in its batch of
                   micro_batch_size, cyclically), the labels file, the loss (KL estimate per
                   micro-batch, clamped, no gradient; weights 0.5 / 1.5) against the reference, and
-                  mpirun -np 2 (the ranks' KL estimates averaged) against the reference's.
+                  mpirun -np 2 (the ranks' KL estimates averaged) against the reference's; a
+                  short or out-of-range labels file refused.
   refusals        rl: grpo, rl: orpo on another format, sample_packing, rpo_alpha, an unknown loss type, train_data shards,
                   lora_model_dir, dpo_loss_weights of the wrong length: one error line, exit 1.
 """
@@ -746,6 +747,17 @@ def case_kto():
             want = kto_reference(cfg_m, w, tok, tgt, labels, 3, 3, 1, 2, 3e-2, 0.5, 1.5, 0.5)
             got, _ = metrics(dpc["output_dir"])
             worst = max(worst, compare_steps(errs, got, want, keys=keys))
+    lp = os.path.join(d, "train_labels.bin")
+    good = open(lp, "rb").read()
+    for tag, bad_bytes in (("short", good[:-4]), ("a label of 2", good[:-4] + b"\x02\x00\x00\x00")):
+        with open(lp, "wb") as f:
+            f.write(bad_bytes)
+        q = run(dict(cfg, output_dir=os.path.join(WORK, "kto_badlabels")), expect_ok=False)
+        want = "not 18 labels long" if tag == "short" else "label 17 is 2"
+        if q.returncode != 1 or lp + ": " + want not in q.stderr:
+            errs.append("train_labels.bin %s: rc %d %s" % (tag, q.returncode, q.stderr.strip()[-200:]))
+    with open(lp, "wb") as f:
+        f.write(good)
     one = run(dict(cfg, micro_batch_size=1, output_dir=os.path.join(WORK, "kto_one")), "--plan", expect_ok=False)
     if one.returncode != 1 or "rl: kto needs micro_batch_size 2 or more" not in one.stderr:
         errs.append("micro_batch_size 1: rc %d %s" % (one.returncode, one.stderr.strip()[-200:]))
