@@ -35,7 +35,7 @@ Cases:
   kto             rl: kto (TRL's KTOTrainer) on llama3.ultra records with labels: the rows (each
                   example's KL sequence holds the completion of the one before it in its batch of
                   micro_batch_size, cyclically), the labels file, the loss (KL estimate per
-                  micro-batch, clamped, no gradient; weights 0.5 / 1.5) against the reference, and
+                  micro-batch, clamped, no gradient; weights 1.5 / 0.5) against the reference, and
                   mpirun -np 2 (the ranks' KL estimates averaged) against the reference's; a
                   short or out-of-range labels file refused.
   refusals        rl: grpo, rl: orpo on another format, sample_packing, rpo_alpha, an unknown loss type, train_data shards,
