@@ -806,20 +806,21 @@ int train_main(int argc, char **argv, int arch) {
     if (cfg.rl[0] && !pref_loss.ref_free) {
         double t0 = now_ms();
         char ev[64] = "";
-        if (have_val) snprintf(ev, sizeof ev, " and %zu eval pairs", rval.nunits);
+        const char *units = pref_loss.kto ? "examples" : "pairs";  // kto: an example's two rows
+        if (have_val) snprintf(ev, sizeof ev, " and %zu eval %s", rval.nunits, units);
         ref_train = xmalloc(sizeof(double) * rtrain.nrows);
         ref_eval = have_val ? xmalloc(sizeof(double) * rval.nrows) : NULL;
         if (resume_dir[0] && checkpoint_read_reference(resume_dir, ref_key, ref_train, rtrain.nrows, ref_eval,
                                                        have_val ? rval.nrows : 0)) {
-            printf("reference: log-probabilities of %zu train pairs%s read from %s/reference_logps.bin\n",
-                   rtrain.nunits, ev, resume_dir);
+            printf("reference: log-probabilities of %zu train %s%s read from %s/reference_logps.bin\n",
+                   rtrain.nunits, units, ev, resume_dir);
         } else {
             free(ref_train);
             free(ref_eval);
             ref_train = reference_pairs(&model, &pref_loss, &rtrain, B, tok, tgt, mtgt, dst, &split);
             ref_eval = have_val ? reference_pairs(&model, &pref_loss, &rval, B, tok, tgt, mtgt, dst, &split) : NULL;
-            printf("reference: log-probabilities of %zu train pairs%s from the starting weights%s in %.1f s\n",
-                   rtrain.nunits, ev, lora.r ? " (adapters off)" : "", (now_ms() - t0) / 1000);
+            printf("reference: log-probabilities of %zu train %s%s from the starting weights%s in %.1f s\n",
+                   rtrain.nunits, units, ev, lora.r ? " (adapters off)" : "", (now_ms() - t0) / 1000);
         }
     }
 

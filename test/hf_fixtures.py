@@ -209,6 +209,19 @@ def argilla_rows(n, seed=0):
     return out
 
 
+def kto_rows(n, seed=0):
+    """Unpaired, labelled records in the shape of argilla/ultrafeedback-binarized-preferences-cleaned-kto
+    (Axolotl's llama3.ultra for rl: kto): prompt, completion, label (a mix), some with a system."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(n):
+        r = {"prompt": sentence(rng, 4, 12), "completion": sentence(rng, 3, 15), "label": bool(i % 3)}
+        if i % 4 == 0:
+            r["system"] = sentence(rng, 2, 5)
+        out.append(r)
+    return out
+
+
 def write_jsonl(path, rows):
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     with open(path, "w") as f:

@@ -41,6 +41,7 @@ def setup(work):
     F.write_jsonl(os.path.join(work, "data", "messages.jsonl"), F.messages_rows(24))
     F.write_jsonl(os.path.join(work, "data", "preferences.jsonl"), F.preference_rows(24))
     F.write_jsonl(os.path.join(work, "data", "argilla.jsonl"), F.argilla_rows(24))
+    F.write_jsonl(os.path.join(work, "data", "kto.jsonl"), F.kto_rows(24))
     for c in sorted(glob.glob(os.path.join(CONFIGS, "*.yaml"))):
         shutil.copy(c, work)
     return hf
@@ -114,12 +115,14 @@ def main():
                 if os.path.exists(os.path.join(od, "metrics.jsonl")) else []
             losses = [s["loss"] for s in steps if "loss" in s]
             evals = [s for s in steps if "eval_loss" in s]
-            pref = bool(re.search(r"^rl: ", open(os.path.join(work, name)).read(), re.M))  # eval_pairs, rewards
-            ok = (re.search(r"^data: prepared \d+ %s" % ("preference pairs" if pref else "samples"), out, re.M) and ckpts
+            rl = re.search(r"^rl: (\w+)", open(os.path.join(work, name)).read(), re.M)
+            pref, kto = bool(rl), bool(rl and rl.group(1) == "kto")  # eval_pairs, rewards (kto: kl, no accuracies)
+            what = "kto examples" if kto else "preference pairs" if pref else "samples"
+            ok = (re.search(r"^data: prepared \d+ %s" % what, out, re.M) and ckpts
                   and re.search(r"^step +1/\d+ \| epoch ", out, re.M) and losses
                   and all(l == l and abs(l) < 100 for l in losses) and evals
                   and all(e["eval_pairs" if pref else "eval_tokens"] > 0 for e in evals)
-                  and (not pref or all("rewards/accuracies" in s for s in steps if "loss" in s)))
+                  and (not pref or all(("kl" if kto else "rewards/accuracies") in s for s in steps if "loss" in s)))
             if re.search(r"^tokenizer_type: LlamaTokenizer$", open(os.path.join(work, name)).read(), re.M):
                 # the fixture has tokenizer.json only: Axolotl's slow class cannot load it
                 check("%s: tokenizer_type LlamaTokenizer loads its fast version, with a note" % tag,
