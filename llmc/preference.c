@@ -101,15 +101,17 @@ static int first_target(const int32_t *tgt, int T) {
 // log(1 - e^x) for x < 0, as TRL's log1mexp computes it (the two forms either side of -ln 2).
 static double log1mexp(double x) { return x < -0.693 ? log1p(-exp(x)) : log(-expm1(x)); }
 
-void pref_model_targets(const PrefLoss *pl, const int32_t *tok, const int32_t *tgt, int32_t *out, size_t rows, int T) {
+const int32_t *pref_model_targets(const PrefLoss *pl, const int32_t *tok, const int32_t *tgt, int32_t *out,
+                                  size_t rows, int T) {
+    if (!pl->orpo) return tgt;
     memcpy(out, tgt, sizeof(int32_t) * rows * (size_t)T);
-    if (!pl->orpo) return;
     for (size_t r = 0; r < rows; r++) {
         const int32_t *k = tok + r * T;
         const int s = first_target(tgt + r * T, T);
         if (s == T) continue;  // an empty row
         for (int t = 0; t < s; t++) out[r * T + t] = k[t + 1];  // TRL's nll: every token of the sequence
     }
+    return out;
 }
 
 int32_t *pref_read_labels(const char *path, size_t n) {

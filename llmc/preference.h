@@ -70,8 +70,10 @@ void pref_loss_from_config(PrefLoss *pl, const Config *cfg);
 // "sigmoid", "0.5 sigmoid + 1 sft", ... for the run's box.
 void pref_loss_describe(const PrefLoss *pl, char *out, size_t cap);
 // The targets the model is given for rows (tok, tgt: T each, as stored): tgt itself, except
-// under orpo, where a row's positions before its completion get the next token as target.
-void pref_model_targets(const PrefLoss *pl, const int32_t *tok, const int32_t *tgt, int32_t *out, size_t rows, int T);
+// under orpo, where a row's positions before its completion get the next token as target (written
+// into out, which is returned; out may be NULL for the other methods).
+const int32_t *pref_model_targets(const PrefLoss *pl, const int32_t *tok, const int32_t *tgt, int32_t *out,
+                                  size_t rows, int T);
 // One micro-batch, a unit, already set on the model with pref_model_targets' targets (B rows =
 // B/2 pairs of this rank, tgt their stored targets, T a row; the model holds Tm tokens of each
 // from position t0 on, fewer under sequence parallelism, whose ranks add their slices' sums;

@@ -303,7 +303,7 @@ static double evaluate_rows(Model *m, RowLoader *ev, int32_t *tok, int32_t *tgt,
 
 // Rows [r0, r0 + B x data-parallel ranks) of a pair file (past its end: empty rows) as a global
 // batch in tok/tgt/ds, ids[j] the row in slot j (nrows: empty); this rank's part is set on the
-// model, with pref_model_targets' targets (in mtgt). Returns the model's tokens per row.
+// model, with pref_model_targets' targets (orpo: written into mtgt). Returns the model's tokens per row.
 static int pair_batch(Model *m, const PrefLoss *pl, RowLoader *rl, size_t r0, int B, int32_t *tok, int32_t *tgt,
                       int32_t *mtgt, int32_t *ds, size_t *ids, Split *sp) {
     const int T = rl->T;
@@ -312,8 +312,7 @@ static int pair_batch(Model *m, const PrefLoss *pl, RowLoader *rl, size_t r0, in
         rows_read(rl, r0 + j, tok + j * T, tgt + j * T, ds + j * T);
         ids[j] = r0 + j < rl->nrows ? r0 + j : rl->nrows;
     }
-    pref_model_targets(pl, tok, tgt, mtgt, GB, T);
-    return set_part(m, sp, tok, mtgt, NULL, B, T);
+    return set_part(m, sp, tok, pref_model_targets(pl, tok, tgt, mtgt, GB, T), NULL, B, T);
 }
 
 // The position in each row where this rank's slice starts (sequence parallel), else 0.
@@ -788,8 +787,8 @@ int train_main(int argc, char **argv, int arch) {
     if (spn > 1) split.tok = xmalloc(sizeof(int32_t) * BT / spn), split.tgt = xmalloc(sizeof(int32_t) * BT / spn);
     int32_t *tok = xmalloc(sizeof(int32_t) * GBT * accum), *tgt = xmalloc(sizeof(int32_t) * GBT * accum);
     int32_t *dst = prepared ? xmalloc(sizeof(int32_t) * GBT * accum) : NULL;  // document starts
-    // preference training: the targets the model is given (pref_model_targets); rl: kto's labels
-    int32_t *mtgt = cfg.rl[0] ? xmalloc(sizeof(int32_t) * GBT * accum) : NULL;
+    // rl: orpo's targets for the model (pref_model_targets); rl: kto's labels
+    int32_t *mtgt = pref_loss.orpo ? xmalloc(sizeof(int32_t) * GBT * accum) : NULL;
     int32_t *labels_train = NULL, *labels_eval = NULL;
     if (pref_loss.kto) {
         char lp[1200];
@@ -909,7 +908,8 @@ int train_main(int argc, char **argv, int arch) {
             for (size_t i = u * B; i < (u + 1) * B; i += 2) any_pair |= sid[i] < rtrain.nrows;
             step_units += any_pair;
         }
-        if (mtgt) pref_model_targets(&pref_loss, tok, tgt, mtgt, (size_t)GBT / T * accum, T);
+        const int32_t *model_tgt = cfg.rl[0] ? pref_model_targets(&pref_loss, tok, tgt, mtgt, (size_t)GBT / T * accum, T)
+                                             : tgt;
         if (model.lisa && (step == first_step || lisa_draws_at(model.lisa, step))) {
             lisa_draw(model.lisa, lisa_last_draw(model.lisa, step));
             model_lisa_drawn(&model);
@@ -929,7 +929,7 @@ int train_main(int argc, char **argv, int arch) {
             ran++;
             // Packed rows carry their document map (unpacked: one sample per row, then padding,
             // which no real token attends to, so the plain causal mask is the same).
-            const int Tm = set_part(&model, &split, tok + a * GBT, (mtgt ? mtgt : tgt) + a * GBT,
+            const int Tm = set_part(&model, &split, tok + a * GBT, model_tgt + a * GBT,
                                     prepared && rtrain.packed ? dst + a * GBT : NULL, B, T);
             // Dropout masks depend only on (seed, micro-batch): recompute and resume agree.
             Rng dr;
