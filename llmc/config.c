@@ -849,7 +849,18 @@ static void finish_deepspeed(Config *cfg, const char *src) {
            ds.offload_optimizer ? " with offload_optimizer: true" : "");
 }
 
-// rl: dpo / ipo / simpo / orpo (preference.h). Axolotl's beta order is rl_beta, then dpo_beta
+// rl: kto and orpo run their trainer's one loss (what: its formula for the note): the DPO loss keys
+// are overridden, with a note when any was given.
+static void fixed_loss(Config *cfg, const char *loss, const char *what) {
+    if (cfg->dpo_loss_type[0] || cfg->dpo_loss_weights[0] || cfg->dpo_label_smoothing > 0)
+        printf("note: rl: %s sets its loss (%s); dpo_loss_type, dpo_loss_weights and dpo_label_smoothing have no "
+               "effect (as in Axolotl)\n", loss, what);
+    snprintf(cfg->dpo_loss_type, sizeof cfg->dpo_loss_type, "%s", loss);
+    cfg->dpo_loss_weights[0] = 0;
+    cfg->dpo_label_smoothing = 0;
+}
+
+// rl: dpo / ipo / simpo / orpo / kto (preference.h). Axolotl's beta order is rl_beta, then dpo_beta
 // (deprecated), then orpo_alpha, else TRL's 0.1; TRL 1.8's trainers turn every dropout off
 // (LoRA's too).
 static void finish_rl(Config *cfg, const char *src) {
@@ -894,12 +905,7 @@ static void finish_rl(Config *cfg, const char *src) {
         if (cfg->micro_batch_size < 2)
             fail("%s: rl: kto needs micro_batch_size 2 or more (TRL refuses 1: the KL term, from the batch's other "
                  "completions, would be the reward itself)", src);
-        if (cfg->dpo_loss_type[0] || cfg->dpo_loss_weights[0] || cfg->dpo_label_smoothing > 0)
-            printf("note: rl: kto sets its loss (TRL's kto); dpo_loss_type, dpo_loss_weights and dpo_label_smoothing "
-                   "have no effect (as in Axolotl)\n");
-        snprintf(cfg->dpo_loss_type, sizeof cfg->dpo_loss_type, "kto");
-        cfg->dpo_loss_weights[0] = 0;
-        cfg->dpo_label_smoothing = 0;
+        fixed_loss(cfg, "kto", "TRL's kto");
         if (!(cfg->kto_desirable_weight > 0)) cfg->kto_desirable_weight = 1;  // Axolotl: `or 1.0`
         if (!(cfg->kto_undesirable_weight > 0)) cfg->kto_undesirable_weight = 1;
         if (cfg->shuffle)
@@ -907,14 +913,8 @@ static void finish_rl(Config *cfg, const char *src) {
                    "example's KL sequence holds the completion of the one before it in its batch)\n");
         cfg->shuffle = 0;
     }
-    if (orpo) {  // TRL's ORPOTrainer: its loss is fixed (the chosen rows' nll minus beta log sigmoid(log odds))
-        if (cfg->dpo_loss_type[0] || cfg->dpo_loss_weights[0] || cfg->dpo_label_smoothing > 0)
-            printf("note: rl: orpo sets its loss (nll - beta log sigmoid(log odds ratio)); dpo_loss_type, "
-                   "dpo_loss_weights and dpo_label_smoothing have no effect (as in Axolotl)\n");
-        snprintf(cfg->dpo_loss_type, sizeof cfg->dpo_loss_type, "orpo");
-        cfg->dpo_loss_weights[0] = 0;
-        cfg->dpo_label_smoothing = 0;
-    }
+    if (orpo)  // TRL's ORPOTrainer: the chosen rows' nll minus beta log sigmoid(log odds)
+        fixed_loss(cfg, "orpo", "nll - beta log sigmoid(log odds ratio)");
     if (simpo) {  // TRL's CPOTrainer: loss_type simpo, plus cpo_alpha x the chosen completions' token loss
         if (!given(cfg, "simpo_gamma"))
             fail("%s: rl: simpo needs simpo_gamma (the target reward margin; Axolotl passes it to TRL unset "
