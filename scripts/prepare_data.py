@@ -595,12 +595,7 @@ class ChatTemplate:
         if not isinstance(tools, list) or not all(isinstance(x, dict) for x in tools):
             raise DataError("%s: %s: expected a list of tool objects" % (loc, self.field_tools))
         for x in tools:
-            f = x.get("function")
-            if isinstance(f, dict) and isinstance(f.get("parameters"), str):
-                try:
-                    f["parameters"] = json.loads(f["parameters"])
-                except json.JSONDecodeError as e:
-                    raise DataError("%s: %s: %s.parameters: not JSON (%s)" % (loc, self.field_tools, f.get("name"), e.msg))
+            parse_json_field(x.get("function"), "parameters", "%s: %s" % (loc, self.field_tools))
         return tools
 
     def find_turn(self, clean, i, b, tools=None):
@@ -687,13 +682,18 @@ def tool_calls_of(calls, where):
     if not isinstance(calls, list) or not all(isinstance(c, dict) for c in calls):
         raise DataError("%s: tool_calls: expected a list of call objects" % where)
     for c in calls:
-        f = c.get("function")
-        if isinstance(f, dict) and isinstance(f.get("arguments"), str):
-            try:
-                f["arguments"] = json.loads(f["arguments"])
-            except json.JSONDecodeError as e:
-                raise DataError("%s: tool_calls: %s.arguments: not JSON (%s)" % (where, f.get("name"), e.msg))
+        parse_json_field(c.get("function"), "arguments", "%s: tool_calls" % where)
     return calls
+
+
+def parse_json_field(f, key, where):
+    """A function object's key (a tool's parameters, a call's arguments) parsed in place when it is
+    a JSON string, as Axolotl parses them; an error names where, the function and the key."""
+    if isinstance(f, dict) and isinstance(f.get(key), str):
+        try:
+            f[key] = json.loads(f[key])
+        except json.JSONDecodeError as e:
+            raise DataError("%s: %s.%s: not JSON (%s)" % (where, f.get("name"), key, e.msg))
 
 
 def norm_train_on(v):
