@@ -111,18 +111,33 @@ def base_cfg(out, data, **kw):
     return tc
 
 
-def run_two_ranks(cfg, tag):
-    """cfg under mpirun -np 2: the finished process, or None without mpirun."""
+def run_two_ranks(cfg, tag, errs):
+    """cfg under mpirun -np 2: True when it ran to the end; False when it failed (the failure added
+    to errs, named by tag) or there is no mpirun."""
     if not shutil.which("mpirun"):
-        return None
-    path = os.path.join(WORK, tag + ".yaml")
+        return False
+    path = os.path.join(WORK, os.path.basename(cfg["output_dir"]) + ".yaml")
     with open(path, "w") as f:
         json.dump(cfg, f)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "PMI_", "PMIX_", "PRTE_"))}
     env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMPI_MCA_rmaps_base_oversubscribe="1",
                LLMC_PYTHON=sys.executable, LLMC_SCRIPTS_DIR=os.path.join(ROOT, "scripts"), TRANSFORMERS_VERBOSITY="error")
-    return subprocess.run(["mpirun", "-np", "2", "--oversubscribe", "--bind-to", "none", ARGS.bin, "-c", path],
-                          cwd=WORK, env=env, capture_output=True, text=True, timeout=600)
+    p = subprocess.run(["mpirun", "-np", "2", "--oversubscribe", "--bind-to", "none", ARGS.bin, "-c", path],
+                       cwd=WORK, env=env, capture_output=True, text=True, timeout=600)
+    if p.returncode:
+        errs.append("%s: rc %d %s" % (tag, p.returncode, p.stderr.strip()[-300:]))
+    return p.returncode == 0
+
+
+def compare_figures(errs, tag, got, want):
+    """Each step's (loss, grad norm, margin) of figures() against want's, 1e-5 relative; returns the
+    worst relative difference."""
+    worst = 0.0
+    for s, (a, b) in enumerate(zip(got, want), 1):
+        for i, name in enumerate(("loss", "grad_norm", "margin")):
+            compare(errs, "%s step %d %s" % (tag, s, name), a[i], b[i], rtol=1e-5, atol=1e-7)
+            worst = max(worst, rel(a[i], b[i]))
+    return worst
 
 
 def prepared_dir(stdout):
@@ -634,14 +649,8 @@ def case_orpo():
     if figures(rc["output_dir"]) != plain:
         errs.append("gradient checkpointing + offloading: %s vs %s" % (figures(rc["output_dir"])[-1], plain[-1]))
     sp = dict(cfg, output_dir=os.path.join(WORK, "orpo_sp"), sequence_parallel_degree=2)
-    q = run_two_ranks(sp, "orpo_sp")
-    if q is not None:
-        if q.returncode:
-            errs.append("sequence parallel: rc %d %s" % (q.returncode, q.stderr.strip()[-300:]))
-        else:
-            for st, (a, b) in enumerate(zip(figures(sp["output_dir"]), plain), 1):
-                for i, name in enumerate(("loss", "grad_norm", "margin")):
-                    compare(errs, "sequence parallel step %d %s" % (st, name), a[i], b[i], rtol=1e-5, atol=1e-7)
+    if run_two_ranks(sp, "sequence parallel", errs):
+        compare_figures(errs, "sequence parallel", figures(sp["output_dir"]), plain)
     bad = os.path.join(WORK, "orpo_bad.jsonl")
     FX.write_jsonl(bad, [recs[0], {"chosen": [{"role": "user", "content": "q"}], "rejected": recs[0]["rejected"]}])
     q = run(dict(cfg, datasets=[{"path": bad, "type": "chat_template.argilla"}]), "--preprocess", expect_ok=False)
@@ -739,14 +748,10 @@ def case_kto():
     if "preference   kto, beta 0.5, weights 1.5 / 0.5" not in p.stdout:
         errs.append("the box does not name KTO")
     dpc = dict(cfg, output_dir=os.path.join(WORK, "kto_dp"), gradient_accumulation_steps=1)
-    q = run_two_ranks(dpc, "kto_dp")
-    if q is not None:
-        if q.returncode:
-            errs.append("data parallel: rc %d %s" % (q.returncode, q.stderr.strip()[-300:]))
-        else:
-            want = kto_reference(cfg_m, w, tok, tgt, labels, 3, 3, 1, 2, 3e-2, 0.5, 1.5, 0.5)
-            got, _ = metrics(dpc["output_dir"])
-            worst = max(worst, compare_steps(errs, got, want, keys=keys))
+    if run_two_ranks(dpc, "data parallel", errs):
+        want = kto_reference(cfg_m, w, tok, tgt, labels, 3, 3, 1, 2, 3e-2, 0.5, 1.5, 0.5)
+        got, _ = metrics(dpc["output_dir"])
+        worst = max(worst, compare_steps(errs, got, want, keys=keys))
     lp = os.path.join(d, "train_labels.bin")
     good = open(lp, "rb").read()
     for tag, bad_bytes in (("short", good[:-4]), ("a label of 2", good[:-4] + b"\x02\x00\x00\x00")):
@@ -853,15 +858,9 @@ def case_ranks():
     for tag, extra in (("dp", {"micro_batch_size": 1}), ("zero3", {"micro_batch_size": 1, "zero_stage": 3}),
                        ("seqpar", {"sequence_parallel_degree": 2})):
         c = dict(one, output_dir=os.path.join(WORK, "ranks_" + tag), **extra)
-        p = run_two_ranks(c, "ranks_" + tag)
-        if p.returncode:
-            errs.append("%s: rc %d %s" % (tag, p.returncode, p.stderr.strip()[-300:]))
+        if not run_two_ranks(c, tag, errs):
             continue
-        got = figures(c["output_dir"])
-        for s, (a, b) in enumerate(zip(got, want), 1):
-            for i, name in enumerate(("loss", "grad_norm", "margin")):
-                compare(errs, "%s step %d %s" % (tag, s, name), a[i], b[i], rtol=1e-5, atol=1e-7)
-                worst = max(worst, rel(a[i], b[i]))
+        worst = max(worst, compare_figures(errs, tag, figures(c["output_dir"]), want))
         _, e1 = metrics(c["output_dir"])
         _, e0 = metrics(one["output_dir"])
         if 3 not in e1:
