@@ -387,31 +387,31 @@ static void pref_print(const PrefStats *st, int orpo, int kto, char *line, size_
         snprintf(line + len, cap - (size_t)len, " nll %.4f log_odds %.4f", st->nll / (double)st->units,
                  st->log_odds_chosen / n);
 }
+// ", \"PREFIXkey\": value" for n keys and values (null for a value that is not finite).
+static void metrics_keys(char *out, size_t cap, const char *prefix, const char *const *k, const double *v, int n) {
+    size_t len = 0;
+    out[0] = 0;
+    for (int i = 0; i < n && len < cap; i++) {
+        char num[32];
+        len += (size_t)snprintf(out + len, cap - len, ", \"%s%s\": %s", prefix, k[i], metrics_num(num, sizeof num, v[i]));
+    }
+}
 static void pref_metrics(const PrefStats *st, int orpo, int kto, const char *prefix, char *out, size_t cap) {
     const double n = st->pairs ? (double)st->pairs : NAN, u = st->units ? (double)st->units : NAN;
     if (kto) {  // TRL's KTOTrainer's names; rewards/* over each kind's examples (absent when there are none)
         const double c = st->n_chosen ? (double)st->n_chosen : NAN, r = st->n_rejected ? (double)st->n_rejected : NAN;
         const double v[6] = {st->reward_c / c, st->reward_r / r, st->reward_c / c - st->reward_r / r, st->logp_c / c,
                              st->logp_r / r, st->kl / u};
-        const char *k[6] = {"rewards/chosen", "rewards/rejected", "rewards/margins", "logps/chosen", "logps/rejected", "kl"};
-        size_t len = 0;
-        out[0] = 0;
-        for (int i = 0; i < 6 && len < cap; i++) {
-            char num[32];
-            len += (size_t)snprintf(out + len, cap - len, ", \"%s%s\": %s", prefix, k[i], metrics_num(num, sizeof num, v[i]));
-        }
+        const char *const k[6] = {"rewards/chosen", "rewards/rejected", "rewards/margins", "logps/chosen",
+                                  "logps/rejected", "kl"};
+        metrics_keys(out, cap, prefix, k, v, 6);
         return;
     }
     const double v[9] = {st->reward_c / n, st->reward_r / n, st->correct / n, st->margin / n, st->logp_c / n,
                          st->logp_r / n, st->nll / u, st->log_odds_ratio / n, st->log_odds_chosen / n};
-    const char *k[9] = {"rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins", "logps/chosen",
-                        "logps/rejected", "nll_loss", "log_odds_ratio", "log_odds_chosen"};  // the last 3: orpo's
-    size_t len = 0;
-    out[0] = 0;
-    for (int i = 0; i < (orpo ? 9 : 6) && len < cap; i++) {
-        char num[32];
-        len += (size_t)snprintf(out + len, cap - len, ", \"%s%s\": %s", prefix, k[i], metrics_num(num, sizeof num, v[i]));
-    }
+    const char *const k[9] = {"rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins",
+                              "logps/chosen", "logps/rejected", "nll_loss", "log_odds_ratio", "log_odds_chosen"};
+    metrics_keys(out, cap, prefix, k, v, orpo ? 9 : 6);  // the last 3: orpo's
 }
 
 // "1h02m", "3m05s", "12s": the time left at the mean step time so far.
