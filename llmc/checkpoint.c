@@ -120,8 +120,10 @@ static void file_name(const Model *m, int sel, const char *tname, char *out, siz
 }
 
 // Loads the selected tensors via a lookup function (a model directory or one file).
-static void load_params(Model *m, const char *where, const StTensor *(*find)(const void *, const char *),
-                        const void *src, int sel) {
+// Returns 1 when a reward model's score head was not in the files (a causal LM's: left as it is).
+static int load_params(Model *m, const char *where, const StTensor *(*find)(const void *, const char *),
+                       const void *src, int sel) {
+    int no_score = 0;
     size_t maxn = 0;
     FusedSlice fs;
     for (int i = 0; i < (int)arrlen(m->tab.specs); i++) {
@@ -151,6 +153,10 @@ static void load_params(Model *m, const char *where, const StTensor *(*find)(con
             }
         }
         const StTensor *t = find(src, name);
+        if (!t && sel == SEL_BASE && i == m->tab.lm_head && m->cfg.num_labels) {  // a causal LM's files
+            no_score = 1;
+            continue;
+        }
         if (!t) fail("%s: missing tensor '%s'", where, name);
         char qs[240];
         snprintf(qs, sizeof qs, "%s.quant_state.bitsandbytes__nf4", name);
@@ -175,12 +181,13 @@ static void load_params(Model *m, const char *where, const StTensor *(*find)(con
         }
     }
     free(buf);
+    return no_score;
 }
 
 static const StTensor *find_in_model(const void *s, const char *n) { return st_model_find(s, n); }
 static const StTensor *find_in_file(const void *s, const char *n) { return st_find(s, n); }
 
-void load_hf_weights(Model *m, const char *dir) {
+int load_hf_weights(Model *m, const char *dir) {
     StModel *sm = st_open_model_dir(dir);
     char embed[160];
     if (m->cfg.multimodal) {  // the hub's files hold language_model.model.X, transformers >= 4.52's model.language_model.X
@@ -193,13 +200,14 @@ void load_hf_weights(Model *m, const char *dir) {
         snprintf(m->mm_prefix, sizeof m->mm_prefix, "%s", pre);
         if (!m->mm_base[0]) snprintf(m->mm_base, sizeof m->mm_base, "%s", dir);  // the base, not a later checkpoint
     }
-    load_params(m, dir, find_in_model, sm, SEL_BASE);
+    const int no_score = load_params(m, dir, find_in_model, sm, SEL_BASE);
     // The final model is written in the base's dtype (save_dtype: auto): the embedding's.
     file_name(m, SEL_BASE, m->cfg.arch == ARCH_GPT2 ? "wte.weight" : "model.embed_tokens.weight", embed, sizeof embed);
     const StTensor *e = st_model_find(sm, embed);
     const char *dt = !e ? "" : !strcmp(e->dtype, "BF16") ? "bfloat16" : !strcmp(e->dtype, "F16") ? "float16" : "float32";
     snprintf(m->cfg.torch_dtype, sizeof m->cfg.torch_dtype, "%s", dt);
     st_model_close(sm);
+    return no_score;
 }
 
 // Round-to-nearest-even float -> half without _Float16 (which not every compiler targets):
@@ -1012,7 +1020,7 @@ static void load_model_checkpoint(Model *m, const char *dir) {
     const ModelConfig *c = &m->cfg;
     if (!model_config_same_shape(&saved, c))
         fail("%s: checkpoint's model shape differs from the configured model", dir);
-    load_hf_weights(m, dir);
+    if (load_hf_weights(m, dir)) fail("%s: the checkpoint has no score.weight (the reward model's head)", dir);
 }
 
 static void load_state(LoopState *ls, const Model *m, const char *dir) {

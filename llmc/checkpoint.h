@@ -42,8 +42,10 @@ void run_identity(RunIdentity *id, const Config *cfg, const Model *m);
 
 // Reads DIR/config.json (Hugging Face) into cfg.
 void load_hf_config(const char *dir, ModelConfig *cfg);
-// Loads every base tensor of the table from DIR's safetensors (checks names and shapes).
-void load_hf_weights(Model *m, const char *dir);
+// Loads every base tensor of the table from DIR's safetensors (checks names and shapes). A
+// reward model's score.weight may be absent (a causal LM's files): returns 1 then, and the head
+// is left for the caller to initialize (model_init_param); else 0.
+int load_hf_weights(Model *m, const char *dir);
 // Writes DIR/model.safetensors and DIR/config.json (merge: adapters folded into the base
 // weights); returns 0 or -1 (errno set).
 // The final model's file format: dtype "F32", "BF16" or "F16" (NULL: F32), and the size above

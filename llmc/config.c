@@ -233,6 +233,13 @@ static const KeyDef KEYS[] = {
         "rl: kto: weight of the desirable examples' losses (0 means 1, as Axolotl passes `or 1.0`)"),
     NUM("kto_undesirable_weight", T_FLOAT, kto_undesirable_weight, "1", 0, 1e6,
         "rl: kto: weight of the undesirable examples' losses (0 means 1, as in Axolotl)"),
+    NUM("reward_model", T_BOOL, reward_model, "false", 0, 1,
+        "train a Bradley-Terry reward model (TRL 1.8's RewardTrainer) on datasets: of type "
+        "bradley_terry.chat_template: a score head on the last token, saved as ...ForSequenceClassification"),
+    NUM("num_labels", T_INT, num_labels, "0", 0, 1 << 20, "reward_model: the score head's outputs (1, the only count "
+        "a reward model has; 0: 1)"),
+    NUM("center_rewards_coefficient", T_FLOAT, center_rewards_coefficient, "0", 0, 1e6,
+        "reward_model: adds this times the mean of (chosen + rejected reward)^2 to the loss (TRL's; unset: none)"),
     NUM("precompute_ref_log_probs", T_BOOL, precompute_ref_log_probs, "false", 0, 1,
         "rl: the reference log-probabilities are always computed once before training here; either value"),
     ENUM("device", device, "auto", "auto|cpu|cuda",
@@ -860,6 +867,44 @@ static void fixed_loss(Config *cfg, const char *loss, const char *what) {
     cfg->dpo_label_smoothing = 0;
 }
 
+// reward_model: true (Axolotl's key; TRL's RewardTrainer) runs as rl "reward" from here on: the
+// preference pairs' data path and steps, a score head instead of the token losses. Axolotl's
+// model_type (or type_of_model) names the head: a sequence classifier is a reward model here and
+// nothing else (a silent causal LM in its place would train another model).
+static void finish_reward(Config *cfg, const char *src) {
+    const char *mk[] = {"model_type", "type_of_model"};
+    for (int i = 0; i < 2; i++) {
+        const cJSON *o = cfg->yaml_json ? cJSON_GetObjectItemCaseSensitive((const cJSON *)cfg->yaml_json, mk[i]) : NULL;
+        const char *v = cJSON_IsString(o) ? o->valuestring : "";
+        if (strstr(v, "ForTokenClassification"))
+            fail("%s: %s: %s: token classifiers (process reward models) are not implemented; reward_model: true "
+                 "trains a sequence classifier", src, mk[i], v);
+        if (strstr(v, "ForSequenceClassification") && !cfg->reward_model)
+            fail("%s: %s: %s needs reward_model: true (a Bradley-Terry reward model is the sequence classifier "
+                 "trained here)", src, mk[i], v);
+        if (*v && cfg->reward_model && !strstr(v, "ForSequenceClassification"))
+            fail("%s: %s: %s with reward_model: true; a reward model is a sequence classifier "
+                 "(AutoModelForSequenceClassification, Axolotl's default for it)", src, mk[i], v);
+    }
+    if (!cfg->reward_model) {
+        if (cfg->num_labels)
+            fail("%s: num_labels %d sets a classifier head, and this run trains a causal LM (reward_model: true "
+                 "trains a reward model)", src, cfg->num_labels);
+        if (given(cfg, "center_rewards_coefficient"))
+            printf("note: center_rewards_coefficient has no effect without reward_model\n");
+        return;
+    }
+    if (cfg->rl[0]) fail("%s: reward_model and rl: %s are two kinds of training; set one", src, cfg->rl);
+    if (cfg->num_labels > 1)
+        fail("%s: num_labels %d: a reward model has one output (TRL's RewardTrainer requires num_labels 1)", src,
+             cfg->num_labels);
+    cfg->num_labels = 1;
+    if (cfg->adapter[0] && strcmp(cfg->adapter, "none"))
+        fail("%s: reward_model with adapter: %s is not implemented (PEFT's SEQ_CLS task trains the score head beside "
+             "the adapters); train the reward model in full", src, cfg->adapter);
+    snprintf(cfg->rl, sizeof cfg->rl, "reward");
+}
+
 // rl: dpo / ipo / simpo / orpo / kto (preference.h). Axolotl's beta order is rl_beta, then dpo_beta
 // (deprecated), then orpo_alpha, else TRL's 0.1; TRL 1.8's trainers turn every dropout off
 // (LoRA's too).
@@ -867,6 +912,7 @@ static void finish_rl(Config *cfg, const char *src) {
     const char *rl_keys[] = {"rl_beta", "dpo_beta", "orpo_alpha", "dpo_label_smoothing", "dpo_loss_type",
                              "dpo_loss_weights", "precompute_ref_log_probs", "simpo_gamma", "cpo_alpha",
                              "kto_desirable_weight", "kto_undesirable_weight"};
+    finish_reward(cfg, src);
     if (!cfg->rl[0]) {
         for (size_t i = 0; i < sizeof rl_keys / sizeof *rl_keys; i++)
             if (given(cfg, rl_keys[i]))
@@ -874,9 +920,13 @@ static void finish_rl(Config *cfg, const char *src) {
         return;
     }
     const char *rl = cfg->rl;
+    const int reward = !strcmp(rl, "reward");
+    if (reward)
+        for (size_t i = 0; i < sizeof rl_keys / sizeof *rl_keys; i++)
+            if (given(cfg, rl_keys[i])) printf("note: %s has no effect with reward_model (it is rl's)\n", rl_keys[i]);
     if (!strcmp(rl, "grpo") || !strcmp(rl, "gdpo") || !strcmp(rl, "ebft"))
         fail("%s: rl: %s is not implemented (rl: dpo, ipo, kto, simpo and orpo are)", src, rl);
-    if (strcmp(rl, "dpo") && strcmp(rl, "ipo") && strcmp(rl, "simpo") && strcmp(rl, "orpo") && strcmp(rl, "kto"))
+    if (strcmp(rl, "dpo") && strcmp(rl, "ipo") && strcmp(rl, "simpo") && strcmp(rl, "orpo") && strcmp(rl, "kto") && !reward)
         fail("%s: rl: '%s' is not a preference method here (dpo, ipo, kto, simpo, orpo)", src, rl);
     const int simpo = !strcmp(rl, "simpo"), orpo = !strcmp(rl, "orpo"), kto = !strcmp(rl, "kto");
     if (!kto && (given(cfg, "kto_desirable_weight") || given(cfg, "kto_undesirable_weight")))
@@ -890,6 +940,13 @@ static void finish_rl(Config *cfg, const char *src) {
     if (cfg->total_batch_size)
         fail("%s: rl: %s with total_batch_size: steps are counted in pairs (micro_batch_size x "
              "gradient_accumulation_steps)", src, rl);
+    if (reward) {  // TRL's RewardTrainer: its own loss, no reference, no beta; dropout off (disable_dropout)
+        if (cfg->lora_dropout > 0) printf("note: lora_dropout %g is off: TRL's RewardTrainer disables every dropout\n",
+                                          cfg->lora_dropout);
+        cfg->lora_dropout = 0;
+        cfg->micro_batch_size *= 2;  // rows: each pair is a chosen and a rejected row
+        return;
+    }
     if (!given(cfg, "rl_beta")) {
         if (given(cfg, "dpo_beta")) {
             cfg->rl_beta = cfg->dpo_beta;

@@ -75,6 +75,9 @@ typedef struct {
     double simpo_gamma, cpo_alpha;  // rl: simpo (TRL's CPOTrainer, loss_type simpo)
     double kto_desirable_weight, kto_undesirable_weight;  // rl: kto (TRL's KTOTrainer)
     char dpo_loss_type[256], dpo_loss_weights[256];
+    // reward_model (preference.h's "reward": rl holds it after config_finish): TRL's RewardTrainer
+    int reward_model, num_labels;
+    double center_rewards_coefficient;
     int precompute_ref_log_probs;
     // sharding
     int fsdp, zero_stage, offload_optimizer;

@@ -56,6 +56,20 @@ const ModelFamily *family_by_architecture(const char *architecture) {
     return NULL;
 }
 
+// The family's sequence classifier: its causal LM's name with ForSequenceClassification
+// (Gemma 3's text model: Gemma3TextForSequenceClassification, as transformers names it).
+void family_seqcls_name(const ModelFamily *f, char *out, size_t cap) {
+    const char *a = f->architecture, *end = strstr(a, "ForCausalLM");
+    const int n = end ? (int)(end - a) : (int)strlen(a);
+    snprintf(out, cap, "%.*s%sForSequenceClassification", n, a, !strcmp(f->model_type, "gemma3_text") ? "Text" : "");
+}
+
+int family_seqcls_architecture(const ModelFamily *f, const char *architecture) {
+    char n[80];
+    family_seqcls_name(f, n, sizeof n);
+    return !strcmp(n, architecture);
+}
+
 const char *family_list(void) { return "llama, mistral, qwen2, qwen3, phi3, gemma, gemma2, gemma3_text"; }
 const char *family_architectures(void) {
     return "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Phi3ForCausalLM, "

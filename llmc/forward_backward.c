@@ -854,6 +854,56 @@ void model_backward_rows(Model *m, int B, int T, const float *row_scale, const i
     backward_from_head(m, B, T, res);
 }
 
+// A reward model's rows end at one number each: score.weight . final_norm(h) at the row's
+// position pos[b] (-1: none here, score 0; sequence parallel ranks hold other positions). Only
+// the chunks that hold such a position are normalized.
+void model_forward_scores(Model *m, int B, int T, int for_backward, const int *pos, double *score) {
+    Backend *bk = m->bk;
+    const int N = B * T, R = act_tile_rows(m->store), C = m->cfg.hidden_size;
+    void *res = forward_to_head(m, B, T, for_backward);
+    for (int b = 0; b < B; b++) score[b] = 0;
+    for (int r0 = 0; r0 < N; r0 += R) {
+        const int n = N - r0 < R ? N - r0 : R;
+        int normed = 0;
+        for (int b = 0; b < B; b++) {
+            const int row = b * T + pos[b];
+            if (pos[b] < 0 || row < r0 || row >= r0 + n) continue;
+            if (!normed) final_norm_chunk(m, res, N, r0, n), normed = 1;
+            bk->matmul(bk, m->logits, act_at(bk, m->final_ln, (size_t)(row - r0) * C), P(m, m->tab.lm_head), 1, 1, C,
+                       0, 1, 1.0f, 0.0f);
+            float v;
+            bk->download_act(bk, &v, m->logits, 1);
+            score[b] = v;
+        }
+    }
+}
+
+// d(loss)/d(score) of each row into the model: d final_norm(h) at pos[b] is dscore[b] times
+// score.weight (every other position 0), and score.weight's gradient gets dscore[b] times the
+// normalized row; products with K = 1 against a device 1, alpha the float scale.
+void model_backward_scores(Model *m, int B, int T, const int *pos, const float *dscore) {
+    Backend *bk = m->bk;
+    const int N = B * T, R = act_tile_rows(m->store), C = m->cfg.hidden_size;
+    void *res = act_final_residual(m->store);
+    float *dW = G(m, m->tab.lm_head);
+    const float one = 1.0f;
+    bk->memzero(bk, m->d_ln, (size_t)N * C * bk->act_bytes, NULL);
+    bk->upload_act(bk, m->logits, &one, 1);
+    for (int r0 = 0; r0 < N; r0 += R) {
+        const int n = N - r0 < R ? N - r0 : R;
+        final_norm_chunk(m, res, N, r0, n);  // every chunk: the norm's backward reads each row's rstd
+        for (int b = 0; b < B; b++) {
+            const int row = b * T + pos[b];
+            if (pos[b] < 0 || row < r0 || row >= r0 + n) continue;
+            bk->matmul(bk, act_at(bk, m->d_ln, (size_t)row * C), m->logits, P(m, m->tab.lm_head), 1, C, 1, 0, 0,
+                       dscore[b], 0.0f);
+            if (dW) bk->matmul_dw(bk, dW, m->logits, act_at(bk, m->final_ln, (size_t)(row - r0) * C), 1, C, 1, 0, 0,
+                                  dscore[b]);
+        }
+    }
+    backward_from_head(m, B, T, res);
+}
+
 // Sampling runs forward only at batch 1 on its own small store: one layer's working set plus
 // each layer's input (nothing is kept for a backward).
 void model_last_logits(Model *m, int T, float *out) {

@@ -383,9 +383,15 @@ static void read_root(const char *path, const cJSON *root, ModelConfig *c) {
             if (!cJSON_IsString(a)) fail("%s: key 'architectures' must be a list of strings", path);
             // transformers' AutoModelForCausalLM goes by model_type; an entry naming another
             // family's causal LM is tolerated, anything else (a classifier head) is not.
+            if (family_seqcls_architecture(fam, a->valuestring)) {  // a reward model's checkpoint
+                const cJSON *ids = get(root, "id2label");
+                c->num_labels = cJSON_IsObject(ids) ? cJSON_GetArraySize(ids) : 2;  // PretrainedConfig's default 2
+                if (c->num_labels < 1) fail("%s: 'id2label' is empty; a sequence classifier has labels", path);
+                continue;
+            }
             if (!family_by_architecture(a->valuestring))
-                fail("%s: architecture '%s' is not supported (supported: %s)", path, a->valuestring,
-                     family_architectures());
+                fail("%s: architecture '%s' is not supported (supported: %s, and their ForSequenceClassification "
+                     "for reward_model)", path, a->valuestring, family_architectures());
         }
     }
 
@@ -678,7 +684,19 @@ static cJSON *config_json(const ModelConfig *c) {
     int built = 1;  // cJSON returns NULL/false on out-of-memory; any miss means no file
 #define ADD(x) built &= (x) != 0
     cJSON *archs = cJSON_AddArrayToObject(o, "architectures");
+    char seqcls[80];
+    if (c->num_labels) family_seqcls_name(fam, seqcls, sizeof seqcls), arch = seqcls;
     ADD(archs && cJSON_AddItemToArray(archs, cJSON_CreateString(arch)));
+    if (c->num_labels) {  // transformers' id2label / label2id for num_labels outputs: LABEL_i
+        cJSON *i2l = cJSON_AddObjectToObject(o, "id2label"), *l2i = cJSON_AddObjectToObject(o, "label2id");
+        ADD(i2l && l2i);
+        for (int i = 0; i < c->num_labels && i2l && l2i; i++) {
+            char k[16], v[24];
+            snprintf(k, sizeof k, "%d", i), snprintf(v, sizeof v, "LABEL_%d", i);
+            ADD(cJSON_AddStringToObject(i2l, k, v));
+            ADD(cJSON_AddNumberToObject(l2i, v, i));
+        }
+    }
     ADD(cJSON_AddStringToObject(o, "model_type", mt));
     ADD(cJSON_AddNumberToObject(o, "vocab_size", c->vocab_size));
     ADD(cJSON_AddNumberToObject(o, "hidden_size", c->hidden_size));

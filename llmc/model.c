@@ -61,8 +61,11 @@ void model_size(const ModelConfig *c, int64_t I, int64_t Vp, const LoraConfig *l
         const int sw = f->sandwich;  // Gemma 3: two norms more
         if (sw) layer = count_add(layer, count_of(2 * C));
         layer_tensors = 9 + 3 * bias + o_bias + 2 * qkn + 2 * sw;
-        outside = count_add(count_mul(count_of(c->tie_word_embeddings ? V : 2 * V), count_of(C)), count_of(C));
-        tensors = count_of(c->tie_word_embeddings ? 2 : 3);
+        // The embedding, the final norm and the head: the LM head untied, or a classifier's score
+        // head (num_labels rows, never tied), or none (tied).
+        const int64_t head = c->num_labels ? c->num_labels : c->tie_word_embeddings ? 0 : V;
+        outside = count_add(count_mul(count_of(V + head), count_of(C)), count_of(C));
+        tensors = count_of(head ? 3 : 2);
     }
     // Adapters of one layer whose LORA_* mask is m: parameters, and tensors in *nt.
     // (A fused module, GPT-2's c_attn or Phi-3's qkv_proj / gate_up_proj: one A over its input
@@ -126,7 +129,7 @@ int model_config_same_shape(const ModelConfig *a, const ModelConfig *b) {
            a->intermediate_size == b->intermediate_size && a->num_hidden_layers == b->num_hidden_layers &&
            a->num_attention_heads == b->num_attention_heads && a->num_key_value_heads == b->num_key_value_heads &&
            a->head_dim == b->head_dim && a->tie_word_embeddings == b->tie_word_embeddings &&
-           a->attention_bias == b->attention_bias;
+           a->attention_bias == b->attention_bias && a->num_labels == b->num_labels;
 }
 
 void model_config_validate(const ModelConfig *c, const char *src) {
@@ -357,7 +360,10 @@ void param_table_build(ParamTable *t, const ModelConfig *c, const LoraConfig *lo
 #undef LAYER
     }
     t->final_norm = add_param(t, "model.norm.weight", C, 0, -1, 0, &off);
-    t->lm_head = c->tie_word_embeddings ? t->embed : add_param(t, "lm_head.weight", V, C, -1, 1, &off);
+    // A sequence classifier (reward model) has score.weight in the LM head's place, never tied.
+    t->lm_head = c->num_labels             ? add_param(t, "score.weight", c->num_labels, C, -1, 1, &off)
+                 : c->tie_word_embeddings ? t->embed
+                                          : add_param(t, "lm_head.weight", V, C, -1, 1, &off);
     }
     // Adapters come last, so the base keeps the layout of a full fine-tuning run. They are named
     // as PEFT names them on the Hugging Face model (GPT-2: GPT2LMHeadModel's Conv1D modules).
@@ -1278,6 +1284,14 @@ void model_init_random(Model *m, uint64_t seed) {
         model_set_param(m, i, w);
         free(w);
     }
+}
+
+void model_init_param(Model *m, int i, uint64_t seed) {
+    const ParamSpec *p = &m->tab.specs[i];
+    float *w = xmalloc(sizeof(float) * p->numel);
+    init_normal(w, p->numel, p->numel, m->cfg.initializer_range > 0 ? m->cfg.initializer_range : 0.02f, seed, p->name);
+    model_set_param(m, i, w);
+    free(w);
 }
 
 void model_set_param_nf4(Model *m, int i, const void *nf4_weight) {

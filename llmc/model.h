@@ -90,6 +90,11 @@ typedef struct {
     // model of text_config, its tensors under language_model.model. (or model.language_model.);
     // the vision tower is not loaded, so only adapters train (their module names as PEFT gives
     // them on that model: model.language_model.layers.N...).
+    // A sequence classifier's outputs (a reward model: 1): the head is score.weight [num_labels,
+    // C] on the last non-pad token instead of the LM head (transformers'
+    // ...ForSequenceClassification); 0: a causal LM. hf.c reads it from a classifier's config.json
+    // (its id2label), the run sets it for reward_model.
+    int num_labels;
     int multimodal;
 } ModelConfig;
 
@@ -393,6 +398,9 @@ void model_alloc_acts(Model *m, int B, int T, const MemPolicy *policy);
 void model_free(Model *m);
 // Fill parameters: normal(0, 0.02) for matrices, zeros for biases, ones for norms.
 void model_init_random(Model *m, uint64_t seed);
+// Tensor i alone from N(0, initializer_range), as model_init_random draws it (a reward model's
+// score head that the base model's files lack).
+void model_init_param(Model *m, int i, uint64_t seed);
 // Fresh adapters: A uniform in +-1/sqrt(in_features), B zero, from the seed.
 void model_init_lora(Model *m, uint64_t seed);
 // Host fp32 <-> device parameter i of the table.
@@ -443,6 +451,10 @@ double model_forward_backward(Model *m, int B, int T, float loss_scale);
 void model_forward_rows(Model *m, int B, int T, int for_backward, const int *split, double *row_loss,
                         double *head_loss);
 void model_backward_rows(Model *m, int B, int T, const float *row_scale, const int *split, const float *head_scale);
+// A reward model (num_labels 1): each row's score at position pos[b] of the rows the model holds
+// (-1: none, score 0), then the backward of d(loss)/d(score) dscore[b].
+void model_forward_scores(Model *m, int B, int T, int for_backward, const int *pos, double *score);
+void model_backward_scores(Model *m, int B, int T, const int *pos, const float *dscore);
 // Zeroes the gradients model_forward_backward accumulates into (a step's start), wherever
 // they live; the _range form n of them from g, a pointer into m->grads.
 void model_zero_grads(Model *m);

@@ -35,6 +35,11 @@ void pref_loss_from_config(PrefLoss *pl, const Config *cfg) {
     pl->kto = !strcmp(cfg->rl, "kto");
     pl->w_des = cfg->kto_desirable_weight, pl->w_und = cfg->kto_undesirable_weight;
     pl->ref_free = !strcmp(cfg->rl, "simpo") || pl->orpo;
+    if (!strcmp(cfg->rl, "reward")) {  // its own loss; the dpo_* keys are rl's (config.c notes them)
+        pl->reward = pl->ref_free = 1;
+        pl->center = cfg->center_rewards_coefficient;
+        return;
+    }
     const char *s = cfg->dpo_loss_type[0] ? cfg->dpo_loss_type : "sigmoid";
     char item[64];
     while (next_item(&s, item, sizeof item)) {
@@ -168,9 +173,47 @@ static void kto_unit(Model *m, const PrefLoss *pl, int B, const double *nll, con
     st->units++;
 }
 
+// reward_model's unit: each row's score where its one target is (positions t0 .. t0+Tm-1 here;
+// sequence parallel ranks add their slices' scores, each row's position in one of them), then
+// the pairs' Bradley-Terry loss, TRL's mean over the unit's pairs.
+static void reward_unit(Model *m, const PrefLoss *pl, int B, int T, int Tm, int t0, const int32_t *tgt,
+                        const size_t *ids, size_t nref, int train, double unit_weight, PrefStats *st) {
+    int *pos = xmalloc(sizeof(int) * (size_t)B);
+    double *score = xmalloc(sizeof(double) * (size_t)B);
+    float *dscore = xcalloc((size_t)B, sizeof(float));
+    for (int b = 0; b < B; b++) {
+        const int p = first_target(tgt + (size_t)b * T, T);
+        pos[b] = p < T && p >= t0 && p < t0 + Tm ? p - t0 : -1;
+    }
+    model_forward_scores(m, B, Tm, train, pos, score);
+    if (Tm < T) m->opt.comm->all_reduce_sum_f64(m->opt.comm, score, (size_t)B);
+    long long np = 0;
+    for (int i = 0; i < B / 2; i++) np += ids[2 * i] < nref;
+    double loss = 0;
+    for (int i = 0; i < B / 2 && np; i++) {
+        const int c = 2 * i, r = 2 * i + 1;
+        if (ids[c] >= nref) continue;  // an empty pair (the epoch's last step)
+        const double rc = score[c], rr = score[r], z = rc - rr, s = rc + rr;
+        loss += -log_sigmoid(z) + pl->center * s * s;
+        const double g = -sigmoid(-z), gs = 2 * pl->center * s, w = unit_weight / (double)np;
+        dscore[c] = (float)((g + gs) * w), dscore[r] = (float)((-g + gs) * w);
+        st->reward_c += rc, st->reward_r += rr, st->correct += rc > rr, st->margin += z;
+        st->pairs++, st->n_chosen++, st->n_rejected++;
+    }
+    if (np) st->loss += loss / (double)np, st->units++;
+    if (train) model_backward_scores(m, B, Tm, pos, dscore);
+    free(pos);
+    free(score);
+    free(dscore);
+}
+
 void pref_micro_batch(Model *m, const PrefLoss *pl, int B, int T, int Tm, int t0, const int32_t *tgt,
                       const size_t *ids, const double *ref, const int32_t *labels, size_t nref, int train,
                       double unit_weight, PrefStats *st) {
+    if (pl->reward) {
+        reward_unit(m, pl, B, T, Tm, t0, tgt, ids, nref, train, unit_weight, st);
+        return;
+    }
     double *nll = xmalloc(sizeof(double) * 2 * (size_t)B), *head = nll + B;  // each row's summed token loss
     float *row_scale = xcalloc(2 * (size_t)B, sizeof(float)), *head_scale = row_scale + B;
     int *split = NULL;

@@ -24,6 +24,9 @@
 // example before it in its batch); with lr = p - ref of the sequence and kl = max(0, the mean of
 // (p - ref) over the micro-batch's KL rows, averaged over the data-parallel ranks; no gradient):
 //   kto      desirable: w_d (1 - sigmoid(beta (lr - kl))); undesirable: w_u (1 - sigmoid(beta (kl - lr)))
+// reward_model (TRL's RewardTrainer; rl "reward" inside) has no reference: a score head reads each
+// row's number rc, rr at the one position its targets mark (the last non-pad token), and
+//   reward   -log sigmoid(rc - rr) + center (rc + rr)^2, center_rewards_coefficient (0: off)
 //
 // Every term is a mean within a unit, one rank's micro-batch (pairs, or the chosen rows'
 // tokens for sft and orpo's nll), and the loss is the mean over the step's units: HF Trainer
@@ -54,6 +57,8 @@ typedef struct {
     int orpo;      // rl: orpo: the chosen rows' prompts are trained too (pref_model_targets)
     int kto;       // rl: kto: examples with labels, each a sequence and a KL sequence
     double w_des, w_und;  // rl: kto: the desirable and undesirable examples' weights
+    int reward;           // reward_model: a Bradley-Terry reward model (rl "reward")
+    double center;        // reward_model: center_rewards_coefficient
 } PrefLoss;
 
 // loss, nll (orpo's) and kl (kto's) are sums over units (divide by units); the rest sums over

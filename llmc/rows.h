@@ -32,6 +32,9 @@
 #define ROWS_VERSION 1
 #define ROWS_FLAG_PACKED 1
 #define ROWS_FLAG_PAIRED 2
+// A reward model's rows (with PAIRED): each row's one target is the token at the position where
+// the score is read (the last non-pad token), not the next token.
+#define ROWS_FLAG_SCORED 4
 
 typedef struct {
     char *path;
@@ -40,6 +43,7 @@ typedef struct {
     int T, packed, vocab;
     size_t nrows;
     int unit;                  // rows served together: 1, or 2 for preference pairs (chosen, rejected)
+    int scored;                // ROWS_FLAG_SCORED: one target a row, where a reward model reads its score
     size_t nunits;             // nrows / unit
     uint64_t ndocs, ntargets;  // from the header, checked against the rows at open
     int max_id1;               // header [5]

@@ -130,7 +130,9 @@ static void print_box(const Config *cfg, const Model *m, const Backend *bk, size
     if (pl) {  // preference training (preference.h)
         char what[320], desc[120];
         pref_loss_describe(pl, desc, sizeof desc);
-        if (pl->orpo)
+        if (pl->reward)
+            snprintf(what, sizeof what, "Bradley-Terry reward, center %g; 2 rows a pair", pl->center);
+        else if (pl->orpo)
             snprintf(what, sizeof what, "orpo, beta %g, nll + %s; B counts 2 rows a pair", cfg->rl_beta, desc);
         else if (pl->kto)
             snprintf(what, sizeof what, "kto, beta %g, weights %g / %g; B counts 2 rows an example", cfg->rl_beta,
@@ -370,7 +372,8 @@ static PrefStats evaluate_pairs(Model *m, RowLoader *ev, const PrefLoss *pl, con
 }
 
 // The step line's and metrics.jsonl's preference figures (TRL's names; prefix "eval_" or "").
-static void pref_print(const PrefStats *st, int orpo, int kto, char *line, size_t cap) {
+static void pref_print(const PrefStats *st, const PrefLoss *pl, char *line, size_t cap) {
+    const int orpo = pl->orpo, kto = pl->kto;
     const double n = st->pairs ? (double)st->pairs : NAN;
     if (kto) {  // TRL's KTO figures: means over the desirable and over the undesirable examples ("-": none)
         char f[3][24];
@@ -396,8 +399,16 @@ static void metrics_keys(char *out, size_t cap, const char *prefix, const char *
         len += (size_t)snprintf(out + len, cap - len, ", \"%s%s\": %s", prefix, k[i], metrics_num(num, sizeof num, v[i]));
     }
 }
-static void pref_metrics(const PrefStats *st, int orpo, int kto, const char *prefix, char *out, size_t cap) {
+static void pref_metrics(const PrefStats *st, const PrefLoss *pl, const char *prefix, char *out, size_t cap) {
+    const int orpo = pl->orpo, kto = pl->kto;
     const double n = st->pairs ? (double)st->pairs : NAN, u = st->units ? (double)st->units : NAN;
+    if (pl->reward) {  // TRL's RewardTrainer's names (its min_reward / max_reward are not kept)
+        const double v[5] = {st->correct / n, st->margin / n, (st->reward_c + st->reward_r) / (2 * n),
+                             st->reward_c / n, st->reward_r / n};
+        const char *const k[5] = {"accuracy", "margin", "mean_reward", "rewards/chosen", "rewards/rejected"};
+        metrics_keys(out, cap, prefix, k, v, 5);
+        return;
+    }
     if (kto) {  // TRL's KTOTrainer's names; rewards/* over each kind's examples (absent when there are none)
         const double c = st->n_chosen ? (double)st->n_chosen : NAN, r = st->n_rejected ? (double)st->n_rejected : NAN;
         const double v[6] = {st->reward_c / c, st->reward_r / r, st->reward_c / c - st->reward_r / r, st->logp_c / c,
@@ -571,6 +582,16 @@ int train_main(int argc, char **argv, int arch) {
     ModelConfig mc = cfg.model;
     if (cfg.base_model[0] && arch == ARCH_GPT2) gpt2_read_config(cfg.base_model, &mc);
     else if (cfg.base_model[0]) load_base_config(&cfg, 1, &mc);
+    if (mc.num_labels && !cfg.reward_model)
+        fail("%s: a sequence classifier (%s, %d labels): reward_model: true trains it (a causal LM run would "
+             "drop its score head)", cfg.base_model, mc.model_type, mc.num_labels);
+    if (cfg.reward_model) {
+        if (mc.num_labels > 1)
+            fail("%s: a classifier with %d labels; a reward model has 1 (TRL's RewardTrainer)", cfg.base_model,
+                 mc.num_labels);
+        if (mc.multimodal) fail("%s: reward_model on a Gemma 3 multimodal model is not supported", cfg.base_model);
+        mc.num_labels = 1;
+    }
     if (mc.multimodal) {  // Gemma 3 4B/12B/27B: the text model alone is loaded (see model.h)
         if (cfg.lora_modules_to_save[0])
             fail("%s: lora_modules_to_save on a Gemma 3 multimodal model is not supported", cfg.base_model);
@@ -693,8 +714,14 @@ int train_main(int argc, char **argv, int arch) {
                mc.initializer_range > 0 ? mc.initializer_range : 0.02);
         model_init_random(&model, (uint64_t)cfg.seed);
     } else if (cfg.base_model[0] && arch == ARCH_GPT2) gpt2_load(&model, cfg.base_model);
-    else if (cfg.base_model[0]) load_hf_weights(&model, cfg.base_model);
-    else model_init_random(&model, (uint64_t)cfg.seed);
+    else if (cfg.base_model[0]) {
+        if (load_hf_weights(&model, cfg.base_model)) {
+            printf("note: %s is a causal LM: the reward model's score.weight [1, %d] starts from N(0, %g) (as "
+                   "transformers initializes a head the checkpoint lacks); lm_head is not used\n", cfg.base_model,
+                   mc.hidden_size, mc.initializer_range > 0 ? mc.initializer_range : 0.02);
+            model_init_param(&model, model.tab.lm_head, (uint64_t)cfg.seed);
+        }
+    } else model_init_random(&model, (uint64_t)cfg.seed);
     if (lora.r && cfg.lora_model_dir[0]) load_adapter(&model, cfg.lora_model_dir);
     else if (lora.r) model_init_lora(&model, (uint64_t)cfg.seed);
     static Lisa lisa;
@@ -731,11 +758,16 @@ int train_main(int argc, char **argv, int arch) {
         if (rtrain.unit != unit)
             fail("%s: %s, but the run %s (prepare the data again)", p, rtrain.unit == 2 ? "preference pairs" : "rows of "
                  "samples, not preference pairs", cfg.rl[0] ? "has rl set" : "has no rl");
+        if (rtrain.scored != cfg.reward_model)
+            fail("%s: %s, but the run %s (prepare the data again)", p, rtrain.scored ? "a reward model's rows" :
+                 "preference pairs without score positions", cfg.reward_model ? "trains a reward model" :
+                 "is no reward_model run");
         if (cfg.dataloader_drop_last) rows_drop_last(&rtrain);
         snprintf(p, sizeof p, "%s/eval.bin", cfg.prepared_dir);
         have_val = cfg.has_eval_rows = path_exists(p);
         if (have_val) rows_open(&rval, p, split0.dp * B / unit, 1, T, mc.vocab_size, 0, 0, "eval rows");
-        if (have_val && rval.unit != unit) fail("%s: paired and unpaired rows mixed (prepare the data again)", p);
+        if (have_val && (rval.unit != unit || rval.scored != rtrain.scored))
+            fail("%s: paired and unpaired rows mixed (prepare the data again)", p);
         if (arch == ARCH_GPT2 && (rtrain.packed || (have_val && rval.packed)))
             fail("sample_packing needs rotary positions that restart per document; GPT-2 has learned positions: "
                  "set sample_packing: false (and eval_sample_packing: false)");
@@ -948,7 +980,7 @@ int train_main(int argc, char **argv, int arch) {
         if (cfg.rl[0]) {
             pref_stats_reduce(&pst, comm);
             loss = (float)pref_stats_loss(&pst);
-            pref_print(&pst, pref_loss.orpo, pref_loss.kto, pref_line + 3, sizeof pref_line - 3);
+            pref_print(&pst, &pref_loss, pref_line + 3, sizeof pref_line - 3);
             memcpy(pref_line, " | ", 3);
         }
         double norm = grad_norm(&model);
@@ -994,7 +1026,7 @@ int train_main(int argc, char **argv, int arch) {
                    cfg.max_steps / steps_per_epoch, loss, lr, norm, ms, tps, peak, hpeak, dpeak, eta, pref_line,
                    skip ? " | skipped" : "");
         char pref_keys[512] = "";
-        if (cfg.rl[0]) pref_metrics(&pst, pref_loss.orpo, pref_loss.kto, "", pref_keys, sizeof pref_keys);
+        if (cfg.rl[0]) pref_metrics(&pst, &pref_loss, "", pref_keys, sizeof pref_keys);
         char nl[32], nn[32];
         metrics_line(&metrics,
                      "\"step\": %d, \"epoch\": %.6g, \"loss\": %s, \"lr\": %.9g, \"grad_norm\": %s, \"ms\": %.3f, "
@@ -1025,8 +1057,8 @@ int train_main(int argc, char **argv, int arch) {
                 PrefStats es = evaluate_pairs(&model, &rval, &pref_loss, ref_eval, labels_eval, tok, tgt, mtgt, dst, &split);
                 vl = pref_stats_loss(&es);
                 char line[224], keys[640];
-                pref_print(&es, pref_loss.orpo, pref_loss.kto, line, sizeof line);
-                pref_metrics(&es, pref_loss.orpo, pref_loss.kto, "eval_", keys, sizeof keys);
+                pref_print(&es, &pref_loss, line, sizeof line);
+                pref_metrics(&es, &pref_loss, "eval_", keys, sizeof keys);
                 printf("step %5d/%d | eval_loss %.6f | eval_pairs %lld | eval %s\n", ls.step, cfg.max_steps, vl, es.pairs,
                        line);
                 metrics_line(&metrics, "\"step\": %d, \"eval_loss\": %s, \"eval_pairs\": %lld%s", ls.step,

@@ -24,7 +24,7 @@ from array import array
 
 FORMAT_VERSION = 3  # 2: Axolotl's order (shuffle, length filter, dedup, dataset_shard, split); 3: the run's tokenizer in tokenizer/
 MAGIC, ROWS_VERSION, HEADER_INTS = 20241124, 1, 256
-ROWS_FLAG_PACKED, ROWS_FLAG_PAIRED = 1, 2
+ROWS_FLAG_PACKED, ROWS_FLAG_PAIRED, ROWS_FLAG_SCORED = 1, 2, 4
 IGNORE = -100
 
 # The config keys that decide the prepared rows (all of them go into the cache key).
@@ -973,9 +973,11 @@ def pack(lengths, T, sequential=False, bin_size=200, group_size=100000):
     return rows, nrows
 
 
-def write_rows(path, samples, T, packed, pad, packer=None, flags=0):
+def write_rows(path, samples, T, packed, pad, packer=None, flags=0, marks=None):
     """The row file of the contract; returns (rows, target tokens, max id + 1). packer: pack()'s
-    keyword arguments; flags: more header flags (ROWS_FLAG_PAIRED)."""
+    keyword arguments; flags: more header flags (ROWS_FLAG_PAIRED); marks (unpacked rows only): a
+    position per sample whose target is set to the token there, instead of the labels' targets
+    (a reward model's rows: where its score is read)."""
     if packed:
         where, nrows = pack([len(s[0]) for s in samples], T, **(packer or {}))
         members = [[] for _ in range(nrows)]
@@ -996,9 +998,12 @@ def write_rows(path, samples, T, packed, pad, packer=None, flags=0):
                 for j in range(L):
                     tok[t + j] = ids[j]
                     ds[t + j] = t
-                    if j + 1 < L and labels[j + 1] != IGNORE:
+                    if marks is None and j + 1 < L and labels[j + 1] != IGNORE:
                         tgt[t + j] = ids[j + 1]
                         ntgt += 1
+                if marks is not None:
+                    tgt[t + marks[k]] = ids[marks[k]]
+                    ntgt += 1
                 maxid = max(maxid, max(ids) + 1)
                 t += L
             for j in range(t, T):
@@ -1129,7 +1134,7 @@ def config_checks(spec):
 def prepare(spec, out_dir, h):
     cfg = config_checks(spec)
     tok = Tok(spec)
-    if cfg.get("rl"):  # preference pairs (rl: dpo / ipo): scripts/prepare_pairs.py
+    if cfg.get("rl") or cfg.get("reward_model"):  # preference pairs (rl, reward_model): scripts/prepare_pairs.py
         sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
         import prepare_pairs
         return prepare_pairs.prepare(sys.modules[__name__], spec, cfg, tok, out_dir, h)

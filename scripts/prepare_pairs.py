@@ -253,8 +253,52 @@ class ArgillaOrpo:
                                  [len(prompt):] for c in (chosen, rejected))
 
 
+class BradleyTerryChat:
+    """reward_model's bradley_terry.chat_template (Axolotl's bradley_terry/chat_template.py, the
+    format of argilla/distilabel-intel-orca-dpo-pairs): the record's system (when set), its input as
+    the user turn and chosen / rejected as the assistant's answer; each conversation rendered by the
+    chat template and tokenized whole (apply_chat_template), as its chat_template strategy does.
+    Returns (chosen ids, rejected ids), not yet cut to sequence_len."""
+
+    def __init__(self, pd, spec, tok, cfg, ds):
+        self.pd = pd
+        self.ct = pd.ChatTemplate(tok, cfg, ds, spec=spec)
+
+    def __call__(self, rec, loc):
+        pd = self.pd
+        system = rec.get("system")
+        if system is not None and not isinstance(system, str):
+            raise pd.DataError("%s: system: expected a string" % loc)
+        for k in ("input", "chosen", "rejected"):
+            if not isinstance(rec.get(k), str):
+                raise pd.DataError("%s: %s: expected a string (bradley_terry.chat_template reads system, input, "
+                                   "chosen and rejected)" % (loc, k))
+        head = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": rec["input"]}]
+        try:
+            return tuple(self.ct.render(head + [{"role": "assistant", "content": rec[k]}]) for k in ("chosen", "rejected"))
+        except pd.DataError as e:
+            raise pd.DataError("%s: %s" % (loc, e))
+
+
+def score_position(ids, pad):
+    """Where a sequence classifier reads a row's score (transformers' ...ForSequenceClassification):
+    the last token that is not the pad token (its config's pad_token_id, which TRL sets to the
+    tokenizer's), 0 when there is none."""
+    return max([j for j, x in enumerate(ids) if x != pad] or [0])
+
+
 def strategy_of(pd, spec, tok, cfg, ds, key):
     t = ds.get("type")
+    if cfg.get("reward_model"):  # Axolotl's reward model strategies: bradley_terry.chat_template
+        if t != "bradley_terry.chat_template":
+            raise pd.DataError("%s.type: reward_model reads type bradley_terry.chat_template (system, input, chosen, "
+                               "rejected), not %r" % (pd.where_cfg(spec, key), t))
+        for k in ds:
+            if k not in ("path", "type", "data_files", "split", "ds_type", "name", "chat_template",
+                         "chat_template_jinja"):
+                raise pd.DataError("%s.%s: not read for bradley_terry.chat_template datasets here (it builds its "
+                                   "messages from system, input, chosen and rejected)" % (pd.where_cfg(spec, key), k))
+        return BradleyTerryChat(pd, spec, tok, cfg, ds)
     if cfg.get("rl") == "kto":  # Axolotl's kto strategies: chatml.* and llama3.* of five forms
         base, _, form = t.partition(".") if isinstance(t, str) else ("", "", "")
         if base not in MARKUP or form not in KtoMarkup.FIELDS:
@@ -398,6 +442,10 @@ def load_pairs(pd, spec, tok, cfg, entries, key, counts):
                 loc = "%s:%d" % (f, line)
                 if not isinstance(rec, dict):
                     raise pd.DataError("%s: expected a JSON object per record" % loc)
+                if cfg.get("reward_model"):  # whole conversations, cut to sequence_len (Axolotl's BT strategy)
+                    c, r = (ids[:T] for ids in strat(rec, loc))
+                    mine.append(((c, score_position(c, tok.pad)), (r, score_position(r, tok.pad)), loc))
+                    continue
                 strings = strat(rec, loc)
                 label = None
                 if kto:  # (prompt, completion, label): the length rules below see the completion twice
@@ -489,8 +537,11 @@ def prepare(pd, spec, cfg, tok, out_dir, h):
     """prepare_data.prepare for an rl run: train.bin (and eval.bin) of paired rows; the meta."""
     import os
     T, seed = cfg["sequence_len"], int(spec["seed"])
-    rl = cfg.get("rl")
+    rl = "reward" if cfg.get("reward_model") else cfg.get("rl")
     if cfg.get("sample_packing") or cfg.get("eval_sample_packing"):
+        if rl == "reward":
+            raise pd.DataError("%s: sample_packing does not work with reward_model: each row is one sequence whose "
+                               "last token gives its score" % pd.where_cfg(spec, "sample_packing"))
         raise pd.DataError("%s: sample_packing does not work with rl: %s (Axolotl refuses it too): each pair's "
                            "completions are one sample a row" % (pd.where_cfg(spec, "sample_packing"), rl))
     if cfg.get("pretraining_dataset"):
@@ -537,10 +588,18 @@ def prepare(pd, spec, cfg, tok, out_dir, h):
             write_labels(os.path.join(out_dir, "eval_labels.bin"), el)
     else:
         tr, ev = rows_of(train), rows_of(evals)
-    tr_rows, tr_tgt, _ = pd.write_rows(os.path.join(out_dir, "train.bin"), tr, T, False, tok.pad, flags=flags)
+    marks = {}
+    if rl == "reward":  # each row's one target marks where its score is read
+        flags |= pd.ROWS_FLAG_SCORED
+        marks = {"train": [r[1] for r in tr], "eval": [r[1] for r in ev]}
+        tr = [(r[0], None, r[2]) for r in tr]
+        ev = [(r[0], None, r[2]) for r in ev]
+    tr_rows, tr_tgt, _ = pd.write_rows(os.path.join(out_dir, "train.bin"), tr, T, False, tok.pad, flags=flags,
+                                       marks=marks.get("train"))
     ev_rows = ev_tgt = 0
     if evals:
-        ev_rows, ev_tgt, _ = pd.write_rows(os.path.join(out_dir, "eval.bin"), ev, T, False, tok.pad, flags=flags)
+        ev_rows, ev_tgt, _ = pd.write_rows(os.path.join(out_dir, "eval.bin"), ev, T, False, tok.pad, flags=flags,
+                                           marks=marks.get("eval"))
     if dups:
         print("data: dataset_exact_deduplication removed %d duplicate pairs" % dups)
     if dropped + edrop:

@@ -230,9 +230,16 @@ def param_shapes(cfg):
         s[p + "mlp.up_proj.weight"] = (I, C)
         s[p + "mlp.down_proj.weight"] = (C, I)
     s["model.norm.weight"] = (C,)
-    if not tied(cfg):
+    if seqcls(cfg):  # ...ForSequenceClassification: score.weight in lm_head's place
+        s["score.weight"] = (len(cfg.get("id2label") or {0: 0, 1: 1}), C)
+    elif not tied(cfg):
         s["lm_head.weight"] = (V, C)
     return s
+
+
+def seqcls(cfg):
+    """A sequence classifier's config (a reward model): architectures ...ForSequenceClassification."""
+    return any(a.endswith("ForSequenceClassification") for a in cfg.get("architectures") or [])
 
 
 def tied(cfg):
@@ -1027,6 +1034,8 @@ class RefLlama(torch.nn.Module):
             act = F.gelu(g, approximate=gelu) if self.gemma else F.silu(g)  # Gemma 1: GeGLU
             x = x + self.linear(act * u, pre + "mlp.down_proj", None)
         x = self.rmsnorm(x, self.p("model.norm.weight"))
+        if seqcls(self.cfg):  # GenericForSequenceClassification: score(h) at every position, no capping
+            return F.linear(x, self.p("score.weight"))
         head = self.p("model.embed_tokens.weight" if self.tied else "lm_head.weight")
         logits = F.linear(x, head)
         if self.final_cap:  # Gemma2ForCausalLM's final_logit_softcapping

@@ -36,6 +36,7 @@ def tests(build):
         ("phi3", [PY, "test/test_phi3.py", "--bin", bin_]),
         ("adamw8", [PY, "test/test_adamw8.py", "--bin", bin_]),
         ("dpo", [PY, "test/test_dpo.py", "--bin", bin_]),
+        ("reward", [PY, "test/test_reward.py", "--bin", bin_]),
         ("gpt2_ref", [PY, "test/test_gpt2_ref.py", "--bin", os.path.join(build, "train_gpt")]),
         ("train_gpt", [PY, "test/test_train_gpt.py", "--bin", os.path.join(build, "train_gpt")]),
         ("gpt2_lora", [PY, "test/test_gpt2_lora.py", "--bin", os.path.join(build, "train_gpt")]),

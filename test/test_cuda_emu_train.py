@@ -47,6 +47,8 @@ lr * g / (|g| + 1): the step's change measures its gradient g, element by elemen
   (j) rl: dpo (the reference pass, then the classifier again with a scale per row, negative for
       the rejected rows): fp32 CUDA against the CPU (loss and grad norm of 2 steps within 1e-5),
       bf16 losses within 1e-2.
+  (k) reward_model (the score head at one position a row: products with K = 1, the gradient
+      only there): (j)'s checks.
 About 4 minutes on 2 cores.
 Prints PASS/FAIL lines and the measured figures.
 """
@@ -389,35 +391,43 @@ def main():
               "rl: dpo's among them (%.1f s)" % (len(passed), secs),
               ok and len(passed) == 11 and all(any(g in l for l in passed)
                                                for g in ("Gemma 3", "Gemma 2", "Gemma 1", "rl: dpo")), out)
-        dpo_check(binary, tmp)
+        pref_check(binary, tmp, "dpo")
+        pref_check(binary, tmp, "reward")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return 1 if FAILS else 0
 
 
-def dpo_check(binary, tmp):
+def pref_check(binary, tmp, kind):
     """(j) rl: dpo through the emulated CUDA backend (the reference pass, then the classifier's
-    second pass with a scale per row, negative for rejected rows) against the CPU backend."""
+    second pass with a scale per row, negative for rejected rows), and (k) reward_model (the score
+    head's products with K = 1 at one position a row), each against the CPU backend."""
     sys.path.insert(0, os.path.join(ROOT, "test"))
+    part, what = ("(j)", "rl: dpo") if kind == "dpo" else ("(k)", "reward_model")
     try:
         import hf_fixtures as FX
         import numpy as np
     except ImportError as e:
-        print("SKIP (j) rl: dpo: %s" % e)
+        print("SKIP %s %s: %s" % (part, what, e))
         return
     d = os.path.join(tmp, "dpo_model")
-    FX.make_model(d, "llama3", seed=4)
+    if not os.path.exists(os.path.join(d, "config.json")):
+        FX.make_model(d, "llama3", seed=4)
     rng = np.random.default_rng(8)
-    data = os.path.join(tmp, "pairs.jsonl")
-    FX.write_jsonl(data, [{"question": FX.sentence(rng, 3, 7), "chosen": FX.sentence(rng, 2, 8),
+    data = os.path.join(tmp, "%s_pairs.jsonl" % kind)
+    q = "question" if kind == "dpo" else "input"
+    FX.write_jsonl(data, [{q: FX.sentence(rng, 3, 7), "chosen": FX.sentence(rng, 2, 8),
                            "rejected": FX.sentence(rng, 2, 8)} for _ in range(4)])
+    method = {"rl": "dpo", "datasets": [{"path": data, "type": "llama3.intel"}]} if kind == "dpo" else \
+        {"reward_model": True, "center_rewards_coefficient": 0.01, "chat_template": "llama3",
+         "datasets": [{"path": data, "type": "bradley_terry.chat_template"}]}
     figs = {}
     for name, dev, dtype in (("cpu", "cpu", "float32"), ("cuda_f32", "cuda", "float32"), ("cuda_bf16", "cuda", "bfloat16")):
-        cfg = {"base_model": d, "rl": "dpo", "datasets": [{"path": data, "type": "llama3.intel"}], "sequence_len": 48,
-               "micro_batch_size": 1, "gradient_accumulation_steps": 2, "max_steps": 2, "learning_rate": 5e-3,
-               "lr_scheduler": "constant", "shuffle": False, "device": dev, "dtype": dtype, "seed": 3,
-               "output_dir": os.path.join(tmp, "dpo_" + name), "dataset_prepared_path": os.path.join(tmp, "dpo_prep")}
-        path = os.path.join(tmp, "dpo_%s.yaml" % name)
+        cfg = dict(method, base_model=d, sequence_len=48, micro_batch_size=1, gradient_accumulation_steps=2,
+                   max_steps=2, learning_rate=5e-3, lr_scheduler="constant", shuffle=False, device=dev, dtype=dtype,
+                   seed=3, output_dir=os.path.join(tmp, "%s_%s" % (kind, name)),
+                   dataset_prepared_path=os.path.join(tmp, "%s_prep" % kind))
+        path = os.path.join(tmp, "%s_%s.yaml" % (kind, name))
         with open(path, "w") as f:
             json.dump(cfg, f)  # JSON is YAML
         t0 = time.time()
@@ -425,19 +435,19 @@ def dpo_check(binary, tmp):
             errors="replace", env=dict(os.environ, LLMC_PYTHON=sys.executable, TRANSFORMERS_VERBOSITY="error",
                                        LLMC_SCRIPTS_DIR=os.path.join(ROOT, "scripts")))
         if p.returncode:
-            check("(j) rl: dpo runs on %s" % name, False, (p.stdout + p.stderr)[-800:])
+            check("%s %s runs on %s" % (part, what, name), False, (p.stdout + p.stderr)[-800:])
             return
         with open(os.path.join(cfg["output_dir"], "metrics.jsonl")) as f:
             figs[name] = [json.loads(x) for x in f if '"loss"' in x]
-        print("   (j) rl: dpo %s: %.1f s" % (name, time.time() - t0))
+        print("   %s %s %s: %.1f s" % (part, what, name, time.time() - t0))
     c, g, b = figs["cpu"], figs["cuda_f32"], figs["cuda_bf16"]
     err = max(abs(x[k] - y[k]) / abs(y[k]) for x, y in zip(g, c) for k in ("loss", "grad_norm"))
-    check("(j) rl: dpo, fp32 CUDA vs CPU: both steps' loss and grad norm within 1e-5 relative (%.2g)" % err,
+    check("%s %s, fp32 CUDA vs CPU: both steps' loss and grad norm within 1e-5 relative (%.2g)" % (part, what, err),
           len(g) == len(c) == 2 and err <= 1e-5, "cuda %s\n  cpu %s" % ([(x["loss"], x["grad_norm"]) for x in g],
                                                                         [(x["loss"], x["grad_norm"]) for x in c]))
     eb = max(abs(x["loss"] - y["loss"]) / abs(y["loss"]) for x, y in zip(b, c))
-    check("(j) rl: dpo, bf16 CUDA vs CPU fp32: losses within 1e-2 relative (%.2g)" % eb, len(b) == 2 and eb <= 1e-2,
-          "bf16 %s cpu %s" % ([x["loss"] for x in b], [x["loss"] for x in c]))
+    check("%s %s, bf16 CUDA vs CPU fp32: losses within 1e-2 relative (%.2g)" % (part, what, eb),
+          len(b) == 2 and eb <= 1e-2, "bf16 %s cpu %s" % ([x["loss"] for x in b], [x["loss"] for x in c]))
 
 
 if __name__ == "__main__":

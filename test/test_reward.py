@@ -1,0 +1,366 @@
+#!/usr/bin/python3
+"""Reward models (reward_model: true; llmc/preference.h's "reward") against a float64 PyTorch reference
+written from TRL 1.8's RewardTrainer and transformers' ...ForSequenceClassification (test/llama_ref.py's
+model with its score head).
+
+    /usr/bin/python3 test/test_reward.py --bin build/train_llama [--only CASE]
+
+Cases:
+  rows          bradley_terry.chat_template records (system, input, chosen, rejected) as Axolotl's
+                strategy builds them, spelled out in Llama 3's format: per pair a chosen and a
+                rejected row, the whole conversation tokenized, cut to sequence_len; each row's one
+                target at the last token that is not the pad token (with pad_token <|eot_id|>,
+                the token before the final <|eot_id|>); the scored-rows flag.
+  train         a full fine-tune from a LlamaForSequenceClassification base: per-step loss
+                (-log sigmoid(rc - rr) + center (rc + rr)^2, a mean per micro-batch, averaged),
+                grad norm, accuracy, margin, mean_reward against the reference, weight decay on
+                score.weight; eval; the saved model (architectures, id2label, score.weight equal to
+                the reference's, no lm_head) trains on as a base_model.
+  causal_base   a causal LM as base_model: the note, score.weight from N(0, initializer_range)
+                drawn by seed (the same bits twice, others with another seed), lm_head not saved.
+  memory_modes  gradient checkpointing, activation offloading, tiled MLP, offload_optimizer: the
+                plain run's figures bit for bit; a resume from checkpoint-2 continues identically.
+  ranks         mpirun -np 2 data parallel (one pair a rank), and sequence parallel (each row's
+                score position in one rank's half): one process's losses and margins.
+  refusals      reward_model with rl, num_labels 2, a classifier model_type without reward_model, a
+                sequence classifier as base_model without it, an adapter, another dataset type,
+                process_reward_model, sample_packing; scored rows in a dpo run: one error line.
+"""
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+import harness  # noqa: E402
+import hf_fixtures as FX  # noqa: E402
+import llama_ref as R  # noqa: E402
+import test_dpo as D  # noqa: E402  (its runner, metrics and row readers; D.ARGS / D.WORK set in main)
+
+SCORED = 4  # rows.h ROWS_FLAG_SCORED
+
+
+def records(n, seed, system_every=3):
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(n):
+        r = {"input": FX.sentence(rng, 3, 9), "chosen": FX.sentence(rng, 2, 12), "rejected": FX.sentence(rng, 2, 12),
+             "system": FX.sentence(rng, 2, 5) if system_every and i % system_every == 0 else ""}
+        out.append(r)
+    return out
+
+
+def seqcls_dir():
+    """D.model_dir()'s model as LlamaForSequenceClassification: its config with id2label, its
+    weights with a score.weight (std 0.3) in lm_head's place, its tokenizer."""
+    d = os.path.join(D.WORK, "seqcls")
+    if os.path.exists(os.path.join(d, "config.json")):
+        return d
+    shutil.copytree(D.model_dir(), d)
+    cfg, w = D.R_cfg_weights()
+    cfg = dict(cfg, architectures=["LlamaForSequenceClassification"], id2label={"0": "LABEL_0"}, label2id={"LABEL_0": 0})
+    w = {k: v for k, v in w.items() if k != "lm_head.weight"}
+    w["score.weight"] = np.random.default_rng(7).normal(0, 0.3, size=(1, cfg["hidden_size"])).astype(np.float32)
+    R.save_hf_dir(d, cfg, w)
+    return d
+
+
+def reward_cfg(out, data, base=None, **kw):
+    c = D.base_cfg(out, data, base_model=base or seqcls_dir(), reward_model=True, num_labels=1,
+                   model_type="AutoModelForSequenceClassification", chat_template="llama3",
+                   datasets=[{"path": data, "type": "bradley_terry.chat_template"}])
+    c.pop("rl")
+    c.update(kw)
+    return c
+
+
+def score_pos(tgt):
+    return [int(np.flatnonzero(row >= 0)[0]) if (row >= 0).any() else -1 for row in tgt]
+
+
+def scores(model, tok, pos):
+    s = model(torch.tensor(tok, dtype=torch.long))[..., 0]
+    return s[torch.arange(len(tok)), torch.tensor(pos)]
+
+
+def bt(s, center):
+    rc, rr = s[0::2], s[1::2]
+    return -F.logsigmoid(rc - rr).mean() + center * ((rc + rr) ** 2).mean()
+
+
+def reference(cfg, weights, tok, tgt, steps, pairs_per_step, micro, lr, wd, center, eval_rows=None):
+    """TRL's RewardTrainer in float64: AdamW (decay on all but biases and norms) over consecutive
+    pairs, each step's loss the mean of its micro-batches' (micro pairs each) losses."""
+    model = R.RefLlama(cfg, weights)
+    named = model.named_trainable_parameters()
+    groups = [{"params": [p for n, p in named if R.is_decay_param(n)], "weight_decay": wd},
+              {"params": [p for n, p in named if not R.is_decay_param(n)], "weight_decay": 0.0}]
+    params = [p for _, p in named]
+    opt = torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.999), eps=1e-8)
+    pos = score_pos(tgt)
+    out = []
+    for st in range(steps):
+        opt.zero_grad()
+        r0 = st * pairs_per_step * 2
+        rows = slice(r0, r0 + pairs_per_step * 2)
+        loss = D.unit_mean(rows, micro, lambda u: bt(scores(model, tok[u], pos[u]), center))
+        loss.backward()
+        gn = R.grad_norm_clip(params, 1.0)
+        with torch.no_grad():
+            s = scores(model, tok[rows], pos[rows])
+        opt.step()
+        rc, rr = s[0::2], s[1::2]
+        out.append({"loss": loss.item(), "grad_norm": gn, "accuracy": (rc > rr).double().mean().item(),
+                    "margin": (rc - rr).mean().item(), "mean_reward": s.mean().item(),
+                    "rewards/chosen": rc.mean().item(), "rewards/rejected": rr.mean().item()})
+    ev = None
+    if eval_rows is not None:
+        et, eg = eval_rows
+        with torch.no_grad():
+            ep = score_pos(eg)
+            loss = D.unit_mean(slice(0, len(et)), micro, lambda u: bt(scores(model, et[u], ep[u]), center))
+            s = scores(model, et, ep)
+        ev = {"loss": loss.item(), "margin": (s[0::2] - s[1::2]).mean().item()}
+    return out, ev, model
+
+
+def figures(out):
+    m, _ = D.metrics(out)
+    return [(m[s]["loss"], m[s]["grad_norm"], m[s]["margin"]) for s in sorted(m)]
+
+
+def read_tensors(d):
+    return R.read_safetensors(os.path.join(d, "model.safetensors"))
+
+
+# ---- cases -----------------------------------------------------------------------------------
+
+def case_rows():
+    from transformers import AutoTokenizer
+    errs = []
+    tk = AutoTokenizer.from_pretrained(D.model_dir())
+    data = os.path.join(D.WORK, "rows.jsonl")
+    recs = records(6, seed=1)
+    recs[5]["chosen"] = " ".join(["word"] * 80)  # longer than sequence_len: cut
+    FX.write_jsonl(data, recs)
+    hdr = lambda role, text: "<|start_header_id|>%s<|end_header_id|>\n\n%s<|eot_id|>" % (role, text.strip())  # noqa: E731
+    for tag, extra, pad in (("pad end_of_text", {}, "<|end_of_text|>"),
+                            ("pad eot", {"special_tokens": {"pad_token": "<|eot_id|>"}}, "<|eot_id|>")):
+        c = reward_cfg("rows", data, shuffle_merged_datasets=False, **extra)
+        p = D.run(c, "--preprocess")
+        d = p.stdout.strip().split()[-1]
+        h, tok, tgt = D.read_rows(os.path.join(d, "train.bin"))
+        T = int(h[2])
+        if int(h[4]) != 2 | SCORED:
+            errs.append("%s: header flags %d, want paired and scored" % (tag, int(h[4])))
+        if tok.shape[0] != 12:
+            errs.append("%s: %d rows for 6 pairs" % (tag, tok.shape[0]))
+            continue
+        pad_id = tk.convert_tokens_to_ids(pad)
+        for k, r in enumerate(recs):
+            head = "<|begin_of_text|>" + (hdr("system", r["system"]) if r["system"] else "") + hdr("user", r["input"])
+            for row, ans in ((2 * k, r["chosen"]), (2 * k + 1, r["rejected"])):
+                want = tk(head + hdr("assistant", ans), add_special_tokens=False)["input_ids"][:T]
+                if list(tok[row, :len(want)]) != want:
+                    errs.append("%s: record %d row %d: %r" % (tag, k, row, tk.decode(tok[row, :len(want)])))
+                    continue
+                at = max(j for j, x in enumerate(want) if x != pad_id)
+                marks = list(np.flatnonzero(tgt[row] >= 0))
+                if marks != [at] or tgt[row, at] != want[at]:
+                    errs.append("%s: record %d row %d: targets at %s, want one at %d (of %d tokens)" % (
+                        tag, k, row, marks, at, len(want)))
+                if tag == "pad eot" and len(want) < T and at != len(want) - 2:
+                    errs.append("%s: record %d row %d: the score is read at %d, not before the final <|eot_id|>" % (
+                        tag, k, row, at))
+    return errs, "12 rows, two pad tokens"
+
+
+def case_train():
+    errs = []
+    cfg_m = json.load(open(os.path.join(seqcls_dir(), "config.json")))
+    w = read_tensors(seqcls_dir())
+    data = os.path.join(D.WORK, "train.jsonl")
+    FX.write_jsonl(data, records(16, seed=3))
+    c = reward_cfg("train", data, center_rewards_coefficient=0.05, weight_decay=0.1, learning_rate=5e-3,
+                   shuffle_merged_datasets=False, val_set_size=4, eval_steps=3)
+    p = D.run(c)
+    d = D.prepared_dir(p.stdout)
+    _, tok, tgt = D.read_rows(os.path.join(d, "train.bin"))
+    _, et, eg = D.read_rows(os.path.join(d, "eval.bin"))
+    ref, eref, model = reference(cfg_m, w, tok, tgt, 3, 4, 2, 5e-3, 0.1, 0.05, eval_rows=(et, eg))
+    m, e = D.metrics(c["output_dir"])
+    worst = D.compare_steps(errs, m, ref, keys=("loss", "grad_norm", "accuracy", "margin", "mean_reward",
+                                                "rewards/chosen", "rewards/rejected"))
+    if 3 not in e:
+        errs.append("no eval at step 3")
+    else:
+        D.compare(errs, "eval_loss", e[3]["eval_loss"], eref["loss"])
+        D.compare(errs, "eval_margin", e[3]["eval_margin"], eref["margin"], atol=1e-6)
+    if "Bradley-Terry reward, center 0.05" not in p.stdout or "reference:" in p.stdout:
+        errs.append("the box does not name the reward model, or a reference pass ran")
+    out = c["output_dir"]
+    cj = json.load(open(os.path.join(out, "config.json")))
+    if cj.get("architectures") != ["LlamaForSequenceClassification"] or cj.get("id2label") != {"0": "LABEL_0"}:
+        errs.append("saved config.json: %s %s" % (cj.get("architectures"), cj.get("id2label")))
+    got = read_tensors(out)
+    if "lm_head.weight" in got or "score.weight" not in got:
+        errs.append("saved tensors: %s" % sorted(k for k in got if "layers" not in k))
+    else:
+        want = model.p("score.weight").detach().numpy()
+        diff = float(np.abs(got["score.weight"] - want).max())
+        if diff > 1e-5 * max(1.0, float(np.abs(want).max())):
+            errs.append("saved score.weight differs from the reference's by %.2e" % diff)
+    more = dict(c, base_model=out, output_dir=os.path.join(D.WORK, "train_more"), max_steps=1, val_set_size=0,
+                eval_steps=0)
+    q = D.run(more)
+    if "is a causal LM" in q.stdout:
+        errs.append("the saved reward model was read as a causal LM")
+    return errs, "loss rel %.2e, step 3 loss %.6f" % (worst, m[3]["loss"] if 3 in m else float("nan"))
+
+
+def case_causal_base():
+    errs = []
+    data = os.path.join(D.WORK, "causal.jsonl")
+    FX.write_jsonl(data, records(8, seed=5))
+    runs = {}
+    for tag, seed in (("a", 5), ("b", 5), ("c", 6)):
+        c = reward_cfg("causal_" + tag, data, base=D.model_dir(), max_steps=1, learning_rate=0.0, seed=seed)
+        p = D.run(c)
+        if "is a causal LM: the reward model's score.weight [1, 64] starts from N(0, 0.02)" not in p.stdout:
+            errs.append("%s: no note on the score head's init" % tag)
+        runs[tag] = read_tensors(c["output_dir"])
+    a, b, c_ = (runs[k]["score.weight"] for k in "abc")
+    if not np.array_equal(a, b) or np.array_equal(a, c_):
+        errs.append("score.weight: same seed equal %s, other seed equal %s" % (np.array_equal(a, b), np.array_equal(a, c_)))
+    sd = float(a.std())
+    if not (0.012 < sd < 0.028) or abs(float(a.mean())) > 0.01:
+        errs.append("score.weight: mean %.4f std %.4f, want N(0, 0.02)" % (float(a.mean()), sd))
+    if "lm_head.weight" in runs["a"]:
+        errs.append("lm_head.weight saved with the reward model")
+    return errs, "init std %.4f" % sd
+
+
+def case_memory_modes():
+    errs = []
+    data = os.path.join(D.WORK, "modes.jsonl")
+    FX.write_jsonl(data, records(16, seed=9))
+    plain = reward_cfg("modes_plain", data, max_steps=4, tiled_mlp_shards=2, center_rewards_coefficient=0.01,
+                       save_steps=2)
+    D.run(plain)
+    want = figures(plain["output_dir"])
+    for i, extra in enumerate([{"gradient_checkpointing": True}, {"activation_offloading": True},
+                               {"gradient_checkpointing": True, "tiled_mlp": True, "tiled_mlp_shards": 2},
+                               {"offload_optimizer": True}]):
+        c = dict(plain, output_dir=os.path.join(D.WORK, "modes_%d" % i), save_steps=0, **extra)
+        D.run(c)
+        got = figures(c["output_dir"])
+        if got != want:
+            errs.append("%s: %s vs %s" % (extra, got[-1], want[-1]))
+    part = dict(plain, output_dir=os.path.join(D.WORK, "modes_resume"))
+    D.run(part, "--set", "max_steps=2")
+    p = D.run(part, "--set", "resume_from_checkpoint=auto")
+    got = figures(part["output_dir"])
+    if "resumed from" not in p.stdout or got[-2:] != want[2:]:
+        errs.append("resume: steps 3-4 %s vs %s" % (got[-2:], want[2:]))
+    return errs, "4 modes and a resume"
+
+
+def case_ranks():
+    if not shutil.which("mpirun"):
+        return [], "SKIP: no mpirun"
+    errs = []
+    data = os.path.join(D.WORK, "ranks.jsonl")
+    FX.write_jsonl(data, records(16, seed=13))
+    one = reward_cfg("ranks_one", data, max_steps=3, micro_batch_size=2, center_rewards_coefficient=0.02)
+    D.run(one)
+    want = figures(one["output_dir"])
+    worst = 0.0
+    for tag, extra in (("dp", {"micro_batch_size": 1}), ("seqpar", {"sequence_parallel_degree": 2})):
+        c = dict(one, output_dir=os.path.join(D.WORK, "ranks_" + tag), **extra)
+        if D.run_two_ranks(c, tag, errs):
+            got = figures(c["output_dir"])
+            for s, (a, b) in enumerate(zip(got, want), 1):
+                for i, name in enumerate(("loss", "grad_norm", "margin")):
+                    D.compare(errs, "%s step %d %s" % (tag, s, name), a[i], b[i], rtol=1e-5, atol=1e-7)
+                    worst = max(worst, D.rel(a[i], b[i]))
+    return errs, "worst rel %.1e" % worst
+
+
+def case_refusals():
+    errs = []
+    data = os.path.join(D.WORK, "ref.jsonl")
+    FX.write_jsonl(data, records(6, seed=2))
+    c = reward_cfg("refusals", data, max_steps=1)
+    bad = [({"rl": "dpo"}, "reward_model and rl: dpo are two kinds of training"),
+           ({"num_labels": 2}, "num_labels 2: a reward model has one output"),
+           ({"reward_model": False}, "model_type: AutoModelForSequenceClassification needs reward_model: true"),
+           ({"reward_model": False, "model_type": None, "num_labels": None,
+             "datasets": [{"path": data, "type": "completion", "field": "input"}]}, "a sequence classifier (llama, 1 labels)"),
+           ({"adapter": "lora", "lora_target_linear": True}, "reward_model with adapter: lora is not implemented"),
+           ({"datasets": [{"path": data, "type": "chatml.intel"}]}, "reward_model reads type bradley_terry.chat_template"),
+           ({"datasets": [{"path": data, "type": "bradley_terry.chat_template", "roles": {}}]}, ".roles: not read"),
+           ({"process_reward_model": True}, "process reward models"),
+           ({"model_type": "AutoModelForTokenClassification"}, "token classifiers (process reward models)"),
+           ({"sample_packing": True}, "sample_packing does not work with reward_model")]
+    for extra, want in bad:
+        cfg = {k: v for k, v in dict(c, **extra).items() if v is not None}
+        p = D.run(cfg, expect_ok=False)
+        lines = [ln for ln in p.stderr.splitlines() if ln.startswith("error")]
+        if p.returncode != 1 or not lines or want not in lines[0]:
+            errs.append("%s: rc %d, %s" % (extra, p.returncode, p.stderr.strip()[-200:]))
+    # a record without input: one line naming the file, its line and the field
+    bad_data = os.path.join(D.WORK, "bad.jsonl")
+    FX.write_jsonl(bad_data, [records(1, 0)[0], {"chosen": "c", "rejected": "r"}])
+    p = D.run(dict(c, datasets=[{"path": bad_data, "type": "bradley_terry.chat_template"}]), "--preprocess",
+              expect_ok=False)
+    if p.returncode == 0 or bad_data + ":2: input: expected a string" not in p.stderr:
+        errs.append("a record without input: rc %d %s" % (p.returncode, p.stderr.strip()[-200:]))
+    # a reward model's rows given to an rl: dpo run (the same prepared directory)
+    scored = os.path.join(D.run(c, "--preprocess").stdout.strip().split()[-1], "train.bin")
+    dpo = D.base_cfg("refusals_dpo", data, datasets=[{"path": data, "type": "bradley_terry.chat_template"}])
+    dpo["datasets"][0]["type"] = "passthrough"
+    FX.write_jsonl(os.path.join(D.WORK, "pt.jsonl"), [{"prompt": r["input"], "chosen": r["chosen"],
+                                                       "rejected": r["rejected"]} for r in records(6, seed=2)])
+    dpo["datasets"][0]["path"] = os.path.join(D.WORK, "pt.jsonl")
+    shutil.copy(scored, os.path.join(D.run(dpo, "--preprocess").stdout.strip().split()[-1], "train.bin"))
+    q = D.run(dpo, expect_ok=False)
+    if q.returncode != 1 or "a reward model's rows, but the run is no reward_model run" not in q.stderr:
+        errs.append("scored rows in a dpo run: rc %d %s" % (q.returncode, q.stderr.strip()[-200:]))
+    return errs, "%d refused" % (len(bad) + 2)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--bin", default=os.path.join(ROOT, "build", "train_llama"))
+    ap.add_argument("--only", default="")
+    ap.add_argument("--keep", action="store_true")
+    args = ap.parse_args()
+    args.bin = os.path.abspath(args.bin)
+    try:
+        import transformers  # noqa: F401
+    except ImportError:
+        print("SKIP reward: transformers not installed (scripts/install_deps.sh)")
+        return
+    D.ARGS, D.WORK = args, tempfile.mkdtemp(prefix="test_reward.")
+    torch.set_num_threads(2)
+    cases = [("rows", case_rows), ("train", case_train), ("causal_base", case_causal_base),
+             ("memory_modes", case_memory_modes), ("ranks", case_ranks), ("refusals", case_refusals)]
+    try:
+        passed, failed = harness.run_cases(cases, args.only, verbose=True, timed=True)
+    finally:
+        if not args.keep:
+            shutil.rmtree(D.WORK, ignore_errors=True)
+    print("%d passed, %d failed" % (passed, failed))
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()
