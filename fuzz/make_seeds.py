@@ -176,6 +176,13 @@ put("rows", "valid_pairs_shuffle", bytes([1, 1, 63, 1]) + rows_file([r1, r1, r1,
 put("rows", "near_pair_odd", bytes([0, 0, 63, 0]) + rows_file([r1, r1, r1], 4, packed=2))
 put("rows", "near_pair_untrained", bytes([0, 0, 63, 0]) + rows_file([r1, ([5, 6, 7, 8], [-1] * 4, [0] * 4)], 4, packed=2))
 put("rows", "near_pair_packed", bytes([0, 0, 63, 0]) + rows_file([r1, r1], 4, packed=3))
+# a reward model's rows (flags 2 | 4): one target a row, the token at its score position; two
+# marks, a mark that is not the token there, and scored rows that are not pairs are errors
+s1 = ([5, 6, 7, 8], [-1, -1, 7, -1], [0, 0, 0, 0])
+put("rows", "valid_scored", bytes([1, 1, 63, 1]) + rows_file([s1, s1], 4, packed=6))
+put("rows", "near_scored_two", bytes([0, 0, 63, 0]) + rows_file([s1, ([5, 6, 7, 8], [-1, 6, 7, -1], [0] * 4)], 4, packed=6))
+put("rows", "near_scored_next", bytes([0, 0, 63, 0]) + rows_file([s1, r1], 4, packed=6))
+put("rows", "near_scored_unpaired", bytes([0, 0, 63, 0]) + rows_file([s1], 4, packed=4))
 
 # ---- HellaSwag eval file: 3 bytes (T, vocab low, vocab high), then llm.c's format ----------
 # header 256 int32 [20240522, 1, n]; each example uint16: 65535, bytes, index, label, 4,

@@ -899,6 +899,7 @@ static void finish_reward(Config *cfg, const char *src) {
         fail("%s: num_labels %d: a reward model has one output (TRL's RewardTrainer requires num_labels 1)", src,
              cfg->num_labels);
     cfg->num_labels = 1;
+    if (cfg->sample_steps) printf("note: sample_steps: a reward model has no LM head to sample from\n");
     if (cfg->adapter[0] && strcmp(cfg->adapter, "none"))
         fail("%s: reward_model with adapter: %s is not implemented (PEFT's SEQ_CLS task trains the score head beside "
              "the adapters); train the reward model in full", src, cfg->adapter);

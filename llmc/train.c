@@ -1091,7 +1091,7 @@ int train_main(int argc, char **argv, int arch) {
                          ls.step, acc, good, hsw.n);
         }
         // Every rank runs the sampler (ZeRO-3 gathers are collective); only rank 0 prints.
-        if (cfg.sample_steps && (mc.vocab_size == 256 || arch == ARCH_GPT2) && spn == 1 &&
+        if (cfg.sample_steps && (mc.vocab_size == 256 || arch == ARCH_GPT2) && spn == 1 && !mc.num_labels &&
             (ls.step % cfg.sample_steps == 0 || ls.step == cfg.max_steps)) {
             if (arch == ARCH_GPT2) gpt2_sample(&model, T, cfg.sample_tokens);
             else print_sample(&model, T, cfg.sample_tokens, &ls.sample_rng);
