@@ -900,9 +900,6 @@ static void finish_reward(Config *cfg, const char *src) {
              cfg->num_labels);
     cfg->num_labels = 1;
     if (cfg->sample_steps) printf("note: sample_steps: a reward model has no LM head to sample from\n");
-    if (cfg->adapter[0] && strcmp(cfg->adapter, "none"))
-        fail("%s: reward_model with adapter: %s is not implemented (PEFT's SEQ_CLS task trains the score head beside "
-             "the adapters); train the reward model in full", src, cfg->adapter);
     snprintf(cfg->rl, sizeof cfg->rl, "reward");
 }
 
@@ -1540,6 +1537,9 @@ void config_lora(const Config *cfg, const ModelConfig *mc, LoraConfig *lora) {
         const char *why = peft_module_to_save(lora, mc, w);
         if (why) fail("%s: lora_modules_to_save: '%s': %s", src, w, why);
     }
+    // A sequence classifier's head trains beside the adapters: PEFT's SEQ_CLS task (Axolotl's for
+    // a reward model) puts classifier and score in modules_to_save.
+    if (mc->num_labels) peft_module_to_save(lora, mc, "score");
     const char *tm = cfg->lora_target_modules;
     if (!tm[0] && !cfg->lora_target_linear)
         fail("%s: adapter: %s needs lora_target_modules or lora_target_linear: true", src, cfg->adapter);

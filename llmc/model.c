@@ -108,7 +108,8 @@ void model_size(const ModelConfig *c, int64_t I, int64_t Vp, const LoraConfig *l
         const Count VC = count_mul(count_of(c->arch == ARCH_GPT2 ? Vp : c->vocab_size), count_of(C));
         s->trainable = adapters;
         if (lora->save_embed) s->trainable = count_add(s->trainable, VC);
-        if (lora->save_head && !c->tie_word_embeddings) s->trainable = count_add(s->trainable, VC);
+        if (lora->save_head && c->num_labels) s->trainable = count_add(s->trainable, count_of((int64_t)c->num_labels * C));
+        else if (lora->save_head && !c->tie_word_embeddings) s->trainable = count_add(s->trainable, VC);
     }
     s->tensors = count_add(count_add(tensors, count_mul(L, count_of(layer_tensors))), ltens);
 }

@@ -16,6 +16,9 @@ Cases:
                 grad norm, accuracy, margin, mean_reward against the reference, weight decay on
                 score.weight; eval; the saved model (architectures, id2label, score.weight equal to
                 the reference's, no lm_head) trains on as a base_model.
+  lora          LoRA (the adapters and score.weight train, PEFT's SEQ_CLS) against the reference, the
+                adapter as PEFT writes it (task_type SEQ_CLS, modules_to_save classifier and score);
+                QLoRA with layer_offloading as plain QLoRA, bit for bit.
   families      Qwen 3, Gemma 2 (tied embedding; the score not soft-capped) and Gemma 3 text against the
                 reference; their saved ...ForSequenceClassification names.
   causal_base   a causal LM as base_model: the note, score.weight from N(0, initializer_range)
@@ -26,7 +29,8 @@ Cases:
                 score.weight), and sequence parallel (each row's score position in one rank's half):
                 one process's losses and margins.
   refusals      reward_model with rl, num_labels 2, a classifier model_type without reward_model, a
-                sequence classifier as base_model without it, an adapter, another dataset type,
+                sequence classifier as base_model without it, lm_head in lora_modules_to_save,
+                lora_model_dir, another dataset type,
                 process_reward_model, sample_packing; scored rows in a dpo run: one error line.
 """
 import argparse
@@ -102,11 +106,15 @@ def bt(s, center):
     return -F.logsigmoid(rc - rr).mean() + center * ((rc + rr) ** 2).mean()
 
 
-def reference(cfg, weights, tok, tgt, steps, pairs_per_step, micro, lr, wd, center, eval_rows=None):
+def reference(cfg, weights, tok, tgt, steps, pairs_per_step, micro, lr, wd, center, eval_rows=None, lora=None,
+              warmup=0):
     """TRL's RewardTrainer in float64: AdamW (decay on all but biases and norms) over consecutive
-    pairs, each step's loss the mean of its micro-batches' (micro pairs each) losses."""
-    model = R.RefLlama(cfg, weights)
+    pairs, each step's loss the mean of its micro-batches' (micro pairs each) losses. lora: the
+    adapters and score.weight train (PEFT's SEQ_CLS: score in modules_to_save), the rest is frozen."""
+    model = R.RefLlama(cfg, weights, lora=lora)
     named = model.named_trainable_parameters()
+    if lora is not None:
+        named = named + [("score.weight", model.p("score.weight").requires_grad_(True))]
     groups = [{"params": [p for n, p in named if R.is_decay_param(n)], "weight_decay": wd},
               {"params": [p for n, p in named if not R.is_decay_param(n)], "weight_decay": 0.0}]
     params = [p for _, p in named]
@@ -114,6 +122,8 @@ def reference(cfg, weights, tok, tgt, steps, pairs_per_step, micro, lr, wd, cent
     pos = score_pos(tgt)
     out = []
     for st in range(steps):
+        for g in opt.param_groups:
+            g["lr"] = lr * (st / warmup if st < warmup else 1.0)
         opt.zero_grad()
         r0 = st * pairs_per_step * 2
         rows = slice(r0, r0 + pairs_per_step * 2)
@@ -232,6 +242,47 @@ def case_train():
     return errs, "loss rel %.2e, step 3 loss %.6f" % (worst, m[3]["loss"] if 3 in m else float("nan"))
 
 
+def case_lora():
+    """LoRA from a classifier base (initial adapters read from checkpoint-1, whose lr is 0): the
+    adapters and score.weight train, against the reference; the adapter directory as PEFT writes a
+    SEQ_CLS one (task_type, modules_to_save classifier and score, base_model.model.score.weight);
+    QLoRA with layer_offloading gives plain QLoRA's figures bit for bit."""
+    errs = []
+    cfg_m = json.load(open(os.path.join(seqcls_dir(), "config.json")))
+    w = read_tensors(seqcls_dir())
+    data = os.path.join(D.WORK, "lora.jsonl")
+    FX.write_jsonl(data, records(16, seed=19))
+    lora = {"adapter": "lora", "lora_r": 4, "lora_alpha": 8, "lora_target_linear": True}
+    c = reward_cfg("lora", data, max_steps=4, learning_rate=2e-2, lr_scheduler="constant_with_warmup", warmup_steps=1,
+                   save_steps=1, center_rewards_coefficient=0.1, shuffle_merged_datasets=False, **lora)
+    p = D.run(c)
+    _, tok, tgt = D.read_rows(os.path.join(D.prepared_dir(p.stdout), "train.bin"))
+    spec = R.load_adapter_dir(os.path.join(c["output_dir"], "checkpoint-1"))
+    score = spec["weights"].pop("score.weight", None)
+    if score is None or not np.array_equal(score, w["score.weight"]):
+        errs.append("checkpoint-1's adapter lacks the base's score.weight")
+    ref, _, model = reference(cfg_m, w, tok, tgt, 4, 4, 2, 2e-2, 0.0, 0.1, lora=spec, warmup=1)
+    m, _ = D.metrics(c["output_dir"])
+    worst = D.compare_steps(errs, m, ref, keys=("loss", "grad_norm", "accuracy", "margin", "mean_reward"))
+    conf = json.load(open(os.path.join(c["output_dir"], "adapter_config.json")))
+    if conf.get("task_type") != "SEQ_CLS" or conf.get("modules_to_save") != ["classifier", "score"]:
+        errs.append("adapter_config.json: task_type %s, modules_to_save %s" % (conf.get("task_type"),
+                                                                                conf.get("modules_to_save")))
+    final = read_tensors(c["output_dir"]) if os.path.exists(os.path.join(c["output_dir"], "model.safetensors")) else None
+    got = R.read_safetensors(os.path.join(c["output_dir"], "adapter_model.safetensors"))
+    want = model.p("score.weight").detach().numpy()
+    if final is not None or "base_model.model.score.weight" not in got or \
+            float(np.abs(got["base_model.model.score.weight"] - want).max()) > 1e-5:
+        errs.append("the adapter's trained score.weight is not the reference's (or a full model was saved)")
+    q = dict(c, output_dir=os.path.join(D.WORK, "qlora"), adapter="qlora", load_in_4bit=True, save_steps=0)
+    qs = dict(q, output_dir=os.path.join(D.WORK, "qlora_stream"), layer_offloading=True)
+    D.run(q)
+    D.run(qs)
+    if figures(q["output_dir"]) != figures(qs["output_dir"]):
+        errs.append("QLoRA with layer_offloading: %s vs %s" % (figures(qs["output_dir"])[-1], figures(q["output_dir"])[-1]))
+    return errs, "loss rel %.2e over 4 steps" % worst
+
+
 def case_families():
     """Qwen 3 (q/k norms), Gemma 2 (tied embedding, soft-capped scores; the classifier's score is
     not capped, as transformers' GenericForSequenceClassification) and Gemma 3 text
@@ -345,7 +396,9 @@ def case_refusals():
            ({"reward_model": False}, "model_type: AutoModelForSequenceClassification needs reward_model: true"),
            ({"reward_model": False, "model_type": None, "num_labels": None,
              "datasets": [{"path": data, "type": "completion", "field": "input"}]}, "a sequence classifier (llama, 1 labels)"),
-           ({"adapter": "lora", "lora_target_linear": True}, "reward_model with adapter: lora is not implemented"),
+           ({"adapter": "lora", "lora_target_linear": True, "lora_modules_to_save": ["lm_head"]},
+            "a reward model has no lm_head"),
+           ({"adapter": "lora", "lora_target_linear": True, "lora_model_dir": D.WORK}, "reward_model with lora_model_dir"),
            ({"datasets": [{"path": data, "type": "chatml.intel"}]}, "reward_model reads type bradley_terry.chat_template"),
            ({"datasets": [{"path": data, "type": "bradley_terry.chat_template", "roles": {}}]}, ".roles: not read"),
            ({"process_reward_model": True}, "process reward models"),
@@ -392,7 +445,7 @@ def main():
         return
     D.ARGS, D.WORK = args, tempfile.mkdtemp(prefix="test_reward.")
     torch.set_num_threads(2)
-    cases = [("rows", case_rows), ("train", case_train), ("families", case_families), ("causal_base", case_causal_base),
+    cases = [("rows", case_rows), ("train", case_train), ("lora", case_lora), ("families", case_families), ("causal_base", case_causal_base),
              ("memory_modes", case_memory_modes), ("ranks", case_ranks), ("refusals", case_refusals)]
     try:
         passed, failed = harness.run_cases(cases, args.only, verbose=True, timed=True)
