@@ -196,6 +196,16 @@ def preference_rows(n, seed=0):
              "rejected": {"role": "assistant", "content": sentence(rng, 3, 15)}} for _ in range(n)]
 
 
+def bradley_terry_rows(n, seed=0):
+    """Reward-model pairs in the shape of argilla/distilabel-intel-orca-dpo-pairs (Axolotl's
+    bradley_terry.chat_template): a system prompt (empty in some), an input, a chosen and a
+    rejected answer, and fields the strategy does not read (a rating pair, a status)."""
+    rng = np.random.default_rng(seed)
+    return [{"system": "" if i % 3 else "You are an AI assistant. " + sentence(rng, 2, 6), "input": sentence(rng, 4, 12),
+             "chosen": sentence(rng, 3, 15), "rejected": sentence(rng, 3, 15), "rating": [9.0, 6.5],
+             "status": "tie" if i % 7 == 0 else "unchanged"} for i in range(n)]
+
+
 def argilla_rows(n, seed=0):
     """Preference records in the shape of argilla/ultrafeedback-binarized-preferences-cleaned
     (Axolotl's chat_template.argilla, for rl: orpo): the prompt, and chosen and rejected

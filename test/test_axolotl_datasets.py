@@ -42,6 +42,7 @@ def setup(work):
     F.write_jsonl(os.path.join(work, "data", "preferences.jsonl"), F.preference_rows(24))
     F.write_jsonl(os.path.join(work, "data", "argilla.jsonl"), F.argilla_rows(24))
     F.write_jsonl(os.path.join(work, "data", "kto.jsonl"), F.kto_rows(24))
+    F.write_jsonl(os.path.join(work, "data", "bradley_terry.jsonl"), F.bradley_terry_rows(24))
     for c in sorted(glob.glob(os.path.join(CONFIGS, "*.yaml"))):
         shutil.copy(c, work)
     return hf
@@ -115,14 +116,17 @@ def main():
                 if os.path.exists(os.path.join(od, "metrics.jsonl")) else []
             losses = [s["loss"] for s in steps if "loss" in s]
             evals = [s for s in steps if "eval_loss" in s]
-            rl = re.search(r"^rl: (\w+)", open(os.path.join(work, name)).read(), re.M)
-            pref, kto = bool(rl), bool(rl and rl.group(1) == "kto")  # eval_pairs, rewards (kto: kl, no accuracies)
+            text = open(os.path.join(work, name)).read()
+            rl = re.search(r"^rl: (\w+)", text, re.M)
+            reward = bool(re.search(r"^reward_model: true", text, re.M))
+            pref, kto = bool(rl) or reward, bool(rl and rl.group(1) == "kto")  # eval_pairs, rewards (kto: kl)
+            acc = "kl" if kto else "accuracy" if reward else "rewards/accuracies"
             what = "kto examples" if kto else "preference pairs" if pref else "samples"
             ok = (re.search(r"^data: prepared \d+ %s" % what, out, re.M) and ckpts
                   and re.search(r"^step +1/\d+ \| epoch ", out, re.M) and losses
                   and all(l == l and abs(l) < 100 for l in losses) and evals
                   and all(e["eval_pairs" if pref else "eval_tokens"] > 0 for e in evals)
-                  and (not pref or all(("kl" if kto else "rewards/accuracies") in s for s in steps if "loss" in s)))
+                  and (not pref or all(acc in s for s in steps if "loss" in s)))
             if re.search(r"^tokenizer_type: LlamaTokenizer$", open(os.path.join(work, name)).read(), re.M):
                 # the fixture has tokenizer.json only: Axolotl's slow class cannot load it
                 check("%s: tokenizer_type LlamaTokenizer loads its fast version, with a note" % tag,
