@@ -273,7 +273,8 @@ class BradleyTerryChat:
             if not isinstance(rec.get(k), str):
                 raise pd.DataError("%s: %s: expected a string (bradley_terry.chat_template reads system, input, "
                                    "chosen and rejected)" % (loc, k))
-        head = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": rec["input"]}]
+        keep = system and not self.ct.drop_system  # drop_system_message: as Axolotl's prompter drops it
+        head = ([{"role": "system", "content": system}] if keep else []) + [{"role": "user", "content": rec["input"]}]
         try:
             return tuple(self.ct.render(head + [{"role": "assistant", "content": rec[k]}]) for k in ("chosen", "rejected"))
         except pd.DataError as e:
@@ -295,7 +296,7 @@ def strategy_of(pd, spec, tok, cfg, ds, key):
                                "rejected), not %r" % (pd.where_cfg(spec, key), t))
         for k in ds:
             if k not in ("path", "type", "data_files", "split", "ds_type", "name", "chat_template",
-                         "chat_template_jinja"):
+                         "chat_template_jinja", "drop_system_message"):
                 raise pd.DataError("%s.%s: not read for bradley_terry.chat_template datasets here (it builds its "
                                    "messages from system, input, chosen and rejected)" % (pd.where_cfg(spec, key), k))
         return BradleyTerryChat(pd, spec, tok, cfg, ds)

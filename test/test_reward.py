@@ -10,7 +10,7 @@ Cases:
                 strategy builds them, spelled out in Llama 3's format: per pair a chosen and a
                 rejected row, the whole conversation tokenized, cut to sequence_len; each row's one
                 target at the last token that is not the pad token (with pad_token <|eot_id|>,
-                the token before the final <|eot_id|>); the scored-rows flag.
+                the token before the final <|eot_id|>); drop_system_message; the scored-rows flag.
   train         a full fine-tune from a LlamaForSequenceClassification base: per-step loss
                 (-log sigmoid(rc - rr) + center (rc + rr)^2, a mean per micro-batch, averaged),
                 grad norm, accuracy, margin, mean_reward against the reference, weight decay on
@@ -168,8 +168,10 @@ def case_rows():
     recs[5]["chosen"] = " ".join(["word"] * 80)  # longer than sequence_len: cut
     FX.write_jsonl(data, recs)
     hdr = lambda role, text: "<|start_header_id|>%s<|end_header_id|>\n\n%s<|eot_id|>" % (role, text.strip())  # noqa: E731
+    drop = {"datasets": [{"path": data, "type": "bradley_terry.chat_template", "drop_system_message": True}]}
     for tag, extra, pad in (("pad end_of_text", {}, "<|end_of_text|>"),
-                            ("pad eot", {"special_tokens": {"pad_token": "<|eot_id|>"}}, "<|eot_id|>")):
+                            ("pad eot", {"special_tokens": {"pad_token": "<|eot_id|>"}}, "<|eot_id|>"),
+                            ("drop_system_message", drop, "<|end_of_text|>")):
         c = reward_cfg("rows", data, shuffle_merged_datasets=False, **extra)
         p = D.run(c, "--preprocess")
         d = p.stdout.strip().split()[-1]
@@ -182,7 +184,8 @@ def case_rows():
             continue
         pad_id = tk.convert_tokens_to_ids(pad)
         for k, r in enumerate(recs):
-            head = "<|begin_of_text|>" + (hdr("system", r["system"]) if r["system"] else "") + hdr("user", r["input"])
+            system = r["system"] and tag != "drop_system_message"
+            head = "<|begin_of_text|>" + (hdr("system", r["system"]) if system else "") + hdr("user", r["input"])
             for row, ans in ((2 * k, r["chosen"]), (2 * k + 1, r["rejected"])):
                 want = tk(head + hdr("assistant", ans), add_special_tokens=False)["input_ids"][:T]
                 if list(tok[row, :len(want)]) != want:
@@ -196,7 +199,7 @@ def case_rows():
                 if tag == "pad eot" and len(want) < T and at != len(want) - 2:
                     errs.append("%s: record %d row %d: the score is read at %d, not before the final <|eot_id|>" % (
                         tag, k, row, at))
-    return errs, "12 rows, two pad tokens"
+    return errs, "12 rows, two pad tokens, drop_system_message"
 
 
 def case_train():
