@@ -8,7 +8,8 @@
                                                       part_train) within 1e-4 per tensor,
                                                       median 2e-6; rl: dpo on the Gemma 1 base with
                                                       a word-level tokenizer: 2 steps' loss and grad
-                                                      norm within 1e-5 (needs transformers)
+                                                      norm within 1e-5, and a reward model's
+                                                      the same (needs transformers)
   gpu_train_check.py modes     --bin B --json J   (c) every memory mode (16, and layer streaming
                                                       with LoRA; QLoRA's 8 base modes and
                                                       streaming) bit-identical to the plain run;
@@ -387,7 +388,8 @@ def part_train(a):
         rows.append({"run": label, "steps": len(losses(cpu)), "loss_rel_err": lr, "gradient_rel_err": gerr,
                      "gradient_rel_err_median": gmed, "adamw_weights_rel_err": wrel,
                      "cuda_s": round(gpu.secs, 2), "cpu_s": round(cpu.secs, 2)})
-    rows.append(dpo_check(a, size))
+    rows.append(pref_check(a, size, "dpo"))
+    rows.append(pref_check(a, size, "reward"))
     TABLES["fp32 CUDA vs CPU"] = rows
 
 
@@ -419,41 +421,48 @@ def word_tokenizer(d, vocab):
                    "pad_token": "<pad>", "unk_token": "<unk>"}, f)
 
 
-def dpo_check(a, size):
-    """rl: dpo on the device against the CPU: the reference pass, then the classifier's second
-    pass with a scale per row (negative for rejected rows). A Gemma 1 base with a word-level
-    tokenizer; data prepared by scripts/prepare_data.py (needs Python's transformers: SKIP
-    without)."""
+def pref_check(a, size, kind):
+    """rl: dpo (kind "dpo") or reward_model ("reward") on the device against the CPU: DPO's
+    reference pass, then the classifier's second pass with a scale per row (negative for rejected
+    rows); the reward model's score head at one position a row (products with K = 1). A Gemma 1
+    base with a word-level tokenizer; data prepared by scripts/prepare_data.py (needs Python's
+    transformers: SKIP without)."""
+    what = "rl: dpo" if kind == "dpo" else "reward_model"
     try:
         import transformers  # noqa: F401
     except ImportError:
-        print("SKIP rl: dpo: Python's transformers is not installed")
-        return {"run": "DPO", "skipped": "no transformers"}
+        print("SKIP %s: Python's transformers is not installed" % what)
+        return {"run": what, "skipped": "no transformers"}
     d = gemma_base(size, 1)
     word_tokenizer(d, model_cfg(size)["model"]["vocab_size"])
     rng = random.Random(11)
-    data = os.path.join(TMP, "dpo_pairs.jsonl")
+    data = os.path.join(TMP, "%s_pairs.jsonl" % kind)
     with open(data, "w") as f:
         for _ in range(4):
             sent = lambda n: " ".join(rng.choice(WORDS) for _ in range(n))
-            f.write(json.dumps({"prompt": sent(5) + " answer", "chosen": " " + sent(4), "rejected": " " + sent(3)}) + "\n")
+            rec = {"prompt": sent(5) + " answer", "chosen": " " + sent(4), "rejected": " " + sent(3)} if kind == "dpo" \
+                else {"system": "", "input": sent(5), "chosen": sent(4), "rejected": sent(3)}
+            f.write(json.dumps(rec) + "\n")
+    method = {"rl": "dpo", "rl_beta": 0.5, "datasets": [{"path": data, "type": "passthrough"}]} if kind == "dpo" else \
+        {"reward_model": True, "center_rewards_coefficient": 0.01, "chat_template": "jinja",
+         "chat_template_jinja": "{% for m in messages %}{{ m['content'] }} {% endfor %}",
+         "datasets": [{"path": data, "type": "bradley_terry.chat_template"}]}
     rs = {}
     for name, dev in (("cpu", "cpu"), ("gpu", a.device)):
-        out = os.path.join(TMP, "b_dpo_" + name)
-        cfg = {"base_model": d, "rl": "dpo", "rl_beta": 0.5, "datasets": [{"path": data, "type": "passthrough"}],
-               "dataset_prepared_path": os.path.join(TMP, "dpo_prepared"), "sequence_len": 32, "micro_batch_size": 1,
-               "gradient_accumulation_steps": 2, "max_steps": 2, "learning_rate": 1e-2, "lr_scheduler": "constant",
-               "shuffle": False, "seed": 3, "device": dev, "dtype": "float32", "output_dir": out}
-        rs[name] = run("b_dpo_" + name, cfg, env={"LLMC_PYTHON": sys.executable, "TRANSFORMERS_VERBOSITY": "error"})
+        out = os.path.join(TMP, "b_%s_%s" % (kind, name))
+        cfg = dict(method, base_model=d, dataset_prepared_path=os.path.join(TMP, "%s_prepared" % kind), sequence_len=32,
+                   micro_batch_size=1, gradient_accumulation_steps=2, max_steps=2, learning_rate=1e-2,
+                   lr_scheduler="constant", shuffle=False, seed=3, device=dev, dtype="float32", output_dir=out)
+        rs[name] = run("b_%s_%s" % (kind, name), cfg, env={"LLMC_PYTHON": sys.executable, "TRANSFORMERS_VERBOSITY": "error"})
     ok_runs = all(r.rc == 0 for r in rs.values())
     lr = losses_rel(losses(rs["gpu"]), losses(rs["cpu"])) if ok_runs else math.inf
     nr = max((abs(float(x["grad_norm"]) - float(y["grad_norm"])) / float(y["grad_norm"])
               for x, y in zip(rs["gpu"].metrics, rs["cpu"].metrics) if "grad_norm" in y), default=math.inf)
-    check("fp32 CUDA vs CPU, rl: dpo (Gemma 1 base): both steps' loss and grad norm within 1e-5 relative",
+    check("fp32 CUDA vs CPU, %s (Gemma 1 base): both steps' loss and grad norm within 1e-5 relative" % what,
           ok_runs and lr <= 1e-5 and nr <= 1e-5,
           "%s | %s | loss %.3g, norm %.3g" % (why(rs["gpu"]), why(rs["cpu"]), lr, nr))
-    return {"run": "DPO", "steps": len(losses(rs["cpu"])), "loss_rel_err": lr, "grad_norm_rel_err": nr,
-            "cuda_s": round(rs["gpu"].secs, 2), "cpu_s": round(rs["cpu"].secs, 2)}
+    return {"run": "DPO" if kind == "dpo" else "reward model", "steps": len(losses(rs["cpu"])), "loss_rel_err": lr,
+            "grad_norm_rel_err": nr, "cuda_s": round(rs["gpu"].secs, 2), "cpu_s": round(rs["cpu"].secs, 2)}
 
 
 # ---- (c) memory modes --------------------------------------------------------------------------

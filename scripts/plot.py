@@ -10,8 +10,8 @@ writes it) and writes PNGs into DIR (default OUTPUT_DIR/plots):
     lr.png              learning rate
     tokens_per_sec.png  throughput
     memory.png          device / host / disk peak bytes of each step
-    rewards.png         preference runs (rl: dpo / ipo) only: rewards/accuracies and
-                        rewards/margins per step and at each evaluation
+    rewards.png         preference runs (rl) only: rewards/accuracies and rewards/margins per
+                        step and at each evaluation (reward_model runs: accuracy and margin)
     summary.png         the four together
 Needs matplotlib (Debian: apt-get install python3-matplotlib; scripts/install_deps.sh).
 """
@@ -98,19 +98,22 @@ def draw_memory(ax, steps, evals):
 
 
 def draw_rewards(ax, steps, evals):
-    """A preference run's reward accuracy (left axis) and margin (right axis), train and eval."""
-    ax.plot(*series(steps, "rewards/accuracies"), lw=1, color="tab:blue", label="rewards/accuracies")
-    xs, ys = series(evals, "eval_rewards/accuracies")
+    """A preference run's reward accuracy (left axis) and margin (right axis), train and eval
+    (a reward model's run: TRL's RewardTrainer names, accuracy and margin)."""
+    reward = any("accuracy" in r for r in steps)
+    acc, margin = ("accuracy", "margin") if reward else ("rewards/accuracies", "rewards/margins")
+    ax.plot(*series(steps, acc), lw=1, color="tab:blue", label=acc)
+    xs, ys = series(evals, "eval_" + acc)
     if xs:
-        ax.plot(xs, ys, "o-", ms=4, color="tab:cyan", label="eval_rewards/accuracies")
+        ax.plot(xs, ys, "o-", ms=4, color="tab:cyan", label="eval_" + acc)
     ax.set_ylabel("accuracy")
     ax.set_ylim(-0.05, 1.05)
     ax.legend(loc="upper left", fontsize=8)
     ax2 = ax.twinx()
-    ax2.plot(*series(steps, "rewards/margins"), lw=1, color="tab:red", label="rewards/margins")
-    xs, ys = series(evals, "eval_rewards/margins")
+    ax2.plot(*series(steps, margin), lw=1, color="tab:red", label=margin)
+    xs, ys = series(evals, "eval_" + margin)
     if xs:
-        ax2.plot(xs, ys, "o-", ms=4, color="tab:orange", label="eval_rewards/margins")
+        ax2.plot(xs, ys, "o-", ms=4, color="tab:orange", label="eval_" + margin)
     ax2.set_ylabel("margin")
     ax2.legend(loc="lower right", fontsize=8)
 
@@ -153,7 +156,7 @@ def main():
     title = os.path.basename(os.path.abspath(args.output_dir))
     written = []
     plots = PLOTS + ([("rewards", "preference rewards", draw_rewards)]
-                     if any("rewards/accuracies" in r for r in steps) else [])
+                     if any("rewards/accuracies" in r or "accuracy" in r for r in steps) else [])
     for name, label, fn in plots:
         fig, ax = plt.subplots(figsize=(7, 4))
         fn(ax, steps, evals)

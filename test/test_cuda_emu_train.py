@@ -387,10 +387,11 @@ def main():
         # (i) the GPU check's part (b) as a GPU runs it, tiny: fp32 losses and one step's gradient
         # against the CPU for full, LoRA and Gemma 3, 2 and 1 directories the script writes itself
         passed, ok, secs, out = gpu_check_part("train", binary, tmp)
-        check("(i) gpu_train_check.py train --tiny (emulated CUDA): %d checks pass, Gemma 3's, 2's and 1's and "
-              "rl: dpo's among them (%.1f s)" % (len(passed), secs),
-              ok and len(passed) == 11 and all(any(g in l for l in passed)
-                                               for g in ("Gemma 3", "Gemma 2", "Gemma 1", "rl: dpo")), out)
+        check("(i) gpu_train_check.py train --tiny (emulated CUDA): %d checks pass, Gemma 3's, 2's and 1's, "
+              "rl: dpo's and reward_model's among them (%.1f s)" % (len(passed), secs),
+              ok and len(passed) == 12 and all(any(g in l for l in passed)
+                                               for g in ("Gemma 3", "Gemma 2", "Gemma 1", "rl: dpo", "reward_model")),
+              out)
         pref_check(binary, tmp, "dpo")
         pref_check(binary, tmp, "reward")
     finally:

@@ -108,6 +108,22 @@ def main():
               rc == 0 and "rewards.png" in o and "plotted 10 steps and 2 evaluations" in o, o + err)
         pngs_ok(os.path.join(pref, "plots"), "preference", NAMES + ["rewards"])
 
+        # a reward model's metrics (reward_model: TRL's RewardTrainer names accuracy and margin)
+        rm = os.path.join(root, "reward")
+        os.makedirs(rm)
+        with open(os.path.join(rm, "metrics.jsonl"), "w") as f:
+            for s in range(1, 7):
+                f.write(json.dumps({"step": s, "loss": 0.69 - 0.02 * s, "lr": 1e-4, "grad_norm": 1.0, "ms": 10,
+                                    "tokens_per_sec": 500, "device_peak_bytes": 2 ** 20, "host_peak_bytes": 0,
+                                    "disk_peak_bytes": 0, "accuracy": min(1, 0.2 * s), "margin": 0.03 * s,
+                                    "mean_reward": 0.1}) + "\n")
+            f.write(json.dumps({"step": 6, "eval_loss": 0.6, "eval_pairs": 8, "eval_accuracy": 0.5,
+                                "eval_margin": 0.05}) + "\n")
+        rc, o, err = plot(rm)
+        check("reward model metrics: plot.py exits 0 and writes rewards.png",
+              rc == 0 and "rewards.png" in o and "plotted 6 steps and 1 evaluations" in o, o + err)
+        pngs_ok(os.path.join(rm, "plots"), "reward model", NAMES + ["rewards"])
+
         rc, o, err = plot(os.path.join(root, "nothing"))
         lines = err.strip().splitlines()
         check("no metrics.jsonl: one error line", rc == 1 and len(lines) == 1 and "metrics.jsonl" in lines[0], err)
