@@ -169,6 +169,8 @@ def write_config(cfg, path):
             lines.append("%s: %s" % (k, "true" if v else "false"))
         elif isinstance(v, list):  # a JSON list is a YAML flow sequence (datasets: [{path, type}])
             lines.append("%s: %s" % (k, json.dumps(v)))
+        elif isinstance(v, str) and any(c in v for c in "{}[]%:#'\"\n"):  # a JSON string: a quoted YAML scalar
+            lines.append("%s: %s" % (k, json.dumps(v)))
         else:
             lines.append("%s: %s" % (k, v))
     with open(path, "w") as f:
