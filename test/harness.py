@@ -30,3 +30,36 @@ def run_cases(cases, only="", verbose=False, timed=False):
             print(f"PASS {name}" + (f"  ({summary})" if verbose else ""))
         sys.stdout.flush()
     return passed, failed
+
+
+def case_main(tag, cases, begin, needs=("transformers",)):
+    """The main of a file of trainer cases: --bin (default build/train_llama), --only CASE, --keep
+    (leave the work directory); SKIP when a module of needs is missing; begin(args, work) before
+    the cases (work: a fresh temporary directory). Exits 1 when a case failed."""
+    import argparse
+    import importlib
+    import os
+    import shutil
+    import tempfile
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--bin", default=os.path.join(root, "build", "train_llama"))
+    ap.add_argument("--only", default="")
+    ap.add_argument("--keep", action="store_true")
+    args = ap.parse_args()
+    args.bin = os.path.abspath(args.bin)
+    for m in needs:
+        try:
+            importlib.import_module(m)
+        except ImportError:
+            print("SKIP %s: %s not installed (scripts/install_deps.sh)" % (tag, m))
+            return
+    work = tempfile.mkdtemp(prefix="test_%s." % tag)
+    begin(args, work)
+    try:
+        passed, failed = run_cases(cases, args.only, verbose=True, timed=True)
+    finally:
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+    print("%d passed, %d failed" % (passed, failed))
+    sys.exit(1 if failed else 0)

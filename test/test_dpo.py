@@ -41,14 +41,12 @@ Cases:
   refusals        rl: grpo, rl: orpo on another format, sample_packing, rpo_alpha, an unknown loss type, train_data shards,
                   lora_model_dir, dpo_loss_weights of the wrong length: one error line, exit 1.
 """
-import argparse
 import json
 import math
 import os
 import shutil
 import subprocess
 import sys
-import tempfile
 
 import numpy as np
 import torch
@@ -925,32 +923,18 @@ def case_refusals():
     return errs, "%d refused" % len(bad)
 
 
-def main():
+def begin(args, work):
     global ARGS, WORK
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--bin", default=os.path.join(ROOT, "build", "train_llama"))
-    ap.add_argument("--only", default="")
-    ap.add_argument("--keep", action="store_true")
-    ARGS = ap.parse_args()
-    ARGS.bin = os.path.abspath(ARGS.bin)
-    try:
-        import transformers  # noqa: F401
-    except ImportError:
-        print("SKIP dpo: transformers not installed (scripts/install_deps.sh)")
-        return
-    WORK = tempfile.mkdtemp(prefix="test_dpo.")
+    ARGS, WORK = args, work
     torch.set_num_threads(2)
+
+
+def main():
     cases = [("rows", case_rows), ("formats", case_formats), ("sigmoid_full", case_sigmoid_full),
              ("mixed_lora", case_mixed_lora), ("ipo", case_ipo), ("simpo", case_simpo), ("orpo", case_orpo), ("kto", case_kto),
              ("memory_modes", case_memory_modes),
              ("resume", case_resume), ("ranks", case_ranks), ("refusals", case_refusals)]
-    try:
-        passed, failed = harness.run_cases(cases, ARGS.only, verbose=True, timed=True)
-    finally:
-        if not ARGS.keep:
-            shutil.rmtree(WORK, ignore_errors=True)
-    print("%d passed, %d failed" % (passed, failed))
-    sys.exit(1 if failed else 0)
+    harness.case_main("dpo", cases, begin)
 
 
 if __name__ == "__main__":

@@ -23,6 +23,21 @@ PLOT = os.path.join(ROOT, "scripts", "plot.py")
 NAMES = ["loss", "lr", "tokens_per_sec", "memory", "summary"]
 
 
+
+def write_pref_metrics(root, name, steps, figures, eval_figures, every=5):
+    """ROOT/NAME/metrics.jsonl of a preference run: steps steps with figures(step), an evaluation
+    with eval_figures every `every` steps; returns the directory."""
+    d = os.path.join(root, name)
+    os.makedirs(d)
+    with open(os.path.join(d, "metrics.jsonl"), "w") as f:
+        for s in range(1, steps + 1):
+            f.write(json.dumps(dict({"step": s, "loss": 0.69 - 0.02 * s, "lr": 1e-4, "grad_norm": 1.0, "ms": 10,
+                                     "tokens_per_sec": 500, "device_peak_bytes": 2 ** 20, "host_peak_bytes": 0,
+                                     "disk_peak_bytes": 0}, **figures(s))) + "\n")
+            if s % every == 0:
+                f.write(json.dumps(dict({"step": s, "eval_loss": 0.6, "eval_pairs": 8}, **eval_figures)) + "\n")
+    return d
+
 def plot(out_dir, *extra):
     p = subprocess.run([sys.executable, PLOT, out_dir, *extra], capture_output=True, text=True, timeout=120)
     return p.returncode, p.stdout, p.stderr
@@ -92,33 +107,18 @@ def main():
               not os.path.exists(os.path.join(root, "synplots", "rewards.png")))
 
         # a preference run's metrics (rl: dpo): rewards.png beside the others
-        pref = os.path.join(root, "pref")
-        os.makedirs(pref)
-        with open(os.path.join(pref, "metrics.jsonl"), "w") as f:
-            for s in range(1, 11):
-                f.write(json.dumps({"step": s, "loss": 0.69 - 0.02 * s, "lr": 1e-4, "grad_norm": 1.0, "ms": 10,
-                                    "tokens_per_sec": 500, "device_peak_bytes": 2 ** 20, "host_peak_bytes": 0,
-                                    "disk_peak_bytes": 0, "rewards/chosen": 0.01 * s, "rewards/rejected": -0.01 * s,
-                                    "rewards/accuracies": min(1, 0.1 * s), "rewards/margins": 0.02 * s}) + "\n")
-                if s % 5 == 0:
-                    f.write(json.dumps({"step": s, "eval_loss": 0.6, "eval_pairs": 8, "eval_rewards/accuracies": 0.5,
-                                        "eval_rewards/margins": 0.01 * s}) + "\n")
+        pref = write_pref_metrics(root, "pref", 10, lambda s: {
+            "rewards/chosen": 0.01 * s, "rewards/rejected": -0.01 * s, "rewards/accuracies": min(1, 0.1 * s),
+            "rewards/margins": 0.02 * s}, {"eval_rewards/accuracies": 0.5, "eval_rewards/margins": 0.05})
         rc, o, err = plot(pref)
         check("preference metrics: plot.py exits 0 and writes rewards.png",
               rc == 0 and "rewards.png" in o and "plotted 10 steps and 2 evaluations" in o, o + err)
         pngs_ok(os.path.join(pref, "plots"), "preference", NAMES + ["rewards"])
 
         # a reward model's metrics (reward_model: TRL's RewardTrainer names accuracy and margin)
-        rm = os.path.join(root, "reward")
-        os.makedirs(rm)
-        with open(os.path.join(rm, "metrics.jsonl"), "w") as f:
-            for s in range(1, 7):
-                f.write(json.dumps({"step": s, "loss": 0.69 - 0.02 * s, "lr": 1e-4, "grad_norm": 1.0, "ms": 10,
-                                    "tokens_per_sec": 500, "device_peak_bytes": 2 ** 20, "host_peak_bytes": 0,
-                                    "disk_peak_bytes": 0, "accuracy": min(1, 0.2 * s), "margin": 0.03 * s,
-                                    "mean_reward": 0.1}) + "\n")
-            f.write(json.dumps({"step": 6, "eval_loss": 0.6, "eval_pairs": 8, "eval_accuracy": 0.5,
-                                "eval_margin": 0.05}) + "\n")
+        rm = write_pref_metrics(root, "reward", 6, lambda s: {"accuracy": min(1, 0.2 * s), "margin": 0.03 * s,
+                                                               "mean_reward": 0.1},
+                                {"eval_accuracy": 0.5, "eval_margin": 0.05}, every=6)
         rc, o, err = plot(rm)
         check("reward model metrics: plot.py exits 0 and writes rewards.png",
               rc == 0 and "rewards.png" in o and "plotted 6 steps and 1 evaluations" in o, o + err)

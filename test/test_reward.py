@@ -33,12 +33,10 @@ Cases:
                 lora_model_dir, another dataset type,
                 process_reward_model, sample_packing; scored rows in a dpo run: one error line.
 """
-import argparse
 import json
 import os
 import shutil
 import sys
-import tempfile
 
 import numpy as np
 import torch
@@ -434,29 +432,15 @@ def case_refusals():
     return errs, "%d refused" % (len(bad) + 2)
 
 
+def begin(args, work):
+    D.begin(args, work)  # test_dpo's helpers read its ARGS and WORK
+
+
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--bin", default=os.path.join(ROOT, "build", "train_llama"))
-    ap.add_argument("--only", default="")
-    ap.add_argument("--keep", action="store_true")
-    args = ap.parse_args()
-    args.bin = os.path.abspath(args.bin)
-    try:
-        import transformers  # noqa: F401
-    except ImportError:
-        print("SKIP reward: transformers not installed (scripts/install_deps.sh)")
-        return
-    D.ARGS, D.WORK = args, tempfile.mkdtemp(prefix="test_reward.")
-    torch.set_num_threads(2)
-    cases = [("rows", case_rows), ("train", case_train), ("lora", case_lora), ("families", case_families), ("causal_base", case_causal_base),
-             ("memory_modes", case_memory_modes), ("ranks", case_ranks), ("refusals", case_refusals)]
-    try:
-        passed, failed = harness.run_cases(cases, args.only, verbose=True, timed=True)
-    finally:
-        if not args.keep:
-            shutil.rmtree(D.WORK, ignore_errors=True)
-    print("%d passed, %d failed" % (passed, failed))
-    sys.exit(1 if failed else 0)
+    cases = [("rows", case_rows), ("train", case_train), ("lora", case_lora), ("families", case_families),
+             ("causal_base", case_causal_base), ("memory_modes", case_memory_modes), ("ranks", case_ranks),
+             ("refusals", case_refusals)]
+    harness.case_main("reward", cases, begin)
 
 
 if __name__ == "__main__":
