@@ -153,7 +153,7 @@ static int load_params(Model *m, const char *where, const StTensor *(*find)(cons
             }
         }
         const StTensor *t = find(src, name);
-        if (!t && sel == SEL_BASE && i == m->tab.lm_head && m->cfg.num_labels) {  // a causal LM's files
+        if (!t && sel == SEL_BASE && (i == m->tab.lm_head || i == m->tab.score_bias) && m->cfg.num_labels) {  // a causal LM's files
             no_score = 1;
             continue;
         }

@@ -236,8 +236,11 @@ static const KeyDef KEYS[] = {
     NUM("reward_model", T_BOOL, reward_model, "false", 0, 1,
         "train a Bradley-Terry reward model (TRL 1.8's RewardTrainer) on datasets: of type "
         "bradley_terry.chat_template: a score head on the last token, saved as ...ForSequenceClassification"),
+    NUM("process_reward_model", T_BOOL, process_reward_model, "false", 0, 1,
+        "train a process reward model (TRL 1.8's PRMTrainer) on datasets: of type stepwise_supervised: a token "
+        "classifier (score.weight and score.bias, 2 labels) at each step's last token, saved as ...ForTokenClassification"),
     NUM("num_labels", T_INT, num_labels, "0", 0, 1 << 20, "reward_model: the score head's outputs (1, the only count "
-        "a reward model has; 0: 1)"),
+        "a reward model has; 0: 1); process_reward_model: 2 (0: 2)"),
     NUM("center_rewards_coefficient", T_FLOAT, center_rewards_coefficient, "0", 0, 1e6,
         "reward_model: adds this times the mean of (chosen + rejected reward)^2 to the loss (TRL's; unset: none)"),
     NUM("precompute_ref_log_probs", T_BOOL, precompute_ref_log_probs, "false", 0, 1,
@@ -876,15 +879,39 @@ static void finish_reward(Config *cfg, const char *src) {
     for (int i = 0; i < 2; i++) {
         const cJSON *o = cfg->yaml_json ? cJSON_GetObjectItemCaseSensitive((const cJSON *)cfg->yaml_json, mk[i]) : NULL;
         const char *v = cJSON_IsString(o) ? o->valuestring : "";
-        if (strstr(v, "ForTokenClassification"))
-            fail("%s: %s: %s: token classifiers (process reward models) are not implemented; reward_model: true "
-                 "trains a sequence classifier", src, mk[i], v);
+        if (strstr(v, "ForTokenClassification") && !cfg->process_reward_model)
+            fail("%s: %s: %s needs process_reward_model: true (the token classifier trained here)", src, mk[i], v);
         if (strstr(v, "ForSequenceClassification") && !cfg->reward_model)
             fail("%s: %s: %s needs reward_model: true (a Bradley-Terry reward model is the sequence classifier "
                  "trained here)", src, mk[i], v);
         if (*v && cfg->reward_model && !strstr(v, "ForSequenceClassification"))
             fail("%s: %s: %s with reward_model: true; a reward model is a sequence classifier "
                  "(AutoModelForSequenceClassification, Axolotl's default for it)", src, mk[i], v);
+        if (*v && cfg->process_reward_model && !strstr(v, "ForTokenClassification"))
+            fail("%s: %s: %s with process_reward_model: true; a process reward model is a token classifier "
+                 "(AutoModelForTokenClassification, Axolotl's default for it)", src, mk[i], v);
+    }
+    if (cfg->process_reward_model) {  // TRL's PRMTrainer: the supervised path with a 2-label token classifier
+        if (cfg->reward_model || cfg->rl[0])
+            fail("%s: process_reward_model and %s are two kinds of training; set one", src,
+                 cfg->reward_model ? "reward_model" : "rl");
+        if (cfg->num_labels && cfg->num_labels != 2)
+            fail("%s: num_labels %d: a process reward model here has 2 (the steps' labels are booleans)", src,
+                 cfg->num_labels);
+        cfg->num_labels = 2;
+        if (cfg->sample_steps) printf("note: sample_steps: a process reward model has no LM head to sample from\n");
+        if (!cfg->datasets_run)
+            fail("%s: process_reward_model reads labelled steps from datasets: (type stepwise_supervised), not "
+                 "train_data shards", src);
+        if (cfg->lora_dropout > 0) printf("note: lora_dropout %g is off: TRL's PRMTrainer disables every dropout\n",
+                                          cfg->lora_dropout);
+        if (cfg->gradient_accumulation_steps > 1)  // transformers 4.57's Trainer with a model whose forward takes **kwargs
+            printf("note: process_reward_model: the loss is the mean over the step's labelled tokens; Hugging Face's "
+                   "Trainer adds each micro-batch's mean instead (its token classifiers' loss ignores "
+                   "num_items_in_batch): about %d times this loss and gradient before clipping\n",
+                   cfg->gradient_accumulation_steps);
+        cfg->lora_dropout = 0;
+        return;
     }
     if (!cfg->reward_model) {
         if (cfg->num_labels)

@@ -77,6 +77,7 @@ typedef struct {
     char dpo_loss_type[256], dpo_loss_weights[256];
     // reward_model (preference.h's "reward": rl holds it after config_finish): TRL's RewardTrainer
     int reward_model, num_labels;
+    int process_reward_model;  // TRL's PRMTrainer: supervised training of a token classifier
     double center_rewards_coefficient;
     int precompute_ref_log_probs;
     // sharding

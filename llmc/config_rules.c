@@ -31,7 +31,7 @@ typedef struct {
 #define NOTE_DATASET_OPT "it tunes how Axolotl loads data; here scripts/prepare_data.py prepares datasets once into a cache, and train_data shards need no preparing"
 #define NOTE_SHARDS_DATA "it applies to datasets:, which this run does not use (train_data shards are already tokenized rows)"
 #define NOTE_WANDB_EVAL "prediction tables and generation metrics are not computed; eval reports val_loss (eval_loss with datasets:)"
-#define REFUSE_RL "of preference and RL training only rl: dpo, ipo, kto, simpo and orpo and reward_model (Bradley-Terry) are implemented (not GRPO or process reward models)"
+#define REFUSE_RL "of preference and RL training only rl: dpo, ipo, kto, simpo and orpo and reward models (reward_model, process_reward_model) are implemented (not GRPO)"
 #define REFUSE_PEFT_VARIANT "only plain LoRA/QLoRA (lora_r, lora_alpha, lora_dropout, lora_target_modules, use_rslora) is implemented"
 
 static const Rule RULES[] = {
@@ -82,7 +82,8 @@ static const Rule RULES[] = {
     {"ddp_*", R_NOTE, NULL, NOTE_DDP}, {"dataloader_*", R_NOTE, NULL, NOTE_LOADER},
     {"special_tokens", R_DATA_NOTE, NULL, "token ids come from the pre-tokenized train_data shards and the vocabulary is not resized"},
     // model and tokenizer loading
-    {"model_type", R_NOTE, "AutoModelForCausalLM|AutoModelForSequenceClassification", NOTE_MODEL_CLASS}, {"base_model_config", R_NOTE, NULL, NOTE_MODEL_CLASS},
+    {"model_type", R_NOTE, "AutoModelForCausalLM|AutoModelForSequenceClassification|AutoModelForTokenClassification",
+     NOTE_MODEL_CLASS}, {"base_model_config", R_NOTE, NULL, NOTE_MODEL_CLASS},
     {"is_*_derived_model", R_NOTE, NULL, NOTE_MODEL_CLASS},
     {"base_model_ignore_patterns", R_NOTE, NULL, "only *.safetensors weights are read"},
     {"trust_remote_code", R_NOTE, NULL, "no model code is loaded; the Llama-family architecture is built in"},
@@ -141,7 +142,6 @@ static const Rule RULES[] = {
     {"dpo_use_liger_kernel", R_NOTE, NULL, NOTE_KERNEL},
     {"max_prompt_len", R_NOTE, NULL, "Axolotl reads it nowhere with TRL 1.8; rows are cut to sequence_len from the start"},
     {"rl_adapter_ref_model", R_NOTE, NULL, "Axolotl's schema drops it; an adapter run's reference is the base model"},
-    {"process_reward_model", R_REFUSE, NULL, REFUSE_RL},
     {"s2_attention", R_REFUSE, NULL, "shifted-sparse attention is not implemented (attention is full causal)"},
     {"image_size", R_REFUSE, NULL, "image training is not implemented"},
     {"image_resize_algorithm", R_REFUSE, NULL, "image training is not implemented"},

@@ -56,17 +56,18 @@ const ModelFamily *family_by_architecture(const char *architecture) {
     return NULL;
 }
 
-// The family's sequence classifier: its causal LM's name with ForSequenceClassification
-// (Gemma 3's text model: Gemma3TextForSequenceClassification, as transformers names it).
-void family_seqcls_name(const ModelFamily *f, char *out, size_t cap) {
+// The family's classifier of a kind ("Sequence" or "Token"): its causal LM's name with
+// ForSequenceClassification / ForTokenClassification (Gemma 3's text model: Gemma3Text...,
+// as transformers names it).
+void family_classifier_name(const ModelFamily *f, const char *kind, char *out, size_t cap) {
     const char *a = f->architecture, *end = strstr(a, "ForCausalLM");
     const int n = end ? (int)(end - a) : (int)strlen(a);
-    snprintf(out, cap, "%.*s%sForSequenceClassification", n, a, !strcmp(f->model_type, "gemma3_text") ? "Text" : "");
+    snprintf(out, cap, "%.*s%sFor%sClassification", n, a, !strcmp(f->model_type, "gemma3_text") ? "Text" : "", kind);
 }
 
-int family_seqcls_architecture(const ModelFamily *f, const char *architecture) {
+int family_classifier_architecture(const ModelFamily *f, const char *kind, const char *architecture) {
     char n[80];
-    family_seqcls_name(f, n, sizeof n);
+    family_classifier_name(f, kind, n, sizeof n);
     return !strcmp(n, architecture);
 }
 

@@ -45,9 +45,10 @@ const ModelFamily *family_find(const char *model_type);
 const ModelFamily *family_of(const ModelConfig *c);
 // The row whose architectures[0] this is, or NULL.
 const ModelFamily *family_by_architecture(const char *architecture);
-// The family's ...ForSequenceClassification name (a reward model's), and whether it is architecture.
-void family_seqcls_name(const ModelFamily *f, char *out, size_t cap);
-int family_seqcls_architecture(const ModelFamily *f, const char *architecture);
+// The family's ...ForSequenceClassification (kind "Sequence": a reward model's) or
+// ...ForTokenClassification ("Token": a process reward model's) name, and whether it is architecture.
+void family_classifier_name(const ModelFamily *f, const char *kind, char *out, size_t cap);
+int family_classifier_architecture(const ModelFamily *f, const char *kind, const char *architecture);
 // "llama, mistral, qwen2, qwen3" and the architectures: for error messages.
 const char *family_list(void);
 const char *family_architectures(void);

@@ -772,6 +772,50 @@ static void head_rows(Model *m, int c0, int r0, int n, int grad, float scale) {
                       (float)m->cfg.final_softcap);
 }
 
+// A token classifier's head (a process reward model) on rows [r0, r0+n), their final norm in
+// m->final_ln: each row's classes score.weight h + score.bias, brought to the host, where every
+// labelled row's cross-entropy goes to m->losses (0 for the rest) and, with grad, its d logits
+// (softmax - onehot) x scale return for the products: d final_ln = dlogits score.weight,
+// score.weight += dlogits^T h, score.bias += the column sums. Also counts the argmax hits.
+static void token_cls_rows(Model *m, int r0, int n, int grad, float scale) {
+    Backend *bk = m->bk;
+    const ParamTable *t = &m->tab;
+    const int C = m->cfg.hidden_size, K = m->cfg.num_labels;
+    float *lg = xmalloc(sizeof(float) * (size_t)n * (K + 1)), *loss = lg + (size_t)n * K;
+    int32_t *tgt = xmalloc(sizeof(int32_t) * (size_t)n);
+    bk->matmul(bk, m->logits, m->final_ln, P(m, t->lm_head), n, K, C, 0, 1, 1.0f, 0.0f);
+    bk->add_bias(bk, m->logits, P(m, t->score_bias), n, K);
+    bk->download_act(bk, lg, m->logits, (size_t)n * K);
+    bk->copy_d2h(bk, tgt, m->targets + r0, sizeof(int32_t) * (size_t)n, NULL);
+    bk->sync(bk);
+    for (int r = 0; r < n; r++) {
+        float *z = lg + (size_t)r * K;
+        loss[r] = 0;
+        if (tgt[r] < 0 || tgt[r] >= K) {  // unlabelled (the rows file holds labels below 2 = K)
+            for (int k = 0; k < K; k++) z[k] = 0;
+            continue;
+        }
+        double mx = z[0], sum = 0;
+        int best = 0;
+        for (int k = 1; k < K; k++)
+            if (z[k] > mx) mx = z[k], best = k;
+        for (int k = 0; k < K; k++) sum += exp(z[k] - mx);
+        loss[r] = (float)(log(sum) + mx - z[tgt[r]]);
+        m->cls_correct += best == tgt[r], m->cls_labelled++;
+        for (int k = 0; k < K; k++) z[k] = (float)((exp(z[k] - mx) / sum - (k == tgt[r])) * scale);
+    }
+    bk->copy_h2d(bk, m->losses + r0, loss, sizeof(float) * (size_t)n, NULL);
+    if (grad) {
+        bk->upload_act(bk, m->logits, lg, (size_t)n * K);
+        bk->matmul(bk, act_at(bk, m->d_ln, (size_t)r0 * C), m->logits, P(m, t->lm_head), n, C, K, 0, 0, 1.0f, 0.0f);
+        if (G(m, t->lm_head)) bk->matmul_dw(bk, G(m, t->lm_head), m->logits, m->final_ln, K, C, n, 1, 0, 1.0f);
+        if (G(m, t->score_bias)) bk->bias_grad(bk, G(m, t->score_bias), m->logits, n, K);
+    }
+    bk->sync(bk);  // lg and loss are freed below; copies may be asynchronous
+    free(lg);
+    free(tgt);
+}
+
 // From d_ln (dLoss/d final norm output) down through the final norm, the layers and the
 // embedding into the gradients.
 static void backward_from_head(Model *m, int B, int T, void *res) {
@@ -804,7 +848,8 @@ double model_forward_backward(Model *m, int B, int T, float loss_scale) {
     for (int r0 = 0; r0 < N; r0 += R) {
         const int n = N - r0 < R ? N - r0 : R;
         final_norm_chunk(m, res, N, r0, n);
-        head_rows(m, r0, r0, n, train, loss_scale);
+        if (m->cfg.token_cls) token_cls_rows(m, r0, n, train, loss_scale);
+        else head_rows(m, r0, r0, n, train, loss_scale);
     }
     double loss = m->bk->sum_f32(m->bk, m->losses, N);
     if (train) backward_from_head(m, B, T, res);

@@ -383,15 +383,17 @@ static void read_root(const char *path, const cJSON *root, ModelConfig *c) {
             if (!cJSON_IsString(a)) fail("%s: key 'architectures' must be a list of strings", path);
             // transformers' AutoModelForCausalLM goes by model_type; an entry naming another
             // family's causal LM is tolerated, anything else (a classifier head) is not.
-            if (family_seqcls_architecture(fam, a->valuestring)) {  // a reward model's checkpoint
+            const int tok = family_classifier_architecture(fam, "Token", a->valuestring);
+            if (tok || family_classifier_architecture(fam, "Sequence", a->valuestring)) {  // a reward model's files
                 const cJSON *ids = get(root, "id2label");
+                c->token_cls = tok;
                 c->num_labels = cJSON_IsObject(ids) ? cJSON_GetArraySize(ids) : 2;  // PretrainedConfig's default 2
                 if (c->num_labels < 1) fail("%s: 'id2label' is empty; a sequence classifier has labels", path);
                 continue;
             }
             if (!family_by_architecture(a->valuestring))
                 fail("%s: architecture '%s' is not supported (supported: %s, and their ForSequenceClassification "
-                     "for reward_model)", path, a->valuestring, family_architectures());
+                     "and ForTokenClassification for reward models)", path, a->valuestring, family_architectures());
         }
     }
 
@@ -685,7 +687,7 @@ static cJSON *config_json(const ModelConfig *c) {
 #define ADD(x) built &= (x) != 0
     cJSON *archs = cJSON_AddArrayToObject(o, "architectures");
     char seqcls[80];
-    if (c->num_labels) family_seqcls_name(fam, seqcls, sizeof seqcls), arch = seqcls;
+    if (c->num_labels) family_classifier_name(fam, c->token_cls ? "Token" : "Sequence", seqcls, sizeof seqcls), arch = seqcls;
     ADD(archs && cJSON_AddItemToArray(archs, cJSON_CreateString(arch)));
     if (c->num_labels) {  // transformers' id2label / label2id for num_labels outputs: LABEL_i
         cJSON *i2l = cJSON_AddObjectToObject(o, "id2label"), *l2i = cJSON_AddObjectToObject(o, "label2id");

@@ -64,8 +64,8 @@ void model_size(const ModelConfig *c, int64_t I, int64_t Vp, const LoraConfig *l
         // The embedding, the final norm and the head: the LM head untied, or a classifier's score
         // head (num_labels rows, never tied), or none (tied).
         const int64_t head = c->num_labels ? c->num_labels : c->tie_word_embeddings ? 0 : V;
-        outside = count_add(count_mul(count_of(V + head), count_of(C)), count_of(C));
-        tensors = count_of(head ? 3 : 2);
+        outside = count_add(count_mul(count_of(V + head), count_of(C)), count_of(C + (c->token_cls ? c->num_labels : 0)));
+        tensors = count_of((head ? 3 : 2) + (c->token_cls != 0));
     }
     // Adapters of one layer whose LORA_* mask is m: parameters, and tensors in *nt.
     // (A fused module, GPT-2's c_attn or Phi-3's qkv_proj / gate_up_proj: one A over its input
@@ -108,7 +108,8 @@ void model_size(const ModelConfig *c, int64_t I, int64_t Vp, const LoraConfig *l
         const Count VC = count_mul(count_of(c->arch == ARCH_GPT2 ? Vp : c->vocab_size), count_of(C));
         s->trainable = adapters;
         if (lora->save_embed) s->trainable = count_add(s->trainable, VC);
-        if (lora->save_head && c->num_labels) s->trainable = count_add(s->trainable, count_of((int64_t)c->num_labels * C));
+        if (lora->save_head && c->num_labels)  // score.weight (and a token classifier's score.bias)
+            s->trainable = count_add(s->trainable, count_of((int64_t)c->num_labels * (C + (c->token_cls != 0))));
         else if (lora->save_head && !c->tie_word_embeddings) s->trainable = count_add(s->trainable, VC);
     }
     s->tensors = count_add(count_add(tensors, count_mul(L, count_of(layer_tensors))), ltens);
@@ -130,7 +131,7 @@ int model_config_same_shape(const ModelConfig *a, const ModelConfig *b) {
            a->intermediate_size == b->intermediate_size && a->num_hidden_layers == b->num_hidden_layers &&
            a->num_attention_heads == b->num_attention_heads && a->num_key_value_heads == b->num_key_value_heads &&
            a->head_dim == b->head_dim && a->tie_word_embeddings == b->tie_word_embeddings &&
-           a->attention_bias == b->attention_bias && a->num_labels == b->num_labels;
+           a->attention_bias == b->attention_bias && a->num_labels == b->num_labels && a->token_cls == b->token_cls;
 }
 
 void model_config_validate(const ModelConfig *c, const char *src) {
@@ -321,7 +322,7 @@ void param_table_build(ParamTable *t, const ModelConfig *c, const LoraConfig *lo
     // attention_bias biases q, k and v; o_proj too unless the family says never (Qwen2).
     const ModelFamily *fam = family_of(c);
     const int o_bias = c->attention_bias && fam->o_bias != BIAS_NEVER;
-    t->pos_embed = t->final_norm_bias = -1;
+    t->pos_embed = t->final_norm_bias = t->score_bias = -1;
     t->layer_param = xmalloc(sizeof(int) * L * P_PER_LAYER);
     if (c->arch == ARCH_GPT2) {
         build_gpt2_table(t, c, &off);
@@ -365,6 +366,7 @@ void param_table_build(ParamTable *t, const ModelConfig *c, const LoraConfig *lo
     t->lm_head = c->num_labels             ? add_param(t, "score.weight", c->num_labels, C, -1, 1, &off)
                  : c->tie_word_embeddings ? t->embed
                                           : add_param(t, "lm_head.weight", V, C, -1, 1, &off);
+    if (c->token_cls) t->score_bias = add_param(t, "score.bias", c->num_labels, 0, -1, 0, &off);
     }
     // Adapters come last, so the base keeps the layout of a full fine-tuning run. They are named
     // as PEFT names them on the Hugging Face model (GPT-2: GPT2LMHeadModel's Conv1D modules).
@@ -410,10 +412,10 @@ void param_table_build(ParamTable *t, const ModelConfig *c, const LoraConfig *lo
         hf_param_name(c, p->name, hf, sizeof hf);
         p->trainable = r == 0 ? !some || unfrozen_match(&uf, hf)
                               : strstr(p->name, ".lora_") != NULL || (i == t->embed && t->lora.save_embed) ||
-                                    (i == t->lm_head && i != t->embed && t->lora.save_head);
+                                    ((i == t->lm_head || i == t->score_bias) && i != t->embed && t->lora.save_head);
         if (some && p->trainable) freeze_rows(p, c, &uf, hf);
         p->unit = p->layer >= 0 ? t->nl_units + p->layer
-                                : t->nl_units == 2 && (i == t->final_norm || i == t->lm_head) ? 1 : 0;
+                                : t->nl_units == 2 && (i == t->final_norm || i == t->lm_head || i == t->score_bias) ? 1 : 0;
         if (p->trainable) t->units[p->unit + 1] += p->numel;  // shifted: the prefix sum below
     }
     if (some) unfrozen_free(&uf);
@@ -891,7 +893,10 @@ void model_alloc_acts(Model *m, int B, int T, const MemPolicy *pol) {
     m->d_v = bk->dev_alloc(bk, N * KD * A, "backward scratch");
     m->d_ff1 = bk->dev_alloc(bk, tile * I * A, "backward scratch (MLP)");
     m->d_ff2 = bk->dev_alloc(bk, tile * I * A, "backward scratch (MLP)");
-    m->logits = bk->dev_alloc(bk, (size_t)c->vocab_size * A, "sampling logits");
+    // Sampling's logits; a token classifier's head holds a chunk's classes there (tile x num_labels).
+    const size_t ncls = tile * (size_t)c->num_labels;
+    const size_t nlog = c->token_cls && ncls > (size_t)c->vocab_size ? ncls : (size_t)c->vocab_size;
+    m->logits = bk->dev_alloc(bk, nlog * A, "sampling logits");
     if (c->arch == ARCH_LLAMA && c->pad_token_id >= 0) m->pad_row = bk->dev_alloc(bk, C * sizeof(float), "padding_idx row");
     if (c->arch == ARCH_LLAMA && family_of(c)->qk_norm) {
         const size_t H = (size_t)c->num_attention_heads + c->num_key_value_heads;
@@ -1289,8 +1294,9 @@ void model_init_random(Model *m, uint64_t seed) {
 
 void model_init_param(Model *m, int i, uint64_t seed) {
     const ParamSpec *p = &m->tab.specs[i];
-    float *w = xmalloc(sizeof(float) * p->numel);
-    init_normal(w, p->numel, p->numel, m->cfg.initializer_range > 0 ? m->cfg.initializer_range : 0.02f, seed, p->name);
+    float *w = xcalloc(p->numel, sizeof(float));  // a bias: zeros (transformers' _init_weights)
+    if (p->ndim > 1)
+        init_normal(w, p->numel, p->numel, m->cfg.initializer_range > 0 ? m->cfg.initializer_range : 0.02f, seed, p->name);
     model_set_param(m, i, w);
     free(w);
 }

@@ -95,6 +95,9 @@ typedef struct {
     // ...ForSequenceClassification); 0: a causal LM. hf.c reads it from a classifier's config.json
     // (its id2label), the run sets it for reward_model.
     int num_labels;
+    // A token classifier (a process reward model: ...ForTokenClassification): score.weight and
+    // score.bias [num_labels] give every position's classes (cross-entropy on the labelled ones).
+    int token_cls;
     int multimodal;
 } ModelConfig;
 
@@ -192,6 +195,7 @@ typedef struct {
     float lora_scale;
     int embed, final_norm, lm_head;      // indices into specs (lm_head == embed when tied)
     int pos_embed, final_norm_bias;      // GPT-2 only (-1 otherwise)
+    int score_bias;                      // a token classifier's score.bias (-1 otherwise)
     int *layer_param;                    // [L * P_PER_LAYER] spec index, -1 if absent (biases)
 } ParamTable;
 
@@ -379,7 +383,8 @@ typedef struct {
     // Backward scratch.
     void *d_res, *d_ln, *d_att, *d_q, *d_k, *d_v, *d_ff1, *d_ff2;  // d_ff*: one MLP tile
     float *dkv_f32;               // [2][N, Hkv D] dK/dV sums across attention tiles (bf16 only)
-    void *logits;                 // [V] for sampling
+    void *logits;                 // [V] for sampling; a token classifier's [tile, num_labels]
+    long long cls_correct, cls_labelled;  // a token classifier's argmax hits and labelled rows (callers reset)
     void *pad_row;                // [C]: the padding_idx row of the embedding gradient, kept
                                   // across the lookup's backward (NULL: no pad_token_id)
     // Gemma 3 multimodal base (cfg.multimodal): the directory its weights first came from (its

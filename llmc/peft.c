@@ -408,7 +408,7 @@ static void refuse_unsupported(const char *path, const cJSON *o, const ModelConf
 
 const char *peft_module_to_save(LoraConfig *lc, const ModelConfig *c, const char *name) {
     if (c->arch == ARCH_GPT2) return "training GPT-2's embeddings beside the adapters is not implemented";
-    if (c->num_labels) {  // a sequence classifier: its head is score (PEFT's SEQ_CLS adds classifier and score)
+    if (c->num_labels) {  // a classifier: its head is score (PEFT's SEQ_CLS and TOKEN_CLS add classifier and score)
         if (!strcmp(name, "score")) lc->save_head = 1;
         else if (!strcmp(name, "lm_head")) return "a reward model has no lm_head (its head, score, trains anyway)";
         else if (strcmp(name, "classifier") && strcmp(name, "embed_tokens")) return "not supported (embed_tokens is)";
@@ -500,7 +500,7 @@ cJSON *peft_adapter_config(const LoraConfig *lc, const ModelConfig *c, const cha
     int ok = 1;
 #define ADD(x) ok &= (x) != 0
     ADD(cJSON_AddStringToObject(o, "peft_type", "LORA"));
-    ADD(cJSON_AddStringToObject(o, "task_type", c->num_labels ? "SEQ_CLS" : "CAUSAL_LM"));
+    ADD(cJSON_AddStringToObject(o, "task_type", c->token_cls ? "TOKEN_CLS" : c->num_labels ? "SEQ_CLS" : "CAUSAL_LM"));
     ADD(cJSON_AddStringToObject(o, "base_model_name_or_path", base_model ? base_model : ""));
     ADD(cJSON_AddNullToObject(o, "revision"));
     ADD(cJSON_AddBoolToObject(o, "inference_mode", 1));

@@ -76,7 +76,14 @@ static int check_row(const RowLoader *rl, size_t r, const int32_t *tok, const in
                  "model's row marks its score position)", rl->path, r, t, tgt[t], tok[t]);
         (*ntargets)++;
     }
-    for (int t = 0; t < T && !rl->scored; t++) {
+    for (int t = 0; t < T && rl->labels; t++) {
+        if (tgt[t] < 0) continue;
+        if (tgt[t] > 1 || ds[t] != 0)
+            fail("%s: row %zu, position %d: label %d (a token classifier's rows hold 0 or 1 in the row's one "
+                 "sequence)", rl->path, r, t, tgt[t]);
+        (*ntargets)++;
+    }
+    for (int t = 0; t < T && !rl->scored && !rl->labels; t++) {
         if (tgt[t] < 0) continue;
         if (t + 1 >= T || ds[t + 1] != ds[t])
             fail("%s: row %zu, position %d: target %d at the last token of a document (targets never cross "
@@ -124,8 +131,11 @@ void rows_open(RowLoader *rl, const char *path, int B, int accum, int T, int voc
         fail("%s: rows of %d tokens, but sequence_len is %d (prepare the data again for this sequence_len)",
              path, h[2], T);
     if (h[3] <= 0) fail("%s: %s file has %d rows (at least one is needed)", path, what, h[3]);
-    if (h[4] & ~(ROWS_FLAG_PACKED | ROWS_FLAG_PAIRED | ROWS_FLAG_SCORED))
+    if (h[4] & ~(ROWS_FLAG_PACKED | ROWS_FLAG_PAIRED | ROWS_FLAG_SCORED | ROWS_FLAG_LABELS))
         fail("%s: unknown flags 0x%x in the header", path, (unsigned)h[4]);
+    if ((h[4] & ROWS_FLAG_LABELS) && h[4] != ROWS_FLAG_LABELS)
+        fail("%s: the header says token labels with other flags 0x%x (a token classifier's rows are neither packed "
+             "nor pairs)", path, (unsigned)h[4]);
     if ((h[4] & ROWS_FLAG_SCORED) && !(h[4] & ROWS_FLAG_PAIRED))
         fail("%s: the header says scored rows but not pairs (a reward model's rows are pairs)", path);
     if ((h[4] & ROWS_FLAG_PACKED) && (h[4] & ROWS_FLAG_PAIRED))
@@ -140,6 +150,7 @@ void rows_open(RowLoader *rl, const char *path, int B, int accum, int T, int voc
     rl->T = T, rl->vocab = vocab, rl->nrows = (size_t)h[3], rl->packed = h[4] & ROWS_FLAG_PACKED;
     rl->unit = h[4] & ROWS_FLAG_PAIRED ? 2 : 1;
     rl->scored = (h[4] & ROWS_FLAG_SCORED) != 0;
+    rl->labels = (h[4] & ROWS_FLAG_LABELS) != 0;
     rl->nunits = rl->nrows / (size_t)rl->unit;
     rl->max_id1 = h[5], rl->ndocs = (uint64_t)h[6];
     rl->ntargets = (uint64_t)(uint32_t)h[7] | (uint64_t)(uint32_t)h[8] << 32;

@@ -35,6 +35,9 @@
 // A reward model's rows (with PAIRED): each row's one target is the token at the position where
 // the score is read (the last non-pad token), not the next token.
 #define ROWS_FLAG_SCORED 4
+// A token classifier's rows (a process reward model's): a target is the class (0 or 1) of the
+// token at its own position, not the next token.
+#define ROWS_FLAG_LABELS 8
 
 typedef struct {
     char *path;
@@ -44,6 +47,7 @@ typedef struct {
     size_t nrows;
     int unit;                  // rows served together: 1, or 2 for preference pairs (chosen, rejected)
     int scored;                // ROWS_FLAG_SCORED: one target a row, where a reward model reads its score
+    int labels;                // ROWS_FLAG_LABELS: targets are token classes (0 or 1) at their positions
     size_t nunits;             // nrows / unit
     uint64_t ndocs, ntargets;  // from the header, checked against the rows at open
     int max_id1;               // header [5]

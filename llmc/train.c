@@ -582,9 +582,20 @@ int train_main(int argc, char **argv, int arch) {
     ModelConfig mc = cfg.model;
     if (cfg.base_model[0] && arch == ARCH_GPT2) gpt2_read_config(cfg.base_model, &mc);
     else if (cfg.base_model[0]) load_base_config(&cfg, 1, &mc);
-    if (mc.num_labels && !cfg.reward_model)
-        fail("%s: a sequence classifier (%s, %d labels): reward_model: true trains it (a causal LM run would "
-             "drop its score head)", cfg.base_model, mc.model_type, mc.num_labels);
+    if (mc.num_labels && !cfg.reward_model && !cfg.process_reward_model)
+        fail("%s: a %s classifier (%s, %d labels): %s: true trains it (a causal LM run would drop its score head)",
+             cfg.base_model, mc.token_cls ? "token" : "sequence", mc.model_type, mc.num_labels,
+             mc.token_cls ? "process_reward_model" : "reward_model");
+    if (mc.num_labels && mc.token_cls != cfg.process_reward_model)
+        fail("%s: a %s classifier, and %s trains a %s classifier", cfg.base_model, mc.token_cls ? "token" : "sequence",
+             cfg.reward_model ? "reward_model" : "process_reward_model", mc.token_cls ? "sequence" : "token");
+    if (cfg.process_reward_model) {
+        if (mc.num_labels && mc.num_labels != 2)
+            fail("%s: a token classifier with %d labels; a process reward model here has 2", cfg.base_model,
+                 mc.num_labels);
+        if (mc.multimodal) fail("%s: process_reward_model on a Gemma 3 multimodal model is not supported", cfg.base_model);
+        mc.num_labels = 2, mc.token_cls = 1;
+    }
     if (cfg.reward_model) {
         if (mc.num_labels > 1)
             fail("%s: a classifier with %d labels; a reward model has 1 (TRL's RewardTrainer)", cfg.base_model,
@@ -719,10 +730,12 @@ int train_main(int argc, char **argv, int arch) {
     } else if (cfg.base_model[0] && arch == ARCH_GPT2) gpt2_load(&model, cfg.base_model);
     else if (cfg.base_model[0]) {
         if (load_hf_weights(&model, cfg.base_model)) {
-            printf("note: %s is a causal LM: the reward model's score.weight [1, %d] starts from N(0, %g) (as "
+            printf("note: %s is a causal LM: the reward model's score.weight [%d, %d] starts from N(0, %g)%s (as "
                    "transformers initializes a head the checkpoint lacks); lm_head is not used\n", cfg.base_model,
-                   mc.hidden_size, mc.initializer_range > 0 ? mc.initializer_range : 0.02);
+                   mc.num_labels, mc.hidden_size, mc.initializer_range > 0 ? mc.initializer_range : 0.02,
+                   mc.token_cls ? " and score.bias from 0" : "");
             model_init_param(&model, model.tab.lm_head, (uint64_t)cfg.seed);
+            if (model.tab.score_bias >= 0) model_init_param(&model, model.tab.score_bias, (uint64_t)cfg.seed);
         }
     } else model_init_random(&model, (uint64_t)cfg.seed);
     if (lora.r && cfg.lora_model_dir[0]) load_adapter(&model, cfg.lora_model_dir);
@@ -761,6 +774,10 @@ int train_main(int argc, char **argv, int arch) {
         if (rtrain.unit != unit)
             fail("%s: %s, but the run %s (prepare the data again)", p, rtrain.unit == 2 ? "preference pairs" : "rows of "
                  "samples, not preference pairs", cfg.rl[0] ? "has rl set" : "has no rl");
+        if (rtrain.labels != cfg.process_reward_model)
+            fail("%s: %s, but the run %s (prepare the data again)", p, rtrain.labels ? "a token classifier's labelled rows" :
+                 "rows without token labels", cfg.process_reward_model ? "trains a process reward model" :
+                 "is no process_reward_model run");
         if (rtrain.scored != cfg.reward_model)
             fail("%s: %s, but the run %s (prepare the data again)", p, rtrain.scored ? "a reward model's rows" :
                  "preference pairs without score positions", cfg.reward_model ? "trains a reward model" :
@@ -769,7 +786,7 @@ int train_main(int argc, char **argv, int arch) {
         snprintf(p, sizeof p, "%s/eval.bin", cfg.prepared_dir);
         have_val = cfg.has_eval_rows = path_exists(p);
         if (have_val) rows_open(&rval, p, split0.dp * B / unit, 1, T, mc.vocab_size, 0, 0, "eval rows");
-        if (have_val && (rval.unit != unit || rval.scored != rtrain.scored))
+        if (have_val && (rval.unit != unit || rval.scored != rtrain.scored || rval.labels != rtrain.labels))
             fail("%s: paired and unpaired rows mixed (prepare the data again)", p);
         if (arch == ARCH_GPT2 && (rtrain.packed || (have_val && rval.packed)))
             fail("sample_packing needs rotary positions that restart per document; GPT-2 has learned positions: "
@@ -1069,11 +1086,21 @@ int train_main(int argc, char **argv, int arch) {
             } else if (prepared) {
                 double hf;
                 long long ntg;
+                model.cls_correct = model.cls_labelled = 0;
                 vl = evaluate_rows(&model, &rval, tok, tgt, dst, &split, &hf, &ntg);
-                printf("step %5d/%d | eval_loss %.6f | eval_tokens %lld | eval_loss_hf %.6f\n", ls.step,
-                       cfg.max_steps, vl, ntg, hf);
-                metrics_line(&metrics, "\"step\": %d, \"eval_loss\": %s, \"eval_tokens\": %lld, \"eval_loss_hf\": %s",
-                             ls.step, metrics_num(nl, sizeof nl, vl), ntg, metrics_num(nn, sizeof nn, hf));
+                // A token classifier's accuracy over the labelled tokens (TRL's PRMTrainer's metric)
+                double hits[2] = {(double)model.cls_correct, (double)model.cls_labelled};
+                comm->all_reduce_sum_f64(comm, hits, 2);
+                char acc[64] = "", acck[64] = "", na[32];
+                if (mc.token_cls) {
+                    snprintf(acc, sizeof acc, " | eval_accuracy %.4f", hits[1] ? hits[0] / hits[1] : NAN);
+                    snprintf(acck, sizeof acck, ", \"eval_accuracy\": %s",
+                             metrics_num(na, sizeof na, hits[1] ? hits[0] / hits[1] : NAN));
+                }
+                printf("step %5d/%d | eval_loss %.6f | eval_tokens %lld | eval_loss_hf %.6f%s\n", ls.step,
+                       cfg.max_steps, vl, ntg, hf, acc);
+                metrics_line(&metrics, "\"step\": %d, \"eval_loss\": %s, \"eval_tokens\": %lld, \"eval_loss_hf\": %s%s",
+                             ls.step, metrics_num(nl, sizeof nl, vl), ntg, metrics_num(nn, sizeof nn, hf), acck);
             } else {
                 vl = evaluate(&model, &val, val_batches, tok, tgt, &split);
                 printf("step %5d/%d | val_loss %.6f\n", ls.step, cfg.max_steps, vl);

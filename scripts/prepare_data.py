@@ -24,7 +24,7 @@ from array import array
 
 FORMAT_VERSION = 3  # 2: Axolotl's order (shuffle, length filter, dedup, dataset_shard, split); 3: the run's tokenizer in tokenizer/
 MAGIC, ROWS_VERSION, HEADER_INTS = 20241124, 1, 256
-ROWS_FLAG_PACKED, ROWS_FLAG_PAIRED, ROWS_FLAG_SCORED = 1, 2, 4
+ROWS_FLAG_PACKED, ROWS_FLAG_PAIRED, ROWS_FLAG_SCORED, ROWS_FLAG_LABELS = 1, 2, 4, 8
 IGNORE = -100
 
 # The config keys that decide the prepared rows (all of them go into the cache key).
@@ -749,8 +749,49 @@ def chat_template_of(spec, tok, cfg, ds):
 NOTED_TEMPLATES = set()  # (template, tokenizer) pairs whose missing marker tokens were noted
 
 
+class StepwiseSupervised:
+    """process_reward_model's stepwise_supervised (Axolotl's, after TRL's PRMTrainer): prompt,
+    completions (the steps) and labels (one per step); each step tokenized without special tokens
+    with step_separator's tokens after it, labelled at its last token (train_on_last_step_only:
+    the last step only); the steps cut to max_completion_length, the BOS (when the tokenizer has
+    one) and the prompt before them, all cut to sequence_len. Labels are aligned with the tokens
+    (the class of that token), not next-token targets."""
+
+    def __init__(self, tok, cfg, ds, style=None):
+        self.tok, self.T = tok, cfg["sequence_len"]
+        sep = ds.get("step_separator", "\n")
+        if not isinstance(sep, str):
+            raise DataError("step_separator: expected a string")
+        self.sep = tok.encode(sep, special=False)
+        self.max_completion = ds.get("max_completion_length")
+        if self.max_completion is not None and (not isinstance(self.max_completion, int) or self.max_completion < 1):
+            raise DataError("max_completion_length: expected a positive integer or null")
+        self.last_only = bool(ds.get("train_on_last_step_only", False))
+
+    def __call__(self, rec, loc):
+        prompt, steps, labels = field(rec, "prompt", loc), rec.get("completions"), rec.get("labels")
+        if not isinstance(steps, list) or not all(isinstance(x, str) for x in steps):
+            raise DataError("%s: completions: expected a list of strings (the steps)" % loc)
+        if not isinstance(labels, list) or len(labels) != len(steps) or \
+                not all(isinstance(x, bool) or x in (0, 1) for x in labels):
+            raise DataError("%s: labels: expected a list of %d booleans (or 0/1), one per step" % (loc, len(steps)))
+        labels = [int(x) for x in labels]
+        if self.last_only:
+            labels = [IGNORE] * (len(labels) - 1) + labels[-1:]
+        ids, lab = [], []
+        for text, label in zip(steps, labels):
+            s = self.tok.encode(text, special=False) + self.sep
+            ids += s
+            lab += [IGNORE] * (len(s) - 1) + [label]
+        if self.max_completion:
+            ids, lab = ids[:self.max_completion], lab[:self.max_completion]
+        p = ([self.tok.bos] if self.tok.bos is not None else []) + self.tok.encode(prompt, special=False)
+        return [((p + ids)[:self.T], ([IGNORE] * len(p) + lab)[:self.T])]
+
+
 STRATEGIES = {"alpaca": Alpaca, "completion": Completion, "input_output": InputOutput,
-              "chat_template": ChatTemplate}
+              "chat_template": ChatTemplate, "stepwise_supervised": StepwiseSupervised}
+STEPWISE_DS_KEYS = {"step_separator", "max_completion_length", "train_on_last_step_only"}
 
 
 def strategy_of(spec, tok, cfg, ds, key):
@@ -761,16 +802,28 @@ def strategy_of(spec, tok, cfg, ds, key):
     if not isinstance(t, str) or not t:
         raise DataError("%s.type: missing (alpaca, completion, input_output, chat_template)" % where_cfg(spec, key))
     base, _, style = t.partition(":")
+    if (base == "stepwise_supervised") != bool(cfg.get("process_reward_model")):
+        raise DataError("%s.type: %s" % (where_cfg(spec, key), "a process reward model reads stepwise_supervised "
+                                         "datasets (prompt, completions, labels), not '%s'" % t
+                                         if cfg.get("process_reward_model") else
+                                         "stepwise_supervised labels steps for process_reward_model: true"))
     if base not in STRATEGIES or (style and (base != "alpaca" or style not in ALPACA_STYLES)):
         raise DataError("%s.type: '%s' is not supported here (alpaca, alpaca:chat, alpaca:chatml, alpaca:phi, completion, "
-                        "input_output, chat_template)" % (where_cfg(spec, key), t))
-    allowed = COMMON_DS_KEYS | (CHAT_DS_KEYS if base == "chat_template" else set())
+                        "input_output, chat_template; stepwise_supervised with process_reward_model)"
+                        % (where_cfg(spec, key), t))
+    allowed = COMMON_DS_KEYS | (CHAT_DS_KEYS if base == "chat_template" else set()) | \
+        (STEPWISE_DS_KEYS if base == "stepwise_supervised" else set())
     for k in ds:
         if k not in allowed:
             raise DataError("%s.%s: not supported for type %s (supported: %s)" % (
                 where_cfg(spec, key), k, base, ", ".join(sorted(allowed))))
     if base == "chat_template":
         return ChatTemplate(tok, cfg, ds, spec=spec)
+    if base == "stepwise_supervised":
+        try:
+            return StepwiseSupervised(tok, cfg, ds)
+        except DataError as e:
+            raise DataError("%s.%s" % (where_cfg(spec, key), e))
     if ds.get("field") is not None and base != "completion":
         raise DataError("%s.field: only type completion reads a field" % where_cfg(spec, key))
     return STRATEGIES[base](tok, cfg, ds, style or "instruct")
@@ -973,11 +1026,12 @@ def pack(lengths, T, sequential=False, bin_size=200, group_size=100000):
     return rows, nrows
 
 
-def write_rows(path, samples, T, packed, pad, packer=None, flags=0, marks=None):
+def write_rows(path, samples, T, packed, pad, packer=None, flags=0, marks=None, aligned=False):
     """The row file of the contract; returns (rows, target tokens, max id + 1). packer: pack()'s
     keyword arguments; flags: more header flags (ROWS_FLAG_PAIRED); marks (unpacked rows only): a
     position per sample whose target is set to the token there, instead of the labels' targets
-    (a reward model's rows: where its score is read)."""
+    (a reward model's rows: where its score is read); aligned: the labels are the targets of
+    their own positions (a token classifier's classes), not the next token's."""
     if packed:
         where, nrows = pack([len(s[0]) for s in samples], T, **(packer or {}))
         members = [[] for _ in range(nrows)]
@@ -998,7 +1052,10 @@ def write_rows(path, samples, T, packed, pad, packer=None, flags=0, marks=None):
                 for j in range(L):
                     tok[t + j] = ids[j]
                     ds[t + j] = t
-                    if marks is None and j + 1 < L and labels[j + 1] != IGNORE:
+                    if aligned and labels[j] != IGNORE:
+                        tgt[t + j] = labels[j]
+                        ntgt += 1
+                    elif not aligned and marks is None and j + 1 < L and labels[j + 1] != IGNORE:
                         tgt[t + j] = ids[j + 1]
                         ntgt += 1
                 if marks is not None:
@@ -1182,10 +1239,17 @@ def prepare(spec, out_dir, h):
     eval_packed = bool(cfg.get("eval_sample_packing", packed)) if evals else False
     os.makedirs(out_dir, exist_ok=True)
     save_tokenizer(spec, tok, cfg, out_dir)
-    tr_rows, tr_tgt, _ = write_rows(os.path.join(out_dir, "train.bin"), train, T, packed, tok.pad, packer)
+    prm = bool(cfg.get("process_reward_model"))  # token labels: each at its own position
+    if prm and (packed or eval_packed):
+        raise DataError("%s: sample_packing with process_reward_model is not supported here: each row is one "
+                        "labelled sequence" % where_cfg(spec, "sample_packing"))
+    flags = ROWS_FLAG_LABELS if prm else 0
+    tr_rows, tr_tgt, _ = write_rows(os.path.join(out_dir, "train.bin"), train, T, packed, tok.pad, packer,
+                                    flags=flags, aligned=prm)
     ev_rows = ev_tgt = 0
     if evals:
-        ev_rows, ev_tgt, _ = write_rows(os.path.join(out_dir, "eval.bin"), evals, T, eval_packed, tok.pad, packer)
+        ev_rows, ev_tgt, _ = write_rows(os.path.join(out_dir, "eval.bin"), evals, T, eval_packed, tok.pad, packer,
+                                        flags=flags, aligned=prm)
     meta = {"format_version": FORMAT_VERSION, "hash": h, "train_rows": tr_rows, "eval_rows": ev_rows,
             "train_samples": len(train), "eval_samples": len(evals), "train_target_tokens": tr_tgt,
             "eval_target_tokens": ev_tgt, "dropped_long": dropped + edrop, "duplicates_removed": dups,

@@ -230,11 +230,18 @@ def param_shapes(cfg):
         s[p + "mlp.up_proj.weight"] = (I, C)
         s[p + "mlp.down_proj.weight"] = (C, I)
     s["model.norm.weight"] = (C,)
-    if seqcls(cfg):  # ...ForSequenceClassification: score.weight in lm_head's place
+    if seqcls(cfg) or tokcls(cfg):  # ...ForSequenceClassification / ForTokenClassification: score in lm_head's place
         s["score.weight"] = (len(cfg.get("id2label") or {0: 0, 1: 1}), C)
+        if tokcls(cfg):  # transformers' GenericForTokenClassification: nn.Linear with its bias
+            s["score.bias"] = (s["score.weight"][0],)
     elif not tied(cfg):
         s["lm_head.weight"] = (V, C)
     return s
+
+
+def tokcls(cfg):
+    """A token classifier's config (a process reward model): architectures ...ForTokenClassification."""
+    return any(a.endswith("ForTokenClassification") for a in cfg.get("architectures") or [])
 
 
 def seqcls(cfg):
@@ -1036,6 +1043,8 @@ class RefLlama(torch.nn.Module):
         x = self.rmsnorm(x, self.p("model.norm.weight"))
         if seqcls(self.cfg):  # GenericForSequenceClassification: score(h) at every position, no capping
             return F.linear(x, self.p("score.weight"))
+        if tokcls(self.cfg):  # GenericForTokenClassification: score(h) + bias at every position (dropout off)
+            return F.linear(x, self.p("score.weight"), self.p("score.bias"))
         head = self.p("model.embed_tokens.weight" if self.tied else "lm_head.weight")
         logits = F.linear(x, head)
         if self.final_cap:  # Gemma2ForCausalLM's final_logit_softcapping

@@ -1,6 +1,7 @@
 #!/usr/bin/python3
-"""Reward models (reward_model: true; llmc/preference.h's "reward") against a float64 PyTorch reference
-written from TRL 1.8's RewardTrainer and transformers' ...ForSequenceClassification (test/llama_ref.py's
+"""Reward models (reward_model: true; llmc/preference.h's "reward") and process reward models
+(process_reward_model: true) against a float64 PyTorch reference written from TRL 1.8's RewardTrainer and
+PRMTrainer and transformers' ...ForSequenceClassification / ...ForTokenClassification (test/llama_ref.py's
 model with its score head).
 
     /usr/bin/python3 test/test_reward.py --bin build/train_llama [--only CASE]
@@ -28,9 +29,20 @@ Cases:
   ranks         mpirun -np 2 data parallel (one pair a rank; plain and ZeRO-3, whose head unit holds
                 score.weight), and sequence parallel (each row's score position in one rank's half):
                 one process's losses and margins.
+  prm_rows      process_reward_model: stepwise_supervised records (prompt, completions, labels) as
+                Axolotl's strategy tokenizes them, spelled out: BOS, the prompt, each step with the
+                step_separator's tokens after it, the label (0/1) at the step's last token, at its
+                own position (flag 8); train_on_last_step_only, max_completion_length, the cut.
+  prm_train     a full fine-tune from a LlamaForTokenClassification base (score.weight and
+                score.bias) against the reference: loss (the step's labelled tokens' mean
+                cross-entropy, accumulation 2) and grad norm with weight decay, eval_loss and
+                eval_accuracy, the saved model; LoRA (TOKEN_CLS; the head trains) against it too.
+  prm_modes     gradient checkpointing + offloading and tiled MLP bit for bit, a causal base (the
+                head from N(0, 0.02) and 0, a note), two ranks (data and sequence parallel).
   refusals      reward_model with rl, num_labels 2, a classifier model_type without reward_model, a
                 sequence classifier as base_model without it, lm_head in lora_modules_to_save,
-                lora_model_dir, another dataset type,
+                lora_model_dir, another dataset type; for process reward models another dataset
+                type, num_labels 3, packing, a sequence classifier base, bad records;
                 process_reward_model, sample_packing; scored rows in a dpo run: one error line.
 """
 import json
@@ -63,20 +75,24 @@ def records(n, seed, system_every=3):
     return out
 
 
-def seqcls_dir(src=None, arch="LlamaForSequenceClassification"):
-    """A causal model (src, else D.model_dir()'s) as a sequence classifier: its config with
-    architectures [arch] and id2label, its weights with a score.weight (std 0.3) in lm_head's place
-    (the embedding stays for a tied model), its tokenizer."""
+def seqcls_dir(src=None, arch="LlamaForSequenceClassification", labels=1):
+    """A causal model (src, else D.model_dir()'s) as a classifier: its config with architectures
+    [arch] and id2label, its weights with a score.weight (std 0.3; labels rows) in lm_head's place
+    (the embedding stays for a tied model) and for a token classifier a score.bias, its tokenizer."""
     src = src or D.model_dir()
-    d = src + "_seqcls"
+    d = src + "_" + arch
     if os.path.exists(os.path.join(d, "config.json")):
         return d
     shutil.copytree(src, d)
     cfg = json.load(open(os.path.join(src, "config.json")))
     w = read_tensors(src)
-    cfg = dict(cfg, architectures=[arch], id2label={"0": "LABEL_0"}, label2id={"LABEL_0": 0})
+    cfg = dict(cfg, architectures=[arch], id2label={str(i): "LABEL_%d" % i for i in range(labels)},
+               label2id={"LABEL_%d" % i: i for i in range(labels)})
     w = {k: v for k, v in w.items() if k != "lm_head.weight"}
-    w["score.weight"] = np.random.default_rng(7).normal(0, 0.3, size=(1, cfg["hidden_size"])).astype(np.float32)
+    rng = np.random.default_rng(7)
+    w["score.weight"] = rng.normal(0, 0.3, size=(labels, cfg["hidden_size"])).astype(np.float32)
+    if arch.endswith("ForTokenClassification"):
+        w["score.bias"] = rng.normal(0, 0.1, size=(labels,)).astype(np.float32)
     R.save_hf_dir(d, cfg, w)
     return d
 
@@ -387,6 +403,180 @@ def case_ranks():
     return errs, "loss and grad norm worst rel %.1e" % worst
 
 
+# ---- process reward models (process_reward_model: TRL's PRMTrainer) ------------------------------
+
+def prm_records(n, seed):
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(n):
+        k = int(rng.integers(1, 5))
+        out.append({"prompt": FX.sentence(rng, 3, 9), "completions": [FX.sentence(rng, 2, 7) for _ in range(k)],
+                    "labels": [bool(rng.integers(0, 2)) for _ in range(k)]})
+    return out
+
+
+def tokcls_dir():
+    return seqcls_dir(arch="LlamaForTokenClassification", labels=2)
+
+
+def prm_cfg(out, data, base=None, ds=None, **kw):
+    c = D.base_cfg(out, data, base_model=base or tokcls_dir(), process_reward_model=True, num_labels=2,
+                   model_type="AutoModelForTokenClassification",
+                   datasets=[dict({"path": data, "type": "stepwise_supervised"}, **(ds or {}))])
+    c.pop("rl")
+    c.update(kw)
+    return c
+
+
+def prm_reference(cfg, weights, tok, tgt, steps, rows_per_step, lr, wd, lora=None, warmup=0, eval_rows=None):
+    """TRL's PRMTrainer in float64 as this trainer computes it: each step's loss the cross-entropy
+    of the token classifier (score.weight h + score.bias) over the step's labelled tokens (a mean
+    over all of them); lora: the adapters, score.weight and score.bias train."""
+    model = R.RefLlama(cfg, weights, lora=lora)
+    named = model.named_trainable_parameters()
+    if lora is not None:
+        named = named + [(k, model.p(k).requires_grad_(True)) for k in ("score.weight", "score.bias")]
+    groups = [{"params": [p for n, p in named if R.is_decay_param(n)], "weight_decay": wd},
+              {"params": [p for n, p in named if not R.is_decay_param(n)], "weight_decay": 0.0}]
+    params = [p for _, p in named]
+    opt = torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.999), eps=1e-8)
+
+    def ce(t, g):
+        logits = model(torch.tensor(t, dtype=torch.long))
+        lab = torch.tensor(g, dtype=torch.long)
+        mask = lab >= 0
+        return F.cross_entropy(logits[mask], lab[mask]), logits[mask].argmax(-1) == lab[mask]
+    out = []
+    for st in range(steps):
+        for g in opt.param_groups:
+            g["lr"] = lr * (st / warmup if st < warmup else 1.0)
+        opt.zero_grad()
+        rows = slice(st * rows_per_step, (st + 1) * rows_per_step)
+        loss, _ = ce(tok[rows], tgt[rows])
+        loss.backward()
+        gn = R.grad_norm_clip(params, 1.0)
+        opt.step()
+        out.append({"loss": loss.item(), "grad_norm": gn})
+    ev = None
+    if eval_rows is not None:
+        with torch.no_grad():
+            loss, hit = ce(*eval_rows)
+        ev = {"loss": loss.item(), "accuracy": hit.double().mean().item()}
+    return out, ev, model
+
+
+def case_prm_rows():
+    from transformers import AutoTokenizer
+    errs = []
+    tk = AutoTokenizer.from_pretrained(D.model_dir())
+    data = os.path.join(D.WORK, "prm_rows.jsonl")
+    recs = prm_records(6, seed=1)
+    recs[5]["completions"][0] = " ".join(["word"] * 70)  # past sequence_len: cut
+    FX.write_jsonl(data, recs)
+    checked = 0
+    for tag, ds in (("every step", {"step_separator": "\n\n"}), ("last step only", {"train_on_last_step_only": True}),
+                    ("max_completion_length", {"max_completion_length": 5})):
+        p = D.run(prm_cfg("prm_rows", data, ds=ds, shuffle_merged_datasets=False), "--preprocess")
+        h, tok, tgt = D.read_rows(os.path.join(p.stdout.strip().split()[-1], "train.bin"))
+        T = int(h[2])
+        if int(h[4]) != 8:
+            errs.append("%s: header flags %d, want 8 (token labels)" % (tag, int(h[4])))
+        sep = tk(ds.get("step_separator", "\n"), add_special_tokens=False)["input_ids"]
+        for k, r in enumerate(recs):
+            ids, lab = [], []
+            for j, (text, good) in enumerate(zip(r["completions"], r["labels"])):
+                s_ = tk(text, add_special_tokens=False)["input_ids"] + sep
+                last = j == len(r["completions"]) - 1
+                ids += s_
+                lab += [-1] * (len(s_) - 1) + [int(good) if last or not ds.get("train_on_last_step_only") else -1]
+            if ds.get("max_completion_length"):
+                ids, lab = ids[:5], lab[:5]
+            pr = [tk.bos_token_id] + tk(r["prompt"], add_special_tokens=False)["input_ids"]
+            want, wl = (pr + ids)[:T], ([-1] * len(pr) + lab)[:T]
+            if list(tok[k, :len(want)]) != want or list(tgt[k, :len(want)]) != wl or (tgt[k, len(want):] >= 0).any():
+                errs.append("%s: record %d: %r / %s, want %s" % (tag, k, tk.decode(tok[k, :len(want)]),
+                                                                 list(tgt[k, :len(want)]), wl))
+            checked += 1
+    return errs, "%d rows, 3 ways" % checked
+
+
+def case_prm_train():
+    errs = []
+    cfg_m = json.load(open(os.path.join(tokcls_dir(), "config.json")))
+    w = read_tensors(tokcls_dir())
+    data = os.path.join(D.WORK, "prm_train.jsonl")
+    FX.write_jsonl(data, prm_records(16, seed=3))
+    c = prm_cfg("prm_train", data, weight_decay=0.1, learning_rate=5e-3, shuffle_merged_datasets=False, val_set_size=4,
+                eval_steps=3)
+    p = D.run(c)
+    d = D.prepared_dir(p.stdout)
+    _, tok, tgt = D.read_rows(os.path.join(d, "train.bin"))
+    _, et, eg = D.read_rows(os.path.join(d, "eval.bin"))
+    ref, eref, model = prm_reference(cfg_m, w, tok, tgt, 3, 4, 5e-3, 0.1, eval_rows=(et, eg))
+    m, e = D.metrics(c["output_dir"])
+    worst = D.compare_steps(errs, m, ref, keys=("loss", "grad_norm"))
+    if 3 not in e:
+        errs.append("no eval at step 3")
+    else:
+        D.compare(errs, "eval_loss", e[3]["eval_loss"], eref["loss"])
+        D.compare(errs, "eval_accuracy", e[3]["eval_accuracy"], eref["accuracy"], atol=1e-9)
+    if "Hugging Face's Trainer adds each micro-batch's mean instead" not in p.stdout:
+        errs.append("no note on Hugging Face's accumulation of token classifiers' losses")
+    cj = json.load(open(os.path.join(c["output_dir"], "config.json")))
+    if cj.get("architectures") != ["LlamaForTokenClassification"] or len(cj.get("id2label") or {}) != 2:
+        errs.append("saved config.json: %s %s" % (cj.get("architectures"), cj.get("id2label")))
+    got = read_tensors(c["output_dir"])
+    for k in ("score.weight", "score.bias"):
+        want = model.p(k).detach().numpy()
+        if k not in got or float(np.abs(got[k] - want).max()) > 1e-5:
+            errs.append("saved %s differs from the reference's" % k)
+    # LoRA: the adapters, score.weight and score.bias train (PEFT's TOKEN_CLS), against the reference
+    lc = dict(c, output_dir=os.path.join(D.WORK, "prm_lora"), adapter="lora", lora_r=4, lora_alpha=8,
+              lora_target_linear=True, lr_scheduler="constant_with_warmup", warmup_steps=1, save_steps=1,
+              val_set_size=0, eval_steps=0, learning_rate=2e-2, max_steps=2)
+    D.run(lc)
+    spec = R.load_adapter_dir(os.path.join(lc["output_dir"], "checkpoint-1"))
+    for k in ("score.weight", "score.bias"):
+        if not np.array_equal(spec["weights"].pop(k, None), w[k]):
+            errs.append("checkpoint-1's adapter lacks the base's %s" % k)
+    lref, _, _ = prm_reference(cfg_m, w, tok, tgt, 2, 4, 2e-2, 0.1, lora=spec, warmup=1)
+    lm, _ = D.metrics(lc["output_dir"])
+    worst = max(worst, D.compare_steps(errs, lm, lref, keys=("loss", "grad_norm")))
+    conf = json.load(open(os.path.join(lc["output_dir"], "adapter_config.json")))
+    if conf.get("task_type") != "TOKEN_CLS" or conf.get("modules_to_save") != ["classifier", "score"]:
+        errs.append("adapter_config.json: %s %s" % (conf.get("task_type"), conf.get("modules_to_save")))
+    return errs, "loss rel %.2e (full and LoRA), eval_accuracy %.3f" % (worst, e[3]["eval_accuracy"] if 3 in e else -1)
+
+
+def case_prm_modes():
+    """Gradient checkpointing + activation offloading, tiled MLP, a causal LM base (the head from
+    N(0, 0.02) and 0, with a note) and two ranks (data and sequence parallel) against the plain run."""
+    errs = []
+    data = os.path.join(D.WORK, "prm_modes.jsonl")
+    FX.write_jsonl(data, prm_records(16, seed=9))
+    plain = prm_cfg("prm_plain", data, max_steps=3, tiled_mlp_shards=2)
+    D.run(plain)
+    fig = lambda out: [(x["loss"], x["grad_norm"]) for _, x in sorted(D.metrics(out)[0].items())]  # noqa: E731
+    want = fig(plain["output_dir"])
+    for i, extra in enumerate([{"gradient_checkpointing": True, "activation_offloading": True},
+                               {"gradient_checkpointing": True, "tiled_mlp": True, "tiled_mlp_shards": 2}]):
+        c = dict(plain, output_dir=os.path.join(D.WORK, "prm_mode_%d" % i), **extra)
+        D.run(c)
+        if fig(c["output_dir"]) != want:
+            errs.append("%s: %s vs %s" % (extra, fig(c["output_dir"])[-1], want[-1]))
+    p = D.run(dict(plain, base_model=D.model_dir(), output_dir=os.path.join(D.WORK, "prm_causal"), max_steps=1))
+    if "score.weight [2, 64] starts from N(0, 0.02) and score.bias from 0" not in p.stdout:
+        errs.append("a causal base: no note on the head's init")
+    if shutil.which("mpirun"):
+        for tag, extra in (("dp", {"micro_batch_size": 1}), ("seqpar", {"sequence_parallel_degree": 2})):
+            c = dict(plain, output_dir=os.path.join(D.WORK, "prm_" + tag), **extra)
+            if D.run_two_ranks(c, tag, errs):
+                for s_, (a, b) in enumerate(zip(fig(c["output_dir"]), want), 1):
+                    D.compare(errs, "%s step %d loss" % (tag, s_), a[0], b[0], rtol=1e-5)
+                    D.compare(errs, "%s step %d grad norm" % (tag, s_), a[1], b[1], rtol=1e-5)
+    return errs, "2 modes bit for bit, a causal base, 2 ranks"
+
+
 def case_refusals():
     errs = []
     data = os.path.join(D.WORK, "ref.jsonl")
@@ -402,8 +592,8 @@ def case_refusals():
            ({"adapter": "lora", "lora_target_linear": True, "lora_model_dir": D.WORK}, "reward_model with lora_model_dir"),
            ({"datasets": [{"path": data, "type": "chatml.intel"}]}, "reward_model reads type bradley_terry.chat_template"),
            ({"datasets": [{"path": data, "type": "bradley_terry.chat_template", "roles": {}}]}, ".roles: not read"),
-           ({"process_reward_model": True}, "process reward models"),
-           ({"model_type": "AutoModelForTokenClassification"}, "token classifiers (process reward models)"),
+           ({"process_reward_model": True, "model_type": None}, "process_reward_model and reward_model are two kinds"),
+           ({"model_type": "AutoModelForTokenClassification"}, "needs process_reward_model: true"),
            ({"sample_packing": True}, "sample_packing does not work with reward_model")]
     for extra, want in bad:
         cfg = {k: v for k, v in dict(c, **extra).items() if v is not None}
@@ -411,6 +601,35 @@ def case_refusals():
         lines = [ln for ln in p.stderr.splitlines() if ln.startswith("error")]
         if p.returncode != 1 or not lines or want not in lines[0]:
             errs.append("%s: rc %d, %s" % (extra, p.returncode, p.stderr.strip()[-200:]))
+    # process reward models: their dataset type, label count, packing; bad records
+    pdata = os.path.join(D.WORK, "prm_ref.jsonl")
+    FX.write_jsonl(pdata, prm_records(6, seed=4))
+    pc = prm_cfg("prm_refusals", pdata, max_steps=1)
+    for extra, want in [({"datasets": [{"path": data, "type": "bradley_terry.chat_template"}]},
+                         "a process reward model reads stepwise_supervised datasets"),
+                        ({"num_labels": 3}, "num_labels 3: a process reward model here has 2"),
+                        ({"sample_packing": True}, "sample_packing with process_reward_model is not supported"),
+                        ({"process_reward_model": False, "model_type": None, "num_labels": None},
+                         "stepwise_supervised labels steps for process_reward_model: true"),
+                        ({"base_model": seqcls_dir()}, "a sequence classifier, and process_reward_model trains a token"),
+                        ({"datasets": [{"path": pdata, "type": "stepwise_supervised", "step_separator": 5}]},
+                         "step_separator: expected a string")]:
+        cfg = {k: v for k, v in dict(pc, **extra).items() if v is not None}
+        p = D.run(cfg, expect_ok=False)
+        lines = [ln for ln in p.stderr.splitlines() if ln.startswith("error")]
+        if p.returncode != 1 or not lines or want not in lines[0]:
+            errs.append("prm %s: rc %d, %s" % (extra, p.returncode, p.stderr.strip()[-200:]))
+    for i, (rec, want) in enumerate([({"prompt": "p", "completions": ["a", "b"], "labels": [True]},
+                                      ":2: labels: expected a list of 2 booleans"),
+                                     ({"prompt": "p", "completions": ["a"], "labels": ["yes"]},
+                                      ":2: labels: expected a list of 1 booleans"),
+                                     ({"prompt": "p", "completions": "a", "labels": [True]},
+                                      ":2: completions: expected a list of strings")]):
+        path = os.path.join(D.WORK, "prm_bad%d.jsonl" % i)
+        FX.write_jsonl(path, [prm_records(1, 0)[0], rec])
+        p = D.run(dict(pc, datasets=[{"path": path, "type": "stepwise_supervised"}]), "--preprocess", expect_ok=False)
+        if p.returncode == 0 or path + want not in p.stderr:
+            errs.append("prm bad record %d: rc %d %s" % (i, p.returncode, p.stderr.strip()[-200:]))
     # a record without input: one line naming the file, its line and the field
     bad_data = os.path.join(D.WORK, "bad.jsonl")
     FX.write_jsonl(bad_data, [records(1, 0)[0], {"chosen": "c", "rejected": "r"}])
@@ -429,7 +648,7 @@ def case_refusals():
     q = D.run(dpo, expect_ok=False)
     if q.returncode != 1 or "a reward model's rows, but the run is no reward_model run" not in q.stderr:
         errs.append("scored rows in a dpo run: rc %d %s" % (q.returncode, q.stderr.strip()[-200:]))
-    return errs, "%d refused" % (len(bad) + 2)
+    return errs, "%d refused" % (len(bad) + 11)  # + the prm refusals and bad records, a record, the rows
 
 
 def begin(args, work):
@@ -439,6 +658,7 @@ def begin(args, work):
 def main():
     cases = [("rows", case_rows), ("train", case_train), ("lora", case_lora), ("families", case_families),
              ("causal_base", case_causal_base), ("memory_modes", case_memory_modes), ("ranks", case_ranks),
+             ("prm_rows", case_prm_rows), ("prm_train", case_prm_train), ("prm_modes", case_prm_modes),
              ("refusals", case_refusals)]
     harness.case_main("reward", cases, begin)
 
