@@ -9,7 +9,8 @@
                                                       median 2e-6; rl: dpo on the Gemma 1 base with
                                                       a word-level tokenizer: 2 steps' loss and grad
                                                       norm within 1e-5, and a reward model's
-                                                      the same (needs transformers)
+                                                      and a process reward model's the same
+                                                      (needs transformers)
   gpu_train_check.py modes     --bin B --json J   (c) every memory mode (16, and layer streaming
                                                       with LoRA; QLoRA's 8 base modes and
                                                       streaming) bit-identical to the plain run;
@@ -392,6 +393,7 @@ def part_train(a):
                      "cuda_s": round(gpu.secs, 2), "cpu_s": round(cpu.secs, 2)})
     rows.append(pref_check(a, size, "dpo"))
     rows.append(pref_check(a, size, "reward"))
+    rows.append(pref_check(a, size, "prm"))
     TABLES["fp32 CUDA vs CPU"] = rows
 
 
@@ -429,7 +431,7 @@ def pref_check(a, size, kind):
     rows); the reward model's score head at one position a row (products with K = 1). A Gemma 1
     base with a word-level tokenizer; data prepared by scripts/prepare_data.py (needs Python's
     transformers: SKIP without)."""
-    what = "rl: dpo" if kind == "dpo" else "reward_model"
+    what = {"dpo": "rl: dpo", "reward": "reward_model", "prm": "process_reward_model"}[kind]
     try:
         import transformers  # noqa: F401
     except ImportError:
@@ -442,13 +444,16 @@ def pref_check(a, size, kind):
     with open(data, "w") as f:
         for _ in range(4):
             sent = lambda n: " ".join(rng.choice(WORDS) for _ in range(n))
-            rec = {"prompt": sent(5) + " answer", "chosen": " " + sent(4), "rejected": " " + sent(3)} if kind == "dpo" \
-                else {"system": "", "input": sent(5), "chosen": sent(4), "rejected": sent(3)}
+            rec = {"dpo": {"prompt": sent(5) + " answer", "chosen": " " + sent(4), "rejected": " " + sent(3)},
+                   "reward": {"system": "", "input": sent(5), "chosen": sent(4), "rejected": sent(3)},
+                   "prm": {"prompt": sent(5), "completions": [sent(3), sent(4)], "labels": [True, False]}}[kind]
             f.write(json.dumps(rec) + "\n")
-    method = {"rl": "dpo", "rl_beta": 0.5, "datasets": [{"path": data, "type": "passthrough"}]} if kind == "dpo" else \
-        {"reward_model": True, "center_rewards_coefficient": 0.01, "chat_template": "jinja",
-         "chat_template_jinja": "{% for m in messages %}{{ m['content'] }} {% endfor %}",
-         "datasets": [{"path": data, "type": "bradley_terry.chat_template"}]}
+    method = {"dpo": {"rl": "dpo", "rl_beta": 0.5, "datasets": [{"path": data, "type": "passthrough"}]},
+              "reward": {"reward_model": True, "center_rewards_coefficient": 0.01, "chat_template": "jinja",
+                         "chat_template_jinja": "{% for m in messages %}{{ m['content'] }} {% endfor %}",
+                         "datasets": [{"path": data, "type": "bradley_terry.chat_template"}]},
+              "prm": {"process_reward_model": True,
+                      "datasets": [{"path": data, "type": "stepwise_supervised", "step_separator": " and "}]}}[kind]
     rs = {}
     for name, dev in (("cpu", "cpu"), ("gpu", a.device)):
         out = os.path.join(TMP, "b_%s_%s" % (kind, name))
@@ -463,7 +468,8 @@ def pref_check(a, size, kind):
     check("fp32 CUDA vs CPU, %s (Gemma 1 base): both steps' loss and grad norm within 1e-5 relative" % what,
           ok_runs and lr <= 1e-5 and nr <= 1e-5,
           "%s | %s | loss %.3g, norm %.3g" % (why(rs["gpu"]), why(rs["cpu"]), lr, nr))
-    return {"run": "DPO" if kind == "dpo" else "reward model", "steps": len(losses(rs["cpu"])), "loss_rel_err": lr,
+    return {"run": {"dpo": "DPO", "reward": "reward model", "prm": "process reward model"}[kind],
+            "steps": len(losses(rs["cpu"])), "loss_rel_err": lr,
             "grad_norm_rel_err": nr, "cuda_s": round(rs["gpu"].secs, 2), "cpu_s": round(rs["cpu"].secs, 2)}
 
 

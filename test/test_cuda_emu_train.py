@@ -48,7 +48,8 @@ lr * g / (|g| + 1): the step's change measures its gradient g, element by elemen
       the rejected rows): fp32 CUDA against the CPU (loss and grad norm of 2 steps within 1e-5),
       bf16 losses within 1e-2.
   (k) reward_model (the score head at one position a row: products with K = 1, the gradient
-      only there): (j)'s checks.
+      only there) and process_reward_model (a 2-label head with a bias on every row, its
+      cross-entropy on the host): (j)'s checks.
 About 4 minutes on 2 cores.
 Prints PASS/FAIL lines and the measured figures.
 """
@@ -388,12 +389,14 @@ def main():
         # against the CPU for full, LoRA and Gemma 3, 2 and 1 directories the script writes itself
         passed, ok, secs, out = gpu_check_part("train", binary, tmp)
         check("(i) gpu_train_check.py train --tiny (emulated CUDA): %d checks pass, Gemma 3's, 2's and 1's, "
-              "rl: dpo's and reward_model's among them (%.1f s)" % (len(passed), secs),
-              ok and len(passed) == 12 and all(any(g in l for l in passed)
-                                               for g in ("Gemma 3", "Gemma 2", "Gemma 1", "rl: dpo", "reward_model")),
+              "rl: dpo's, reward_model's and process_reward_model's among them (%.1f s)" % (len(passed), secs),
+              ok and len(passed) == 13 and all(any(g in l for l in passed)
+                                               for g in ("Gemma 3", "Gemma 2", "Gemma 1", "rl: dpo", "reward_model",
+                                                         "process_reward_model")),
               out)
         pref_check(binary, tmp, "dpo")
         pref_check(binary, tmp, "reward")
+        pref_check(binary, tmp, "prm")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return 1 if FAILS else 0
@@ -404,7 +407,8 @@ def pref_check(binary, tmp, kind):
     second pass with a scale per row, negative for rejected rows), and (k) reward_model (the score
     head's products with K = 1 at one position a row), each against the CPU backend."""
     sys.path.insert(0, os.path.join(ROOT, "test"))
-    part, what = ("(j)", "rl: dpo") if kind == "dpo" else ("(k)", "reward_model")
+    part, what = {"dpo": ("(j)", "rl: dpo"), "reward": ("(k)", "reward_model"),
+                  "prm": ("(k)", "process_reward_model")}[kind]
     try:
         import hf_fixtures as FX
         import numpy as np
@@ -418,10 +422,13 @@ def pref_check(binary, tmp, kind):
     data = os.path.join(tmp, "%s_pairs.jsonl" % kind)
     q = "question" if kind == "dpo" else "input"
     FX.write_jsonl(data, [{q: FX.sentence(rng, 3, 7), "chosen": FX.sentence(rng, 2, 8),
-                           "rejected": FX.sentence(rng, 2, 8)} for _ in range(4)])
-    method = {"rl": "dpo", "datasets": [{"path": data, "type": "llama3.intel"}]} if kind == "dpo" else \
-        {"reward_model": True, "center_rewards_coefficient": 0.01, "chat_template": "llama3",
-         "datasets": [{"path": data, "type": "bradley_terry.chat_template"}]}
+                           "rejected": FX.sentence(rng, 2, 8)} if kind != "prm" else
+                          {"prompt": FX.sentence(rng, 3, 7), "completions": [FX.sentence(rng, 2, 5) for _ in range(3)],
+                           "labels": [True, False, True]} for _ in range(4)])
+    method = {"dpo": {"rl": "dpo", "datasets": [{"path": data, "type": "llama3.intel"}]},
+              "reward": {"reward_model": True, "center_rewards_coefficient": 0.01, "chat_template": "llama3",
+                         "datasets": [{"path": data, "type": "bradley_terry.chat_template"}]},
+              "prm": {"process_reward_model": True, "datasets": [{"path": data, "type": "stepwise_supervised"}]}}[kind]
     figs = {}
     for name, dev, dtype in (("cpu", "cpu", "float32"), ("cuda_f32", "cuda", "float32"), ("cuda_bf16", "cuda", "bfloat16")):
         cfg = dict(method, base_model=d, sequence_len=48, micro_batch_size=1, gradient_accumulation_steps=2,
