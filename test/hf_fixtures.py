@@ -206,6 +206,19 @@ def bradley_terry_rows(n, seed=0):
              "status": "tie" if i % 7 == 0 else "unchanged"} for i in range(n)]
 
 
+def stepwise_rows(n, seed=0):
+    """Process-supervision records in the shape of trl-lib/math_shepherd (Axolotl's
+    stepwise_supervised): a prompt, the solution's steps and a boolean label per step."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(n):
+        k = int(rng.integers(2, 6))
+        out.append({"prompt": sentence(rng, 5, 12) + "?", "completions": ["Step %d: " % (j + 1) + sentence(rng, 3, 9)
+                                                                          for j in range(k)],
+                    "labels": [bool(rng.integers(0, 4)) for _ in range(k)]})
+    return out
+
+
 def argilla_rows(n, seed=0):
     """Preference records in the shape of argilla/ultrafeedback-binarized-preferences-cleaned
     (Axolotl's chat_template.argilla, for rl: orpo): the prompt, and chosen and rejected

@@ -43,6 +43,7 @@ def setup(work):
     F.write_jsonl(os.path.join(work, "data", "argilla.jsonl"), F.argilla_rows(24))
     F.write_jsonl(os.path.join(work, "data", "kto.jsonl"), F.kto_rows(24))
     F.write_jsonl(os.path.join(work, "data", "bradley_terry.jsonl"), F.bradley_terry_rows(24))
+    F.write_jsonl(os.path.join(work, "data", "stepwise.jsonl"), F.stepwise_rows(24))
     for c in sorted(glob.glob(os.path.join(CONFIGS, "*.yaml"))):
         shutil.copy(c, work)
     return hf
