@@ -183,6 +183,12 @@ put("rows", "valid_scored", bytes([1, 1, 63, 1]) + rows_file([s1, s1], 4, packed
 put("rows", "near_scored_two", bytes([0, 0, 63, 0]) + rows_file([s1, ([5, 6, 7, 8], [-1, 6, 7, -1], [0] * 4)], 4, packed=6))
 put("rows", "near_scored_next", bytes([0, 0, 63, 0]) + rows_file([s1, r1], 4, packed=6))
 put("rows", "near_scored_unpaired", bytes([0, 0, 63, 0]) + rows_file([s1], 4, packed=4))
+# a process reward model's rows (flag 8): labels 0/1 at their own positions; a label of 2 and
+# labels with another flag are errors
+l1 = ([5, 6, 7, 8], [-1, 1, -1, 0], [0, 0, 0, 0])
+put("rows", "valid_labels", bytes([1, 1, 63, 1]) + rows_file([l1, l1], 4, packed=8))
+put("rows", "near_label_two", bytes([0, 0, 63, 0]) + rows_file([([5, 6, 7, 8], [-1, 2, -1, 0], [0] * 4)], 4, packed=8))
+put("rows", "near_labels_paired", bytes([0, 0, 63, 0]) + rows_file([l1, l1], 4, packed=10))
 
 # ---- HellaSwag eval file: 3 bytes (T, vocab low, vocab high), then llm.c's format ----------
 # header 256 int32 [20240522, 1, n]; each example uint16: 65535, bytes, index, label, 4,
