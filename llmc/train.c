@@ -706,10 +706,7 @@ int train_main(int argc, char **argv, int arch) {
         fail("load_in_8bit and load_in_4bit: set one of them (8-bit with adapter: lora, 4-bit with adapter: qlora)");
     if (cfg.load_in_8bit && !lora.r)
         fail("load_in_8bit: an 8-bit base can only be trained through adapters (adapter: lora)");
-    if (cfg.reward_model && cfg.lora_model_dir[0])
-        fail("reward_model with lora_model_dir: continuing an adapter's reward training is not implemented; merge it "
-             "into base_model first (merge_lora) and train a new one");
-    if (cfg.rl[0] && cfg.lora_model_dir[0])
+    if (cfg.rl[0] && !cfg.reward_model && cfg.lora_model_dir[0])  // a reward model has no reference
         fail("rl: %s with lora_model_dir: the reference would be the base without that adapter and training would "
              "start from it; merge the adapter into base_model first (merge_lora) and train a new one", cfg.rl);
     PrefLoss pref_loss = {0};

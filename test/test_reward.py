@@ -18,7 +18,8 @@ Cases:
                 score.weight; eval; the saved model (architectures, id2label, score.weight equal to
                 the reference's, no lm_head) trains on as a base_model.
   lora          LoRA (the adapters and score.weight train, PEFT's SEQ_CLS) against the reference, the
-                adapter as PEFT writes it (task_type SEQ_CLS, modules_to_save classifier and score);
+                adapter as PEFT writes it (task_type SEQ_CLS, modules_to_save classifier and score),
+                read back by lora_model_dir bit for bit;
                 QLoRA with layer_offloading as plain QLoRA, bit for bit.
   families      Qwen 3, Gemma 2 (tied embedding; the score not soft-capped) and Gemma 3 text against the
                 reference; their saved ...ForSequenceClassification names.
@@ -41,7 +42,7 @@ Cases:
                 head from N(0, 0.02) and 0, a note), two ranks (data and sequence parallel).
   refusals      reward_model with rl, num_labels 2, a classifier model_type without reward_model, a
                 sequence classifier as base_model without it, lm_head in lora_modules_to_save,
-                lora_model_dir, another dataset type; for process reward models another dataset
+                another dataset type; for process reward models another dataset
                 type, num_labels 3, packing, a sequence classifier base, bad records;
                 process_reward_model, sample_packing; scored rows in a dpo run: one error line.
 """
@@ -291,6 +292,8 @@ def case_lora():
     if final is not None or "base_model.model.score.weight" not in got or \
             float(np.abs(got["base_model.model.score.weight"] - want).max()) > 1e-5:
         errs.append("the adapter's trained score.weight is not the reference's (or a full model was saved)")
+    if not adapter_reloads(c):
+        errs.append("lora_model_dir: the adapter (and score.weight) did not load back bit for bit")
     q = dict(c, output_dir=os.path.join(D.WORK, "qlora"), adapter="qlora", load_in_4bit=True, save_steps=0)
     qs = dict(q, output_dir=os.path.join(D.WORK, "qlora_stream"), layer_offloading=True)
     D.run(q)
@@ -298,6 +301,16 @@ def case_lora():
     if figures(q["output_dir"]) != figures(qs["output_dir"]):
         errs.append("QLoRA with layer_offloading: %s vs %s" % (figures(qs["output_dir"])[-1], figures(q["output_dir"])[-1]))
     return errs, "loss rel %.2e over 4 steps" % worst
+
+
+def adapter_reloads(c):
+    """c's final adapter as lora_model_dir of a run at learning rate 0: its adapter, head included,
+    comes out bit for bit."""
+    d = dict(c, lora_model_dir=c["output_dir"], output_dir=c["output_dir"] + "_again", learning_rate=0.0, max_steps=1,
+             val_set_size=0, eval_steps=0, save_steps=0)
+    D.run(d)
+    a, b = (R.read_safetensors(os.path.join(x, "adapter_model.safetensors")) for x in (c["output_dir"], d["output_dir"]))
+    return sorted(a) == sorted(b) and any("score" in k for k in a) and all(np.array_equal(a[k], b[k]) for k in a)
 
 
 def case_families():
@@ -545,6 +558,8 @@ def case_prm_train():
     conf = json.load(open(os.path.join(lc["output_dir"], "adapter_config.json")))
     if conf.get("task_type") != "TOKEN_CLS" or conf.get("modules_to_save") != ["classifier", "score"]:
         errs.append("adapter_config.json: %s %s" % (conf.get("task_type"), conf.get("modules_to_save")))
+    if not adapter_reloads(lc):
+        errs.append("lora_model_dir: the adapter (and the head) did not load back bit for bit")
     return errs, "loss rel %.2e (full and LoRA), eval_accuracy %.3f" % (worst, e[3]["eval_accuracy"] if 3 in e else -1)
 
 
@@ -589,7 +604,6 @@ def case_refusals():
              "datasets": [{"path": data, "type": "completion", "field": "input"}]}, "a sequence classifier (llama, 1 labels)"),
            ({"adapter": "lora", "lora_target_linear": True, "lora_modules_to_save": ["lm_head"]},
             "a reward model has no lm_head"),
-           ({"adapter": "lora", "lora_target_linear": True, "lora_model_dir": D.WORK}, "reward_model with lora_model_dir"),
            ({"datasets": [{"path": data, "type": "chatml.intel"}]}, "reward_model reads type bradley_terry.chat_template"),
            ({"datasets": [{"path": data, "type": "bradley_terry.chat_template", "roles": {}}]}, ".roles: not read"),
            ({"process_reward_model": True, "model_type": None}, "process_reward_model and reward_model are two kinds"),
