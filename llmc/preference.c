@@ -198,6 +198,9 @@ static void reward_unit(Model *m, const PrefLoss *pl, int B, int T, int Tm, int 
         const double g = -sigmoid(-z), gs = 2 * pl->center * s, w = unit_weight / (double)np;
         dscore[c] = (float)((g + gs) * w), dscore[r] = (float)((-g + gs) * w);
         st->reward_c += rc, st->reward_r += rr, st->correct += rc > rr, st->margin += z;
+        const double lo = rc < rr ? rc : rr, hi = rc < rr ? rr : rc;
+        st->reward_min = !st->pairs || lo < st->reward_min ? lo : st->reward_min;
+        st->reward_max = !st->pairs || hi > st->reward_max ? hi : st->reward_max;
         st->pairs++, st->n_chosen++, st->n_rejected++;
     }
     if (np) st->loss += loss / (double)np, st->units++;
@@ -328,6 +331,16 @@ void pref_micro_batch(Model *m, const PrefLoss *pl, int B, int T, int Tm, int t0
 }
 
 void pref_stats_reduce(PrefStats *st, Comm *c) {
+    // The extremes: each rank's in its own slots (NaN without pairs), the others' adding 0.
+    double *mm = xcalloc(2 * (size_t)c->world, sizeof(double));
+    mm[2 * c->rank] = st->pairs ? st->reward_min : NAN, mm[2 * c->rank + 1] = st->pairs ? st->reward_max : NAN;
+    c->all_reduce_sum_f64(c, mm, 2 * (size_t)c->world);
+    st->reward_min = INFINITY, st->reward_max = -INFINITY;
+    for (int r = 0; r < c->world; r++) {
+        if (mm[2 * r] < st->reward_min) st->reward_min = mm[2 * r];  // NaN compares false
+        if (mm[2 * r + 1] > st->reward_max) st->reward_max = mm[2 * r + 1];
+    }
+    free(mm);
     double v[15] = {st->loss, st->nll, st->kl, st->reward_c, st->reward_r, st->correct, st->margin, st->logp_c,
                     st->logp_r, st->log_odds_ratio, st->log_odds_chosen, (double)st->pairs, (double)st->units,
                     (double)st->n_chosen, (double)st->n_rejected};

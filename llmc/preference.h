@@ -67,6 +67,7 @@ typedef struct {
 // log odds ratio and the ratio itself.
 typedef struct {
     double loss, nll, kl, reward_c, reward_r, correct, margin, logp_c, logp_r, log_odds_ratio, log_odds_chosen;
+    double reward_min, reward_max;  // reward_model: the smallest and largest score (when pairs > 0)
     long long pairs, units, n_chosen, n_rejected;
 } PrefStats;
 

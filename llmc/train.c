@@ -402,11 +402,13 @@ static void metrics_keys(char *out, size_t cap, const char *prefix, const char *
 static void pref_metrics(const PrefStats *st, const PrefLoss *pl, const char *prefix, char *out, size_t cap) {
     const int orpo = pl->orpo, kto = pl->kto;
     const double n = st->pairs ? (double)st->pairs : NAN, u = st->units ? (double)st->units : NAN;
-    if (pl->reward) {  // TRL's RewardTrainer's names (its min_reward / max_reward are not kept)
-        const double v[5] = {st->correct / n, st->margin / n, (st->reward_c + st->reward_r) / (2 * n),
-                             st->reward_c / n, st->reward_r / n};
-        const char *const k[5] = {"accuracy", "margin", "mean_reward", "rewards/chosen", "rewards/rejected"};
-        metrics_keys(out, cap, prefix, k, v, 5);
+    if (pl->reward) {  // TRL's RewardTrainer's names
+        const double v[7] = {st->correct / n, st->margin / n, (st->reward_c + st->reward_r) / (2 * n),
+                             st->pairs ? st->reward_min : NAN, st->pairs ? st->reward_max : NAN, st->reward_c / n,
+                             st->reward_r / n};
+        const char *const k[7] = {"accuracy", "margin", "mean_reward", "min_reward", "max_reward", "rewards/chosen",
+                                  "rewards/rejected"};
+        metrics_keys(out, cap, prefix, k, v, 7);
         return;
     }
     if (kto) {  // TRL's KTOTrainer's names; rewards/* over each kind's examples (absent when there are none)

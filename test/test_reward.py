@@ -14,7 +14,7 @@ Cases:
                 the token before the final <|eot_id|>); drop_system_message; the scored-rows flag.
   train         a full fine-tune from a LlamaForSequenceClassification base: per-step loss
                 (-log sigmoid(rc - rr) + center (rc + rr)^2, a mean per micro-batch, averaged),
-                grad norm, accuracy, margin, mean_reward against the reference, weight decay on
+                grad norm, accuracy, margin, mean/min/max_reward against the reference, weight decay on
                 score.weight; eval; the saved model (architectures, id2label, score.weight equal to
                 the reference's, no lm_head) trains on as a base_model.
   lora          LoRA (the adapters and score.weight train, PEFT's SEQ_CLS) against the reference, the
@@ -29,7 +29,7 @@ Cases:
                 plain run's figures bit for bit; a resume from checkpoint-2 continues identically.
   ranks         mpirun -np 2 data parallel (one pair a rank; plain and ZeRO-3, whose head unit holds
                 score.weight), and sequence parallel (each row's score position in one rank's half):
-                one process's losses and margins.
+                one process's losses, margins and min/max rewards.
   prm_rows      process_reward_model: stepwise_supervised records (prompt, completions, labels) as
                 Axolotl's strategy tokenizes them, spelled out: BOS, the prompt, each step with the
                 step_separator's tokens after it, the label (0/1) at the step's last token, at its
@@ -150,7 +150,8 @@ def reference(cfg, weights, tok, tgt, steps, pairs_per_step, micro, lr, wd, cent
         opt.step()
         rc, rr = s[0::2], s[1::2]
         out.append({"loss": loss.item(), "grad_norm": gn, "accuracy": (rc > rr).double().mean().item(),
-                    "margin": (rc - rr).mean().item(), "mean_reward": s.mean().item(),
+                    "margin": (rc - rr).mean().item(), "mean_reward": s.mean().item(), "min_reward": s.min().item(),
+                    "max_reward": s.max().item(),
                     "rewards/chosen": rc.mean().item(), "rewards/rejected": rr.mean().item()})
     ev = None
     if eval_rows is not None:
@@ -232,7 +233,7 @@ def case_train():
     ref, eref, model = reference(cfg_m, w, tok, tgt, 3, 4, 2, 5e-3, 0.1, 0.05, eval_rows=(et, eg))
     m, e = D.metrics(c["output_dir"])
     worst = D.compare_steps(errs, m, ref, keys=("loss", "grad_norm", "accuracy", "margin", "mean_reward",
-                                                "rewards/chosen", "rewards/rejected"))
+                                                "min_reward", "max_reward", "rewards/chosen", "rewards/rejected"))
     if 3 not in e:
         errs.append("no eval at step 3")
     else:
@@ -406,6 +407,11 @@ def case_ranks():
         c = dict(one, output_dir=os.path.join(D.WORK, "ranks_" + tag), **extra)
         if D.run_two_ranks(c, tag, errs):
             got = figures(c["output_dir"])
+            m1, m0 = D.metrics(c["output_dir"])[0], D.metrics(one["output_dir"])[0]
+            for s_ in m0:  # the extremes over both ranks' scores
+                for k in ("min_reward", "max_reward"):
+                    D.compare(errs, "%s step %d %s" % (tag, s_, k), m1.get(s_, {}).get(k, float("nan")), m0[s_][k],
+                              atol=2e-6)
             for s, (a, b) in enumerate(zip(got, want), 1):
                 for i, name in enumerate(("loss", "grad_norm", "margin")):
                     # the margin is a difference of float32 scores of about 1 summed in another order
