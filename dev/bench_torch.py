@@ -190,6 +190,69 @@ def profile_ops(path):
     return (ops, step, steps) if ops and step else None
 
 
+def profile_fastest(path):
+    """train_llama --profile's each-call's-fastest lines: (ms a step, {op: ms per step}), or None."""
+    if not os.path.exists(path):
+        return None
+    total, ops = None, {}
+    for line in open(path):
+        m = re.match(r"each call's fastest over steps .*?: ([0-9.]+) ms a step", line)
+        if m:
+            total = float(m.group(1))
+        if line.startswith("fastest ms/step by op:"):
+            f = line.split(":", 1)[1].split()
+            ops = {f[i]: float(f[i + 1]) for i in range(0, len(f) - 1, 2)}
+    return (total, ops) if total and ops else None
+
+
+def faster_roofline(d, n, sfx):
+    """The faster of a round's two roofline runs (before and after ours), its JSON, or None."""
+    runs = [json.load(open(p)) for p in (os.path.join(d, f"roofline_{n}{sfx}{x}.json") for x in ("", "_pre"))
+            if os.path.exists(p)]
+    return min(runs, key=lambda r: r["ms"]) if runs else None
+
+
+PARTS = [("products (matmul, matmul_many)", ("matmul", "matmul_many", "matmul_dw"), "linear_ms"),
+         ("attention, forward and backward", ("attention_fwd", "attention_bwd"), "attention_ms"),
+         ("classifier and cross-entropy", ("classifier_ce",), "classifier_ms")]
+
+
+def split_fastest(d, n, nrounds):
+    """Each call's fastest, part by part, against the faster roofline run of the same round, in
+    the round whose ratio is the median one: both sides as sums of each operation's lowest time
+    (the roofline's by construction), so a load that comes and goes within a second moves
+    neither much."""
+    got = []
+    for k in range(1, nrounds + 1):
+        sfx = f"_r{k}" if nrounds > 1 else ""
+        f, r = profile_fastest(os.path.join(d, f"ours_{n}{sfx}.log")), faster_roofline(d, n, sfx)
+        if f and r and "linear_ms" in r:
+            got.append((r["ms"] / f[0], k, f, r))
+    if not got:
+        return
+    got.sort(key=lambda g: g[0])
+    _, k, (total, ops), r = got[(len(got) - 1) // 2]
+    print(f"\nthreads {n}: each call's fastest (ours: every op call's lowest time over the profiled steps, "
+          f"summed) against the faster roofline run of the same round, part by part (round {k}, the median "
+          f"ratio of {len(got)}):\n")
+    print("| part | ours ms/step | roofline ms/step | ours - roofline |")
+    print("|---|---:|---:|---:|")
+    named, acc = set(), 0
+    for name, group, key in PARTS:
+        ms = sum(ops.get(o, 0) for o in group)
+        named.update(group)
+        acc += ms
+        print(f"| {name} | {ms:.1f} | {r[key]:.1f} | {ms - r[key]:+.1f} |")
+    rest = sorted((o for o in ops if o not in named), key=lambda o: -ops[o])
+    other = sum(ops[o] for o in rest)
+    acc += other
+    top = ", ".join(f"{o} {ops[o]:.1f}" for o in rest[:6])
+    print(f"| every other op ({top}) | {other:.1f} | 0 | {other:+.1f} |")
+    print(f"| between the ops (the lowest over the steps) | {total - acc:.1f} | 0 | {total - acc:+.1f} |")
+    print(f"| step | {total:.1f} | {r['ms']:.1f} | {total - r['ms']:+.1f} (roofline / ours "
+          f"{100 * r['ms'] / total:.0f}%) |")
+
+
 def split_step(d, n, warmup):
     """Our step part by part against the roofline's parts, in the round where ours was fastest:
     its --profile medians (the same steps the tables time) and the roofline run right after it
@@ -203,9 +266,7 @@ def split_step(d, n, warmup):
     if not best or "linear_ms" not in best[2]:
         return
     _, (ops, step, steps), r, p = best
-    parts = [("products (matmul, matmul_many)", ("matmul", "matmul_many", "matmul_dw"), r["linear_ms"]),
-             ("attention, forward and backward", ("attention_fwd", "attention_bwd"), r["attention_ms"]),
-             ("classifier and cross-entropy", ("classifier_ce",), r["classifier_ms"])]
+    parts = [(name, group, r[key]) for name, group, key in PARTS]
     named = {o for _, group, _ in parts for o in group}
     rest = sorted((o for o in ops if o not in named), key=lambda o: -ops[o])
     print(f"\nthreads {n}: where our step goes against the roofline's parts, in the round where ours was "
@@ -267,9 +328,10 @@ def cmd_table(a):
     # Each round ran the sides back to back (roofline, ours, roofline, torch): its own ratios show
     # the noise, and their median is the figure a changing load moves least.
     print("\nround by round (ours / torch / roofline ms/step, the roofline the mean of the runs right "
-          "before and after ours [before, after]: ours/torch, ours/roofline):")
+          "before and after ours [before, after]: ours/torch, ours/roofline; then, where ours ran with "
+          "--profile, each call's fastest against the faster of the two roofline runs):")
     for n in a.threads.split():
-        own = []  # (ours/torch, ours/roofline) of each complete round
+        own, fast = [], []  # (ours/torch, ours/roofline) of each complete round; each call's fastest ratios
         for k in range(1, a.rounds + 1):
             sfx = f"_r{k}" if a.rounds > 1 else ""
             o = ours_run(os.path.join(a.dir, f"ours_{n}{sfx}"), a.warmup)
@@ -279,11 +341,20 @@ def cmd_table(a):
             if o and t and r:
                 own.append((t['ms'] / o['ms'], r[0] / o['ms']))
                 both = f" [{r[1]:.1f}, {r[2]:.1f}]" if r[1] is not None else ""
+                f, rf = profile_fastest(os.path.join(a.dir, f"ours_{n}{sfx}.log")), faster_roofline(a.dir, n, sfx)
+                fc = ""
+                if f and rf:
+                    fast.append(rf["ms"] / f[0])
+                    fc = f"; each call's fastest {f[0]:.1f} against {rf['ms']:.1f}: {100 * rf['ms'] / f[0]:.1f}%"
                 print(f"  threads {n} round {k}: {o['ms']:.1f} / {t['ms']:.1f} / {r[0]:.1f}{both}: "
-                      f"{t['ms'] / o['ms']:.2f}x, {100 * r[0] / o['ms']:.1f}%")
+                      f"{t['ms'] / o['ms']:.2f}x, {100 * r[0] / o['ms']:.1f}%{fc}")
         if len(own) > 1:  # under a neighbour's changing load the fastest-of-each table mixes rounds
             print(f"  threads {n} median of the {len(own)} rounds' own ratios: "
                   f"{np.median([x for x, _ in own]):.2f}x, {100 * np.median([y for _, y in own]):.1f}%")
+        if fast:
+            print(f"  threads {n} each call's fastest against the roofline, median of {len(fast)} round(s): "
+                  f"{100 * np.median(fast):.1f}% (rounds {', '.join(f'{100 * x:.1f}' for x in fast)})")
+            split_fastest(a.dir, n, a.rounds)
     t = None
     for n in a.threads.split():
         t = best_json(a.dir, f"torch_{n}.json") or t

@@ -4,6 +4,14 @@
 // that calls another through the table counts once, as the outer op. Each step's totals are
 // kept, and the report takes every op's median over the steps: a neighbour's burst on a shared
 // machine lengthens a few steps, not the median.
+//
+// Each call's fastest: a step makes the same calls in the same order every time, so call k of
+// one step is call k of every other; each call's lowest time over the counted steps, summed,
+// is the step with every op at its quietest moment. That is the like-for-like figure to set
+// against dev/sgemm_roofline.c, which sums each product's fastest of several runs: on a host
+// whose load comes and goes within a second (two roofline runs back to back 141 and 267 ms,
+// Intel kind, 2026-12-03) a whole step's time against a sum of per-shape minima compares a
+// loaded step with an unloaded one.
 #include "opprof.h"
 #include <stdlib.h>
 #include <string.h>
@@ -41,12 +49,52 @@ static int active;    // between opprof_step_begin and opprof_step_end
 static StepTimes cur, *steps;
 static int nsteps, capsteps;
 
+// Per-call fastest over the steps from FAST_FROM on (the first steps touch fresh memory):
+// fast[k] the k-th call of a step (its op and lowest time), seq the current step's calls.
+#define FAST_FROM 2
+typedef struct { int op; double ms; } Call;
+static Call *seq, *fast;
+static int nseq, capseq, nfast, fast_steps, fast_broken;
+static double fast_between = -1;  // the lowest of (step less its ops) over the same steps
+
+static void seq_add(int op, double ms) {
+    if (nseq == capseq) {
+        capseq = capseq ? 2 * capseq : 256;
+        Call *p = realloc(seq, sizeof *seq * (size_t)capseq);
+        if (!p) fail("out of memory keeping the op profile's calls (%d)", nseq + 1);
+        seq = p;
+    }
+    seq[nseq++] = (Call){op, ms};
+}
+
+// Fold the step's calls into each call's fastest; a step whose calls differ from the first
+// counted step's (another count or another op at some place) ends the per-call figures.
+static void fast_fold(double step_ms, double ops_ms) {
+    if (fast_broken || nsteps < FAST_FROM) return;
+    if (!fast_steps) {
+        fast = xmalloc(sizeof *fast * (size_t)(nseq ? nseq : 1));
+        memcpy(fast, seq, sizeof *seq * (size_t)nseq);
+        nfast = nseq;
+    } else {
+        if (nseq != nfast) { fast_broken = 1; return; }
+        for (int k = 0; k < nseq; k++)
+            if (seq[k].op != fast[k].op) { fast_broken = 1; return; }
+        for (int k = 0; k < nseq; k++)
+            if (seq[k].ms < fast[k].ms) fast[k].ms = seq[k].ms;
+    }
+    const double between = step_ms - ops_ms > 0 ? step_ms - ops_ms : 0;
+    if (fast_between < 0 || between < fast_between) fast_between = between;
+    fast_steps++;
+}
+
 static double op_begin(void) { return depth++ ? 0 : now_ms(); }
 
 static void op_end(Backend *bk, int op, double t0, double flop) {
     if (--depth || !active) return;
     orig.sync(bk);  // a queued op has finished
-    cur.ms[op] += now_ms() - t0;
+    const double ms = now_ms() - t0;
+    cur.ms[op] += ms;
+    seq_add(op, ms);
     cur.flop[op] += flop;
     cur.calls[op]++;
 }
@@ -171,12 +219,16 @@ void opprof_install(Backend *bk) {
 
 void opprof_step_begin(void) {
     memset(&cur, 0, sizeof cur);
+    nseq = 0;
     active = 1;
 }
 
 void opprof_step_end(double step_ms) {
     active = 0;
     cur.step_ms = step_ms;
+    double ops = 0;
+    for (int op = 0; op < NOPS; op++) ops += cur.ms[op];
+    fast_fold(step_ms, ops);
     if (nsteps == capsteps) {
         capsteps = capsteps ? 2 * capsteps : 64;
         StepTimes *p = realloc(steps, sizeof *steps * (size_t)capsteps);
@@ -195,6 +247,31 @@ static int cmp_double(const void *a, const void *b) {
 static double median(double *v, int n) {
     qsort(v, (size_t)n, sizeof *v, cmp_double);
     return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+// Each call's fastest (see the top): the step's sum, and the same by op, largest first.
+static void fast_report(FILE *f) {
+    if (fast_broken) {
+        fprintf(f, "\neach call's fastest: not given (the steps made different calls)\n");
+        return;
+    }
+    if (fast_steps < 2) return;  // one step's calls are not a fastest of anything
+    double ms[NOPS] = {0}, total = fast_between;
+    for (int k = 0; k < nfast; k++) ms[fast[k].op] += fast[k].ms, total += fast[k].ms;
+    fprintf(f, "\neach call's fastest over steps %d-%d (%d; %d calls a step): %.1f ms a step (every call at its "
+               "lowest time, summed, with the lowest time between the ops, %.2f ms): the figure to set against a sum "
+               "of each product's fastest (dev/sgemm_roofline.c)\nfastest ms/step by op:",
+            FAST_FROM + 1, FAST_FROM + fast_steps, fast_steps, nfast, total, fast_between);
+    int done[NOPS] = {0};
+    for (;;) {  // largest first
+        int best = -1;
+        for (int op = 0; op < NOPS; op++)
+            if (!done[op] && ms[op] > 0 && (best < 0 || ms[op] > ms[best])) best = op;
+        if (best < 0) break;
+        done[best] = 1;
+        fprintf(f, " %s %.2f", op_name[best], ms[best]);
+    }
+    fprintf(f, "\n");
 }
 
 void opprof_report(FILE *f) {
@@ -235,4 +312,5 @@ void opprof_report(FILE *f) {
     fprintf(f, "| (the rest: the step's median less the ops' medians: host work between the ops) | | %.2f | %.1f%% | |\n",
             step - sum,
             step > 0 ? 100 * (step - sum) / step : 0);
+    fast_report(f);
 }

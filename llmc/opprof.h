@@ -14,5 +14,6 @@ void opprof_install(Backend *bk);
 void opprof_step_begin(void);
 void opprof_step_end(double step_ms);
 // The table: each op's calls, time and share of a step, medians over the steps after the first
-// two (all of them when there are fewer than four).
+// two (all of them when there are fewer than four); then each call's fastest over the same
+// steps, summed (the step at its quietest; what dev/bench_cpu.sh sets against the roofline).
 void opprof_report(FILE *f);

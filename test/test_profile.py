@@ -8,6 +8,9 @@
     fused classifier, 2 x 2 + 1 RMSNorm forwards (without checkpoints);
   * the table's op times add up to no more than the step, and the steps it takes its medians
     over are named;
+  * each call's fastest (every call's lowest time over the same steps, summed; the figure
+    dev/bench_cpu.sh sets against the SGEMM roofline's sum of each product's fastest) counts the
+    table's calls, no op above its median, and adds up;
   * --profile with --plan is refused with one line.
 Usage: /usr/bin/python3 test/test_profile.py --bin build/train_llama
 """
@@ -81,6 +84,32 @@ def main():
               "ops %.3f ms, step %.3f ms" % (total, step))
         rest = re.search(r"\| \(the rest[^|]*\| \| (-?[0-9.]+) \|", runs["prof"][1])
         check("the rest of the step is shown", rest is not None)
+
+        # Each call's fastest: every call's lowest time over the same steps, summed (the like-for-like
+        # figure against the SGEMM roofline's sum of each product's fastest).
+        so = runs["prof"][1]
+        fl = re.search(r"each call's fastest over steps 3-6 \(4; ([0-9]+) calls a step\): ([0-9.]+) ms a step .*?"
+                       r"between the ops, ([0-9.]+) ms\)", so)
+        check("each call's fastest: over the table's steps (3-6), with its calls a step", fl is not None,
+              "no such line in %r" % so[-600:])
+        byop = re.search(r"^fastest ms/step by op:(.*)$", so, re.M)
+        check("each call's fastest, by op", byop is not None)
+        if fl and byop:
+            f = byop.group(1).split()
+            fast = {f[i]: float(f[i + 1]) for i in range(0, len(f) - 1, 2)}
+            calls = sum(int(c) for c, _ in rows.values())
+            check("as many calls a step as the table counts", int(fl.group(1)) == calls,
+                  "%s against %d" % (fl.group(1), calls))
+            check("the same ops as the table (those with time)", set(fast) <= set(rows) and
+                  all(op in fast for op, (_, ms) in rows.items() if ms >= 0.01), "%s against %s" % (sorted(fast), sorted(rows)))
+            slower = {op: (ms, rows[op][1]) for op, ms in fast.items() if op in rows and ms > rows[op][1] + 0.011}
+            check("no op's fastest above its median", not slower, "fastest, median: %s" % slower)
+            total, between = float(fl.group(2)), float(fl.group(3))
+            check("the fastest step is its ops' fastest plus the lowest time between them",
+                  abs(total - between - sum(fast.values())) <= 0.06 + 0.005 * len(fast),
+                  "%.2f against %.2f + %.2f" % (total, between, sum(fast.values())))
+            check("the fastest step is no slower than the step median", total <= step + 0.05,
+                  "%.2f against %.2f" % (total, step))
 
         ck, _ = table(runs["ckpt"][1])
         got = {k: ck.get(k, (None,))[0] for k in ("attention_fwd", "attention_bwd")}
