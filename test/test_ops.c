@@ -1465,6 +1465,42 @@ static void test_f32_attention(int window, int T, int D) {
         free(dvf), free(lsed);
 }
 
+// Past one query block the kernels lay each key tile out once for several blocks, in chunks of
+// tiles (attention_chunking): the bits must not depend on how the tiles and blocks are chunked.
+// T 1300 is 6 tiles of 256: one chunk by default at D 16, then 1 tile a chunk with a forward task
+// a block, then 2-3 tiles a chunk with 3 blocks a task (uneven last chunks).
+static void test_f32_attention_chunks(int window) {
+    const int B = 2, T = 1300, Hq = 4, Hkv = 2, D = 16;
+    const size_t nq = (size_t)B * T * Hq * D, nk = (size_t)B * T * Hkv * D, nl = (size_t)B * Hq * T;
+    double *qd = randn(nq, 1), *kd = randn(nk, 1), *vd = randn(nk, 1), *gd = randn(nq, 1);
+    float *q = to_f32(qd, nq), *k = to_f32(kd, nk), *v = to_f32(vd, nk), *g = to_f32(gd, nq);
+    int32_t *ds = xmalloc(sizeof(int32_t) * B * T);
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < T; t++) ds[b * T + t] = b == 0 ? 0 : t < 400 ? 0 : t < 777 ? 400 : 777;
+    float *out[3][5];
+    const size_t n[5] = {nq, nl, nq, nk, nk};
+    const size_t kc_bytes[3] = {0, 1, (size_t)256 * D * sizeof(float) * 3 * 2};
+    const int qc[3] = {0, 1, 3};
+    for (int c = 0; c < 3; c++) {
+        for (int i = 0; i < 5; i++) out[c][i] = xmalloc(n[i] * sizeof(float));
+        attention_chunking_f32(kc_bytes[c], qc[c]);
+        attention_fwd_f32(out[c][0], out[c][1], q, k, v, B, T, 0, T, Hq, Hkv, D, window, ds, 0, 0);
+        attention_bwd_f32(out[c][2], out[c][3], out[c][4], g, q, k, v, out[c][0], out[c][1], B, T, 0, T, Hq, Hkv, D,
+                          window, ds, 0, 0, 0);
+    }
+    attention_chunking_f32(0, 0);
+    for (int c = 1; c < 3; c++) {
+        int same = 1;
+        for (int i = 0; i < 5; i++) same &= !memcmp(out[0][i], out[c][i], n[i] * sizeof(float));
+        check(same, "some output differs", "attention f32 chunked by %s (T=%d, documents, window %d) = the default "
+              "chunks: out, lse, dq, dk, dv bit for bit", c == 1 ? "1 tile, 1 block a task" : "2-3 tiles, 3 blocks a task",
+              T, window);
+    }
+    for (int c = 0; c < 3; c++)
+        for (int i = 0; i < 5; i++) free(out[c][i]);
+    free(qd), free(kd), free(vd), free(gd), free(q), free(k), free(v), free(g), free(ds);
+}
+
 // Query tiles (tiled_attention): tiles that start at multiples of the kernel's block give the
 // bits of one call over all queries, forward (out, lse) and backward (dq, and dk/dv summed over
 // the tiles through accumulate); packed documents, a window and an uneven last tile included.
@@ -1909,6 +1945,8 @@ int main(void) {
     // A head dim that is not a multiple of the vector lanes (column tails, transposes' edges);
     // rows over two key tiles.
     test_f32_attention(0, 300, 20);
+    test_f32_attention_chunks(0);
+    test_f32_attention_chunks(300);
     test_f32_ce();
     test_f32_rmsnorm(0);
     test_f32_rmsnorm(1);

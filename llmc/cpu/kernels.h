@@ -43,6 +43,7 @@
                            const R *v, const R *out, const float *lse, int B, int T, int q0,     \
                            int nq, int Hq, int Hkv, int D, int window, const int32_t *doc_start, \
                            int accumulate, R scale, R softcap);                                  \
+    void attention_chunking_##S(size_t kc_bytes, int qc);                                        \
     void swiglu_fwd_##S(R *h, const R *gate, const R *up, size_t n);                             \
     void dropout_##S(R *y, const R *x, size_t n, float p, uint64_t seed, size_t first);          \
     void swiglu_bwd_##S(R *dgate, R *dup, const R *dh, const R *gate, const R *up, size_t n);    \
@@ -68,7 +69,7 @@ DECLARE_KERNELS(double, f64)
     X(matmul) X(matmul_many) X(add_bias) X(bias_grad) X(add) X(accumulate) X(scale) X(embedding_fwd) \
     X(embedding_bwd) X(rmsnorm_fwd) X(rmsnorm_bwd) X(layernorm_fwd) X(layernorm_bwd) \
     X(gelu_fwd) X(gelu_bwd) X(geglu_fwd) X(geglu_bwd) X(pos_fwd) X(pos_bwd) X(rope_fwd) X(rope_bwd) X(attention_block) \
-    X(attention_fwd) X(attention_bwd) X(swiglu_fwd) X(dropout) X(swiglu_bwd) X(classifier_ce) \
+    X(attention_fwd) X(attention_bwd) X(attention_chunking) X(swiglu_fwd) X(dropout) X(swiglu_bwd) X(classifier_ce) \
     X(sumsq) X(exp_inplace) X(adamw) X(adamw8) X(adam8_code)
 
 // Which variant name_f32 runs on this CPU: 0 base, 1 AVX2, 2 AVX-512.
