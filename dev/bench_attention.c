@@ -1,4 +1,4 @@
-// bench_attention.c: the CPU flash attention kernels (llmc/cpu/kernels.inc) alone, forward and
+// bench_attention.c: the CPU flash attention kernels (llmc/cpu/attention.inc) alone, forward and
 // backward, at one shape: a check of the float kernel against the double one on the same inputs,
 // then the best of --reps timed runs of each. For tile sizes and the like: build with another
 // -DATT_BK or -DATT_BQ (make BUILD=/tmp/bk CFLAGS="-O3 -DATT_BK=128" /tmp/bk/bench_attention) and

@@ -360,7 +360,7 @@ Backend *backend_cpu_create(int threads) {
     bk->act_bytes = sizeof(float);
     bk->att_block = attention_block_f32();
     bk->threads = omp_get_max_threads();
-    // Attention's products are fma chains (kernels.inc, att_mm): without FMA every one is a
+    // Attention's products are fma chains (attention.inc, att_mm): without FMA every one is a
     // call to glibc's fmaf, ~80x slower than the AVX2 kernels (AMD EPYC, 1 thread, B 8, T 256).
     static const char *kset[] = {"base kernels (no AVX2/FMA: attention ~80x slower)", "AVX2 kernels",
                                  "AVX-512 kernels"};
