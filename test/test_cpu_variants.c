@@ -202,6 +202,16 @@ static Outs run_variant(const Variant *k) {
         k->geglu_bwd(dg, du, dh, g, u, n, exact);
         put(&o, h, n), put(&o, dg, n), put(&o, du, n);
     }
+    {  // outputs past KERNEL_STREAM_MIN_BYTES, aligned: the streaming stores, and a tail
+        const size_t nb = KERNEL_STREAM_MIN_BYTES / sizeof(float) + 1003;
+        float *gb = arr(nb, 12), *ub = arr(nb, 2), *dhb = arr(nb, 1);
+        float *hb = aligned_alloc(64, (nb * sizeof(float) + 63) / 64 * 64);
+        float *dub = aligned_alloc(64, (nb * sizeof(float) + 63) / 64 * 64);
+        k->swiglu_fwd(hb, gb, ub, nb);
+        k->swiglu_bwd(dhb, dub, dhb, gb, ub, nb);  // dgate over dh, as the trainer calls it
+        put(&o, hb, nb), put(&o, dhb, nb), put(&o, dub, nb);
+        free(gb), free(ub), free(dhb), free(hb), free(dub);
+    }
     // sumsq in double, all its bits: the stretches (SUMSQ_STREAMS x LANES), a tail, and on each thread
     const size_t ns = 5003;
     float *sq = arr(ns, 3), sb[2];

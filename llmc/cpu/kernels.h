@@ -72,5 +72,9 @@ DECLARE_KERNELS(double, f64)
     X(attention_fwd) X(attention_bwd) X(attention_chunking) X(swiglu_fwd) X(dropout) X(swiglu_bwd) X(classifier_ce) \
     X(sumsq) X(exp_inplace) X(adamw) X(adamw8) X(adam8_code)
 
+// SwiGLU's outputs from this size up are written with streaming stores in the AVX2 and AVX-512
+// variants (kernels.inc); test_cpu_variants checks those against the base variant too.
+#define KERNEL_STREAM_MIN_BYTES ((size_t)4 << 20)
+
 // Which variant name_f32 runs on this CPU: 0 base, 1 AVX2, 2 AVX-512.
 int kernels_f32_level(void);

@@ -71,6 +71,7 @@ static inline void vstore_m(float *p, int m, vf v) {
     if (m == 16) _mm512_storeu_ps(p, v);
     else _mm512_mask_storeu_ps(p, vmask_n(m), v);
 }
+static inline void vstream(float *p, vf v) { _mm512_stream_ps(p, v); }  // p 64-byte aligned
 static inline vf vpow2_mul(vf p, vf n) { return _mm512_scalef_ps(p, n); }  // p * 2^n, n integral
 static inline vlanes vlanes_zero(void) { return _mm512_setzero_pd(); }
 static inline vlanes vlanes_add(vlanes l, vf e) {  // e's 16 floats, two rounds of the 8 lanes
@@ -78,6 +79,16 @@ static inline vlanes vlanes_add(vlanes l, vf e) {  // e's 16 floats, two rounds 
     return _mm512_add_pd(l, _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(e), 1))));
 }
 static inline void vlanes_store(double *lane, vlanes l) { _mm512_storeu_pd(lane, l); }
+// l += a * b (* e unless e is NULL), each float widened and the product taken in double, over the
+// 16 lanes' two rounds in order (the low 8 then the high 8), as the row helpers' scalar loop.
+static inline vlanes vlanes_add_prod(vlanes l, const float *a, const float *b, const float *e) {
+    for (int h = 0; h < 16; h += 8) {
+        __m512d p = _mm512_mul_pd(_mm512_cvtps_pd(_mm256_loadu_ps(a + h)), _mm512_cvtps_pd(_mm256_loadu_ps(b + h)));
+        if (e) p = _mm512_mul_pd(p, _mm512_cvtps_pd(_mm256_loadu_ps(e + h)));
+        l = _mm512_add_pd(l, p);
+    }
+    return l;
+}
 #elif EXPV == 8
 #define VP(name) _mm256_##name
 typedef __m256 vf;
@@ -88,6 +99,7 @@ static inline void vstore_m(float *p, int m, vf v) {
     if (m == 8) _mm256_storeu_ps(p, v);
     else _mm256_maskstore_ps(p, vmask_n(m), v);
 }
+static inline void vstream(float *p, vf v) { _mm256_stream_ps(p, v); }  // p 32-byte aligned
 static inline vf vpow2_mul(vf p, vf n) {  // p * 2^n, n integral in [-150, 128]: as vexpf does
     const __m256i ni = _mm256_cvttps_epi32(n), h = _mm256_srai_epi32(ni, 1), bias = _mm256_set1_epi32(127);
     const __m256 s1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(h, bias), 23));
@@ -101,6 +113,15 @@ static inline vlanes vlanes_add(vlanes l, vf e) {  // e's 8 floats, one round of
     return l;
 }
 static inline void vlanes_store(double *lane, vlanes l) { _mm256_storeu_pd(lane, l.lo), _mm256_storeu_pd(lane + 4, l.hi); }
+static inline __m256d vprod4(const float *a, const float *b, const float *e) {  // 4 lanes of vlanes_add_prod
+    __m256d p = _mm256_mul_pd(_mm256_cvtps_pd(_mm_loadu_ps(a)), _mm256_cvtps_pd(_mm_loadu_ps(b)));
+    return e ? _mm256_mul_pd(p, _mm256_cvtps_pd(_mm_loadu_ps(e))) : p;
+}
+static inline vlanes vlanes_add_prod(vlanes l, const float *a, const float *b, const float *e) {  // one round
+    l.lo = _mm256_add_pd(l.lo, vprod4(a, b, e));
+    l.hi = _mm256_add_pd(l.hi, vprod4(a + 4, b + 4, e ? e + 4 : NULL));
+    return l;
+}
 #else
 #error "EXPV: 16 (AVX-512) or 8 (AVX2)"
 #endif
