@@ -72,6 +72,8 @@ static inline void vstore_m(float *p, int m, vf v) {
     else _mm512_mask_storeu_ps(p, vmask_n(m), v);
 }
 static inline void vstream(float *p, vf v) { _mm512_stream_ps(p, v); }  // p 64-byte aligned
+static inline vf vload_fill(const float *p, int m, vf fill) { return _mm512_mask_loadu_ps(fill, vmask_n(m), p); }
+static inline float vmax_all(vf v) { return _mm512_reduce_max_ps(v); }  // v without NaN
 static inline vf vpow2_mul(vf p, vf n) { return _mm512_scalef_ps(p, n); }  // p * 2^n, n integral
 static inline vlanes vlanes_zero(void) { return _mm512_setzero_pd(); }
 static inline vlanes vlanes_add(vlanes l, vf e) {  // e's 16 floats, two rounds of the 8 lanes
@@ -100,6 +102,15 @@ static inline void vstore_m(float *p, int m, vf v) {
     else _mm256_maskstore_ps(p, vmask_n(m), v);
 }
 static inline void vstream(float *p, vf v) { _mm256_stream_ps(p, v); }  // p 32-byte aligned
+static inline vf vload_fill(const float *p, int m, vf fill) {  // m < 8 lanes of p, fill in the rest
+    const __m256i k = vmask_n(m);
+    return _mm256_blendv_ps(fill, _mm256_maskload_ps(p, k), _mm256_castsi256_ps(k));
+}
+static inline float vmax_all(vf v) {  // v without NaN
+    __m128 h = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    return _mm_cvtss_f32(_mm_max_ss(h, _mm_shuffle_ps(h, h, 1)));
+}
 static inline vf vpow2_mul(vf p, vf n) {  // p * 2^n, n integral in [-150, 128]: as vexpf does
     const __m256i ni = _mm256_cvttps_epi32(n), h = _mm256_srai_epi32(ni, 1), bias = _mm256_set1_epi32(127);
     const __m256 s1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(h, bias), 23));
