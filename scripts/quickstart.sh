@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The default job from nothing: dependencies, data, build, then train the ~1M-parameter
+# The default job from nothing: dependencies, data, build, then train the ~0.8M-parameter
 # byte-level Llama on tinyshakespeare (a few minutes on 2 cores). Extra args go to train_llama.
 set -euo pipefail
 cd "$(dirname "$0")/.."
